@@ -1,1 +1,13 @@
-//! placeholder
+//! tendril: a dynamic instrumentation profiler for running native x86-64 Linux processes.
+//!
+//! This crate is the controller: it inspects and attaches to a target process, loads the
+//! agent into it (`inject`), talks to the agent (`session`), and reads the target's
+//! symbols (`symbols`). The agent itself lives in the `tendril-agent` crate
+//! (`trampolines/`), embedded in this binary by `build.rs`.
+
+pub mod agent_bundle;
+pub mod commands;
+pub mod inject;
+pub mod maps;
+pub mod process;
+pub mod session;

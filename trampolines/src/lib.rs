@@ -1,1 +1,67 @@
-//! placeholder
+//! The tendril agent: the shared library tendril loads into a target process.
+//!
+//! Loading it (a remote `dlopen` made by the controller) runs [`agent_init`] from
+//! `.init_array`, which starts the agent's control thread and returns at once, so the
+//! target's thread that performed the `dlopen` goes straight back to what it was doing.
+//! The library stays resident after a detach and is reused by the next attach; it never
+//! unloads, because trampolines it creates must outlive every thread that may be in them.
+
+mod control;
+mod patches;
+mod threads;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set once the control thread has been started in this process image.
+static CONTROL_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Runs when the library is loaded. Must never panic or block: it runs inside the
+/// target's `dlopen`, under the dynamic loader's lock.
+extern "C" fn agent_init() {
+    tendril_agent_start();
+}
+
+// SAFETY: placing a function pointer in .init_array is the documented ELF mechanism for
+// a shared-library constructor; `agent_init` has the required `extern "C" fn()` ABI and
+// is safe to run at load time (it only spawns a thread).
+#[used]
+#[unsafe(link_section = ".init_array")]
+static AGENT_INIT: extern "C" fn() = agent_init;
+
+/// Starts the control thread if it is not running in this process image. Exported so
+/// the controller can call it directly in a forked child, where the library is mapped
+/// but the parent's control thread does not exist. Returns 0 on success, -1 on failure
+/// (the reason is written to the agent error file).
+#[unsafe(no_mangle)]
+pub extern "C" fn tendril_agent_start() -> i32 {
+    if CONTROL_STARTED.swap(true, Ordering::AcqRel) {
+        return 0;
+    }
+    match std::panic::catch_unwind(control::spawn_control_thread) {
+        Ok(Ok(())) => 0,
+        Ok(Err(error)) => {
+            CONTROL_STARTED.store(false, Ordering::Release);
+            control::report_startup_error(&error);
+            -1
+        }
+        Err(_) => {
+            CONTROL_STARTED.store(false, Ordering::Release);
+            -1
+        }
+    }
+}
+
+/// A forked child inherits the mapped agent but not its control thread: allow a later
+/// attach to start a fresh one, and forget the parent's patch ownership bookkeeping.
+extern "C" fn after_fork_in_child() {
+    CONTROL_STARTED.store(false, Ordering::Release);
+}
+
+/// Registers the fork handler once, from the constructor path.
+pub(crate) fn register_fork_handler() {
+    // SAFETY: pthread_atfork only records the function pointers; `after_fork_in_child`
+    // is async-signal-safe (a single atomic store), as a child handler must be.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(after_fork_in_child));
+    }
+}

@@ -1,0 +1,20 @@
+//! `tendril detach <PID>`: tell a resident agent to restore every byte it patched.
+//!
+//! Never loads an agent: a process without one has nothing to restore.
+
+use crate::inject;
+use tendril_wire::{Request, Response};
+
+pub fn run(pid: i32) -> anyhow::Result<()> {
+    let Some((_, mut session)) = inject::connect_existing(pid)? else {
+        println!("pid {pid} has no tendril agent; nothing to restore");
+        return Ok(());
+    };
+    match session.request(&Request::Detach)? {
+        Response::Detached { restored } => {
+            println!("detached: pid={pid} restored={restored} functions; the agent stays dormant");
+            Ok(())
+        }
+        other => anyhow::bail!("unexpected answer from the agent in {pid}: {other:?}"),
+    }
+}

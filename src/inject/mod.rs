@@ -1,0 +1,200 @@
+//! Getting a greeted control session with the agent inside a target process.
+//!
+//! If an agent is already resident and listening, [`attach`] just connects to it. If not,
+//! the agent library is installed in the target user's runtime directory and loaded with
+//! a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread and the
+//! moment are chosen); the thread's registers are restored afterwards, so an interrupted
+//! system call restarts. The agent's constructor opens the control socket.
+
+mod loader;
+mod remote_call;
+mod safe_point;
+mod tracee;
+
+pub use loader::load_bias;
+
+use crate::agent_bundle;
+use crate::maps::{self, Mapping};
+use crate::process::{self, AttachError, TargetProcess};
+use crate::session::{AgentSession, SessionError};
+use remote_call::RemoteFrame;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long the borrowed thread may spend inside `dlopen`.
+const DLOPEN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a freshly loaded agent may take to open its socket.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
+/// The name every build of the agent library starts with.
+const AGENT_LIBRARY_PREFIX: &str = "libtendril_agent";
+
+/// Why a session with the agent could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error(transparent)]
+    Attach(#[from] AttachError),
+    #[error("process {pid}: {source}")]
+    Session { pid: i32, source: SessionError },
+}
+
+/// The agent's control socket for `target`, as a path tendril can connect to.
+pub fn control_socket(target: &TargetProcess) -> PathBuf {
+    target.path_in_target(&tendril_wire::control_socket_path(
+        target.uid,
+        target.ns_pid,
+    ))
+}
+
+/// Connects to the agent resident in `pid`, if there is one; never injects.
+pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
+    let target = process::inspect(pid)?;
+    match AgentSession::open(&control_socket(&target)) {
+        Ok(session) => Ok(Some((target, session))),
+        Err(SessionError::Io(_)) => Ok(None),
+        Err(source) => Err(InjectError::Session { pid, source }),
+    }
+}
+
+/// Returns a session with the agent in `pid`, loading the agent first if needed.
+pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
+    let target = process::inspect(pid)?;
+    let socket = control_socket(&target);
+    match AgentSession::open(&socket) {
+        Ok(session) => return Ok((target, session)),
+        Err(SessionError::Io(_)) => {}
+        Err(source) => return Err(InjectError::Session { pid, source }),
+    }
+    load_agent(&target)?;
+    let session = wait_for_agent(&target, &socket)?;
+    Ok((target, session))
+}
+
+/// Loads the agent into the target (or restarts a resident agent's control thread, as
+/// in a forked child that inherited the library but not the thread).
+fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
+    let pid = target.pid;
+    let runtime_dir = agent_bundle::prepare_runtime_dir(target)?;
+    let agent_path = agent_bundle::install_agent(target, &runtime_dir)?;
+    let _ = std::fs::remove_file(
+        target.path_in_target(&tendril_wire::agent_error_path(target.uid, target.ns_pid)),
+    );
+    let maps = maps::read_maps(pid).map_err(|e| process::io_to_attach_error(pid, &e))?;
+    let resident: Vec<&Mapping> = maps
+        .iter()
+        .filter(|m| {
+            m.file_name()
+                .is_some_and(|n| n.starts_with(AGENT_LIBRARY_PREFIX))
+        })
+        .collect();
+    if let Some(other) = resident
+        .iter()
+        .find(|m| m.path.as_deref() != Some(&agent_path))
+    {
+        return Err(AttachError::Other {
+            pid,
+            message: format!(
+                "another tendril build's agent ({}) is resident and silent; restart the target to use this tendril",
+                other.path.as_deref().unwrap_or(Path::new("?")).display()
+            ),
+        });
+    }
+    let entry_points = loader::find_entry_points(target, &maps)?;
+    let mut tracee = safe_point::seize_thread_at_safe_point(pid, &entry_points)?;
+    let mut frame = RemoteFrame::new(&mut tracee);
+    if resident.is_empty() {
+        let mut path = agent_path.as_os_str().as_encoded_bytes().to_vec();
+        path.push(0);
+        let path_address = frame.push_bytes(&path)?;
+        let handle = frame.call(
+            entry_points.dlopen,
+            &[path_address, libc::RTLD_NOW as u64],
+            DLOPEN_TIMEOUT,
+        )?;
+        if handle == 0 {
+            let reason = describe_dlopen_failure(&mut frame, &entry_points);
+            drop(frame);
+            tracee.restore_and_detach()?;
+            return Err(AttachError::Other {
+                pid,
+                message: format!("the target could not load tendril's agent: {reason}"),
+            });
+        }
+    } else {
+        let start = agent_start_function(target, &resident)?;
+        frame.call(start, &[], DLOPEN_TIMEOUT)?;
+    }
+    drop(frame);
+    tracee.restore_and_detach()
+}
+
+/// Asks the target's `dlerror()` why `dlopen` failed.
+fn describe_dlopen_failure(
+    frame: &mut RemoteFrame,
+    entry_points: &loader::LoaderEntryPoints,
+) -> String {
+    let Some(dlerror) = entry_points.dlerror else {
+        return "dlopen failed".into();
+    };
+    let Ok(message_address) = frame.call(dlerror, &[], DLOPEN_TIMEOUT) else {
+        return "dlopen failed".into();
+    };
+    if message_address == 0 {
+        return "dlopen failed".into();
+    }
+    let mut buffer = vec![0u8; 512];
+    let read = frame.read_memory(message_address, &mut buffer);
+    let text = &buffer[..read];
+    let text = &text[..text.iter().position(|&b| b == 0).unwrap_or(text.len())];
+    String::from_utf8_lossy(text).into_owned()
+}
+
+/// Address of `tendril_agent_start` in a resident agent.
+fn agent_start_function(target: &TargetProcess, resident: &[&Mapping]) -> Result<u64, AttachError> {
+    let fail = || AttachError::Other {
+        pid: target.pid,
+        message: "the resident agent has no start function".into(),
+    };
+    let elf = goblin::elf::Elf::parse(agent_bundle::AGENT_BYTES).map_err(|_| fail())?;
+    let bias = load_bias(&elf, resident).ok_or_else(fail)?;
+    elf.dynsyms
+        .iter()
+        .find(|sym| {
+            elf.dynstrtab.get_at(sym.st_name) == Some("tendril_agent_start") && sym.st_value != 0
+        })
+        .map(|sym| bias.wrapping_add(sym.st_value))
+        .ok_or_else(fail)
+}
+
+/// Waits until the freshly started agent accepts connections on its socket.
+fn wait_for_agent(target: &TargetProcess, socket: &Path) -> Result<AgentSession, InjectError> {
+    let pid = target.pid;
+    let error_file =
+        target.path_in_target(&tendril_wire::agent_error_path(target.uid, target.ns_pid));
+    let deadline = Instant::now() + SOCKET_TIMEOUT;
+    loop {
+        match AgentSession::open(socket) {
+            Ok(session) => return Ok(session),
+            Err(SessionError::Io(_)) if Instant::now() < deadline => {}
+            Err(SessionError::Io(e)) => {
+                let reason = std::fs::read_to_string(&error_file).unwrap_or_else(|_| e.to_string());
+                return Err(AttachError::Other {
+                    pid,
+                    message: format!("the agent was loaded but did not start: {reason}"),
+                }
+                .into());
+            }
+            Err(source) => return Err(InjectError::Session { pid, source }),
+        }
+        if let Ok(reason) = std::fs::read_to_string(&error_file) {
+            return Err(AttachError::Other {
+                pid,
+                message: format!("the agent was loaded but did not start: {reason}"),
+            }
+            .into());
+        }
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(AttachError::Exited(pid).into());
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}

@@ -1,0 +1,271 @@
+//! What tendril needs to know about a target process before it touches it.
+//!
+//! [`inspect`] turns a user-supplied pid into a [`TargetProcess`] or into an
+//! [`AttachError`] that says, in one line, why tendril will not attach and what the user
+//! can do. Every check here only reads `/proc`: nothing is done to the target yet.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+/// Why tendril cannot attach to a process. Each message is one line for the user.
+#[derive(Debug, Error)]
+pub enum AttachError {
+    #[error("no process with pid {0}")]
+    NoSuchProcess(i32),
+    #[error("pid {0} is tendril itself; give the pid of the program to profile")]
+    OwnProcess(i32),
+    #[error("pid {tid} is a thread of process {tgid}; give the process id {tgid}")]
+    ThreadNotProcess { tid: i32, tgid: i32 },
+    #[error("process {0} is a zombie: it has exited and waits for its parent to reap it")]
+    Zombie(i32),
+    #[error("pid {0} is a kernel thread; tendril attaches to user-space programs")]
+    KernelThread(i32),
+    #[error("process {pid} runs {exe}, which is not an ELF executable")]
+    NotElf { pid: i32, exe: String },
+    #[error(
+        "process {pid} runs {exe}, which is not an x86-64 program ({what}); tendril supports 64-bit x86-64 targets only"
+    )]
+    WrongArchitecture {
+        pid: i32,
+        exe: String,
+        what: &'static str,
+    },
+    #[error(
+        "process {pid} ({exe}) is statically linked: it has no dynamic loader, so tendril cannot load its agent into it"
+    )]
+    StaticallyLinked { pid: i32, exe: String },
+    #[error(
+        "process {pid} is already traced by pid {tracer} ({tracer_name}); detach that tracer first"
+    )]
+    AlreadyTraced {
+        pid: i32,
+        tracer: i32,
+        tracer_name: String,
+    },
+    #[error(
+        "cannot attach to {0}: operation not permitted — run as the same user or as root, or set kernel.yama.ptrace_scope=0"
+    )]
+    PermissionDenied(i32),
+    #[error("process {0} exited during the attach")]
+    Exited(i32),
+    #[error(
+        "process {pid} runs with CET shadow stacks, which tendril's return hooks do not support yet"
+    )]
+    ShadowStack { pid: i32 },
+    #[error("cannot attach to {pid}: {message}")]
+    Other { pid: i32, message: String },
+}
+
+/// A process tendril may attach to, with the facts the attach needs.
+#[derive(Debug, Clone)]
+pub struct TargetProcess {
+    /// The pid as tendril sees it.
+    pub pid: i32,
+    /// The pid inside the target's own pid namespace (equal to `pid` outside containers).
+    pub ns_pid: i32,
+    /// The target's real uid: its runtime directory belongs to this user.
+    pub uid: u32,
+    pub gid: u32,
+    /// The executable, as a path inside the target's mount namespace.
+    pub exe: PathBuf,
+}
+
+impl TargetProcess {
+    /// `path` (absolute, inside the target's mount namespace) as a path tendril can open.
+    pub fn path_in_target(&self, path: &std::path::Path) -> PathBuf {
+        let relative = path.strip_prefix("/").unwrap_or(path);
+        PathBuf::from(format!("/proc/{}/root", self.pid)).join(relative)
+    }
+}
+
+/// Reads `/proc/PID/status` into (key, value) pairs.
+fn read_status(pid: i32) -> Result<Vec<(String, String)>, AttachError> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| io_to_attach_error(pid, &e))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.split_once(':'))
+        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+        .collect())
+}
+
+fn status_field<'a>(status: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    status
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Maps an I/O error on `/proc/PID/...` to the attach error a user should see.
+pub fn io_to_attach_error(pid: i32, error: &std::io::Error) -> AttachError {
+    match error.kind() {
+        std::io::ErrorKind::NotFound => AttachError::NoSuchProcess(pid),
+        std::io::ErrorKind::PermissionDenied => AttachError::PermissionDenied(pid),
+        _ if error.raw_os_error() == Some(libc::ESRCH) => AttachError::Exited(pid),
+        _ => AttachError::Other {
+            pid,
+            message: error.to_string(),
+        },
+    }
+}
+
+/// The `PF_KTHREAD` bit of the per-process flags in `/proc/PID/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Checks everything that can be checked without touching the target.
+pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
+    if pid <= 0 {
+        return Err(AttachError::NoSuchProcess(pid));
+    }
+    if pid == std::process::id() as i32 {
+        return Err(AttachError::OwnProcess(pid));
+    }
+    let status = read_status(pid)?;
+    let field_i32 = |key: &str| -> i32 {
+        status_field(&status, key)
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let tgid = field_i32("Tgid");
+    if tgid != 0 && tgid != pid {
+        return Err(AttachError::ThreadNotProcess { tid: pid, tgid });
+    }
+    if status_field(&status, "State").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')) {
+        return Err(AttachError::Zombie(pid));
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_err(|e| io_to_attach_error(pid, &e))?;
+    // Fields after the parenthesised command name, which may itself contain spaces.
+    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let flags: u64 = after_comm
+        .split_whitespace()
+        .nth(6)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0);
+    if flags & PF_KTHREAD != 0 {
+        return Err(AttachError::KernelThread(pid));
+    }
+    let tracer = field_i32("TracerPid");
+    if tracer != 0 {
+        let tracer_name = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        return Err(AttachError::AlreadyTraced {
+            pid,
+            tracer,
+            tracer_name,
+        });
+    }
+    let ids = |key: &str| -> Vec<u32> {
+        status_field(&status, key)
+            .map(|v| {
+                v.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let uids = ids("Uid");
+    let gids = ids("Gid");
+    let (uid, gid) = (
+        uids.first().copied().unwrap_or(0),
+        gids.first().copied().unwrap_or(0),
+    );
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let my_euid = unsafe { libc::geteuid() };
+    if my_euid != 0 && uids.iter().any(|&u| u != my_euid) {
+        return Err(AttachError::PermissionDenied(pid));
+    }
+    let ns_pid = status_field(&status, "NSpid")
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(pid);
+    if status_field(&status, "x86_Thread_features").is_some_and(|f| f.contains("shstk")) {
+        return Err(AttachError::ShadowStack { pid });
+    }
+
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| match e.kind() {
+        // The process was there a moment ago and it is not a kernel thread.
+        std::io::ErrorKind::NotFound => AttachError::Exited(pid),
+        _ => io_to_attach_error(pid, &e),
+    })?;
+    let target = TargetProcess {
+        pid,
+        ns_pid,
+        uid,
+        gid,
+        exe,
+    };
+    check_executable(&target)?;
+    Ok(target)
+}
+
+/// The executable must be a dynamically linked x86-64 ELF.
+fn check_executable(target: &TargetProcess) -> Result<(), AttachError> {
+    let pid = target.pid;
+    let exe = target.exe.display().to_string();
+    let bytes =
+        std::fs::read(format!("/proc/{pid}/exe")).map_err(|e| io_to_attach_error(pid, &e))?;
+    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" {
+        return Err(AttachError::NotElf { pid, exe });
+    }
+    let header = goblin::elf::Elf::parse_header(&bytes).map_err(|_| AttachError::NotElf {
+        pid,
+        exe: exe.clone(),
+    })?;
+    if !header.container().map(|c| c.is_big()).unwrap_or(false) {
+        return Err(AttachError::WrongArchitecture {
+            pid,
+            exe,
+            what: "32-bit",
+        });
+    }
+    if header.e_machine != goblin::elf::header::EM_X86_64 {
+        return Err(AttachError::WrongArchitecture {
+            pid,
+            exe,
+            what: "another machine type",
+        });
+    }
+    let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| AttachError::Other {
+        pid,
+        message: format!("cannot parse {exe}: {e}"),
+    })?;
+    if elf.interpreter.is_none() {
+        return Err(AttachError::StaticallyLinked { pid, exe });
+    }
+    Ok(())
+}
+
+/// Thread ids of the process, main thread first.
+pub fn thread_ids(pid: i32) -> Result<Vec<i32>, AttachError> {
+    let entries =
+        std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| io_to_attach_error(pid, &e))?;
+    let mut tids: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect();
+    tids.sort_by_key(|&tid| (tid != pid, tid));
+    Ok(tids)
+}
+
+/// A thread's name (`comm`), or an empty string if it is gone.
+pub fn thread_name(pid: i32, tid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+/// True when the thread is blocked inside a system call right now, which makes it a
+/// good thread to borrow: it is not in the middle of user-space work holding locks.
+pub fn thread_is_in_syscall(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall"))
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .map(|nr| nr.parse::<i64>().is_ok_and(|n| n >= 0))
+        })
+        .unwrap_or(false)
+}

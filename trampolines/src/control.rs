@@ -1,0 +1,147 @@
+//! The agent's control thread: a Unix socket server the controller talks to.
+//!
+//! The socket lives in the per-user private runtime directory (see `tendril_wire`), which
+//! must be a real directory owned by this process's uid with mode 0700; the agent refuses
+//! to listen anywhere else. Every connection is checked with `SO_PEERCRED`: only this uid
+//! and root may talk to the agent. Each connection is a session; when it ends — cleanly
+//! or because the controller died — every patch it made is restored.
+
+use crate::{patches, threads};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tendril_wire::{PROTOCOL_VERSION, Request, Response};
+
+/// Identity of this process as the agent sees it.
+fn identity() -> (u32, i32) {
+    // SAFETY: getuid and getpid cannot fail and have no preconditions.
+    unsafe { (libc::getuid(), libc::getpid()) }
+}
+
+/// Binds the control socket and starts the thread that serves it.
+pub fn spawn_control_thread() -> Result<(), String> {
+    crate::register_fork_handler();
+    let listener = bind_control_socket()?;
+    threads::spawn_agent_thread("control", move || serve(listener))
+        .map_err(|e| format!("cannot start the agent's control thread: {e}"))
+}
+
+/// Records why the agent could not start, for the controller to show.
+pub fn report_startup_error(message: &str) {
+    let (uid, pid) = identity();
+    let _ = std::fs::write(tendril_wire::agent_error_path(uid, pid), message);
+}
+
+fn bind_control_socket() -> Result<UnixListener, String> {
+    let (uid, pid) = identity();
+    let dir = tendril_wire::runtime_dir(uid);
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| format!("runtime directory {} is unusable: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o777 != 0o700 {
+        return Err(format!(
+            "runtime directory {} must be a directory owned by uid {uid} with mode 0700",
+            dir.display()
+        ));
+    }
+    let path = tendril_wire::control_socket_path(uid, pid);
+    // A socket left by an earlier process that had this pid is stale: nothing listens.
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
+    let _ = std::fs::remove_file(tendril_wire::agent_error_path(uid, pid));
+    Ok(listener)
+}
+
+fn serve(listener: UnixListener) {
+    static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        if !peer_is_trusted(&stream) {
+            continue;
+        }
+        let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+        let spawned = threads::spawn_agent_thread("session", move || {
+            let _ = std::panic::catch_unwind(move || run_session(session, stream));
+            // However the session ended, nothing it patched stays patched.
+            patches::restore_owned_by(session);
+        });
+        drop(spawned);
+    }
+}
+
+/// Only our own uid and root may control the agent.
+fn peer_is_trusted(stream: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a properly sized, writable ucred and `len` holds its size, as
+    // getsockopt(SO_PEERCRED) requires; the fd is owned by `stream` and open.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    let (uid, _) = identity();
+    rc == 0 && (cred.uid == uid || cred.uid == 0)
+}
+
+fn run_session(_session: u64, stream: UnixStream) {
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    let mut greeted = false;
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let response = match tendril_wire::decode::<Request>(&line) {
+            Err(e) => Response::Error {
+                message: format!("malformed request: {e}"),
+            },
+            Ok(Request::Hello { version }) if version != PROTOCOL_VERSION => Response::Error {
+                message: format!(
+                    "the agent resident in this process is version {PROTOCOL_VERSION}, \
+                     this tendril is {version}; use tendril {PROTOCOL_VERSION} or restart the target"
+                ),
+            },
+            Ok(Request::Hello { .. }) => {
+                greeted = true;
+                ready()
+            }
+            Ok(_) if !greeted => Response::Error {
+                message: "say hello first".into(),
+            },
+            Ok(Request::Detach) => Response::Detached {
+                restored: patches::restore_all(),
+            },
+        };
+        if writer.write_all(&tendril_wire::encode(&response)).is_err() {
+            return;
+        }
+    }
+}
+
+fn ready() -> Response {
+    let (_, pid) = identity();
+    Response::Ready {
+        version: PROTOCOL_VERSION.into(),
+        pid,
+        threads: threads::target_thread_count(),
+        patched: patches::patched_count(),
+    }
+}
