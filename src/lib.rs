@@ -7,7 +7,9 @@
 
 pub mod agent_bundle;
 pub mod commands;
+pub mod demo_workload;
 pub mod inject;
-pub mod maps;
 pub mod process;
+pub mod sampler;
 pub mod session;
+pub mod symbols;

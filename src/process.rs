@@ -269,3 +269,24 @@ pub fn thread_is_in_syscall(pid: i32, tid: i32) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// True when the thread is runnable (state `R`): on a cpu or waiting for one.
+pub fn thread_is_running(pid: i32, tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('R'))
+        })
+        .unwrap_or(false)
+}
+
+/// True when the process no longer exists or is exiting (zombie or dead).
+pub fn is_gone_or_exiting(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| {
+            matches!(rest.trim_start().chars().next(), Some('Z' | 'X' | 'x'))
+        }),
+    }
+}

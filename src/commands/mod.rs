@@ -1,5 +1,6 @@
 //! The `tendril` subcommands, one module each. `main.rs` parses the command line and
 //! calls into these; each prints its own output and returns errors for `main` to report.
 
+pub mod demo;
 pub mod detach;
 pub mod status;

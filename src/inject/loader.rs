@@ -6,8 +6,8 @@
 //! dynamic symbol table of each mapped library through `/proc/PID/root`, so targets in
 //! other mount namespaces (containers) resolve against their own libc.
 
-use crate::maps::Mapping;
 use crate::process::{AttachError, TargetProcess};
+use crate::symbols::maps::Mapping;
 use goblin::elf::Elf;
 use std::ops::Range;
 
@@ -60,24 +60,13 @@ const LOCK_TAKING_FUNCTIONS: &[&str] = &[
     "__cxa_thread_atexit_impl",
 ];
 
-/// The first loaded page of a module and the bias its ELF addresses are shifted by.
-pub fn load_bias(elf: &Elf, mappings: &[&Mapping]) -> Option<u64> {
-    let first = mappings.iter().min_by_key(|m| m.start)?;
-    let segment = elf.program_headers.iter().find(|ph| {
-        ph.p_type == goblin::elf::program_header::PT_LOAD
-            && ph.p_offset & !0xfff == first.offset & !0xfff
-    })?;
-    Some(first.start.wrapping_sub(segment.p_vaddr & !0xfff))
-}
-
 /// Looks up the loader entry points in the libraries mapped into `target`.
 pub fn find_entry_points(
     target: &TargetProcess,
     maps: &[Mapping],
 ) -> Result<LoaderEntryPoints, AttachError> {
     let pid = target.pid;
-    let mut modules: Vec<&std::path::Path> =
-        maps.iter().filter_map(|m| m.path.as_deref()).collect();
+    let mut modules: Vec<&std::path::Path> = maps.iter().filter_map(|m| m.file()).collect();
     modules.dedup();
     // libc first: it is where dlopen lives on every current system.
     modules.sort_by_key(|path| {
@@ -90,10 +79,7 @@ pub fn find_entry_points(
     let mut found: Option<LoaderEntryPoints> = None;
     let mut unsafe_ranges = Vec::new();
     for path in modules {
-        let module_maps: Vec<&Mapping> = maps
-            .iter()
-            .filter(|m| m.path.as_deref() == Some(path))
-            .collect();
+        let module_maps: Vec<&Mapping> = maps.iter().filter(|m| m.file() == Some(path)).collect();
         let is_loader = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -116,7 +102,7 @@ pub fn find_entry_points(
         let Ok(elf) = Elf::parse(&bytes) else {
             continue;
         };
-        let Some(bias) = load_bias(&elf, &module_maps) else {
+        let Some(bias) = mapping_bias(&elf, &module_maps) else {
             continue;
         };
         let lookup = |name: &str| -> Option<(u64, u64)> {
@@ -127,27 +113,32 @@ pub fn find_entry_points(
                     .then(|| (bias.wrapping_add(sym.st_value), sym.st_size))
             })
         };
-        if found.is_none() {
-            if let Some((dlopen, _)) = lookup("dlopen").or_else(|| lookup("__libc_dlopen_mode")) {
-                unsafe_ranges.extend(
-                    LOCK_TAKING_FUNCTIONS
-                        .iter()
-                        .filter_map(|name| lookup(name))
-                        .map(|(address, size)| address..address + size.max(1)),
-                );
-                found = Some(LoaderEntryPoints {
-                    dlopen,
-                    dlerror: lookup("dlerror").map(|(a, _)| a),
-                    unsafe_ranges: Vec::new(),
-                });
-            }
+        if found.is_none()
+            && let Some((dlopen, _)) = lookup("dlopen").or_else(|| lookup("__libc_dlopen_mode"))
+        {
+            unsafe_ranges.extend(
+                LOCK_TAKING_FUNCTIONS
+                    .iter()
+                    .filter_map(|name| lookup(name))
+                    .map(|(address, size)| address..address + size.max(1)),
+            );
+            found = Some(LoaderEntryPoints {
+                dlopen,
+                dlerror: lookup("dlerror").map(|(a, _)| a),
+                unsafe_ranges: Vec::new(),
+            });
         }
     }
     let mut entry_points = found.ok_or_else(|| AttachError::Other {
         pid,
-        message: "no dlopen found in any library of the target, so its agent cannot be loaded"
-            .into(),
+        message: "no library of the target provides dlopen (is it still starting up?), so tendril cannot load its agent".into(),
     })?;
     entry_points.unsafe_ranges = unsafe_ranges;
     Ok(entry_points)
+}
+
+/// The load bias of a module from its mappings (see [`crate::symbols::load_bias`]).
+pub fn mapping_bias(elf: &Elf, mappings: &[&Mapping]) -> Option<u64> {
+    let pairs: Vec<(u64, u64)> = mappings.iter().map(|m| (m.start, m.offset)).collect();
+    crate::symbols::load_bias(elf, &pairs)
 }

@@ -9,20 +9,20 @@
 mod loader;
 mod remote_call;
 mod safe_point;
-mod tracee;
-
-pub use loader::load_bias;
+pub mod tracee;
 
 use crate::agent_bundle;
-use crate::maps::{self, Mapping};
 use crate::process::{self, AttachError, TargetProcess};
 use crate::session::{AgentSession, SessionError};
+use crate::symbols::maps::{self, Mapping};
 use remote_call::RemoteFrame;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// How long the borrowed thread may spend inside `dlopen`.
 const DLOPEN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a just-started process may take to map its libc.
+const LOADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a freshly loaded agent may take to open its socket.
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
 /// The name every build of the agent library starts with.
@@ -57,6 +57,18 @@ pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)
 
 /// Returns a session with the agent in `pid`, loading the agent first if needed.
 pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
+    attach_inner(pid).map_err(|error| match error {
+        // Whatever step failed, a process that is gone or exiting explains it best.
+        InjectError::Attach(AttachError::Other { .. } | AttachError::PermissionDenied(_))
+            if process::is_gone_or_exiting(pid) =>
+        {
+            AttachError::Exited(pid).into()
+        }
+        other => other,
+    })
+}
+
+fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
     let target = process::inspect(pid)?;
     let socket = control_socket(&target);
     match AgentSession::open(&socket) {
@@ -78,7 +90,7 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
     let _ = std::fs::remove_file(
         target.path_in_target(&tendril_wire::agent_error_path(target.uid, target.ns_pid)),
     );
-    let maps = maps::read_maps(pid).map_err(|e| process::io_to_attach_error(pid, &e))?;
+    let (maps, entry_points) = wait_for_loader(target)?;
     let resident: Vec<&Mapping> = maps
         .iter()
         .filter(|m| {
@@ -86,19 +98,15 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
                 .is_some_and(|n| n.starts_with(AGENT_LIBRARY_PREFIX))
         })
         .collect();
-    if let Some(other) = resident
-        .iter()
-        .find(|m| m.path.as_deref() != Some(&agent_path))
-    {
+    if let Some(other) = resident.iter().find(|m| m.file() != Some(&agent_path)) {
         return Err(AttachError::Other {
             pid,
             message: format!(
                 "another tendril build's agent ({}) is resident and silent; restart the target to use this tendril",
-                other.path.as_deref().unwrap_or(Path::new("?")).display()
+                other.path.display()
             ),
         });
     }
-    let entry_points = loader::find_entry_points(target, &maps)?;
     let mut tracee = safe_point::seize_thread_at_safe_point(pid, &entry_points)?;
     let mut frame = RemoteFrame::new(&mut tracee);
     if resident.is_empty() {
@@ -112,7 +120,6 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
         )?;
         if handle == 0 {
             let reason = describe_dlopen_failure(&mut frame, &entry_points);
-            drop(frame);
             tracee.restore_and_detach()?;
             return Err(AttachError::Other {
                 pid,
@@ -123,8 +130,27 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
         let start = agent_start_function(target, &resident)?;
         frame.call(start, &[], DLOPEN_TIMEOUT)?;
     }
-    drop(frame);
     tracee.restore_and_detach()
+}
+
+/// The target's mappings and loader entry points. A process caught right after `exec`
+/// may not have its libc mapped yet: give its dynamic loader a moment.
+fn wait_for_loader(
+    target: &TargetProcess,
+) -> Result<(Vec<Mapping>, loader::LoaderEntryPoints), AttachError> {
+    let pid = target.pid;
+    let deadline = Instant::now() + LOADER_TIMEOUT;
+    loop {
+        let maps = maps::read_maps(pid).map_err(|e| AttachError::Other {
+            pid,
+            message: e.to_string(),
+        })?;
+        match loader::find_entry_points(target, &maps) {
+            Ok(entry_points) => return Ok((maps, entry_points)),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Asks the target's `dlerror()` why `dlopen` failed.
@@ -155,7 +181,7 @@ fn agent_start_function(target: &TargetProcess, resident: &[&Mapping]) -> Result
         message: "the resident agent has no start function".into(),
     };
     let elf = goblin::elf::Elf::parse(agent_bundle::AGENT_BYTES).map_err(|_| fail())?;
-    let bias = load_bias(&elf, resident).ok_or_else(fail)?;
+    let bias = loader::mapping_bias(&elf, resident).ok_or_else(fail)?;
     elf.dynsyms
         .iter()
         .find(|sym| {
@@ -192,7 +218,7 @@ fn wait_for_agent(target: &TargetProcess, socket: &Path) -> Result<AgentSession,
             }
             .into());
         }
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if process::is_gone_or_exiting(pid) {
             return Err(AttachError::Exited(pid).into());
         }
         std::thread::sleep(Duration::from_micros(500));

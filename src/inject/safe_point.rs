@@ -24,12 +24,15 @@ pub fn seize_thread_at_safe_point(
 ) -> Result<Tracee, AttachError> {
     let deadline = Instant::now() + SEARCH_TIMEOUT;
     loop {
+        if process::is_gone_or_exiting(pid) {
+            return Err(AttachError::Exited(pid));
+        }
         let mut tids = process::thread_ids(pid)?;
         tids.retain(|&tid| !process::thread_name(pid, tid).starts_with("tendril-"));
         // Blocked threads first, then the rest; main thread first within each group.
         tids.sort_by_key(|&tid| !process::thread_is_in_syscall(pid, tid));
         for tid in tids {
-            let tracee = match Tracee::seize(pid, tid, Duration::from_secs(1)) {
+            let mut tracee = match Tracee::seize(pid, tid, Duration::from_secs(1)) {
                 Ok(tracee) => tracee,
                 // The thread ended meanwhile; the process may still be there.
                 Err(AttachError::Exited(_))
@@ -39,6 +42,7 @@ pub fn seize_thread_at_safe_point(
                 }
                 Err(e) => return Err(e),
             };
+            tracee.save_registers()?;
             if is_safe(&tracee, entry_points) {
                 return Ok(tracee);
             }

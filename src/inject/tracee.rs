@@ -2,9 +2,10 @@
 //!
 //! A [`Tracee`] is obtained with `PTRACE_SEIZE` + `PTRACE_INTERRUPT`, which stops only that
 //! thread and, unlike `PTRACE_ATTACH`, sends no `SIGSTOP` that the target could observe.
-//! Its registers — general purpose and the whole xsave area (x87, SSE, AVX…) — are saved
-//! when it stops and put back before it is released, and dropping a `Tracee` always
-//! detaches, so no error path can leave the target stopped or traced.
+//! Before its registers are changed, all of them — general purpose and the whole xsave
+//! area (x87, SSE, AVX…) — are saved, and they are put back before it is released.
+//! Dropping a `Tracee` always restores and detaches, so no error path can leave the
+//! target stopped, traced or with altered registers.
 
 use crate::process::AttachError;
 use nix::errno::Errno;
@@ -67,21 +68,31 @@ impl Tracee {
                 Stop::Signal(signal) => tracee.resume(Some(signal))?,
             }
         }
-        let general = ptrace::getregs(thread).map_err(|e| errno_to_attach_error(pid, e))?;
-        let xstate = tracee.read_xstate()?;
-        tracee.saved = Some(SavedRegisters { general, xstate });
         Ok(tracee)
+    }
+
+    /// Saves every register now, to be put back when the tracee is released. Needed
+    /// before anything that changes the thread's registers, such as a remote call.
+    pub fn save_registers(&mut self) -> Result<(), AttachError> {
+        let general = self.get_registers()?;
+        let xstate = self.read_xstate()?;
+        self.saved = Some(SavedRegisters { general, xstate });
+        Ok(())
+    }
+
+    pub fn tid(&self) -> i32 {
+        self.tid
     }
 
     pub fn pid(&self) -> i32 {
         self.pid
     }
 
-    /// The registers as they were when the thread was seized.
+    /// The registers saved by [`Tracee::save_registers`].
     pub fn saved(&self) -> &SavedRegisters {
         self.saved
             .as_ref()
-            .expect("registers are saved when the thread is seized")
+            .expect("save_registers must be called before the registers are changed")
     }
 
     pub fn get_registers(&self) -> Result<libc::user_regs_struct, AttachError> {
@@ -228,7 +239,8 @@ impl Tracee {
         Ok(())
     }
 
-    /// Puts back every register saved at seize time and lets the thread go.
+    /// Puts back the registers saved by [`Tracee::save_registers`], if any, and lets the
+    /// thread go.
     pub fn restore_and_detach(mut self) -> Result<(), AttachError> {
         self.restore_and_detach_inner()
     }
@@ -265,6 +277,10 @@ impl Drop for Tracee {
 pub fn errno_to_attach_error(pid: i32, errno: Errno) -> AttachError {
     match errno {
         Errno::ESRCH => AttachError::Exited(pid),
+        // The kernel also refuses to trace a process that is exiting.
+        Errno::EPERM | Errno::EACCES if crate::process::is_gone_or_exiting(pid) => {
+            AttachError::Exited(pid)
+        }
         Errno::EPERM | Errno::EACCES => AttachError::PermissionDenied(pid),
         other => AttachError::Other {
             pid,

@@ -13,10 +13,8 @@ pub fn target_thread_count() -> usize {
     };
     tasks
         .flatten()
-        .filter(|task| {
-            let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-            !comm.starts_with(AGENT_THREAD_PREFIX)
-        })
+        .filter_map(|task| task.file_name().to_str().and_then(|s| s.parse().ok()))
+        .filter(|&tid| !is_agent_thread(tid))
         .count()
 }
 
@@ -45,3 +43,10 @@ where
     }
     spawned.map(|_| ())
 }
+
+/// True for threads the agent created.
+pub fn is_agent_thread(tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+        .is_ok_and(|comm| comm.starts_with(AGENT_THREAD_PREFIX))
+}
+

@@ -1,0 +1,102 @@
+//! Every function of every ELF module mapped into a live process.
+//!
+//! The one idea: a function is known from whatever the module still carries —
+//! `.symtab`, `.dynsym`, the PLT stubs (`name@plt`, found by decoding them), and for
+//! stripped code the `.eh_frame` FDEs, which give each function's start and length even
+//! when no name survives (`module+0xOFFSET`). Files are read through `/proc/PID/root`, so
+//! targets in containers work, and relocated by each module's load bias.
+//!
+//! * [`ProcessSymbols`] loads a whole process (`/proc/PID/maps`), looks addresses up and
+//!   finds functions by pattern ([`ProcessSymbols::find`] documents the pattern syntax).
+//! * [`ModuleSymbols`] loads one ELF file at a given load bias.
+//! * [`run_symbols_command`] is `tendril symbols <PID> [PATTERN] [--json]`.
+
+mod command;
+mod demangle;
+mod error;
+mod fde;
+pub mod maps;
+mod module;
+mod pattern;
+mod plt;
+mod process;
+
+use std::fmt;
+use std::path::PathBuf;
+
+pub use command::run_symbols_command;
+pub use demangle::{cpp_short_name, demangle};
+pub use error::SymbolError;
+pub use module::{ModuleSymbols, PltStub, load_bias};
+pub use process::{Module, ProcessSymbols, SkippedModule};
+
+/// One function of the target, at its runtime address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Function {
+    /// Runtime address of the first instruction.
+    pub addr: u64,
+    /// Size in bytes; 0 for symbols that declare none (e.g. `_init`).
+    pub size: u64,
+    /// File name of the module (`libc.so.6`, `[vdso]`).
+    pub module: String,
+    /// Path of the module as seen inside the target.
+    pub module_path: PathBuf,
+    /// Display name: demangled (Rust without its hash), `name@plt`, or `module+0xOFFSET`.
+    pub name: String,
+    /// The symbol as stored (mangled), or the synthetic name for PLT stubs and FDEs.
+    pub raw_name: String,
+    /// Where the function was found.
+    pub source: SymbolSource,
+}
+
+impl Function {
+    /// One past the last byte (`addr + size`).
+    pub fn end(&self) -> u64 {
+        self.addr.saturating_add(self.size)
+    }
+
+    /// Whether `addr` lies inside the function (never, for a zero-size symbol).
+    pub fn contains(&self, addr: u64) -> bool {
+        addr >= self.addr && addr < self.end()
+    }
+
+    /// For a PLT stub, the symbol it calls (`memcpy` for `memcpy@plt`).
+    pub fn plt_target(&self) -> Option<&str> {
+        match self.source {
+            SymbolSource::Plt => self.raw_name.strip_suffix("@plt"),
+            _ => None,
+        }
+    }
+}
+
+/// Where a [`Function`] came from, in order of trust (the derived order is used when
+/// several names share an address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SymbolSource {
+    /// The full symbol table (absent from stripped files).
+    Symtab,
+    /// The dynamic symbol table (exported and imported symbols).
+    Dynsym,
+    /// A PLT stub, named `target@plt`.
+    Plt,
+    /// An `.eh_frame` FDE no symbol covers, named `module+0xOFFSET`.
+    Fde,
+}
+
+impl SymbolSource {
+    /// Lowercase name, as in JSON output: `symtab`, `dynsym`, `plt`, `fde`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SymbolSource::Symtab => "symtab",
+            SymbolSource::Dynsym => "dynsym",
+            SymbolSource::Plt => "plt",
+            SymbolSource::Fde => "fde",
+        }
+    }
+}
+
+impl fmt::Display for SymbolSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,278 @@
+//! The functions of one ELF module, at the addresses it runs at.
+//!
+//! Four sources, merged in order of trust: `.symtab`, `.dynsym` (an entry with the same
+//! address and name as a `.symtab` one is the same function; an alias with another name
+//! stays a row of its own, as `nm` shows it), PLT stubs, and finally the `.eh_frame` FDEs
+//! that no symbol overlaps, named `<file>+0x<offset>`. All addresses are ELF virtual
+//! addresses plus the load bias, which [`load_bias`] derives from `PT_LOAD` headers and
+//! where the kernel mapped the file.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use goblin::elf::Elf;
+use goblin::elf::header::EM_X86_64;
+use goblin::elf::program_header::PT_LOAD;
+use goblin::elf::section_header::SHN_UNDEF;
+use goblin::elf::sym::{STT_FUNC, STT_GNU_IFUNC};
+use goblin::options::ParseOptions;
+use memmap2::Mmap;
+
+use super::demangle::Demangler;
+use super::error::SymbolError;
+use super::{Function, SymbolSource, fde, plt};
+
+/// A PLT stub and the GOT slot it jumps through (both runtime addresses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PltStub {
+    pub addr: u64,
+    pub size: u64,
+    /// Where the stub loads its destination from; read it in the target to learn where
+    /// the call really goes once the dynamic linker has bound it.
+    pub got_slot: u64,
+    /// The symbol the stub calls, without `@plt` (`memcpy`).
+    pub target: String,
+}
+
+/// Every function of one ELF module, relocated by its load bias.
+#[derive(Debug, Clone)]
+pub struct ModuleSymbols {
+    /// File name (`libc.so.6`), or `[vdso]`.
+    pub name: String,
+    /// Path as seen inside the target.
+    pub path: PathBuf,
+    /// Runtime address minus ELF virtual address.
+    pub load_bias: u64,
+    /// Sorted by address.
+    pub functions: Vec<Function>,
+    /// Sorted by address; each also appears in `functions` as `target@plt`.
+    pub plt_stubs: Vec<PltStub>,
+}
+
+impl ModuleSymbols {
+    /// Reads the ELF file at `path` (mapped, not copied) and relocates every function by
+    /// `load_bias` (0 gives ELF virtual addresses, as `nm` prints them).
+    pub fn from_file(path: impl AsRef<Path>, load_bias: u64) -> Result<Self, SymbolError> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|e| SymbolError::io(path, e))?;
+        let image = map_file(&file, path)?;
+        Self::from_image(&image, path, load_bias)
+    }
+
+    /// Like [`ModuleSymbols::from_file`] for an image already in memory. `path` names
+    /// the module (its file name becomes [`Function::module`]); it is not opened.
+    pub fn from_image(image: &[u8], path: &Path, load_bias: u64) -> Result<Self, SymbolError> {
+        let elf = parse_elf(image, path)?;
+        Ok(Self::from_elf(&elf, image, path, load_bias))
+    }
+
+    /// The functions of `elf`, which was parsed from `image`.
+    pub(super) fn from_elf(elf: &Elf, image: &[u8], path: &Path, load_bias: u64) -> Self {
+        let name = match path.file_name() {
+            Some(n) => n.to_string_lossy().into_owned(),
+            None => path.to_string_lossy().into_owned(),
+        };
+        let mut builder = Builder {
+            name: &name,
+            path,
+            bias: load_bias,
+            functions: Vec::new(),
+            demangler: Demangler::default(),
+        };
+        let mut seen: HashSet<(u64, &str)> = HashSet::new();
+        let tables = [
+            (&elf.syms, &elf.strtab, SymbolSource::Symtab),
+            (&elf.dynsyms, &elf.dynstrtab, SymbolSource::Dynsym),
+        ];
+        for (syms, strtab, source) in tables {
+            for sym in syms.iter() {
+                let kind = sym.st_type();
+                if (kind != STT_FUNC && kind != STT_GNU_IFUNC) || sym.st_shndx == SHN_UNDEF as usize
+                {
+                    continue;
+                }
+                let Some(raw) = strtab.get_at(sym.st_name).filter(|n| !n.is_empty()) else {
+                    continue;
+                };
+                if seen.insert((sym.st_value, raw)) {
+                    builder.push(sym.st_value, sym.st_size, raw.to_string(), source);
+                }
+            }
+        }
+
+        let stubs = plt::stubs(elf, image);
+        for stub in &stubs {
+            let raw = format!("{}@plt", stub.target);
+            if !seen.contains(&(stub.addr, raw.as_str())) {
+                builder.push(stub.addr, stub.size, raw, SymbolSource::Plt);
+            }
+        }
+        let plt_stubs = stubs
+            .into_iter()
+            .map(|s| PltStub {
+                addr: s.addr.wrapping_add(load_bias),
+                size: s.size,
+                got_slot: s.got_slot.wrapping_add(load_bias),
+                target: s.target,
+            })
+            .collect();
+
+        builder.add_uncovered_fdes(fde::ranges(elf, image), plt::section_ranges(elf));
+        let mut functions = builder.functions;
+        sort_functions(&mut functions);
+        ModuleSymbols {
+            name,
+            path: path.to_path_buf(),
+            load_bias,
+            functions,
+            plt_stubs,
+        }
+    }
+}
+
+struct Builder<'a> {
+    name: &'a str,
+    path: &'a Path,
+    bias: u64,
+    functions: Vec<Function>,
+    demangler: Demangler,
+}
+
+impl Builder<'_> {
+    /// Adds a function at ELF virtual address `vaddr`.
+    fn push(&mut self, vaddr: u64, size: u64, raw_name: String, source: SymbolSource) {
+        self.functions.push(Function {
+            addr: vaddr.wrapping_add(self.bias),
+            size,
+            module: self.name.to_string(),
+            module_path: self.path.to_path_buf(),
+            name: self.demangler.demangle(&raw_name),
+            raw_name,
+            source,
+        });
+    }
+
+    /// Adds every FDE range (ELF virtual addresses) that neither a function found so far
+    /// nor one of the `covered` ranges overlaps; a zero-size symbol covers its first byte.
+    fn add_uncovered_fdes(&mut self, mut fdes: Vec<(u64, u64)>, covered: Vec<(u64, u64)>) {
+        let mut known: Vec<(u64, u64)> = self
+            .functions
+            .iter()
+            .map(|f| {
+                let start = f.addr.wrapping_sub(self.bias);
+                (start, start.saturating_add(f.size.max(1)))
+            })
+            .chain(covered)
+            .collect();
+        known.sort_unstable();
+        // max_end[i]: the largest end among known[..=i].
+        let max_end: Vec<u64> = known
+            .iter()
+            .scan(0, |m, &(_, end)| {
+                *m = end.max(*m);
+                Some(*m)
+            })
+            .collect();
+        fdes.sort_unstable();
+        fdes.dedup_by_key(|&mut (start, _)| start);
+        for (start, len) in fdes {
+            let end = start.saturating_add(len);
+            let before_end = known.partition_point(|&(s, _)| s < end);
+            let covered = before_end > 0 && max_end[before_end - 1] > start;
+            if !covered {
+                let raw = format!("{}+{start:#x}", self.name);
+                self.functions.push(Function {
+                    addr: start.wrapping_add(self.bias),
+                    size: len,
+                    module: self.name.to_string(),
+                    module_path: self.path.to_path_buf(),
+                    name: raw.clone(),
+                    raw_name: raw,
+                    source: SymbolSource::Fde,
+                });
+            }
+        }
+    }
+}
+
+/// Address order. At one address: symbol-table names before synthetic ones, then the
+/// plainest name first (fewest leading underscores: `malloc` before `__libc_malloc`),
+/// so that the first row at an address is the best name for it.
+pub(super) fn sort_functions(functions: &mut [Function]) {
+    let underscores = |f: &Function| f.raw_name.bytes().take_while(|&b| b == b'_').count();
+    functions.sort_unstable_by(|a, b| {
+        (a.addr, a.source, underscores(a), &a.raw_name).cmp(&(
+            b.addr,
+            b.source,
+            underscores(b),
+            &b.raw_name,
+        ))
+    });
+}
+
+/// Maps `file` read-only.
+pub(super) fn map_file(file: &File, path: &Path) -> Result<Mmap, SymbolError> {
+    // SAFETY: the mapping is private and read-only, and we only read it. If another
+    // process truncates or rewrites the file while we hold the map, reads may see the new
+    // bytes (goblin and gimli bounds-check everything they parse) or fault with SIGBUS;
+    // the same change would break the target that runs this file, so we accept it, as
+    // every debugger and profiler that maps binaries does.
+    let map = unsafe { Mmap::map(file) };
+    map.map_err(|e| SymbolError::io(path, e))
+}
+
+/// Parses an x86-64 ELF image, strictly first, then permissively (tolerating, e.g., a
+/// string table with invalid UTF-8).
+pub(super) fn parse_elf<'a>(image: &'a [u8], path: &Path) -> Result<Elf<'a>, SymbolError> {
+    if image.get(..4) != Some(b"\x7fELF") {
+        return Err(SymbolError::BadElf {
+            path: path.to_path_buf(),
+            reason: "no ELF magic".into(),
+        });
+    }
+    let elf = Elf::parse(image)
+        .or_else(|_| Elf::parse_with_opts(image, &ParseOptions::permissive()))
+        .map_err(|e| SymbolError::BadElf {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if elf.header.e_machine != EM_X86_64 {
+        return Err(SymbolError::WrongArch {
+            path: path.to_path_buf(),
+            machine: elf.header.e_machine,
+        });
+    }
+    Ok(elf)
+}
+
+/// The load bias of a module from where its file offsets are mapped: `mappings` holds
+/// `(start address, file offset)` of each mapping of the file. The first mapping (in
+/// the given order) whose offset lies in a `PT_LOAD` segment's file range decides:
+/// runtime address of file offset `o` = `p_vaddr + (o - p_offset) + bias`.
+/// `None` when no mapping corresponds to a loadable segment.
+pub fn load_bias(elf: &Elf, mappings: &[(u64, u64)]) -> Option<u64> {
+    const PAGE: u64 = 4096;
+    let loads: Vec<_> = elf
+        .program_headers
+        .iter()
+        .filter(|p| p.p_type == PT_LOAD && p.p_filesz > 0)
+        .collect();
+    for &(start, offset) in mappings {
+        // Prefer the segment that starts on this mapping's page; segments sharing a page
+        // (old layouts) are told apart by that.
+        let seg = loads
+            .iter()
+            .find(|p| p.p_offset & !(PAGE - 1) == offset)
+            .or_else(|| {
+                loads.iter().find(|p| {
+                    offset >= p.p_offset & !(PAGE - 1) && offset < p.p_offset + p.p_filesz
+                })
+            });
+        if let Some(p) = seg {
+            let vaddr = p.p_vaddr.wrapping_sub(p.p_offset).wrapping_add(offset);
+            return Some(start.wrapping_sub(vaddr));
+        }
+    }
+    None
+}

@@ -1,0 +1,252 @@
+//! Function patterns: exact names, globs, and `module:name`, plus "did you mean" hints.
+//!
+//! C++ names are full of `::`, and ABI tags (`[abi:cxx11]`) even hold single colons, so a
+//! pattern is only split into `module:name` at its first lone colon when the part before
+//! it actually names a loaded module. The syntax is documented on
+//! [`ProcessSymbols::find`](super::ProcessSymbols::find).
+
+use std::collections::HashSet;
+
+use glob::Pattern;
+
+use super::demangle::cpp_short_name;
+use super::error::SymbolError;
+use super::process::Module;
+use super::{Function, SymbolSource};
+
+/// One side of a pattern: a literal, or a glob (which also accepts its literal text).
+#[derive(Debug)]
+struct Matcher {
+    text: String,
+    glob: Option<Pattern>,
+}
+
+impl Matcher {
+    fn new(text: &str) -> Matcher {
+        let glob = if text.contains(['*', '?', '[']) {
+            Pattern::new(text).ok()
+        } else {
+            None
+        };
+        Matcher {
+            text: text.to_string(),
+            glob,
+        }
+    }
+
+    fn matches(&self, candidate: &str) -> bool {
+        candidate == self.text || self.glob.as_ref().is_some_and(|g| g.matches(candidate))
+    }
+
+    /// Whether `f` matches by display name, raw name, or C++ name without parameters.
+    fn matches_function(&self, f: &Function) -> bool {
+        if self.matches(&f.name) || self.matches(&f.raw_name) {
+            return true;
+        }
+        // The short C++ name is a substring of the display name: skip the demangler
+        // when a literal cannot possibly match.
+        let worth_it = f.raw_name.starts_with("_Z")
+            && (self.glob.is_some() || f.name.contains(self.text.as_str()));
+        worth_it && cpp_short_name(&f.raw_name).is_some_and(|short| self.matches(&short))
+    }
+}
+
+/// A parsed pattern.
+#[derive(Debug)]
+struct Query {
+    module: Option<Matcher>,
+    name: Matcher,
+}
+
+impl Query {
+    fn parse(pattern: &str, modules: &[Module]) -> Query {
+        if let Some(colon) = lone_colon(pattern) {
+            let module = Matcher::new(&pattern[..colon]);
+            let names_a_module = !module.text.is_empty()
+                && modules
+                    .iter()
+                    .any(|m| module.matches(&m.name) || module.matches(&m.path.to_string_lossy()));
+            if names_a_module {
+                let name = &pattern[colon + 1..];
+                return Query {
+                    module: Some(module),
+                    name: Matcher::new(if name.is_empty() { "*" } else { name }),
+                };
+            }
+        }
+        Query {
+            module: None,
+            name: Matcher::new(pattern),
+        }
+    }
+
+    fn module_matches(&self, f: &Function) -> bool {
+        self.module
+            .as_ref()
+            .is_none_or(|m| m.matches(&f.module) || m.matches(&f.module_path.to_string_lossy()))
+    }
+}
+
+/// Byte index of the first `:` that is not next to another `:`.
+fn lone_colon(s: &str) -> Option<usize> {
+    let b = s.as_bytes();
+    (0..b.len())
+        .find(|&i| b[i] == b':' && (i == 0 || b[i - 1] != b':') && b.get(i + 1) != Some(&b':'))
+}
+
+pub(super) fn find<'a>(
+    functions: &'a [Function],
+    modules: &[Module],
+    pattern: &str,
+) -> Result<Vec<&'a Function>, SymbolError> {
+    let query = Query::parse(pattern, modules);
+    let found: Vec<&Function> = functions
+        .iter()
+        .filter(|f| query.module_matches(f) && query.name.matches_function(f))
+        .collect();
+    if found.is_empty() {
+        return Err(SymbolError::NoMatch {
+            pattern: pattern.to_string(),
+            suggestions: suggestions(functions, &query),
+        });
+    }
+    Ok(found)
+}
+
+const MAX_SUGGESTIONS: usize = 5;
+const MIN_SIMILARITY: f64 = 0.75;
+
+/// Up to five distinct names close to the query's name (Jaro-Winkler, case-insensitive,
+/// glob characters ignored), best first, from the query's module if it has one.
+fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
+    let needle: String = query
+        .name
+        .text
+        .chars()
+        .filter(|c| !matches!(c, '*' | '?' | '[' | ']'))
+        .flat_map(char::to_lowercase)
+        .collect();
+    if needle.is_empty() {
+        return Vec::new();
+    }
+    let mut seen = HashSet::new();
+    let mut scored: Vec<(f64, &str)> = Vec::new();
+    for f in functions {
+        if f.source == SymbolSource::Fde || !query.module_matches(f) {
+            continue;
+        }
+        let name = without_params(&f.name);
+        if !seen.insert(name) {
+            continue;
+        }
+        let score = strsim::jaro_winkler(&needle, &name.to_lowercase());
+        if score >= MIN_SIMILARITY {
+            scored.push((score, name));
+        }
+    }
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    scored
+        .into_iter()
+        .take(MAX_SUGGESTIONS)
+        .map(|(_, name)| name.to_string())
+        .collect()
+}
+
+/// A display name cut before its first `(` (good enough for a hint; `(anonymous
+/// namespace)` names keep their prefix up to it).
+fn without_params(name: &str) -> &str {
+    match name.find('(') {
+        Some(0) | None => name,
+        Some(i) => &name[..i],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn module(name: &str) -> Module {
+        Module {
+            name: name.into(),
+            path: PathBuf::from(format!("/usr/lib/{name}")),
+            load_bias: 0,
+            start: 0,
+            end: 0,
+        }
+    }
+
+    fn function(module: &str, raw: &str, addr: u64) -> Function {
+        Function {
+            addr,
+            size: 16,
+            module: module.into(),
+            module_path: PathBuf::from(format!("/usr/lib/{module}")),
+            name: super::super::demangle(raw),
+            raw_name: raw.into(),
+            source: SymbolSource::Symtab,
+        }
+    }
+
+    #[test]
+    fn lone_colons() {
+        assert_eq!(lone_colon("libc.so.6:malloc"), Some(9));
+        assert_eq!(lone_colon("std::vector<int>::size"), None);
+        assert_eq!(lone_colon("libstdc++.so.6:std::foo"), Some(14));
+        assert_eq!(lone_colon("foo[abi:cxx11]"), Some(7));
+    }
+
+    #[test]
+    fn module_split_only_for_known_modules() {
+        let modules = [module("libc.so.6"), module("app")];
+        let q = Query::parse("libc.so.6:malloc", &modules);
+        assert_eq!(q.module.unwrap().text, "libc.so.6");
+        assert_eq!(q.name.text, "malloc");
+        let q = Query::parse("libc*:mall*", &modules);
+        assert!(q.module.is_some() && q.name.glob.is_some());
+        let q = Query::parse("foo[abi:cxx11]", &modules);
+        assert!(q.module.is_none());
+        assert_eq!(q.name.text, "foo[abi:cxx11]");
+        let q = Query::parse("ns::foo", &modules);
+        assert!(q.module.is_none());
+        let q = Query::parse("app:", &modules);
+        assert_eq!(q.name.text, "*");
+    }
+
+    #[test]
+    fn matching_and_suggestions() {
+        let modules = [module("libc.so.6"), module("app")];
+        let fs = [
+            function("app", "_ZN2ns3fooEi", 0x10),
+            function("app", "deep", 0x20),
+            function("app", "deeper", 0x30),
+            function("libc.so.6", "malloc", 0x40),
+        ];
+        let names = |p: &str| -> Vec<String> {
+            find(&fs, &modules, p)
+                .unwrap()
+                .iter()
+                .map(|f| f.name.clone())
+                .collect()
+        };
+        assert_eq!(names("ns::foo"), ["ns::foo(int)"]);
+        assert_eq!(names("ns::foo(int)"), ["ns::foo(int)"]);
+        assert_eq!(names("_ZN2ns3fooEi"), ["ns::foo(int)"]);
+        assert_eq!(names("dee*"), ["deep", "deeper"]);
+        assert_eq!(names("libc*:mall*"), ["malloc"]);
+        assert_eq!(names("app:"), ["ns::foo(int)", "deep", "deeper"]);
+        match find(&fs, &modules, "deeo") {
+            Err(SymbolError::NoMatch { suggestions, .. }) => {
+                assert_eq!(suggestions[..2], ["deep", "deeper"]);
+            }
+            other => panic!("expected NoMatch, got {other:?}"),
+        }
+        match find(&fs, &modules, "app:malloc") {
+            Err(SymbolError::NoMatch { suggestions, .. }) => {
+                assert!(!suggestions.contains(&"malloc".to_string()));
+            }
+            other => panic!("expected NoMatch, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Attaching to real running processes: `status` and `detach` on every fixture, repeated
+//! attaches, targets that keep computing correct results, and syscalls that survive.
+
+mod common;
+
+use common::{Target, tendril};
+use std::os::unix::process::CommandExt;
+use std::time::Duration;
+
+/// Runs `tendril <args>` and returns (success, stdout, stderr).
+fn run_tendril(args: &[&str]) -> (bool, String, String) {
+    let output = tendril().args(args).output().expect("cannot run tendril");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Parses `agent ready: pid=P version=V threads=N patched=K`.
+fn parse_status(line: &str, pid: i32) -> (usize, usize) {
+    let rest = line
+        .trim_end()
+        .strip_prefix(&format!("agent ready: pid={pid} version="))
+        .unwrap_or_else(|| panic!("unexpected status line: {line:?}"));
+    let fields: Vec<&str> = rest.split(' ').collect();
+    assert_eq!(fields.len(), 3, "unexpected status line: {line:?}");
+    let threads = fields[1].strip_prefix("threads=").unwrap().parse().unwrap();
+    let patched = fields[2].strip_prefix("patched=").unwrap().parse().unwrap();
+    (threads, patched)
+}
+
+fn status_ok(pid: i32) -> (usize, usize) {
+    let (ok, stdout, stderr) = run_tendril(&["status", &pid.to_string()]);
+    assert!(ok, "status {pid} failed: {stderr}");
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "status must print exactly one line: {stdout:?}"
+    );
+    parse_status(&stdout, pid)
+}
+
+fn agent_mappings(pid: i32) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mut paths: Vec<String> = maps
+        .lines()
+        .filter(|l| l.contains("libtendril_agent"))
+        .map(|l| l.split_whitespace().last().unwrap().to_string())
+        .collect();
+    paths.dedup();
+    paths
+}
+
+fn control_threads(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .unwrap_or_default()
+                .trim()
+                == "tendril-control"
+        })
+        .count()
+}
+
+/// The process is running freely: not stopped, not traced.
+fn assert_running_untraced(pid: i32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status.contains("TracerPid:\t0\n"),
+        "target left traced:\n{status}"
+    );
+    let state = status.lines().find(|l| l.starts_with("State:")).unwrap();
+    assert!(
+        !state.contains("stopped") && !state.contains("tracing stop"),
+        "target left stopped: {state}"
+    );
+}
+
+#[test]
+fn status_attaches_to_every_fixture_and_reports_its_threads() {
+    // (fixture, args, threads the target itself has)
+    let cases: &[(&str, &[&str], usize)] = &[
+        ("calltree", &["2"], 3),
+        ("calltree_stripped", &["3"], 4),
+        ("exceptions", &[], 1),
+        ("rust_panics", &[], 0),
+        ("blocked", &[], 4),
+        ("mallocs", &["2"], 3),
+    ];
+    for &(name, args, threads) in cases {
+        let mut target = Target::spawn(name, args);
+        let pid = target.pid();
+        let (reported_threads, patched) = status_ok(pid);
+        if threads > 0 {
+            assert_eq!(reported_threads, threads, "{name}: thread count");
+        }
+        assert_eq!(patched, 0, "{name}: nothing is patched by status");
+        assert_eq!(agent_mappings(pid).len(), 1, "{name}: agent loaded once");
+        assert_eq!(control_threads(pid), 1, "{name}: one control thread");
+        assert_running_untraced(pid);
+        if name != "blocked" {
+            assert!(
+                target.next_line(Duration::from_secs(5)).is_some(),
+                "{name} stopped printing after the attach"
+            );
+        }
+        common::code_bytes_match_file(pid).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn fifty_attaches_in_a_row_reuse_the_agent_and_never_disturb_the_checksums() {
+    let reference = {
+        let mut bare = Target::spawn("calltree", &["8"]);
+        bare.checksum_lines(3, Duration::from_secs(10))[0]
+    };
+    let mut target = Target::spawn("calltree", &["8"]);
+    let pid = target.pid();
+    for attempt in 0..50 {
+        let (threads, _) = status_ok(pid);
+        assert_eq!(threads, 9, "attempt {attempt}: 8 workers + main");
+    }
+    assert_eq!(
+        agent_mappings(pid).len(),
+        1,
+        "the agent was loaded once and reused"
+    );
+    assert_eq!(control_threads(pid), 1);
+    assert_running_untraced(pid);
+    for checksum in target.checksum_lines(10, Duration::from_secs(10)) {
+        assert_eq!(
+            checksum, reference,
+            "a round computed a wrong checksum after the attaches"
+        );
+    }
+}
+
+#[test]
+fn injecting_into_threads_hammering_malloc_never_deadlocks() {
+    for attempt in 0..20 {
+        let target = Target::spawn("mallocs", &["4"]);
+        let pid = target.pid();
+        let mut child = tendril()
+            .args(["status", &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("attempt {attempt}: status did not finish in 20 s (deadlock?)");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(status.success(), "attempt {attempt}: status failed");
+        assert_running_untraced(pid);
+    }
+}
+
+#[test]
+fn a_read_interrupted_by_the_attach_still_receives_its_data() {
+    let mut target = Target::spawn("blocked", &[]);
+    let pid = target.pid();
+    status_ok(pid);
+    assert_running_untraced(pid);
+    target.write_stdin("hello after attach\n");
+    let line = target
+        .next_line(Duration::from_secs(5))
+        .expect("the blocked read never returned");
+    assert_eq!(line.trim_end(), "got: hello after attach");
+    // And it still works a second time, with the agent resident.
+    status_ok(pid);
+    target.write_stdin("second\n");
+    assert_eq!(
+        target.next_line(Duration::from_secs(5)).unwrap().trim_end(),
+        "got: second"
+    );
+}
+
+#[test]
+fn the_runtime_directory_is_private_and_the_socket_owner_only() {
+    use std::os::unix::fs::MetadataExt;
+    let target = Target::spawn("calltree", &["1"]);
+    status_ok(target.pid());
+    let dir = std::fs::symlink_metadata("/tmp/tendril-0").unwrap();
+    assert!(dir.is_dir());
+    assert_eq!(dir.mode() & 0o777, 0o700);
+    let socket =
+        std::fs::symlink_metadata(format!("/tmp/tendril-0/agent-{}.sock", target.pid())).unwrap();
+    assert_eq!(socket.mode() & 0o777, 0o600);
+}
+
+#[test]
+fn detach_restores_through_a_resident_agent_and_never_injects() {
+    let target = Target::spawn("calltree", &["1"]);
+    let pid = target.pid().to_string();
+    let (ok, stdout, stderr) = run_tendril(&["detach", &pid]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("has no tendril agent"), "{stdout}");
+    assert!(
+        agent_mappings(target.pid()).is_empty(),
+        "detach must not load an agent"
+    );
+
+    status_ok(target.pid());
+    let (ok, stdout, stderr) = run_tendril(&["detach", &pid]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stdout.trim_end(),
+        format!("detached: pid={pid} restored=0 functions; the agent stays dormant")
+    );
+    common::code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn a_process_of_another_user_can_be_attached_by_that_user() {
+    let target = Target::spawn_as_user("calltree", &["1"], 65534, 65534);
+    let output = tendril()
+        .args(["status", &target.pid().to_string()])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    parse_status(&String::from_utf8_lossy(&output.stdout), target.pid());
+}

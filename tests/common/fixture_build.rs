@@ -1,0 +1,234 @@
+//! Builds the fixture programs of `fixtures/` on first use, into `target/fixtures/`.
+//!
+//! The one idea: many tests, in several processes, may want the same fixture at the same
+//! time, so every build runs in a scratch directory of its own and its result is
+//! `rename`d into place, which is atomic. A fixture is rebuilt when its binary is older
+//! than its source or than this file (which holds the build commands).
+
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::SystemTime;
+
+/// How a fixture is built from its source file in `fixtures/`.
+enum Recipe {
+    /// `gcc -O2 -g -pthread` (GCC rather than `cc`: the fixtures rely on GCC's `-fipa-ra`).
+    C,
+    /// `gcc -O2 -g -static`: no dynamic loader, no libc.so.
+    CStatic,
+    /// `g++ -O2 -g -pthread`.
+    Cxx,
+    /// `rustc -O -g --edition 2021 -C panic=unwind`.
+    Rust,
+    /// `strip` applied to the already built fixture named here (it keeps `.eh_frame`).
+    StrippedCopyOf(&'static str),
+    /// `as --32` and `ld -m elf_i386`: a 32-bit program without libc.
+    I386,
+}
+
+struct Fixture {
+    name: &'static str,
+    source: &'static str,
+    recipe: Recipe,
+}
+
+const FIXTURES: [Fixture; 8] = [
+    Fixture {
+        name: "calltree",
+        source: "calltree.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "calltree_stripped",
+        source: "calltree.c",
+        recipe: Recipe::StrippedCopyOf("calltree"),
+    },
+    Fixture {
+        name: "exceptions",
+        source: "exceptions.cpp",
+        recipe: Recipe::Cxx,
+    },
+    Fixture {
+        name: "rust_panics",
+        source: "rust_panics.rs",
+        recipe: Recipe::Rust,
+    },
+    Fixture {
+        name: "blocked",
+        source: "blocked.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "mallocs",
+        source: "mallocs.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "static_loop",
+        source: "static_loop.c",
+        recipe: Recipe::CStatic,
+    },
+    Fixture {
+        name: "i386_loop",
+        source: "i386_loop.S",
+        recipe: Recipe::I386,
+    },
+];
+
+/// The names `fixture` accepts.
+pub const FIXTURE_NAMES: [&str; FIXTURES.len()] = {
+    let mut names = [""; FIXTURES.len()];
+    let mut i = 0;
+    while i < FIXTURES.len() {
+        names[i] = FIXTURES[i].name;
+        i += 1;
+    }
+    names
+};
+
+/// The path of the built fixture `name` (see `FIXTURE_NAMES`), building it first if its
+/// binary is missing or out of date. Panics with the compiler's messages if the build fails.
+pub fn fixture(name: &str) -> PathBuf {
+    static BUILT: [OnceLock<PathBuf>; FIXTURES.len()] = [const { OnceLock::new() }; FIXTURES.len()];
+
+    let Some(index) = FIXTURES.iter().position(|f| f.name == name) else {
+        panic!("no fixture named {name:?}; the fixtures are {FIXTURE_NAMES:?}");
+    };
+    BUILT[index]
+        .get_or_init(|| {
+            let fixture = &FIXTURES[index];
+            let binary = fixtures_dir().join(fixture.name);
+            if !is_up_to_date(fixture, &binary)
+                && let Err(message) = build(fixture, &binary)
+            {
+                panic!("cannot build fixture {name}: {message}");
+            }
+            binary
+        })
+        .clone()
+}
+
+fn workspace_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixtures_dir() -> PathBuf {
+    workspace_dir().join("target").join("fixtures")
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// Whether `binary` exists and is newer than everything it is built from.
+fn is_up_to_date(fixture: &Fixture, binary: &Path) -> bool {
+    let Some(built) = modified(binary) else {
+        return false;
+    };
+    let mut inputs = vec![
+        workspace_dir().join("fixtures").join(fixture.source),
+        workspace_dir().join(file!()),
+    ];
+    if let Recipe::StrippedCopyOf(original) = fixture.recipe {
+        inputs.push(self::fixture(original));
+    }
+    // An input that cannot be found (this file, under an unusual layout) does not count.
+    inputs
+        .iter()
+        .filter_map(|input| modified(input))
+        .all(|input| input <= built)
+}
+
+/// Builds `fixture` in a private scratch directory, then renames the result to `binary`.
+fn build(fixture: &Fixture, binary: &Path) -> Result<(), String> {
+    static SCRATCH_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+    let dir = binary.parent().expect("the fixture directory");
+    fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let scratch = dir.join(format!(
+        ".build-{}-{}-{}",
+        fixture.name,
+        std::process::id(),
+        SCRATCH_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    match fs::create_dir(&scratch) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("cannot create {}: {e}", scratch.display())),
+    }
+
+    let result = compile(fixture, &scratch).and_then(|output| {
+        // Readable and executable by everyone: some tests run fixtures as another user.
+        fs::set_permissions(&output, fs::Permissions::from_mode(0o755))
+            .and_then(|()| fs::rename(&output, binary))
+            .map_err(|e| format!("cannot move {} into place: {e}", output.display()))
+    });
+    let _ = fs::remove_dir_all(&scratch);
+    result
+}
+
+/// Runs the recipe's commands in `scratch` and returns the path of the program built.
+fn compile(fixture: &Fixture, scratch: &Path) -> Result<PathBuf, String> {
+    let source = workspace_dir().join("fixtures").join(fixture.source);
+    let source = source.to_str().expect("the workspace path is UTF-8");
+    let output = scratch.join(fixture.name);
+    let out = output.to_str().expect("the workspace path is UTF-8");
+
+    let c_args = |mode| vec!["-O2", "-g", "-Wall", "-Wextra", mode, "-o", out, source];
+    match fixture.recipe {
+        Recipe::C => run(scratch, "gcc", &c_args("-pthread"))?,
+        Recipe::CStatic => run(scratch, "gcc", &c_args("-static"))?,
+        Recipe::Cxx => run(scratch, "g++", &c_args("-pthread"))?,
+        Recipe::Rust => {
+            let args = [
+                "-O",
+                "-g",
+                "--edition",
+                "2021",
+                "-C",
+                "panic=unwind",
+                "-o",
+                out,
+                source,
+            ];
+            run(scratch, "rustc", &args)?
+        }
+        Recipe::StrippedCopyOf(original) => {
+            let original = self::fixture(original);
+            let original = original.to_str().expect("the workspace path is UTF-8");
+            run(scratch, "strip", &["-o", out, original])?
+        }
+        Recipe::I386 => {
+            let object = format!("{out}.o");
+            run(scratch, "as", &["--32", "-o", &object, source])?;
+            run(scratch, "ld", &["-m", "elf_i386", "-o", out, &object])?
+        }
+    }
+    Ok(output)
+}
+
+/// Runs one build command; a failure returns the command line and what it printed.
+/// Warnings do not fail the build, but are shown in the test's output.
+fn run(dir: &Path, program: &str, args: &[&str]) -> Result<(), String> {
+    let command_line = format!("{program} {}", args.join(" "));
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("cannot run `{command_line}`: {e} (is {program} installed?)"))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        return Err(format!(
+            "`{command_line}` failed ({}):\n{stderr}",
+            output.status
+        ));
+    }
+    if !stderr.trim().is_empty() {
+        eprintln!("warnings from `{command_line}`:\n{stderr}");
+    }
+    Ok(())
+}

@@ -1,0 +1,23 @@
+//! What the integration tests share: the fixture programs, built on demand (`fixture`),
+//! running fixture processes (`Target`), the `tendril` binary (`tendril`), and the check
+//! that a process runs exactly the code of its files (`code_bytes_match_file`).
+//!
+//! The one idea: tests run real programs. Each test binary includes this module with
+//! `mod common;` and uses only what it needs, hence the `allow` below.
+
+#![allow(dead_code, unused_imports)]
+
+mod code_check;
+mod fixture_build;
+mod target;
+
+pub use code_check::code_bytes_match_file;
+pub use fixture_build::{FIXTURE_NAMES, fixture};
+pub use target::{READY_TIMEOUT, Round, Target};
+
+use std::process::Command;
+
+/// A `Command` for the `tendril` binary that cargo built for these tests.
+pub fn tendril() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tendril"))
+}
