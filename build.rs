@@ -40,6 +40,9 @@ fn main() {
     if env::var_os("CARGO_NET_OFFLINE").is_some() {
         build.arg("--offline");
     }
+    // The agent is embedded in every tendril binary and written into every target's
+    // runtime directory: keep its symbols, drop its debug info.
+    build.env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
     // Settings meant for the outer build must not leak into the agent's.
     for var in [
         "CARGO_TARGET_DIR",

@@ -201,12 +201,17 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
     Ok(target)
 }
 
-/// The executable must be a dynamically linked x86-64 ELF.
-fn check_executable(target: &TargetProcess) -> Result<(), AttachError> {
+/// The executable must be a dynamically linked x86-64 ELF. Only its headers are read
+/// (through a mapping, so a large executable costs a few page reads).
+pub fn check_executable(target: &TargetProcess) -> Result<(), AttachError> {
+    use goblin::elf::program_header::{PT_INTERP, ProgramHeader};
     let pid = target.pid;
     let exe = target.exe.display().to_string();
-    let bytes =
-        std::fs::read(format!("/proc/{pid}/exe")).map_err(|e| io_to_attach_error(pid, &e))?;
+    let file =
+        std::fs::File::open(format!("/proc/{pid}/exe")).map_err(|e| io_to_attach_error(pid, &e))?;
+    // SAFETY: the mapping is read-only and private; a concurrent truncation of the file
+    // could fault, which for an executable that is running cannot happen (ETXTBSY).
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_to_attach_error(pid, &e))?;
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" {
         return Err(AttachError::NotElf { pid, exe });
     }
@@ -214,7 +219,10 @@ fn check_executable(target: &TargetProcess) -> Result<(), AttachError> {
         pid,
         exe: exe.clone(),
     })?;
-    if !header.container().map(|c| c.is_big()).unwrap_or(false) {
+    let Ok(container) = header.container() else {
+        return Err(AttachError::NotElf { pid, exe });
+    };
+    if !container.is_big() {
         return Err(AttachError::WrongArchitecture {
             pid,
             exe,
@@ -228,11 +236,23 @@ fn check_executable(target: &TargetProcess) -> Result<(), AttachError> {
             what: "another machine type",
         });
     }
-    let elf = goblin::elf::Elf::parse(&bytes).map_err(|e| AttachError::Other {
+    let ctx = goblin::container::Ctx::new(
+        container,
+        header
+            .endianness()
+            .unwrap_or(goblin::container::Endian::Little),
+    );
+    let program_headers = ProgramHeader::parse(
+        &bytes,
+        header.e_phoff as usize,
+        header.e_phnum as usize,
+        ctx,
+    )
+    .map_err(|e| AttachError::Other {
         pid,
         message: format!("cannot parse {exe}: {e}"),
     })?;
-    if elf.interpreter.is_none() {
+    if !program_headers.iter().any(|ph| ph.p_type == PT_INTERP) {
         return Err(AttachError::StaticallyLinked { pid, exe });
     }
     Ok(())

@@ -235,3 +235,19 @@ fn a_process_of_another_user_can_be_attached_by_that_user() {
     );
     parse_status(&String::from_utf8_lossy(&output.stdout), target.pid());
 }
+
+#[test]
+fn a_shell_keeping_allocator_pointers_on_its_stack_can_be_attached() {
+    // bash keeps pointers to `free` in locals while it waits for a child; only real
+    // return addresses into the allocator may stop an attach, not such pointers.
+    let mut shell = std::process::Command::new("bash")
+        .args(["-c", "sleep 1000; true"])
+        .spawn()
+        .unwrap();
+    let pid = shell.id() as i32;
+    std::thread::sleep(Duration::from_millis(300));
+    let result = std::panic::catch_unwind(|| status_ok(pid));
+    let _ = shell.kill();
+    let _ = shell.wait();
+    result.expect("status on a waiting bash");
+}

@@ -9,6 +9,7 @@
 mod loader;
 mod remote_call;
 mod safe_point;
+mod stack_walk;
 pub mod tracee;
 
 use crate::agent_bundle;
@@ -85,6 +86,7 @@ fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> 
 /// in a forked child that inherited the library but not the thread).
 fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
     let pid = target.pid;
+    process::check_executable(target)?;
     let runtime_dir = agent_bundle::prepare_runtime_dir(target)?;
     let agent_path = agent_bundle::install_agent(target, &runtime_dir)?;
     let _ = std::fs::remove_file(

@@ -3,13 +3,17 @@
 //! `dlopen` allocates and takes the loader's lock. If the thread we borrow was stopped
 //! while holding the allocator's lock (inside `malloc`) or the loader's lock, our call
 //! would wait forever on a lock its own thread holds. So a thread is borrowed only when
-//! neither its pc nor any return address near the top of its stack lies in a function
-//! that takes those locks. Threads blocked in a system call are tried first: they are the
-//! least likely to be in the middle of anything.
+//! neither its pc nor any return address on its stack lies in a function that takes
+//! those locks. The return addresses come from walking the stack with the modules'
+//! unwind tables (`stack_walk`); above a frame the tables cannot describe, every stack
+//! word that follows a `call` counts. Threads blocked in a system call are tried first:
+//! they are the least likely to be in the middle of anything.
 
 use super::loader::LoaderEntryPoints;
+use super::stack_walk::StackWalker;
 use super::tracee::Tracee;
 use crate::process::{self, AttachError};
+use crate::symbols::maps;
 use std::time::{Duration, Instant};
 
 /// How much of the stack above rsp is checked for return addresses.
@@ -23,6 +27,11 @@ pub fn seize_thread_at_safe_point(
     entry_points: &LoaderEntryPoints,
 ) -> Result<Tracee, AttachError> {
     let deadline = Instant::now() + SEARCH_TIMEOUT;
+    let maps = maps::read_maps(pid).map_err(|e| AttachError::Other {
+        pid,
+        message: e.to_string(),
+    })?;
+    let mut walker = StackWalker::new(pid, &maps);
     loop {
         if process::is_gone_or_exiting(pid) {
             return Err(AttachError::Exited(pid));
@@ -43,7 +52,7 @@ pub fn seize_thread_at_safe_point(
                 Err(e) => return Err(e),
             };
             tracee.save_registers()?;
-            if is_safe(&tracee, entry_points) {
+            if is_safe(&tracee, entry_points, &mut walker) {
                 return Ok(tracee);
             }
             tracee.restore_and_detach()?;
@@ -61,7 +70,7 @@ pub fn seize_thread_at_safe_point(
     }
 }
 
-fn is_safe(tracee: &Tracee, entry_points: &LoaderEntryPoints) -> bool {
+fn is_safe(tracee: &Tracee, entry_points: &LoaderEntryPoints, walker: &mut StackWalker) -> bool {
     let regs = &tracee.saved().general;
     let in_unsafe_code = |address: u64| {
         entry_points
@@ -72,10 +81,51 @@ fn is_safe(tracee: &Tracee, entry_points: &LoaderEntryPoints) -> bool {
     if in_unsafe_code(regs.rip) {
         return false;
     }
-    let mut stack = vec![0u8; STACK_WINDOW];
-    let read = tracee.read_memory(regs.rsp, &mut stack);
+    let walk = walker.walk(regs, |address| {
+        let mut word = [0u8; 8];
+        (tracee.read_memory(address, &mut word) == 8).then(|| u64::from_le_bytes(word))
+    });
+    if walk.return_addresses.iter().any(|&ra| in_unsafe_code(ra)) {
+        return false;
+    }
+    let Some(unknown_from) = walk.stopped_at else {
+        return true;
+    };
+    // Above a frame the tables cannot describe, assume the worst of every word that
+    // looks like a return address.
+    let window = STACK_WINDOW.saturating_sub(unknown_from.saturating_sub(regs.rsp) as usize);
+    let mut stack = vec![0u8; window];
+    let read = tracee.read_memory(unknown_from, &mut stack);
     !stack[..read]
         .chunks_exact(8)
         .map(|word| u64::from_le_bytes(word.try_into().unwrap()))
-        .any(in_unsafe_code)
+        .any(|word| in_unsafe_code(word) && follows_a_call(tracee, word))
+}
+
+/// True when a `call` instruction ends exactly at `address`, i.e. `address` is a return
+/// address rather than, say, a pointer to a function kept in a local variable.
+fn follows_a_call(tracee: &Tracee, address: u64) -> bool {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl};
+    const LONGEST_CALL: usize = 7;
+    let mut code = [0u8; LONGEST_CALL];
+    let start = address - LONGEST_CALL as u64;
+    if tracee.read_memory(start, &mut code) != LONGEST_CALL {
+        return true; // Unreadable: assume the worst.
+    }
+    (2..=LONGEST_CALL).any(|length| {
+        let offset = LONGEST_CALL - length;
+        let mut decoder = Decoder::with_ip(
+            64,
+            &code[offset..],
+            start + offset as u64,
+            DecoderOptions::NONE,
+        );
+        let instruction = decoder.decode();
+        !instruction.is_invalid()
+            && instruction.len() == length
+            && matches!(
+                instruction.flow_control(),
+                FlowControl::Call | FlowControl::IndirectCall
+            )
+    })
 }

@@ -60,7 +60,7 @@ pub(super) fn ranges(elf: &Elf, data: &[u8]) -> Vec<(u64, u64)> {
 /// `.eh_frame` as (virtual address, bytes): from the section header, else through
 /// `PT_GNU_EH_FRAME`, in which case the bytes run to the end of the containing segment
 /// (the walk stops at the zero terminator).
-fn eh_frame<'a>(elf: &Elf, data: &'a [u8]) -> Option<(u64, &'a [u8])> {
+pub(crate) fn eh_frame<'a>(elf: &Elf, data: &'a [u8]) -> Option<(u64, &'a [u8])> {
     if let Some(found) = section(elf, data, ".eh_frame") {
         return Some(found);
     }
@@ -86,7 +86,7 @@ fn eh_frame<'a>(elf: &Elf, data: &'a [u8]) -> Option<(u64, &'a [u8])> {
 }
 
 /// A section's virtual address and file bytes, by name.
-pub(super) fn section<'a>(elf: &Elf, data: &'a [u8], name: &str) -> Option<(u64, &'a [u8])> {
+pub(crate) fn section<'a>(elf: &Elf, data: &'a [u8], name: &str) -> Option<(u64, &'a [u8])> {
     let sh = elf
         .section_headers
         .iter()

@@ -14,7 +14,7 @@
 mod command;
 mod demangle;
 mod error;
-mod fde;
+pub(crate) mod fde;
 pub mod maps;
 mod module;
 mod pattern;

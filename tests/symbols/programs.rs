@@ -21,6 +21,22 @@ pub fn build_calltree_variant(dir: &Path, name: &str, flags: &[&str]) -> PathBuf
     out
 }
 
+/// Spawns a program file that this test process has just written. Another test thread
+/// forking at that moment briefly holds the file open for writing in its child, and
+/// `exec` then fails with ETXTBSY until that child has exec'd in turn: retry a while.
+fn spawn_fresh_copy(command: &mut Command) -> Child {
+    let mut attempts = 0;
+    loop {
+        match command.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 100 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            result => return result.expect("cannot start the program"),
+        }
+    }
+}
+
 /// A program that is not one of the common fixtures (a copy, a variant build), started
 /// and waited for until its `ready` line; killed and reaped on drop.
 pub struct Program {
@@ -29,11 +45,7 @@ pub struct Program {
 
 impl Program {
     pub fn start(path: &Path) -> Program {
-        let mut child = Command::new(path)
-            .arg("1")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_fresh_copy(Command::new(path).arg("1").stdout(Stdio::piped()));
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let program = Program { child };
         let mut line = String::new();

@@ -14,7 +14,8 @@ pub fn target_thread_count() -> usize {
     tasks
         .flatten()
         .filter_map(|task| task.file_name().to_str().and_then(|s| s.parse().ok()))
-        .filter(|&tid| !is_agent_thread(tid))
+        // A thread that ended since the listing has no comm left: it is not counted.
+        .filter(|&tid| thread_name(tid).is_some_and(|name| !name.starts_with(AGENT_THREAD_PREFIX)))
         .count()
 }
 
@@ -44,9 +45,7 @@ where
     spawned.map(|_| ())
 }
 
-/// True for threads the agent created.
-pub fn is_agent_thread(tid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
-        .is_ok_and(|comm| comm.starts_with(AGENT_THREAD_PREFIX))
+/// The name (`comm`) of a thread of this process; `None` once it has ended.
+fn thread_name(tid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()
 }
-
