@@ -1,0 +1,35 @@
+//! What the UI asks the controller to do.
+//!
+//! The one idea: the UI never touches the target. Keys that need the profiler return an
+//! [`Action`] from [`crate::App::handle_event`]; the controller carries it out and reports
+//! back through the next snapshot (or [`crate::App::set_message`]).
+
+use crate::model::FunctionEntry;
+
+/// A request from the UI to the controller.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Attach to this pid (process picker, Enter). On success the controller calls
+    /// [`crate::App::show_root_picker`]; on failure [`crate::App::set_message`].
+    Attach(u32),
+    /// Re-read the process list and pass it to [`crate::App::set_processes`] (Ctrl-R).
+    RefreshProcesses,
+    /// The root picker opened without a function list: pass one to
+    /// [`crate::App::set_functions`].
+    LoadFunctions,
+    /// Profile exactly these functions as roots, replacing the current ones. The UI has
+    /// switched to the live view and waits for snapshots.
+    SetRoots(Vec<FunctionEntry>),
+    /// Stop collecting events (the instrumentation stays); the data stays browsable.
+    Pause,
+    /// Collect again after [`Action::Pause`].
+    Resume,
+    /// Discard the collected data and start counting from zero.
+    Reset,
+    /// Write the current profile to a file and report where in the status message.
+    Save,
+    /// Restore the target's code and stop collecting; the UI stays to browse the data.
+    Detach,
+    /// Leave the UI (the controller detaches first if still attached).
+    Quit,
+}

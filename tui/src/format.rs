@@ -1,0 +1,177 @@
+//! Text formatting for cells: numbers, durations, bars, and fitting text into a column.
+//!
+//! The one idea: every cell is produced at an exact display width (padded or truncated with
+//! an ellipsis), so rows line up whatever the names contain and however narrow the screen.
+
+use std::time::Duration;
+
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
+
+const ELLIPSIS: char = '…';
+
+/// `text` cut to at most `width` columns, ending in `…` when something was cut.
+pub fn truncate(text: &str, width: usize) -> String {
+    if text.width() <= width {
+        return text.to_string();
+    }
+    if width == 0 {
+        return String::new();
+    }
+    let mut out = String::new();
+    let mut used = 0;
+    for ch in text.chars() {
+        let w = ch.width().unwrap_or(0);
+        if used + w > width - 1 {
+            break;
+        }
+        out.push(ch);
+        used += w;
+    }
+    out.push(ELLIPSIS);
+    out
+}
+
+/// `text` truncated to `width` and padded on the right to exactly `width` columns.
+pub fn pad_left_aligned(text: &str, width: usize) -> String {
+    let mut out = truncate(text, width);
+    let used = out.width();
+    out.extend(std::iter::repeat_n(' ', width.saturating_sub(used)));
+    out
+}
+
+/// `text` truncated to `width` and padded on the left to exactly `width` columns.
+pub fn pad_right_aligned(text: &str, width: usize) -> String {
+    let cut = truncate(text, width);
+    let used = cut.width();
+    let mut out: String = std::iter::repeat_n(' ', width.saturating_sub(used)).collect();
+    out.push_str(&cut);
+    out
+}
+
+/// Nanoseconds as milliseconds with a precision that fits about eight columns.
+pub fn millis(ns: f64) -> String {
+    let ms = ns / 1e6;
+    let magnitude = ms.abs();
+    if magnitude >= 1e7 {
+        format!("{:.3e}", ms)
+    } else if magnitude >= 1000.0 {
+        format!("{ms:.0}")
+    } else if magnitude >= 100.0 {
+        format!("{ms:.1}")
+    } else if magnitude >= 10.0 {
+        format!("{ms:.2}")
+    } else {
+        format!("{ms:.3}")
+    }
+}
+
+/// A count: exact below 100,000, then with a k/M/G suffix.
+pub fn count(value: u64) -> String {
+    if value < 100_000 {
+        return value.to_string();
+    }
+    compact(value as f64)
+}
+
+/// An exact count with thousands separators (`104,512`).
+pub fn grouped(value: u64) -> String {
+    let digits = value.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+/// A rate or large quantity with a k/M/G suffix (`1.2M`).
+pub fn compact(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude >= 1e9 {
+        format!("{:.1}G", value / 1e9)
+    } else if magnitude >= 1e6 {
+        format!("{:.1}M", value / 1e6)
+    } else if magnitude >= 1e3 {
+        format!("{:.1}k", value / 1e3)
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+/// A percentage with one decimal (`42.0%`).
+pub fn percent(value: f64) -> String {
+    format!("{value:.1}%")
+}
+
+/// `part` as a percentage of `whole`; 0 when the whole is empty.
+pub fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        part / whole * 100.0
+    } else {
+        0.0
+    }
+}
+
+/// Elapsed time as `hh:mm:ss`.
+pub fn elapsed(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    format!(
+        "{:02}:{:02}:{:02}",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    )
+}
+
+/// A horizontal bar `width` columns wide filled to `percent` (eighth-block resolution).
+pub fn bar(percent: f64, width: usize) -> String {
+    const PARTIAL: [char; 8] = [' ', '▏', '▎', '▍', '▌', '▋', '▊', '▉'];
+    let fraction = (percent / 100.0).clamp(0.0, 1.0);
+    let eighths = (fraction * width as f64 * 8.0).round() as usize;
+    let mut out = String::with_capacity(width * 3);
+    out.extend(std::iter::repeat_n('█', eighths / 8));
+    if eighths / 8 < width {
+        out.push(PARTIAL[eighths % 8]);
+    }
+    let used = out.chars().count();
+    out.extend(std::iter::repeat_n(' ', width.saturating_sub(used)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_width_and_marks_the_cut() {
+        assert_eq!(truncate("compute_block", 20), "compute_block");
+        assert_eq!(truncate("compute_block", 8), "compute…");
+        assert_eq!(truncate("compute_block", 1), "…");
+        assert_eq!(truncate("compute_block", 0), "");
+        assert_eq!(pad_left_aligned("ab", 4), "ab  ");
+        assert_eq!(pad_right_aligned("ab", 4), "  ab");
+        assert_eq!(truncate("日本語の関数", 5), "日本…");
+    }
+
+    #[test]
+    fn numbers_are_compact() {
+        assert_eq!(millis(1_234_567.0), "1.235");
+        assert_eq!(millis(12_345_678_900.0), "12346");
+        assert_eq!(count(99_999), "99999");
+        assert_eq!(count(1_250_000), "1.2M");
+        assert_eq!(grouped(104_512), "104,512");
+        assert_eq!(grouped(1_000), "1,000");
+        assert_eq!(grouped(999), "999");
+        assert_eq!(elapsed(Duration::from_secs(3723)), "01:02:03");
+    }
+
+    #[test]
+    fn bars_fill_to_their_width() {
+        assert_eq!(bar(100.0, 4), "████");
+        assert_eq!(bar(0.0, 4), "    ");
+        assert_eq!(bar(50.0, 4).chars().count(), 4);
+        assert_eq!(bar(250.0, 3), "███");
+    }
+}

@@ -1,0 +1,265 @@
+//! The key map of every screen, and the help overlay and footer hints drawn from it.
+//!
+//! The one idea: the keys are listed once, here, with whether they need a live target, so
+//! the help overlay, the footer and the read-only mode can never disagree with each other.
+
+use ratatui::Frame;
+use ratatui::layout::Rect;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Clear, Paragraph};
+
+use crate::format::pad_left_aligned;
+use crate::theme;
+
+/// What a key needs to be available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Always available.
+    Nothing,
+    /// An attached target (not detached, not read-only).
+    Target,
+    /// Live data that can still be saved (not read-only).
+    Session,
+}
+
+/// One line of the key map.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyHelp {
+    pub keys: &'static str,
+    pub what: &'static str,
+    pub needs: Needs,
+    /// Shown in the footer when no message is pending.
+    pub hint: Option<&'static str>,
+}
+
+const fn key(
+    keys: &'static str,
+    what: &'static str,
+    needs: Needs,
+    hint: Option<&'static str>,
+) -> KeyHelp {
+    KeyHelp {
+        keys,
+        what,
+        needs,
+        hint,
+    }
+}
+
+pub const PROCESS_PICKER_KEYS: &[KeyHelp] = &[
+    key(
+        "type",
+        "filter by pid, user or command line",
+        Needs::Nothing,
+        Some("type to filter"),
+    ),
+    key("↑↓ PgUp PgDn Home End", "move", Needs::Nothing, None),
+    key(
+        "Enter",
+        "attach to the selected process",
+        Needs::Nothing,
+        Some("Enter attach"),
+    ),
+    key(
+        "Esc",
+        "clear the filter; quit when it is empty",
+        Needs::Nothing,
+        None,
+    ),
+    key(
+        "Ctrl-R",
+        "refresh the process list",
+        Needs::Nothing,
+        Some("Ctrl-R refresh"),
+    ),
+    key(
+        "q Ctrl-C",
+        "quit (q only while the filter is empty)",
+        Needs::Nothing,
+        Some("q quit"),
+    ),
+    key("F1", "this help", Needs::Nothing, Some("F1 help")),
+];
+
+pub const ROOT_PICKER_KEYS: &[KeyHelp] = &[
+    key(
+        "type",
+        "fuzzy-filter functions by name (smart case)",
+        Needs::Nothing,
+        Some("type to filter"),
+    ),
+    key("↑↓ PgUp PgDn Home End", "move", Needs::Nothing, None),
+    key(
+        "Tab",
+        "select or unselect the function (for several roots)",
+        Needs::Nothing,
+        Some("Tab select"),
+    ),
+    key(
+        "Enter",
+        "profile the selection plus this function (after Tab: the selection)",
+        Needs::Nothing,
+        Some("Enter profile"),
+    ),
+    key(
+        "Esc",
+        "clear the filter; back to the live view when it is empty",
+        Needs::Nothing,
+        Some("Esc back"),
+    ),
+    key("Ctrl-C", "quit", Needs::Nothing, Some("Ctrl-C quit")),
+    key("F1", "this help", Needs::Nothing, Some("F1 help")),
+];
+
+pub const LIVE_KEYS: &[KeyHelp] = &[
+    key(
+        "1 2 3 Tab Shift-Tab",
+        "call tree, hot spots, threads",
+        Needs::Nothing,
+        None,
+    ),
+    key("↑↓ jk PgUp PgDn Home End", "move", Needs::Nothing, None),
+    key(
+        "→ ←",
+        "expand / collapse (or step to child / parent)",
+        Needs::Nothing,
+        None,
+    ),
+    key(
+        "Enter",
+        "tree: expand/collapse; threads: show its tree",
+        Needs::Nothing,
+        None,
+    ),
+    key(
+        "s",
+        "sort the tree by total, self or calls",
+        Needs::Nothing,
+        Some("s sort"),
+    ),
+    key(
+        "h",
+        "expand the hottest path below the selected node",
+        Needs::Nothing,
+        Some("h hottest"),
+    ),
+    key(
+        "c",
+        "collapse everything below the roots",
+        Needs::Nothing,
+        None,
+    ),
+    key("m", "back to all threads merged", Needs::Nothing, None),
+    key("Esc", "clear the message line", Needs::Nothing, None),
+    key(
+        "p",
+        "pause or resume collection",
+        Needs::Target,
+        Some("p pause"),
+    ),
+    key(
+        "X",
+        "reset: discard the collected data",
+        Needs::Target,
+        None,
+    ),
+    key(
+        "r",
+        "add or change the root functions",
+        Needs::Target,
+        Some("r roots"),
+    ),
+    key(
+        "w",
+        "save the profile to a file",
+        Needs::Session,
+        Some("w save"),
+    ),
+    key(
+        "d",
+        "detach: restore the target, keep browsing",
+        Needs::Target,
+        Some("d detach"),
+    ),
+    key(
+        "q Ctrl-C",
+        "quit (detaches first)",
+        Needs::Nothing,
+        Some("q quit"),
+    ),
+    key("? F1", "this help", Needs::Nothing, Some("? help")),
+];
+
+/// Whether a key is available given the session's state.
+pub fn available(needs: Needs, read_only: bool, detached: bool) -> bool {
+    match needs {
+        Needs::Nothing => true,
+        Needs::Target => !read_only && !detached,
+        Needs::Session => !read_only,
+    }
+}
+
+/// The footer's key hints for `keys`.
+pub fn hints(keys: &[KeyHelp], read_only: bool, detached: bool) -> Line<'static> {
+    let mut spans = Vec::new();
+    for help in keys
+        .iter()
+        .filter(|help| available(help.needs, read_only, detached))
+    {
+        if let Some(hint) = help.hint {
+            spans.push(theme::dim(format!(" {hint} ")));
+        }
+    }
+    Line::from(spans)
+}
+
+/// Draws the help overlay for `keys`, centred over `area`.
+pub fn draw_overlay(
+    keys: &[KeyHelp],
+    read_only: bool,
+    detached: bool,
+    frame: &mut Frame,
+    area: Rect,
+) {
+    let shown: Vec<&KeyHelp> = keys
+        .iter()
+        .filter(|help| available(help.needs, read_only, detached))
+        .collect();
+    let key_width = shown
+        .iter()
+        .map(|help| help.keys.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut lines: Vec<Line> = shown
+        .iter()
+        .map(|help| {
+            Line::from(vec![
+                theme::label(format!(" {} ", pad_left_aligned(help.keys, key_width))),
+                Span::raw(help.what),
+            ])
+        })
+        .collect();
+    if read_only {
+        lines.push(theme::dim_line(
+            " read-only: keys that need a live target are hidden",
+        ));
+    } else if detached {
+        lines.push(theme::dim_line(
+            " detached: keys that need the target are hidden",
+        ));
+    }
+    let content_width = lines.iter().map(Line::width).max().unwrap_or(0) as u16 + 1;
+    let width = (content_width + 2).min(area.width);
+    let height = (lines.len() as u16 + 2).min(area.height);
+    let popup = Rect {
+        x: area.x + (area.width - width) / 2,
+        y: area.y + (area.height - height) / 2,
+        width,
+        height,
+    };
+    frame.render_widget(Clear, popup);
+    let block = Block::default()
+        .borders(Borders::ALL)
+        .title(" keys · Esc closes ");
+    frame.render_widget(Paragraph::new(lines).block(block), popup);
+}

@@ -1,0 +1,145 @@
+//! Hot spots: self time per function, summed over every calling context it appears in.
+//!
+//! The one idea: a function's self time adds up across contexts, but its total time must be
+//! counted only at the outermost occurrence on each path, or recursion would count the same
+//! nanoseconds once per level. The walk is iterative, and it runs only when the hot spots
+//! view is shown and the data changed, never once per frame.
+
+use std::collections::HashMap;
+
+use crate::cursor::ListCursor;
+use crate::model::TreeNode;
+
+/// One function's figures summed over all its contexts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HotSpot {
+    pub name: String,
+    pub module: String,
+    pub calls: u64,
+    pub self_ns: f64,
+    /// Total time without double counting recursive activations.
+    pub total_ns: f64,
+}
+
+/// Sums `roots` per (name, module), sorted by self time (descending, then by name).
+pub fn aggregate(roots: &[TreeNode]) -> Vec<HotSpot> {
+    enum Step<'a> {
+        Enter(&'a TreeNode),
+        Leave((&'a str, &'a str)),
+    }
+    let mut by_function: HashMap<(&str, &str), HotSpot> = HashMap::new();
+    let mut active_on_path: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut steps: Vec<Step> = roots.iter().rev().map(Step::Enter).collect();
+    while let Some(step) = steps.pop() {
+        match step {
+            Step::Enter(node) => {
+                let key = (node.name.as_str(), node.module.as_str());
+                let spot = by_function.entry(key).or_insert_with(|| HotSpot {
+                    name: node.name.clone(),
+                    module: node.module.clone(),
+                    calls: 0,
+                    self_ns: 0.0,
+                    total_ns: 0.0,
+                });
+                spot.calls += node.calls;
+                spot.self_ns += node.self_ns;
+                let active = active_on_path.entry(key).or_insert(0);
+                if *active == 0 {
+                    spot.total_ns += node.total_ns;
+                }
+                *active += 1;
+                steps.push(Step::Leave(key));
+                steps.extend(node.children.iter().rev().map(Step::Enter));
+            }
+            Step::Leave(key) => {
+                if let Some(active) = active_on_path.get_mut(&key) {
+                    *active -= 1;
+                }
+            }
+        }
+    }
+    let mut spots: Vec<HotSpot> = by_function.into_values().collect();
+    spots.sort_by(|a, b| {
+        b.self_ns
+            .total_cmp(&a.self_ns)
+            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.module.cmp(&b.module))
+    });
+    spots
+}
+
+/// The hot spots table: cached rows, recomputed lazily, and its selection.
+#[derive(Debug, Default)]
+pub struct HotSpotsView {
+    spots: Vec<HotSpot>,
+    stale: bool,
+    pub cursor: ListCursor,
+}
+
+impl HotSpotsView {
+    pub fn new() -> Self {
+        HotSpotsView {
+            stale: true,
+            ..HotSpotsView::default()
+        }
+    }
+
+    /// The data changed: recompute before the next use.
+    pub fn invalidate(&mut self) {
+        self.stale = true;
+    }
+
+    /// Recomputes from `roots` if the data changed; keeps the selected function selected.
+    pub fn refresh(&mut self, roots: &[TreeNode]) {
+        if !self.stale {
+            return;
+        }
+        self.stale = false;
+        let selected = self
+            .spots
+            .get(self.cursor.selected())
+            .map(|spot| (spot.name.clone(), spot.module.clone()));
+        self.spots = aggregate(roots);
+        let row = selected.and_then(|(name, module)| {
+            self.spots
+                .iter()
+                .position(|spot| spot.name == name && spot.module == module)
+        });
+        let len = self.spots.len();
+        self.cursor
+            .select(row.unwrap_or(self.cursor.selected()), len);
+    }
+
+    pub fn spots(&self) -> &[HotSpot] {
+        &self.spots
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recursion_counts_total_time_once() {
+        // fib -> fib -> fib: self times add up, total is the outermost one.
+        let chain = TreeNode::new("fib", "m", 1, 30.0, 10.0)
+            .with_children([TreeNode::new("fib", "m", 1, 20.0, 10.0)
+                .with_children([TreeNode::new("fib", "m", 1, 10.0, 10.0)])]);
+        let spots = aggregate(&[chain]);
+        assert_eq!(spots.len(), 1);
+        assert_eq!(
+            (spots[0].calls, spots[0].self_ns, spots[0].total_ns),
+            (3, 30.0, 30.0)
+        );
+    }
+
+    #[test]
+    fn same_name_in_another_module_is_another_function() {
+        let root = TreeNode::new("main", "app", 1, 10.0, 2.0).with_children([
+            TreeNode::new("init", "liba.so", 1, 4.0, 4.0),
+            TreeNode::new("init", "libb.so", 1, 4.0, 4.0),
+        ]);
+        let spots = aggregate(&[root]);
+        assert_eq!(spots.len(), 3);
+    }
+}

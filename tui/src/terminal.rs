@@ -1,0 +1,104 @@
+//! The terminal guard: raw mode, alternate screen and hidden cursor for as long as it
+//! lives, and the terminal given back on every way out.
+//!
+//! The one idea: restoring is idempotent and guarded by one process-wide flag, so Drop,
+//! an explicit [`TerminalGuard::restore`] and the panic hook can all call it in any order
+//! and the terminal is restored exactly once — before a panic message is printed, so the
+//! message lands on the normal screen where it can be read.
+
+use std::io::{self, Stdout, Write};
+use std::panic;
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+use ratatui::crossterm::cursor::{Hide, Show};
+use ratatui::crossterm::execute;
+use ratatui::crossterm::terminal::{
+    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+};
+
+/// The terminal type the controller draws on.
+pub type CrosstermTerminal = Terminal<CrosstermBackend<Stdout>>;
+
+/// Whether the terminal is currently in the UI's mode (raw + alternate screen).
+static UI_ACTIVE: AtomicBool = AtomicBool::new(false);
+static PANIC_HOOK: Once = Once::new();
+
+/// Owns the terminal while the UI runs; dropping it restores the terminal.
+pub struct TerminalGuard {
+    terminal: CrosstermTerminal,
+}
+
+impl TerminalGuard {
+    /// Enters raw mode and the alternate screen, hides the cursor, and installs (once per
+    /// process) a panic hook that restores the terminal before the previous hook runs.
+    pub fn enter() -> io::Result<Self> {
+        install_panic_hook();
+        enable_raw_mode()?;
+        UI_ACTIVE.store(true, Ordering::SeqCst);
+        let mut stdout = io::stdout();
+        if let Err(error) = execute!(stdout, EnterAlternateScreen, Hide) {
+            restore_terminal();
+            return Err(error);
+        }
+        match Terminal::new(CrosstermBackend::new(stdout)) {
+            Ok(terminal) => {
+                // From here on, an error drops the guard, which restores the terminal.
+                let mut guard = TerminalGuard { terminal };
+                guard.terminal.clear()?;
+                Ok(guard)
+            }
+            Err(error) => {
+                restore_terminal();
+                Err(error)
+            }
+        }
+    }
+
+    /// The terminal to draw on: `guard.terminal().draw(|frame| app.draw(frame))`.
+    pub fn terminal(&mut self) -> &mut CrosstermTerminal {
+        &mut self.terminal
+    }
+
+    /// Gives the terminal back now (e.g. before printing a final message). Safe to call
+    /// more than once; Drop does nothing afterwards.
+    pub fn restore(&mut self) -> io::Result<()> {
+        if UI_ACTIVE.swap(false, Ordering::SeqCst) {
+            let left = execute!(self.terminal.backend_mut(), LeaveAlternateScreen, Show);
+            let raw = disable_raw_mode();
+            left?;
+            raw?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        // Errors cannot be reported from Drop; the best effort is all there is.
+        let _ = self.restore();
+    }
+}
+
+/// Leaves the alternate screen, shows the cursor and disables raw mode, if the UI had
+/// them on. Best effort: used where errors cannot be reported (panic hook, failed enter).
+fn restore_terminal() {
+    if UI_ACTIVE.swap(false, Ordering::SeqCst) {
+        let mut stdout = io::stdout();
+        let _ = execute!(stdout, LeaveAlternateScreen, Show);
+        let _ = disable_raw_mode();
+        let _ = stdout.flush();
+    }
+}
+
+fn install_panic_hook() {
+    PANIC_HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            restore_terminal();
+            previous(info);
+        }));
+    });
+}
