@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// tendril — profile a running native program, call by call.
 #[derive(Parser)]
@@ -35,13 +36,80 @@ enum Command {
         /// Process id of the target.
         pid: i32,
     },
+    /// Count calls of matching functions exactly, then restore the code.
+    Count {
+        /// Process id of the target.
+        pid: i32,
+        /// Functions to count: exact name, glob (`dee*`) or `module:name`.
+        #[arg(required = true)]
+        patterns: Vec<String>,
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Print JSON, with counts per thread.
+        #[arg(long)]
+        json: bool,
+        /// Also hook returns and count them (calls minus returns: frames left by an
+        /// exception, longjmp or thread exit, or still running).
+        #[arg(long)]
+        returns: bool,
+    },
     /// The demo workload itself (run by `tendril demo`).
     #[command(hide = true)]
     DemoTarget,
 }
 
+/// A `--duration` in seconds, checked.
+fn duration_from_seconds(seconds: Option<f64>) -> anyhow::Result<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => anyhow::bail!("--duration must be a positive number of seconds, not {s}"),
+    }
+}
+
+/// Parses the command line; a usage error is one line (what is wrong, and where help
+/// is), like every other error of tendril.
+fn parse_command_line() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(error)
+            if matches!(
+                error.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) =>
+        {
+            let _ = error.print();
+            Err(if error.use_stderr() {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Err(error) => {
+            let rendered = error.render().to_string();
+            // The message is the first paragraph (usage and tips follow a blank line).
+            let message: Vec<&str> = rendered
+                .lines()
+                .take_while(|line| !line.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let message = message.join(" ");
+            let message = message.trim_start_matches("error: ");
+            eprintln!("tendril: {message} (see `tendril --help`)");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_command_line() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         Command::Demo => tendril::commands::demo::run(),
         Command::Symbols { pid, pattern, json } => tendril::symbols::run_symbols_command(
@@ -52,6 +120,21 @@ fn main() -> ExitCode {
         ),
         Command::Status { pid } => tendril::commands::status::run(pid),
         Command::Detach { pid } => tendril::commands::detach::run(pid),
+        Command::Count {
+            pid,
+            patterns,
+            duration,
+            json,
+            returns,
+        } => duration_from_seconds(duration).and_then(|duration| {
+            tendril::commands::count::run(&tendril::commands::count::CountOptions {
+                pid,
+                patterns,
+                duration,
+                json,
+                returns,
+            })
+        }),
         Command::DemoTarget => tendril::demo_workload::run(),
     };
     match result {

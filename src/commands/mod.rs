@@ -1,6 +1,7 @@
 //! The `tendril` subcommands, one module each. `main.rs` parses the command line and
 //! calls into these; each prints its own output and returns errors for `main` to report.
 
+pub mod count;
 pub mod demo;
 pub mod detach;
 pub mod status;

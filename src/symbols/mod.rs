@@ -47,6 +47,10 @@ pub struct Function {
     pub raw_name: String,
     /// Where the function was found.
     pub source: SymbolSource,
+    /// A GNU indirect function: the symbol's address is a resolver that picks the
+    /// implementation at load time (`memcpy` and friends in glibc); calls go to the
+    /// implementation, not here.
+    pub ifunc: bool,
 }
 
 impl Function {

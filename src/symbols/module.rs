@@ -96,7 +96,8 @@ impl ModuleSymbols {
                     continue;
                 };
                 if seen.insert((sym.st_value, raw)) {
-                    builder.push(sym.st_value, sym.st_size, raw.to_string(), source);
+                    let ifunc = kind == STT_GNU_IFUNC;
+                    builder.push(sym.st_value, sym.st_size, raw.to_string(), source, ifunc);
                 }
             }
         }
@@ -105,7 +106,7 @@ impl ModuleSymbols {
         for stub in &stubs {
             let raw = format!("{}@plt", stub.target);
             if !seen.contains(&(stub.addr, raw.as_str())) {
-                builder.push(stub.addr, stub.size, raw, SymbolSource::Plt);
+                builder.push(stub.addr, stub.size, raw, SymbolSource::Plt, false);
             }
         }
         let plt_stubs = stubs
@@ -141,7 +142,7 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     /// Adds a function at ELF virtual address `vaddr`.
-    fn push(&mut self, vaddr: u64, size: u64, raw_name: String, source: SymbolSource) {
+    fn push(&mut self, vaddr: u64, size: u64, raw_name: String, source: SymbolSource, ifunc: bool) {
         self.functions.push(Function {
             addr: vaddr.wrapping_add(self.bias),
             size,
@@ -150,6 +151,7 @@ impl Builder<'_> {
             name: self.demangler.demangle(&raw_name),
             raw_name,
             source,
+            ifunc,
         });
     }
 
@@ -190,6 +192,7 @@ impl Builder<'_> {
                     name: raw.clone(),
                     raw_name: raw,
                     source: SymbolSource::Fde,
+                    ifunc: false,
                 });
             }
         }

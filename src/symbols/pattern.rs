@@ -186,6 +186,7 @@ mod tests {
             name: super::super::demangle(raw),
             raw_name: raw.into(),
             source: SymbolSource::Symtab,
+            ifunc: false,
         }
     }
 

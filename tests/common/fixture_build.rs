@@ -18,6 +18,9 @@ use std::time::SystemTime;
 enum Recipe {
     /// `gcc -O2 -g -pthread` (GCC rather than `cc`: the fixtures rely on GCC's `-fipa-ra`).
     C,
+    /// `gcc -O2 -g -pthread -fexceptions`: C whose cleanups (`pthread_cleanup_push`)
+    /// are landing pads of the unwinder, as C++ destructors are.
+    CExceptions,
     /// `gcc -O2 -g -static`: no dynamic loader, no libc.so.
     CStatic,
     /// `g++ -O2 -g -pthread`.
@@ -36,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 8] = [
+const FIXTURES: [Fixture; 11] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -65,6 +68,21 @@ const FIXTURES: [Fixture; 8] = [
     Fixture {
         name: "mallocs",
         source: "mallocs.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "unwinding",
+        source: "unwinding.c",
+        recipe: Recipe::CExceptions,
+    },
+    Fixture {
+        name: "tightcall",
+        source: "tightcall.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "manyfuncs",
+        source: "manyfuncs.c",
         recipe: Recipe::C,
     },
     Fixture {
@@ -182,6 +200,11 @@ fn compile(fixture: &Fixture, scratch: &Path) -> Result<PathBuf, String> {
     match fixture.recipe {
         Recipe::C => run(scratch, "gcc", &c_args("-pthread"))?,
         Recipe::CStatic => run(scratch, "gcc", &c_args("-static"))?,
+        Recipe::CExceptions => {
+            let mut args = c_args("-pthread");
+            args.insert(0, "-fexceptions");
+            run(scratch, "gcc", &args)?
+        }
         Recipe::Cxx => run(scratch, "g++", &c_args("-pthread"))?,
         Recipe::Rust => {
             let args = [

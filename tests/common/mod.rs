@@ -8,10 +8,12 @@
 #![allow(dead_code, unused_imports)]
 
 mod code_check;
+mod counting;
 mod fixture_build;
 mod target;
 
 pub use code_check::code_bytes_match_file;
+pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};
 pub use target::{READY_TIMEOUT, Round, Target};
 

@@ -6,12 +6,14 @@
 //! and root may talk to the agent. Each connection is a session; when it ends — cleanly
 //! or because the controller died — every patch it made is restored.
 
-use crate::{patches, threads};
+use crate::patcher::{self, PatchRequest};
+use crate::stubs::HookKind;
+use crate::{counting, shadow, threads};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU64, Ordering};
-use tendril_wire::{PROTOCOL_VERSION, Request, Response};
+use tendril_wire::{Hook, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
 
 /// Identity of this process as the agent sees it.
 fn identity() -> (u32, i32) {
@@ -66,7 +68,7 @@ fn serve(listener: UnixListener) {
         let spawned = threads::spawn_agent_thread("session", move || {
             let _ = std::panic::catch_unwind(move || run_session(session, stream));
             // However the session ended, nothing it patched stays patched.
-            patches::restore_owned_by(session);
+            patcher::restore(Some(session));
         });
         drop(spawned);
     }
@@ -96,7 +98,7 @@ fn peer_is_trusted(stream: &UnixStream) -> bool {
     rc == 0 && (cred.uid == uid || cred.uid == 0)
 }
 
-fn run_session(_session: u64, stream: UnixStream) {
+fn run_session(session: u64, stream: UnixStream) {
     let Ok(mut writer) = stream.try_clone() else {
         return;
     };
@@ -127,7 +129,20 @@ fn run_session(_session: u64, stream: UnixStream) {
                 message: "say hello first".into(),
             },
             Ok(Request::Detach) => Response::Detached {
-                restored: patches::restore_all(),
+                restored: patcher::restore(None),
+            },
+            Ok(Request::Patch {
+                targets,
+                code_ranges,
+            }) => patch(session, &targets, &code_ranges),
+            Ok(Request::Unpatch { addresses }) => Response::Unpatched {
+                restored: patcher::restore_functions(session, &addresses),
+            },
+            Ok(Request::ReadCounters { ids }) => Response::Counters {
+                threads: counting::read_counters(&ids),
+            },
+            Ok(Request::ResolveSymbols { names }) => Response::Resolved {
+                addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
             },
         };
         if writer.write_all(&tendril_wire::encode(&response)).is_err() {
@@ -142,6 +157,56 @@ fn ready() -> Response {
         version: PROTOCOL_VERSION.into(),
         pid,
         threads: threads::target_thread_count(),
-        patched: patches::patched_count(),
+        patched: patcher::patched_count(),
+    }
+}
+
+/// Where the dynamic loader resolves `name` for the program (`dlsym(RTLD_DEFAULT)`),
+/// which for an IFUNC runs its resolver and gives the implementation.
+fn resolve_symbol(name: &str) -> Option<u64> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: dlsym reads a valid NUL-terminated name; RTLD_DEFAULT searches the global
+    // scope. It runs on an agent thread, never while target threads are parked.
+    let address = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!address.is_null()).then_some(address as u64)
+}
+
+fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> Response {
+    let requests: Vec<PatchRequest> = targets
+        .iter()
+        .map(|target| PatchRequest {
+            address: target.address,
+            size: target.size,
+            kind: hook_kind(target.hook),
+        })
+        .collect();
+    let results = patcher::patch(session, &requests, code_ranges);
+    let outcomes = targets
+        .iter()
+        .zip(results)
+        .map(|(target, result)| PatchOutcome {
+            address: target.address,
+            id: result.as_ref().ok().copied(),
+            refused: result.err(),
+        })
+        .collect();
+    Response::Patched { outcomes }
+}
+
+/// The stub a wire-level hook is built from.
+fn hook_kind(hook: Hook) -> HookKind {
+    match hook {
+        Hook::Count => HookKind::Count,
+        Hook::CountReturns => HookKind::CountReturns,
+        Hook::UnwinderStarts => HookKind::Internal(shadow::unwinder_starts),
+        Hook::ExceptionCaught => HookKind::Internal(shadow::exception_caught),
+        // One stand-in serves the first `_Unwind_Backtrace`; another copy (an unwinder
+        // linked statically as well) gets the plain unwinder hook.
+        Hook::Backtrace
+            if shadow::BACKTRACE_BODY.load(std::sync::atomic::Ordering::Acquire) == 0 =>
+        {
+            HookKind::Replace(shadow::backtrace_replacement as *const () as u64)
+        }
+        Hook::Backtrace => HookKind::Internal(shadow::unwinder_starts),
     }
 }

@@ -6,9 +6,28 @@
 //! The library stays resident after a detach and is reused by the next attach; it never
 //! unloads, because trampolines it creates must outlive every thread that may be in them.
 
+mod alloc;
+mod branch_index;
+mod code_memory;
 mod control;
-mod patches;
+mod counting;
+mod padding;
+mod patch_protocol;
+mod patcher;
+mod relocate;
+mod shadow;
+mod slow_call;
+mod stop_world;
+mod stubs;
+mod sys;
+mod tasks;
+mod thread_state;
 mod threads;
+mod traps;
+
+/// Every allocation of the agent's Rust code; see `alloc` for why not the target's.
+#[global_allocator]
+static AGENT_ALLOCATOR: alloc::AgentAllocator = alloc::AgentAllocator::new();
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -51,9 +70,12 @@ pub extern "C" fn tendril_agent_start() -> i32 {
     }
 }
 
-/// A forked child inherits the mapped agent but not its control thread: allow a later
-/// attach to start a fresh one, and forget the parent's patch ownership bookkeeping.
+/// A forked child inherits the mapped agent and the patched code, but not the agent's
+/// threads and not the controller's session: it gets its original code back at once
+/// (it has a single thread, so no stop is needed), and a later attach may start a
+/// fresh control thread in it.
 extern "C" fn after_fork_in_child() {
+    patch_protocol::restore_all_in_forked_child();
     CONTROL_STARTED.store(false, Ordering::Release);
 }
 

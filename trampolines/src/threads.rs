@@ -15,12 +15,18 @@ pub fn target_thread_count() -> usize {
         .flatten()
         .filter_map(|task| task.file_name().to_str().and_then(|s| s.parse().ok()))
         // A thread that ended since the listing has no comm left: it is not counted.
-        .filter(|&tid| thread_name(tid).is_some_and(|name| !name.starts_with(AGENT_THREAD_PREFIX)))
+        .filter(|&tid| {
+            let mut buffer = [0u8; 64];
+            crate::tasks::name(tid, &mut buffer)
+                .is_some_and(|name| !name.starts_with(AGENT_THREAD_PREFIX.as_bytes()))
+        })
         .count()
 }
 
-/// Runs `body` on a new named agent thread with every signal blocked, so signals meant
-/// for the target are never delivered to (and never run handlers on) an agent thread.
+/// Runs `body` on a new named agent thread. Signals meant for the target are blocked
+/// there, so they never run the target's handlers on an agent thread — all but the
+/// synchronous ones (a trap or fault raised while blocked would kill the process). The
+/// thread's hooks step aside, so the agent never counts or hooks its own calls.
 pub fn spawn_agent_thread<F>(name: &str, body: F) -> std::io::Result<()>
 where
     F: FnOnce() + Send + 'static,
@@ -28,24 +34,25 @@ where
     // SAFETY: sigset_t is plain data; sigfillset initialises it fully before use, and
     // pthread_sigmask only swaps the calling thread's mask, which is restored below.
     let previous_mask = unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut blocked: libc::sigset_t = std::mem::zeroed();
         let mut previous: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
+        libc::sigfillset(&mut blocked);
+        for synchronous in crate::stop_world::SYNCHRONOUS_SIGNALS {
+            libc::sigdelset(&mut blocked, synchronous);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &blocked, &mut previous);
         previous
     };
-    // The new thread inherits the all-blocked mask from this thread.
+    // The new thread inherits the mask from this thread.
     let spawned = std::thread::Builder::new()
         .name(format!("{AGENT_THREAD_PREFIX}{name}"))
-        .spawn(body);
-    // SAFETY: restores the mask saved above for the calling (target) thread.
+        .spawn(move || {
+            crate::thread_state::mark_current_thread_as_agent();
+            body()
+        });
+    // SAFETY: restores the mask saved above for the calling thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &previous_mask, std::ptr::null_mut());
     }
     spawned.map(|_| ())
-}
-
-/// The name (`comm`) of a thread of this process; `None` once it has ended.
-fn thread_name(tid: i32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).ok()
 }

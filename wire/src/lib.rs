@@ -6,12 +6,14 @@
 //! the agent answers with exactly one [`Response`]. Control traffic is rare and small;
 //! the hot event path (later) goes through shared-memory rings, not through here.
 
+pub mod events;
+
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire1");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire2");
 
 /// A message from the controller to the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -21,6 +23,74 @@ pub enum Request {
     Hello { version: String },
     /// Restore every byte the agent has patched, in every session.
     Detach,
+    /// Patch these functions, all in one stop of the process.
+    Patch {
+        targets: Vec<PatchTarget>,
+        /// (start, size) of every known function near the targets (the targets
+        /// included): code that might branch into a patched entry, and the bounds
+        /// that tell padding from code.
+        code_ranges: Vec<(u64, u64)>,
+    },
+    /// Restore these functions (patched by this session).
+    Unpatch { addresses: Vec<u64> },
+    /// The call and return counters of these function ids, per thread.
+    ReadCounters { ids: Vec<u32> },
+    /// Where the dynamic loader resolves these symbol names in the target (for an
+    /// IFUNC, the implementation it chose).
+    ResolveSymbols { names: Vec<String> },
+}
+
+/// How a patched function is hooked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hook {
+    /// Count calls (entry hook only).
+    Count,
+    /// Count calls and normal returns (entry hook and return hook).
+    CountReturns,
+    /// tendril's own hook on an unwinder entry point (`_Unwind_RaiseException`...): the
+    /// real return addresses go back on the stack before the unwinder walks it.
+    UnwinderStarts,
+    /// tendril's own hook on a function a catch calls (`__cxa_begin_catch`...): the
+    /// return hooks of the frames that survived go back in.
+    ExceptionCaught,
+    /// tendril's own stand-in for `_Unwind_Backtrace`, which walks the stack without
+    /// unwinding it: hooks come out for the walk and go back in after it.
+    Backtrace,
+}
+
+/// One function to patch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PatchTarget {
+    /// The function's address in the target.
+    pub address: u64,
+    /// Its size in bytes (symbol or FDE).
+    pub size: u64,
+    pub hook: Hook,
+}
+
+/// What became of one [`PatchTarget`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PatchOutcome {
+    pub address: u64,
+    /// The function's id (its counters' index), when it is patched.
+    pub id: Option<u32>,
+    /// Why it was not patched.
+    pub refused: Option<String>,
+}
+
+/// One thread's counters, in the order of the ids asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadCounters {
+    pub tid: i32,
+    /// The thread's name (`comm`), when known.
+    pub name: String,
+    pub calls: Vec<u64>,
+    pub returns: Vec<u64>,
+    /// Hooked frames left without returning (exceptions, longjmp, cancellation).
+    pub unwound_frames: u64,
+    /// Calls that got no return hook because the shadow stack was full.
+    pub shadow_overflows: u64,
 }
 
 /// A message from the agent to the controller.
@@ -39,6 +109,14 @@ pub enum Response {
     },
     /// Answer to [`Request::Detach`]: how many functions were restored.
     Detached { restored: usize },
+    /// Answer to [`Request::Patch`], one outcome per target, in order.
+    Patched { outcomes: Vec<PatchOutcome> },
+    /// Answer to [`Request::Unpatch`].
+    Unpatched { restored: usize },
+    /// Answer to [`Request::ReadCounters`].
+    Counters { threads: Vec<ThreadCounters> },
+    /// Answer to [`Request::ResolveSymbols`], one address (or none) per name.
+    Resolved { addresses: Vec<Option<u64>> },
     /// The request was refused; the message says why and what to do.
     Error { message: String },
 }

@@ -1,0 +1,340 @@
+//! `tendril count <PID> <PATTERN>... [--duration SECS] [--json] [--returns]`: exact call
+//! counts of the matching functions, per function (and per thread in JSON).
+//!
+//! The one idea: patch, wait, restore, *then* read. Counters live in the target, per
+//! thread, and only grow; reading them after the code is restored gives numbers no hook
+//! can add to any more, and a reading taken when the patches went in is subtracted,
+//! so a function counted by an earlier session starts from zero again. Whatever ends
+//! the wait — the duration, Ctrl-C, the target exiting — the code is restored first.
+
+use crate::session::{AgentSession, SessionError};
+use crate::symbols::ProcessSymbols;
+use crate::targets::{self, Chosen};
+use crate::{inject, interrupt};
+use anyhow::{Context, bail};
+use serde_json::json;
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+use tendril_wire::{Hook, PatchOutcome, Request, Response, ThreadCounters};
+
+/// How often counters are read while waiting, so a target that exits still gets a
+/// report of what it did up to its last reading.
+const READ_INTERVAL: Duration = Duration::from_millis(250);
+/// Frames the agent's per-thread return stack holds (`trampolines/src/thread_state.rs`).
+const SHADOW_FRAMES: u64 = 32 * 1024;
+
+/// What `tendril count` was asked for.
+#[derive(Debug, Clone)]
+pub struct CountOptions {
+    pub pid: i32,
+    pub patterns: Vec<String>,
+    pub duration: Option<Duration>,
+    pub json: bool,
+    /// Also hook returns and count them.
+    pub returns: bool,
+}
+
+/// A counted function: what was patched, its id, and its counts.
+struct Counted {
+    chosen: Chosen,
+    id: u32,
+    calls: u64,
+    returns: u64,
+    per_thread: Vec<(i32, String, u64, u64)>,
+}
+
+pub fn run(options: &CountOptions) -> anyhow::Result<()> {
+    let pid = options.pid;
+    crate::process::inspect(pid)?;
+    let symbols = ProcessSymbols::load(pid)?;
+    let matched = targets::match_patterns(&symbols, &options.patterns)?;
+    let (_, mut session) = inject::attach(pid)?;
+    let chosen = targets::choose(&symbols, &matched, &mut session)?;
+    let reloaded = if options.returns {
+        targets::unwinder_symbols_after_attach(&symbols)?
+    } else {
+        None
+    };
+    let symbols = reloaded.as_ref().unwrap_or(&symbols);
+    let hook = if options.returns {
+        Hook::CountReturns
+    } else {
+        Hook::Count
+    };
+    let unwinders: Vec<(crate::symbols::Function, Hook)> = if options.returns {
+        targets::unwinder_targets(symbols)
+            .into_iter()
+            .filter(|(f, _)| !chosen.iter().any(|c| c.function.addr == f.addr))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut patched: Vec<(&crate::symbols::Function, Hook)> =
+        chosen.iter().map(|c| (&c.function, hook)).collect();
+    patched.extend(unwinders.iter().map(|(f, hook)| (f, *hook)));
+    interrupt::install();
+    let outcomes = match session.request(&targets::patch_request(symbols, &patched))? {
+        Response::Patched { outcomes } => outcomes,
+        other => bail!("unexpected answer from the agent in {pid}: {other:?}"),
+    };
+    let (user, internal) = outcomes.split_at(chosen.len());
+    if let Some((failed, reason)) = internal
+        .iter()
+        .zip(&unwinders)
+        .find_map(|(o, (f, _))| o.refused.as_ref().map(|r| (f, r)))
+    {
+        unpatch_all(&mut session, &outcomes)?;
+        bail!(
+            "cannot hook returns safely in {pid}: the unwinder function {} ({}) cannot be patched ({reason}); count without --returns",
+            failed.name,
+            failed.module
+        );
+    }
+    let mut counted: Vec<Counted> = Vec::new();
+    let mut refused: Vec<(&Chosen, &str)> = Vec::new();
+    for (chosen, outcome) in chosen.iter().zip(user) {
+        match (outcome.id, &outcome.refused) {
+            (Some(id), _) => counted.push(Counted {
+                chosen: chosen.clone(),
+                id,
+                calls: 0,
+                returns: 0,
+                per_thread: Vec::new(),
+            }),
+            (None, reason) => refused.push((chosen, reason.as_deref().unwrap_or("refused"))),
+        }
+    }
+    if counted.is_empty() {
+        unpatch_all(&mut session, &outcomes)?;
+        let reasons: Vec<String> = refused
+            .iter()
+            .map(|(c, r)| format!("{}: {r}", c.display_name))
+            .collect();
+        bail!(
+            "none of the {} matching functions could be patched — {}",
+            refused.len(),
+            reasons.join("; ")
+        );
+    }
+    let ids: Vec<u32> = counted.iter().map(|c| c.id).collect();
+    let started = Instant::now();
+    let baseline = read_counters(&mut session, &ids)?;
+    eprintln!(
+        "tendril: counting calls of {} function{} in process {pid} {}",
+        counted.len(),
+        if counted.len() == 1 { "" } else { "s" },
+        match options.duration {
+            Some(d) => format!("for {:.1} s (Ctrl-C ends early)", d.as_secs_f64()),
+            None => "until Ctrl-C".to_string(),
+        }
+    );
+
+    let mut latest = baseline.clone();
+    let mut lost_target = false;
+    interrupt::wait(
+        options.duration.map(|d| started + d),
+        READ_INTERVAL,
+        || match read_counters(&mut session, &ids) {
+            Ok(reading) => {
+                latest = reading;
+                true
+            }
+            Err(_) => {
+                lost_target = true;
+                false
+            }
+        },
+    );
+    let elapsed = started.elapsed();
+    if !lost_target {
+        unpatch_all(&mut session, &outcomes)?;
+        latest = read_counters(&mut session, &ids)?;
+    } else {
+        eprintln!(
+            "tendril: process {pid} ended after {:.1} s; counts are from its last reading",
+            elapsed.as_secs_f64()
+        );
+    }
+    fill_counts(&mut counted, &baseline, &latest);
+    let overflows = latest
+        .iter()
+        .map(|t| t.shadow_overflows)
+        .sum::<u64>()
+        .saturating_sub(baseline.iter().map(|t| t.shadow_overflows).sum());
+    counted.sort_by(|a, b| {
+        b.calls
+            .cmp(&a.calls)
+            .then_with(|| a.chosen.display_name.cmp(&b.chosen.display_name))
+    });
+    let mut out = std::io::stdout().lock();
+    if options.json {
+        let returns = options.returns.then_some(overflows);
+        write_json(&mut out, pid, elapsed, returns, &counted, &refused)?;
+    } else {
+        write_text(&mut out, elapsed, options.returns, &counted, &refused)?;
+        if options.returns && overflows > 0 {
+            writeln!(
+                out,
+                "note: {overflows} calls ran deeper than tendril's return stack ({} frames \
+                 per thread); their returns are not counted",
+                SHADOW_FRAMES
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn read_counters(
+    session: &mut AgentSession,
+    ids: &[u32],
+) -> Result<Vec<ThreadCounters>, SessionError> {
+    match session.request(&Request::ReadCounters { ids: ids.to_vec() })? {
+        Response::Counters { threads } => Ok(threads),
+        other => Err(SessionError::Protocol(format!("{other:?}"))),
+    }
+}
+
+fn unpatch_all(session: &mut AgentSession, outcomes: &[PatchOutcome]) -> anyhow::Result<()> {
+    let addresses: Vec<u64> = outcomes
+        .iter()
+        .filter(|o| o.id.is_some())
+        .map(|o| o.address)
+        .collect();
+    match session
+        .request(&Request::Unpatch { addresses })
+        .context("cannot restore the target's code")?
+    {
+        Response::Unpatched { .. } => Ok(()),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+/// Counts since the baseline, per function and per thread.
+fn fill_counts(counted: &mut [Counted], baseline: &[ThreadCounters], latest: &[ThreadCounters]) {
+    let before: HashMap<i32, &ThreadCounters> = baseline.iter().map(|t| (t.tid, t)).collect();
+    for (index, function) in counted.iter_mut().enumerate() {
+        for thread in latest {
+            let (calls_before, returns_before) = before
+                .get(&thread.tid)
+                .map_or((0, 0), |t| (t.calls[index], t.returns[index]));
+            let calls = thread.calls[index].saturating_sub(calls_before);
+            let returns = thread.returns[index].saturating_sub(returns_before);
+            if calls > 0 || returns > 0 {
+                function
+                    .per_thread
+                    .push((thread.tid, thread.name.clone(), calls, returns));
+                function.calls += calls;
+                function.returns += returns;
+            }
+        }
+    }
+}
+
+fn write_text(
+    out: &mut impl Write,
+    elapsed: Duration,
+    returns: bool,
+    counted: &[Counted],
+    refused: &[(&Chosen, &str)],
+) -> std::io::Result<()> {
+    let total: u64 = counted.iter().map(|c| c.calls).sum();
+    let width = total.to_string().len().max(5);
+    if returns {
+        writeln!(out, "{:>width$} {:>width$}  FUNCTION", "CALLS", "RETURNS")?;
+    } else {
+        writeln!(out, "{:>width$}  FUNCTION", "CALLS")?;
+    }
+    for c in counted {
+        if returns {
+            writeln!(
+                out,
+                "{:>width$} {:>width$}  {}",
+                c.calls, c.returns, c.chosen.display_name
+            )?;
+        } else {
+            writeln!(out, "{:>width$}  {}", c.calls, c.chosen.display_name)?;
+        }
+    }
+    let summary = format!(
+        "total ({} function{}, {:.1} s)",
+        counted.len(),
+        if counted.len() == 1 { "" } else { "s" },
+        elapsed.as_secs_f64()
+    );
+    if returns {
+        let total_returns: u64 = counted.iter().map(|c| c.returns).sum();
+        writeln!(out, "{total:>width$} {total_returns:>width$}  {summary}")?;
+    } else {
+        writeln!(out, "{total:>width$}  {summary}")?;
+    }
+    for (chosen, reason) in refused {
+        writeln!(
+            out,
+            "not counted: {} ({}) — {reason}",
+            chosen.display_name, chosen.function.module
+        )?;
+    }
+    Ok(())
+}
+
+/// `returns`: with return hooks, the calls whose returns went uncounted (too deep).
+fn write_json(
+    out: &mut impl Write,
+    pid: i32,
+    elapsed: Duration,
+    returns: Option<u64>,
+    counted: &[Counted],
+    refused: &[(&Chosen, &str)],
+) -> std::io::Result<()> {
+    let functions: Vec<serde_json::Value> = counted
+        .iter()
+        .map(|c| {
+            let threads: Vec<serde_json::Value> = c
+                .per_thread
+                .iter()
+                .map(|(tid, name, calls, thread_returns)| {
+                    let mut thread = json!({ "tid": tid, "name": name, "calls": calls });
+                    if returns.is_some() {
+                        thread["returns"] = json!(thread_returns);
+                    }
+                    thread
+                })
+                .collect();
+            let mut function = json!({
+                "name": c.chosen.display_name,
+                "module": c.chosen.function.module,
+                "address": c.chosen.function.addr,
+                "calls": c.calls,
+                "threads": threads,
+            });
+            if returns.is_some() {
+                function["returns"] = json!(c.returns);
+            }
+            function
+        })
+        .collect();
+    let refused: Vec<serde_json::Value> = refused
+        .iter()
+        .map(|(chosen, reason)| {
+            json!({
+                "name": chosen.display_name,
+                "module": chosen.function.module,
+                "address": chosen.function.addr,
+                "reason": reason,
+            })
+        })
+        .collect();
+    let mut report = json!({
+        "pid": pid,
+        "duration_s": elapsed.as_secs_f64(),
+        "total_calls": counted.iter().map(|c| c.calls).sum::<u64>(),
+        "functions": functions,
+        "refused": refused,
+    });
+    if let Some(overflows) = returns {
+        report["returns_not_counted"] = json!(overflows);
+    }
+    serde_json::to_writer_pretty(&mut *out, &report)?;
+    writeln!(out)
+}

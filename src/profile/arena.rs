@@ -1,0 +1,300 @@
+//! The calling context tree as an arena of nodes addressed by `u32` index.
+//!
+//! The one idea: a node is found from its parent and a function id, and the same child is
+//! asked for again and again (a loop calls the same callee), so each node remembers the
+//! child it last returned; only on a miss does it scan its children (a short vector), or
+//! ask a hash map once it has more than [`WIDE_NODE_CHILDREN`]. A child is always created
+//! after its parent, so increasing index order visits parents before children: every
+//! whole-tree pass here is a plain loop, safe for any depth.
+
+use super::calibration::Correction;
+use super::model::Node;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The index of the invisible node whose children are the roots.
+pub const TOP: u32 = 0;
+
+/// Above this many children a node's children are also indexed by a hash map.
+pub const WIDE_NODE_CHILDREN: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ChildRef {
+    function: u32,
+    node: u32,
+}
+
+/// No child remembered: `node` is never [`TOP`] for a real child.
+const NO_CHILD: ChildRef = ChildRef {
+    function: 0,
+    node: TOP,
+};
+
+#[derive(Debug, Clone)]
+pub struct ArenaNode {
+    pub function: u32,
+    pub parent: u32,
+    pub calls: u64,
+    /// Corrected ticks of the completed invocations in this context.
+    pub total_ticks: f64,
+    last_child: ChildRef,
+    children: Vec<ChildRef>,
+}
+
+impl ArenaNode {
+    fn new(function: u32, parent: u32) -> ArenaNode {
+        ArenaNode {
+            function,
+            parent,
+            calls: 0,
+            total_ticks: 0.0,
+            last_child: NO_CHILD,
+            children: Vec::new(),
+        }
+    }
+
+    /// The children's indices, in the order they were first called.
+    pub fn children(&self) -> impl Iterator<Item = u32> + '_ {
+        self.children.iter().map(|child| child.node)
+    }
+}
+
+/// A multiplicative hash for `(parent, function)` keys: two `u32`s need no SipHash.
+#[derive(Default)]
+struct PairHasher(u64);
+
+impl Hasher for PairHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u32(u32::from(byte));
+        }
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.0 = (self.0.rotate_left(26) ^ u64::from(value)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CallArena {
+    nodes: Vec<ArenaNode>,
+    /// `(parent, function) → child` for the children of wide nodes only.
+    wide: HashMap<(u32, u32), u32, BuildHasherDefault<PairHasher>>,
+}
+
+impl Default for CallArena {
+    fn default() -> CallArena {
+        CallArena {
+            nodes: vec![ArenaNode::new(u32::MAX, TOP)],
+            wide: HashMap::default(),
+        }
+    }
+}
+
+impl CallArena {
+    /// Nodes, [`TOP`] included.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    #[cfg(test)]
+    pub fn node(&self, index: u32) -> &ArenaNode {
+        &self.nodes[index as usize]
+    }
+
+    pub fn node_mut(&mut self, index: u32) -> &mut ArenaNode {
+        &mut self.nodes[index as usize]
+    }
+
+    /// All nodes; index 0 is [`TOP`].
+    pub fn nodes(&self) -> &[ArenaNode] {
+        &self.nodes
+    }
+
+    /// The child of `parent` for `function`, created if needed.
+    #[inline]
+    pub fn child(&mut self, parent: u32, function: u32) -> u32 {
+        let last = self.nodes[parent as usize].last_child;
+        if last.function == function && last.node != TOP {
+            return last.node;
+        }
+        self.child_on_miss(parent, function)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn child_on_miss(&mut self, parent: u32, function: u32) -> u32 {
+        let siblings = &self.nodes[parent as usize].children;
+        let found = if siblings.len() > WIDE_NODE_CHILDREN {
+            self.wide.get(&(parent, function)).copied()
+        } else {
+            siblings
+                .iter()
+                .find(|child| child.function == function)
+                .map(|child| child.node)
+        };
+        let node = found.unwrap_or_else(|| self.add_child(parent, function));
+        self.nodes[parent as usize].last_child = ChildRef { function, node };
+        node
+    }
+
+    fn add_child(&mut self, parent: u32, function: u32) -> u32 {
+        let node = u32::try_from(self.nodes.len()).expect("fewer than 2^32 calling contexts");
+        self.nodes.push(ArenaNode::new(function, parent));
+        let siblings = &mut self.nodes[parent as usize].children;
+        siblings.push(ChildRef { function, node });
+        if siblings.len() == WIDE_NODE_CHILDREN + 1 {
+            for child in siblings.iter() {
+                self.wide.insert((parent, child.function), child.node);
+            }
+        } else if siblings.len() > WIDE_NODE_CHILDREN + 1 {
+            self.wide.insert((parent, function), node);
+        }
+        node
+    }
+
+    /// Adds `other`'s contexts into this tree by call path: calls are summed, and
+    /// `other_totals[i]` (ticks) is added to the total of the node matching `other`'s
+    /// node `i`.
+    pub fn merge(&mut self, other: &CallArena, other_totals: &[f64]) {
+        let mut matching: Vec<u32> = Vec::with_capacity(other.len());
+        matching.push(TOP);
+        for (node, &total) in other.nodes.iter().zip(other_totals).skip(1) {
+            let parent = matching[node.parent as usize];
+            let mine = self.child(parent, node.function);
+            let merged = &mut self.nodes[mine as usize];
+            merged.calls += node.calls;
+            merged.total_ticks += total;
+            matching.push(mine);
+        }
+    }
+
+    /// The roots as profile nodes: `totals[i]` (ticks) is node `i`'s total time, `self`
+    /// time is the total minus the children's totals (clamped at 0), and `describe`
+    /// gives a function's (name, module).
+    pub fn to_nodes(
+        &self,
+        totals: &[f64],
+        correction: &Correction,
+        mut describe: impl FnMut(u32) -> (String, String),
+    ) -> Vec<Node> {
+        // Children have higher indices than parents: build from the last node back, so a
+        // node's children are complete when the node is built.
+        let mut built: Vec<Option<Node>> = Vec::with_capacity(self.nodes.len());
+        built.resize_with(self.nodes.len(), || None);
+        let take_children = |built: &mut Vec<Option<Node>>, index: usize| -> Vec<Node> {
+            self.nodes[index]
+                .children()
+                .map(|child| {
+                    built[child as usize]
+                        .take()
+                        .expect("built before its parent")
+                })
+                .collect()
+        };
+        for index in (1..self.nodes.len()).rev() {
+            let node = &self.nodes[index];
+            let children = take_children(&mut built, index);
+            let total_ns = correction.ticks_to_ns(totals[index]);
+            let children_ns: u64 = children.iter().map(|child| child.total_ns).sum();
+            let (name, module) = describe(node.function);
+            built[index] = Some(Node {
+                name,
+                module,
+                calls: node.calls,
+                total_ns,
+                self_ns: total_ns.saturating_sub(children_ns),
+                children,
+            });
+        }
+        take_children(&mut built, TOP as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::model::Calibration;
+
+    fn one_ns_ticks() -> Correction {
+        Correction::new(&Calibration {
+            tsc_hz: 1_000_000_000,
+            inner_ns: 0.0,
+            outer_ns: 0.0,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn the_same_child_is_found_again_and_new_ones_are_added() {
+        let mut arena = CallArena::default();
+        let a = arena.child(TOP, 7);
+        assert_eq!(arena.child(TOP, 7), a);
+        let b = arena.child(TOP, 8);
+        assert_ne!(a, b);
+        assert_eq!(arena.child(TOP, 7), a, "after a miss on another child");
+        let a_child = arena.child(a, 7);
+        assert_eq!(arena.node(a_child).parent, a);
+        assert_eq!(arena.len(), 4);
+        assert_eq!(arena.node(TOP).children().collect::<Vec<_>>(), [a, b]);
+    }
+
+    #[test]
+    fn wide_nodes_find_every_child() {
+        let mut arena = CallArena::default();
+        let first: Vec<u32> = (0..100).map(|f| arena.child(TOP, f)).collect();
+        let again: Vec<u32> = (0..100).rev().map(|f| arena.child(TOP, f)).collect();
+        assert_eq!(again.into_iter().rev().collect::<Vec<_>>(), first);
+        assert_eq!(arena.len(), 101);
+        // Function 0 is an ordinary id, not "no child".
+        assert_eq!(arena.child(TOP, 0), first[0]);
+    }
+
+    #[test]
+    fn merge_sums_by_path_and_to_nodes_computes_self_time() {
+        let mut one = CallArena::default();
+        let root = one.child(TOP, 0);
+        let leaf = one.child(root, 1);
+        one.node_mut(root).calls = 1;
+        one.node_mut(leaf).calls = 2;
+        let one_totals = [0.0, 50.0, 20.0];
+        let mut two = CallArena::default();
+        let root2 = two.child(TOP, 0);
+        let other = two.child(root2, 2);
+        let leaf2 = two.child(root2, 1);
+        for index in [root2, other, leaf2] {
+            two.node_mut(index).calls = 1;
+        }
+        let two_totals = [0.0, 30.0, 5.0, 10.0];
+
+        let mut merged = CallArena::default();
+        merged.merge(&one, &one_totals);
+        merged.merge(&two, &two_totals);
+        let totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
+        let names = ["root", "leaf", "other"];
+        let roots = merged.to_nodes(&totals, &one_ns_ticks(), |f| {
+            (names[f as usize].to_owned(), "m".to_owned())
+        });
+        let mut expected = Node::leaf("root", "m", 2, 80, 45);
+        expected.children.push(Node::leaf("leaf", "m", 3, 30, 30));
+        expected.children.push(Node::leaf("other", "m", 1, 5, 5));
+        assert_eq!(roots, vec![expected]);
+    }
+
+    #[test]
+    fn a_100_000_deep_chain_converts_without_recursion() {
+        let mut arena = CallArena::default();
+        let mut parent = TOP;
+        for _ in 0..100_000 {
+            parent = arena.child(parent, 3);
+        }
+        let totals: Vec<f64> = (0..arena.len()).map(|i| (100_001 - i) as f64).collect();
+        let roots = arena.to_nodes(&totals, &one_ns_ticks(), |_| ("f".into(), "m".into()));
+        assert_eq!(roots.len(), 1);
+        assert_eq!((roots[0].total_ns, roots[0].self_ns), (100_000, 1));
+    }
+}

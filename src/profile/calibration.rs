@@ -1,0 +1,195 @@
+//! Removing tendril's own cost from measured times (JFluid §5.3).
+//!
+//! The one idea: every completed invocation is charged
+//! `t_exact = t_meas − t_I − m·t_O`, clamped at 0, where `t_meas` is the time from its
+//! entry event to its exit event minus the pauses tendril caused inside it, `t_I` (inner)
+//! is the part of one call's own hook cost that falls between those two timestamps, `t_O`
+//! (outer) is the whole cost one instrumented call adds to its caller, and `m` is the
+//! number of instrumented calls the invocation made directly. Everything here is in TSC
+//! ticks; nanoseconds appear only when a profile is produced.
+
+use super::model::Calibration;
+
+/// Why a calibration cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CalibrationError {
+    #[error("the TSC frequency is 0 Hz; the agent's calibration did not run")]
+    ZeroFrequency,
+    #[error("calibration {which} time {value} ns is not a number ≥ 0")]
+    BadOverhead { which: &'static str, value: f64 },
+}
+
+/// The calibration in ticks, ready for the builder's hot loop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Correction {
+    inner_ticks: f64,
+    outer_ticks: f64,
+    ns_per_tick: f64,
+}
+
+impl Correction {
+    pub fn new(calibration: &Calibration) -> Result<Correction, CalibrationError> {
+        if calibration.tsc_hz == 0 {
+            return Err(CalibrationError::ZeroFrequency);
+        }
+        for (which, value) in [
+            ("inner", calibration.inner_ns),
+            ("outer", calibration.outer_ns),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(CalibrationError::BadOverhead { which, value });
+            }
+        }
+        let ticks_per_ns = calibration.tsc_hz as f64 / 1e9;
+        Ok(Correction {
+            inner_ticks: calibration.inner_ns * ticks_per_ns,
+            outer_ticks: calibration.outer_ns * ticks_per_ns,
+            ns_per_tick: 1.0 / ticks_per_ns,
+        })
+    }
+
+    /// `t_exact` in ticks of one invocation that measured `measured_ticks` (pauses
+    /// already removed) and made `child_calls` instrumented calls directly.
+    #[inline]
+    pub fn charge(&self, measured_ticks: u64, child_calls: u64) -> f64 {
+        let exact =
+            measured_ticks as f64 - self.inner_ticks - child_calls as f64 * self.outer_ticks;
+        exact.max(0.0)
+    }
+
+    /// Whole nanoseconds, rounded to nearest, for a (corrected) number of ticks.
+    pub fn ticks_to_ns(&self, ticks: f64) -> u64 {
+        (ticks * self.ns_per_tick).round() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::cct::CctBuilder;
+    use crate::profile::model::{Node, Profile};
+    use crate::profile::tests_support::{entry, exit, info, names, pause, unwind};
+    use tendril_wire::events::Event;
+
+    /// 1 tick = 1 ns, `t_I` = 2 ns, `t_O` = 5 ns.
+    fn calibration() -> Calibration {
+        Calibration {
+            tsc_hz: 1_000_000_000,
+            inner_ns: 2.0,
+            outer_ns: 5.0,
+        }
+    }
+
+    fn merged(events: &[Event]) -> Vec<Node> {
+        let mut builder = CctBuilder::new(calibration()).unwrap();
+        builder.push_events(1, events);
+        let profile: Profile = builder.snapshot(&info(), &names(&["root", "mid", "leaf"]));
+        profile.merged.roots
+    }
+
+    #[test]
+    fn charge_is_measured_minus_inner_minus_m_times_outer() {
+        let correction = Correction::new(&calibration()).unwrap();
+        assert_eq!(correction.charge(100, 0), 98.0);
+        assert_eq!(correction.charge(100, 3), 83.0);
+        assert_eq!(correction.charge(10, 3), 0.0, "clamped at 0");
+        assert_eq!(correction.ticks_to_ns(83.0), 83);
+    }
+
+    #[test]
+    fn ticks_become_ns_with_the_tsc_frequency() {
+        let correction = Correction::new(&Calibration {
+            tsc_hz: 3_000_000_000,
+            inner_ns: 1.0,
+            outer_ns: 2.0,
+        })
+        .unwrap();
+        // 3 ticks per ns: t_I = 3 ticks, t_O = 6 ticks.
+        assert_eq!(correction.charge(300, 2), 285.0);
+        assert_eq!(correction.ticks_to_ns(285.0), 95);
+        assert_eq!(correction.ticks_to_ns(4.0), 1, "1.33 ns rounds to 1");
+        assert_eq!(correction.ticks_to_ns(5.0), 2, "1.67 ns rounds to 2");
+    }
+
+    #[test]
+    fn bad_calibrations_are_refused() {
+        let mut zero = calibration();
+        zero.tsc_hz = 0;
+        assert_eq!(
+            Correction::new(&zero).unwrap_err().to_string(),
+            "the TSC frequency is 0 Hz; the agent's calibration did not run"
+        );
+        let mut negative = calibration();
+        negative.outer_ns = -1.0;
+        assert_eq!(
+            Correction::new(&negative).unwrap_err().to_string(),
+            "calibration outer time -1 ns is not a number ≥ 0"
+        );
+    }
+
+    #[test]
+    fn a_stream_is_charged_per_invocation() {
+        // root [0, 100] calls mid twice: mid [10, 40] calls leaf twice ([15,20], [25,31]),
+        // mid [50, 60] calls nothing.
+        let events = [
+            entry(0, 0),
+            entry(1, 10),
+            entry(2, 15),
+            exit(2, 20),
+            entry(2, 25),
+            exit(2, 31),
+            exit(1, 40),
+            entry(1, 50),
+            exit(1, 60),
+            exit(0, 100),
+        ];
+        let roots = merged(&events);
+        let root = &roots[0];
+        let mid = &root.children[0];
+        let leaf = &mid.children[0];
+        // leaf: (5 − 2) + (6 − 2) = 7
+        assert_eq!((leaf.calls, leaf.total_ns, leaf.self_ns), (2, 7, 7));
+        // mid: (30 − 2 − 2·5) + (10 − 2) = 18 + 8 = 26; self = 26 − 7 = 19
+        assert_eq!((mid.calls, mid.total_ns, mid.self_ns), (2, 26, 19));
+        // root: 100 − 2 − 2·5 = 88; self = 88 − 26 = 62
+        assert_eq!((root.calls, root.total_ns, root.self_ns), (1, 88, 62));
+    }
+
+    #[test]
+    fn pauses_are_removed_from_every_open_frame() {
+        // A 30-tick pause while root and mid are open, a 7-tick pause inside root only.
+        let events = [
+            entry(0, 0),
+            entry(1, 10),
+            pause(30),
+            exit(1, 60),
+            pause(7),
+            exit(0, 100),
+        ];
+        let roots = merged(&events);
+        let (root, mid) = (&roots[0], &roots[0].children[0]);
+        // mid: 50 − 30 − 2 = 18
+        assert_eq!(mid.total_ns, 18);
+        // root: 100 − 37 − 2 − 5 = 56
+        assert_eq!(root.total_ns, 56);
+        assert_eq!(root.self_ns, 38);
+    }
+
+    #[test]
+    fn unwound_frames_are_charged_like_returns() {
+        // leaf throws; mid catches nothing and is unwound too; root catches.
+        let events = [
+            entry(0, 0),
+            entry(1, 10),
+            entry(2, 20),
+            unwind(2, 30),
+            unwind(1, 35),
+            exit(0, 50),
+        ];
+        let roots = merged(&events);
+        let (root, mid) = (&roots[0], &roots[0].children[0]);
+        assert_eq!(mid.children[0].total_ns, 8); // 10 − 2
+        assert_eq!(mid.total_ns, 18); // 25 − 2 − 5
+        assert_eq!(root.total_ns, 43); // 50 − 2 − 5
+    }
+}

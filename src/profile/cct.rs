@@ -1,0 +1,493 @@
+//! The CCT builder: per-thread calling context trees from event streams, merged on demand
+//! into a [`Profile`].
+//!
+//! The one idea: the hot path ([`CctBuilder::push_events`]) only moves indices around in
+//! per-thread arenas and adds ticks; names, nanoseconds, self times and the merged tree
+//! are produced by [`CctBuilder::snapshot`], which reads the builder without changing it
+//! and may be called at any time (a live view calls it several times a second).
+
+use super::arena::CallArena;
+use super::calibration::{CalibrationError, Correction};
+use super::model::{Calibration, MergedProfile, Profile, Stats, ThreadProfile};
+use super::thread_tree::ThreadTree;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use tendril_wire::events::Event;
+
+/// Names a function id: the controller's function table, or anything that stands in.
+pub trait FunctionNames {
+    /// The demangled name of `function`.
+    fn name(&self, function: u32) -> Cow<'_, str>;
+    /// The file name of the module defining `function`.
+    fn module(&self, function: u32) -> Cow<'_, str>;
+}
+
+/// One entry of a function table indexed by function id.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FunctionName {
+    pub name: String,
+    pub module: String,
+}
+
+/// A table indexed by function id; an id past its end is named `function #ID` in `?`.
+impl FunctionNames for [FunctionName] {
+    fn name(&self, function: u32) -> Cow<'_, str> {
+        match self.get(function as usize) {
+            Some(known) => Cow::Borrowed(&known.name),
+            None => Cow::Owned(format!("function #{function}")),
+        }
+    }
+
+    fn module(&self, function: u32) -> Cow<'_, str> {
+        match self.get(function as usize) {
+            Some(known) => Cow::Borrowed(&known.module),
+            None => Cow::Borrowed("?"),
+        }
+    }
+}
+
+impl FunctionNames for Vec<FunctionName> {
+    fn name(&self, function: u32) -> Cow<'_, str> {
+        self.as_slice().name(function)
+    }
+
+    fn module(&self, function: u32) -> Cow<'_, str> {
+        self.as_slice().module(function)
+    }
+}
+
+/// What the caller knows about a recording that the event streams do not say.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordingInfo {
+    pub pid: u32,
+    pub exe: String,
+    pub roots: Vec<String>,
+    pub scheme: String,
+    pub instrumented_functions: u64,
+    pub invoked_functions: u64,
+    pub lost_events: u64,
+    pub indirect_call_sites: u64,
+}
+
+/// The builder's counters, summed over threads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BuildCounters {
+    /// Events processed.
+    pub events: u64,
+    /// Exit events of a function that was not open on that thread (ignored).
+    pub unmatched_exits: u64,
+    /// Frames closed other than by their own exit event.
+    pub unwound_exits: u64,
+    /// Events of an unknown kind (ignored).
+    pub malformed_events: u64,
+    /// All pauses tendril caused in the target, in ticks.
+    pub pause_ticks: u64,
+}
+
+/// Builds calling context trees from per-thread event streams.
+#[derive(Debug, Clone)]
+pub struct CctBuilder {
+    calibration: Calibration,
+    correction: Correction,
+    /// In the order threads were first seen.
+    threads: Vec<ThreadTree>,
+    index_of_tid: HashMap<u32, usize>,
+}
+
+impl CctBuilder {
+    /// A builder that corrects times with `calibration` (JFluid §5.3).
+    pub fn new(calibration: Calibration) -> Result<CctBuilder, CalibrationError> {
+        Ok(CctBuilder {
+            calibration,
+            correction: Correction::new(&calibration)?,
+            threads: Vec::new(),
+            index_of_tid: HashMap::new(),
+        })
+    }
+
+    pub fn calibration(&self) -> Calibration {
+        self.calibration
+    }
+
+    fn thread_mut(&mut self, tid: u32) -> &mut ThreadTree {
+        let index = *self.index_of_tid.entry(tid).or_insert_with(|| {
+            self.threads.push(ThreadTree::new(tid));
+            self.threads.len() - 1
+        });
+        &mut self.threads[index]
+    }
+
+    /// Applies the next events of thread `tid`, in program order.
+    pub fn push_events(&mut self, tid: u32, events: &[Event]) {
+        let correction = self.correction;
+        self.thread_mut(tid).push(events, &correction);
+    }
+
+    /// Names thread `tid` (e.g. from `/proc/PID/task/TID/comm`).
+    pub fn set_thread_name(&mut self, tid: u32, name: impl Into<String>) {
+        self.thread_mut(tid).name = name.into();
+    }
+
+    /// Frames open on thread `tid` (0 for a thread never seen).
+    pub fn open_frames(&self, tid: u32) -> usize {
+        self.index_of_tid
+            .get(&tid)
+            .map_or(0, |&index| self.threads[index].depth())
+    }
+
+    /// Closes thread `tid`'s open frames as unwound at `at_ts` (the thread exited).
+    pub fn finish_thread(&mut self, tid: u32, at_ts: u64) {
+        if let Some(&index) = self.index_of_tid.get(&tid) {
+            self.threads[index].finish(at_ts, &self.correction);
+        }
+    }
+
+    /// Closes every thread's open frames as unwound at `at_ts` (recording ended).
+    pub fn finish_all(&mut self, at_ts: u64) {
+        for thread in &mut self.threads {
+            thread.finish(at_ts, &self.correction);
+        }
+    }
+
+    pub fn counters(&self) -> BuildCounters {
+        let mut sum = BuildCounters::default();
+        for thread in &self.threads {
+            let counters = thread.counters();
+            sum.events += counters.events;
+            sum.unmatched_exits += counters.unmatched_exits;
+            sum.unwound_exits += counters.unwound_exits;
+            sum.malformed_events += counters.malformed_events;
+            sum.pause_ticks += counters.pause_ticks;
+        }
+        sum
+    }
+
+    /// The profile as of now. Frames still open count their time up to their thread's
+    /// latest event; the builder is not changed.
+    pub fn snapshot(&self, info: &RecordingInfo, names: &(impl FunctionNames + ?Sized)) -> Profile {
+        let correction = &self.correction;
+        let describe = |function| {
+            (
+                names.name(function).into_owned(),
+                names.module(function).into_owned(),
+            )
+        };
+        let mut merged = CallArena::default();
+        let mut threads = Vec::with_capacity(self.threads.len());
+        for thread in &self.threads {
+            let totals = thread.totals_now(correction);
+            merged.merge(thread.arena(), &totals);
+            threads.push(ThreadProfile {
+                tid: thread.tid,
+                name: thread.name.clone(),
+                roots: thread.arena().to_nodes(&totals, correction, describe),
+            });
+        }
+        let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
+        let counters = self.counters();
+        Profile {
+            format: Profile::FORMAT.to_owned(),
+            version: Profile::VERSION,
+            pid: info.pid,
+            exe: info.exe.clone(),
+            roots: info.roots.clone(),
+            scheme: info.scheme.clone(),
+            calibration: self.calibration,
+            stats: Stats {
+                instrumented_functions: info.instrumented_functions,
+                invoked_functions: info.invoked_functions,
+                events: counters.events,
+                lost_events: info.lost_events,
+                indirect_call_sites: info.indirect_call_sites,
+                pause_ns: correction.ticks_to_ns(counters.pause_ticks as f64),
+                unwound_exits: counters.unwound_exits,
+                unmatched_exits: counters.unmatched_exits,
+            },
+            threads,
+            merged: MergedProfile {
+                roots: merged.to_nodes(&merged_totals, correction, describe),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::model::Node;
+    use crate::profile::tests_support::{entry, exit, info, names, pause, unwind};
+    use tendril_wire::events::EventKind;
+
+    /// 1 tick = 1 ns and no overhead to remove, so times are the raw tick differences.
+    fn exact_builder() -> CctBuilder {
+        CctBuilder::new(Calibration {
+            tsc_hz: 1_000_000_000,
+            inner_ns: 0.0,
+            outer_ns: 0.0,
+        })
+        .unwrap()
+    }
+
+    const NAMES: [&str; 4] = ["main", "fib", "work", "other"];
+
+    fn snapshot(builder: &CctBuilder) -> Profile {
+        builder.snapshot(&info(), &names(&NAMES))
+    }
+
+    fn n(name: &str, calls: u64, total: u64, self_ns: u64, children: Vec<Node>) -> Node {
+        let mut node = Node::leaf(name, "app", calls, total, self_ns);
+        node.children = children;
+        node
+    }
+
+    #[test]
+    fn recursion_stays_nested() {
+        let mut builder = exact_builder();
+        builder.push_events(
+            1,
+            &[
+                entry(1, 0),
+                entry(1, 10),
+                entry(1, 20),
+                exit(1, 25),
+                exit(1, 40),
+                exit(1, 100),
+            ],
+        );
+        let profile = snapshot(&builder);
+        let expected = n(
+            "fib",
+            1,
+            100,
+            70,
+            vec![n("fib", 1, 30, 25, vec![n("fib", 1, 5, 5, vec![])])],
+        );
+        assert_eq!(profile.threads[0].roots, vec![expected.clone()]);
+        assert_eq!(profile.merged.roots, vec![expected]);
+    }
+
+    #[test]
+    fn an_exit_below_the_top_closes_the_frames_above_it_as_unwound() {
+        let mut builder = exact_builder();
+        // work → fib → fib; then work exits directly (longjmp past both fibs).
+        builder.push_events(1, &[entry(2, 0), entry(1, 10), entry(1, 20), exit(2, 50)]);
+        let profile = snapshot(&builder);
+        let expected = n(
+            "work",
+            1,
+            50,
+            10,
+            vec![n("fib", 1, 40, 10, vec![n("fib", 1, 30, 30, vec![])])],
+        );
+        assert_eq!(profile.merged.roots, vec![expected]);
+        assert_eq!(profile.stats.unwound_exits, 2);
+        assert_eq!(profile.stats.unmatched_exits, 0);
+        assert_eq!(builder.open_frames(1), 0);
+    }
+
+    #[test]
+    fn an_exit_of_a_function_not_open_is_ignored_and_counted() {
+        let mut builder = exact_builder();
+        builder.push_events(
+            1,
+            &[
+                entry(2, 0),
+                exit(3, 5),
+                entry(1, 10),
+                exit(1, 20),
+                exit(2, 30),
+                exit(2, 31),
+            ],
+        );
+        let profile = snapshot(&builder);
+        let expected = n("work", 1, 30, 20, vec![n("fib", 1, 10, 10, vec![])]);
+        assert_eq!(profile.merged.roots, vec![expected]);
+        assert_eq!(profile.stats.unmatched_exits, 2);
+        assert_eq!(profile.stats.unwound_exits, 0);
+        assert_eq!(profile.stats.events, 6);
+    }
+
+    #[test]
+    fn open_frames_count_up_to_the_latest_event_and_snapshots_change_nothing() {
+        let mut builder = exact_builder();
+        builder.push_events(1, &[entry(0, 100), entry(2, 110), exit(2, 130)]);
+        let first = snapshot(&builder);
+        assert_eq!(
+            first.merged.roots,
+            vec![n("main", 1, 30, 10, vec![n("work", 1, 20, 20, vec![])])]
+        );
+        assert_eq!(
+            snapshot(&builder),
+            first,
+            "a snapshot does not change the builder"
+        );
+
+        builder.push_events(1, &[entry(2, 200), pause(15)]);
+        // main: 200 − 100 − 15 = 85. The open work entered at 200, the latest event is
+        // at 200 and the pause fell inside it: 0 − 15, clamped at 0.
+        let second = snapshot(&builder);
+        assert_eq!(
+            second.merged.roots,
+            vec![n("main", 1, 85, 65, vec![n("work", 2, 20, 20, vec![])])]
+        );
+
+        builder.push_events(1, &[exit(2, 260), exit(0, 300)]);
+        // work: 20 + (60 − 15) = 65; main: 200 − 15 = 185.
+        let last = snapshot(&builder);
+        assert_eq!(
+            last.merged.roots,
+            vec![n("main", 1, 185, 120, vec![n("work", 2, 65, 65, vec![])])]
+        );
+        assert_eq!(last.stats.pause_ns, 15);
+        assert_eq!(builder.open_frames(1), 0);
+    }
+
+    #[test]
+    fn finishing_closes_open_frames_as_unwound() {
+        let mut builder = exact_builder();
+        builder.push_events(1, &[entry(0, 0), entry(2, 10)]);
+        builder.push_events(2, &[entry(0, 5)]);
+        builder.finish_thread(1, 50);
+        assert_eq!((builder.open_frames(1), builder.open_frames(2)), (0, 1));
+        builder.finish_all(105);
+        assert_eq!(builder.open_frames(2), 0);
+        let profile = snapshot(&builder);
+        assert_eq!(
+            profile.threads[0].roots,
+            vec![n("main", 1, 50, 10, vec![n("work", 1, 40, 40, vec![])])]
+        );
+        assert_eq!(
+            profile.threads[1].roots,
+            vec![n("main", 1, 100, 100, vec![])]
+        );
+        assert_eq!(profile.stats.unwound_exits, 3);
+        // A later finish has nothing left to close.
+        builder.finish_all(1_000);
+        assert_eq!(snapshot(&builder), profile);
+    }
+
+    #[test]
+    fn threads_merge_by_call_path() {
+        let mut builder = exact_builder();
+        builder.set_thread_name(20, "worker-b");
+        builder.push_events(10, &[entry(0, 0), entry(2, 10), exit(2, 30), exit(0, 40)]);
+        builder.push_events(
+            20,
+            &[
+                entry(0, 0),
+                entry(3, 1),
+                exit(3, 2),
+                entry(2, 5),
+                exit(2, 11),
+                exit(0, 100),
+            ],
+        );
+        builder.push_events(30, &[entry(2, 0), exit(2, 7)]);
+        builder.set_thread_name(10, "worker-a");
+        let profile = snapshot(&builder);
+        let tids: Vec<(u32, &str)> = profile
+            .threads
+            .iter()
+            .map(|t| (t.tid, t.name.as_str()))
+            .collect();
+        assert_eq!(tids, [(20, "worker-b"), (10, "worker-a"), (30, "")]);
+        assert_eq!(
+            profile.merged.roots,
+            vec![
+                n(
+                    "main",
+                    2,
+                    140,
+                    113,
+                    vec![n("other", 1, 1, 1, vec![]), n("work", 2, 26, 26, vec![])]
+                ),
+                n("work", 1, 7, 7, vec![]),
+            ]
+        );
+    }
+
+    #[test]
+    fn unwind_events_and_unknown_kinds_are_counted() {
+        let mut builder = exact_builder();
+        let bogus = Event {
+            value: 1,
+            function: 0,
+            kind: 99,
+        };
+        builder.push_events(
+            1,
+            &[entry(0, 0), entry(2, 1), unwind(2, 4), bogus, exit(0, 9)],
+        );
+        let counters = builder.counters();
+        assert_eq!(counters.events, 5);
+        assert_eq!(counters.unwound_exits, 1);
+        assert_eq!(counters.malformed_events, 1);
+        assert_eq!(
+            snapshot(&builder).merged.roots,
+            vec![n("main", 1, 9, 6, vec![n("work", 1, 3, 3, vec![])])]
+        );
+    }
+
+    #[test]
+    fn unknown_function_ids_get_placeholder_names() {
+        let mut builder = exact_builder();
+        builder.push_events(1, &[entry(40, 0), exit(40, 3)]);
+        let profile = snapshot(&builder);
+        assert_eq!(profile.merged.roots[0].name, "function #40");
+        assert_eq!(profile.merged.roots[0].module, "?");
+    }
+
+    #[test]
+    fn a_wide_fan_out_keeps_every_callee_apart() {
+        let mut builder = exact_builder();
+        let mut events = vec![entry(0, 0)];
+        let mut ts = 0;
+        for round in 0..3 {
+            for callee in 100..140 {
+                events.push(entry(callee, ts));
+                ts += u64::from(callee - 99) + round;
+                events.push(exit(callee, ts));
+            }
+        }
+        events.push(exit(0, ts));
+        builder.push_events(1, &events);
+        let profile = snapshot(&builder);
+        let root = &profile.merged.roots[0];
+        assert_eq!(root.children.len(), 40);
+        for (index, child) in root.children.iter().enumerate() {
+            assert_eq!(child.name, format!("function #{}", 100 + index));
+            assert_eq!(child.calls, 3);
+            assert_eq!(child.total_ns, 3 * (index as u64 + 1) + 3);
+        }
+        assert_eq!(root.self_ns, 0);
+    }
+
+    #[test]
+    fn a_100_000_deep_recursion_builds_and_snapshots() {
+        let depth = 100_000u64;
+        let mut events: Vec<Event> = (0..depth).map(|i| entry(1, i)).collect();
+        let mut builder = exact_builder();
+        builder.push_events(1, &events);
+        let live = snapshot(&builder);
+        let mut deepest = &live.merged.roots[0];
+        let mut levels = 1;
+        while let Some(child) = deepest.children.first() {
+            deepest = child;
+            levels += 1;
+        }
+        assert_eq!(levels, depth);
+        assert_eq!(live.merged.roots[0].total_ns, depth - 1);
+
+        events = (0..depth).map(|i| exit(1, depth + i)).collect();
+        builder.push_events(1, &events);
+        let done = snapshot(&builder);
+        assert_eq!(done.merged.roots[0].total_ns, 2 * depth - 1);
+        assert_eq!(done.merged.roots[0].self_ns, 2);
+        assert_eq!(builder.counters().events, 2 * depth);
+        assert_eq!(
+            Event::new(EventKind::Exit, 1, 5),
+            exit(1, 5),
+            "the helpers make real events"
+        );
+    }
+}

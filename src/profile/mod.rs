@@ -1,0 +1,33 @@
+//! The controller's profile: calling context trees built from the agent's event streams,
+//! corrected for tendril's own cost, and the profile file and reports made from them.
+//!
+//! The one idea: times are measured in the target but *corrected* here. Each completed
+//! invocation is charged `t_meas − t_I − m·t_O` (JFluid §5.3, see [`calibration`]) into a
+//! per-thread calling context tree ([`cct::CctBuilder`]); a snapshot turns the trees into
+//! a [`Profile`] (the file format of DESIGN.md §3) that the reports, the file and the
+//! live view read. Trees can be as deep as the target's recursion, so no code here
+//! recurses over a tree on a fixed-size stack: tree code keeps explicit stacks, and the
+//! file's serde recursion runs on a stack that grows on demand.
+//!
+//! - [`model`]: the profile file's types;
+//! - [`file`](mod@file): reading and writing it (serde_json, any depth);
+//! - [`cct`]: the builder (per-thread trees in `thread_tree` over an `arena`);
+//! - [`calibration`]: the correction formula;
+//! - [`report`]: `tendril report` formats.
+
+mod arena;
+pub mod calibration;
+pub mod cct;
+pub mod file;
+pub mod model;
+pub mod report;
+mod thread_tree;
+
+#[cfg(test)]
+mod tests_support;
+
+pub use calibration::{CalibrationError, Correction};
+pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
+pub use file::ProfileError;
+pub use model::{Calibration, MergedProfile, Node, Profile, Stats, ThreadProfile, Visit, walk};
+pub use report::{ReportFormat, UnknownReportFormat, write_report};

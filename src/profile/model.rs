@@ -1,0 +1,402 @@
+//! The profile file's data model (DESIGN.md §3, version 1) as serde types.
+//!
+//! The one idea: a [`Node`] tree may be as deep as the target's recursion (100,000 levels
+//! is normal), so nothing here recurses over the tree. `Drop`, `Clone`, `PartialEq` and
+//! `Debug` of [`Node`] are written by hand with explicit stacks, and [`walk`] visits a
+//! tree without recursion. The derived serde impls do recurse; `profile::file` runs them
+//! on a stack that grows on demand (see there).
+//!
+//! Times are whole nanoseconds (`u64`), already corrected for tendril's own overhead.
+//! Within one tree, `self_ns == total_ns - Σ children.total_ns` (clamped at 0).
+
+use serde::{Deserialize, Deserializer, Serialize};
+use std::fmt;
+
+/// A whole recording: who was profiled, how, and the calling context trees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    /// Always [`Profile::FORMAT`].
+    pub format: String,
+    /// Always [`Profile::VERSION`] for profiles this tendril writes.
+    pub version: u32,
+    pub pid: u32,
+    /// The target's executable path.
+    pub exe: String,
+    /// The root functions the user picked, as given.
+    pub roots: Vec<String>,
+    /// The instrumentation scheme: "A" (eager) or "B" (lazy, JFluid §6.2).
+    pub scheme: String,
+    pub calibration: Calibration,
+    pub stats: Stats,
+    /// One tree per thread that ran inside a root.
+    #[serde(default)]
+    pub threads: Vec<ThreadProfile>,
+    /// All threads' trees merged by call path.
+    #[serde(default)]
+    pub merged: MergedProfile,
+}
+
+impl Profile {
+    pub const FORMAT: &'static str = "tendril-profile";
+    pub const VERSION: u32 = 1;
+
+    /// The sum of the merged roots' total times: the 100 % of every share in a report.
+    pub fn merged_total_ns(&self) -> u64 {
+        self.merged.roots.iter().map(|root| root.total_ns).sum()
+    }
+}
+
+/// The cost of tendril's own hooks, measured in the target at attach (JFluid §5.3).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// TSC ticks per second.
+    pub tsc_hz: u64,
+    /// `t_I`: the hook time that falls inside a call's own measured time.
+    pub inner_ns: f64,
+    /// `t_O`: the whole time one instrumented call adds to its caller's measured time.
+    pub outer_ns: f64,
+}
+
+/// Counts that say how complete and how costly a recording was.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// Functions patched (JFluid's "instrumented methods").
+    pub instrumented_functions: u64,
+    /// Functions that ran inside a root's subgraph at least once.
+    pub invoked_functions: u64,
+    /// Events the CCT builder processed.
+    pub events: u64,
+    /// Events the agent could not deliver (0 unless a lossy mode was chosen).
+    pub lost_events: u64,
+    /// `call reg` / `call [mem]` sites found in instrumented code (their callees are only
+    /// instrumented if reached some other way).
+    pub indirect_call_sites: u64,
+    /// Total time tendril paused the target's threads (removed from the times above).
+    pub pause_ns: u64,
+    /// Frames closed by an unwind (exception, panic, longjmp, thread exit) or because the
+    /// recording ended while they were open, rather than by a normal return.
+    #[serde(default)]
+    pub unwound_exits: u64,
+    /// Exit events whose function was not open on that thread (ignored).
+    #[serde(default)]
+    pub unmatched_exits: u64,
+}
+
+/// One thread's calling context tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThreadProfile {
+    pub tid: u32,
+    /// The thread's name (`/proc/PID/task/TID/comm`), empty if unknown.
+    pub name: String,
+    pub roots: Vec<Node>,
+}
+
+/// The per-thread trees merged by call path (same functions along the path).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct MergedProfile {
+    pub roots: Vec<Node>,
+}
+
+/// One calling context: a function reached by one particular path from a root.
+///
+/// `total_ns` is the corrected time of all its invocations in this context, callees
+/// included; `self_ns` is the part not spent in instrumented callees. Both are whole
+/// nanoseconds. Recursion stays as nesting: `fib` called by `fib` is a child node.
+#[derive(Default, Serialize, Deserialize)]
+pub struct Node {
+    /// The demangled function name.
+    pub name: String,
+    /// The file name of the module (executable or shared library) defining it.
+    pub module: String,
+    /// Invocations in this context, counted at entry (so calls in progress count).
+    #[serde(deserialize_with = "whole_number")]
+    pub calls: u64,
+    #[serde(deserialize_with = "whole_number")]
+    pub total_ns: u64,
+    #[serde(deserialize_with = "whole_number")]
+    pub self_ns: u64,
+    #[serde(default)]
+    pub children: Vec<Node>,
+}
+
+/// Reads a count or a time that another tool may have written as a fraction (`10.4`):
+/// any number ≥ 0, rounded to the nearest whole one.
+fn whole_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    number
+        .as_u64()
+        .or_else(|| {
+            number
+                .as_f64()
+                .filter(|f| f.is_finite() && *f >= 0.0)
+                .map(|f| f.round() as u64)
+        })
+        .ok_or_else(|| serde::de::Error::custom(format!("expected a number ≥ 0, not {number}")))
+}
+
+impl Node {
+    /// A node with no children.
+    pub fn leaf(name: &str, module: &str, calls: u64, total_ns: u64, self_ns: u64) -> Node {
+        Node {
+            name: name.to_owned(),
+            module: module.to_owned(),
+            calls,
+            total_ns,
+            self_ns,
+            children: Vec::new(),
+        }
+    }
+
+    /// The same node without its children (a shallow copy).
+    fn without_children(&self) -> Node {
+        Node::leaf(
+            &self.name,
+            &self.module,
+            self.calls,
+            self.total_ns,
+            self.self_ns,
+        )
+    }
+
+    fn same_fields(&self, other: &Node) -> bool {
+        self.name == other.name
+            && self.module == other.module
+            && self.calls == other.calls
+            && self.total_ns == other.total_ns
+            && self.self_ns == other.self_ns
+            && self.children.len() == other.children.len()
+    }
+}
+
+/// One step of [`walk`]: a node is entered before its children and left after them.
+#[derive(Debug, Clone, Copy)]
+pub enum Visit<'a> {
+    /// `depth` is 0 for a root.
+    Enter {
+        node: &'a Node,
+        depth: usize,
+    },
+    Leave {
+        node: &'a Node,
+        depth: usize,
+    },
+}
+
+/// Visits every node of `roots` depth first, in order, without recursion; stops at the
+/// first error `visit` returns.
+pub fn walk<'a, E>(
+    roots: &'a [Node],
+    mut visit: impl FnMut(Visit<'a>) -> Result<(), E>,
+) -> Result<(), E> {
+    // Each entry: a node that was entered and the index of its next child to visit.
+    let mut open: Vec<(&'a Node, usize)> = Vec::new();
+    for root in roots {
+        visit(Visit::Enter {
+            node: root,
+            depth: 0,
+        })?;
+        open.push((root, 0));
+        while let Some((node, next_child)) = open.last_mut() {
+            let node: &'a Node = node;
+            if let Some(child) = node.children.get(*next_child) {
+                *next_child += 1;
+                visit(Visit::Enter {
+                    node: child,
+                    depth: open.len(),
+                })?;
+                open.push((child, 0));
+            } else {
+                open.pop();
+                visit(Visit::Leave {
+                    node,
+                    depth: open.len(),
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds a tree from a depth-first [`walk`] of another: `enter` makes a node (without
+/// children) from each visited one. Iterative, like everything here.
+fn map_tree(roots: &[Node], mut enter: impl FnMut(&Node) -> Node) -> Vec<Node> {
+    let mut done: Vec<Node> = Vec::with_capacity(roots.len());
+    // The nodes being built, each above the `done` list its children go into.
+    let mut building: Vec<(Node, Vec<Node>)> = Vec::new();
+    let _ = walk(roots, |step| -> Result<(), ()> {
+        match step {
+            Visit::Enter { node, .. } => {
+                let siblings =
+                    std::mem::replace(&mut done, Vec::with_capacity(node.children.len()));
+                building.push((enter(node), siblings));
+            }
+            Visit::Leave { .. } => {
+                let (mut built, siblings) = building.pop().expect("walk leaves what it entered");
+                built.children = std::mem::replace(&mut done, siblings);
+                done.push(built);
+            }
+        }
+        Ok(())
+    });
+    done
+}
+
+impl Drop for Node {
+    /// Frees the subtree with a heap worklist: the derived drop would recurse once per
+    /// level and overflow the stack on a deep recursion's tree.
+    fn drop(&mut self) {
+        let mut pending = std::mem::take(&mut self.children);
+        while let Some(mut node) = pending.pop() {
+            pending.append(&mut node.children);
+            // `node` now has no children: dropping it does not recurse.
+        }
+    }
+}
+
+impl Clone for Node {
+    fn clone(&self) -> Node {
+        map_tree(std::slice::from_ref(self), Node::without_children)
+            .pop()
+            .expect("one root in, one root out")
+    }
+}
+
+impl PartialEq for Node {
+    fn eq(&self, other: &Node) -> bool {
+        let mut pairs: Vec<(&Node, &Node)> = vec![(self, other)];
+        while let Some((a, b)) = pairs.pop() {
+            if !a.same_fields(b) {
+                return false;
+            }
+            pairs.extend(a.children.iter().zip(&b.children));
+        }
+        true
+    }
+}
+
+impl Eq for Node {}
+
+impl fmt::Debug for Node {
+    /// `name (module) calls=… total_ns=… self_ns=… [children…]`, written iteratively.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        walk(std::slice::from_ref(self), |step| match step {
+            Visit::Enter { node, depth } => {
+                if depth > 0 {
+                    f.write_str(" ")?;
+                }
+                write!(
+                    f,
+                    "{:?} ({}) calls={} total_ns={} self_ns={}",
+                    node.name, node.module, node.calls, node.total_ns, node.self_ns
+                )?;
+                if !node.children.is_empty() {
+                    f.write_str(" [")?;
+                }
+                Ok(())
+            }
+            Visit::Leave { node, .. } => {
+                if !node.children.is_empty() {
+                    f.write_str("]")?;
+                }
+                Ok(())
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A chain `name` → `name` → … `depth` levels deep, each level 1 ns of self time.
+    pub(crate) fn chain(name: &str, depth: usize) -> Node {
+        let mut node = Node::leaf(name, "m", 1, 1, 1);
+        for _ in 1..depth {
+            let total_ns = node.total_ns + 1;
+            let mut parent = Node::leaf(name, "m", 1, total_ns, 1);
+            parent.children.push(node);
+            node = parent;
+        }
+        node
+    }
+
+    fn small_tree() -> Node {
+        let mut root = Node::leaf("root", "app", 1, 100, 10);
+        let mut mid = Node::leaf("mid", "app", 3, 90, 30);
+        mid.children
+            .push(Node::leaf("leaf", "libc.so.6", 6, 60, 60));
+        root.children.push(mid);
+        root
+    }
+
+    #[test]
+    fn walk_enters_and_leaves_in_depth_first_order() {
+        let root = small_tree();
+        let mut steps = Vec::new();
+        walk(std::slice::from_ref(&root), |step| -> Result<(), ()> {
+            steps.push(match step {
+                Visit::Enter { node, depth } => format!("+{}@{depth}", node.name),
+                Visit::Leave { node, depth } => format!("-{}@{depth}", node.name),
+            });
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            steps,
+            [
+                "+root@0", "+mid@1", "+leaf@2", "-leaf@2", "-mid@1", "-root@0"
+            ]
+        );
+    }
+
+    #[test]
+    fn walk_stops_at_the_first_error() {
+        let root = small_tree();
+        let mut entered = 0;
+        let result = walk(std::slice::from_ref(&root), |step| {
+            if let Visit::Enter { node, .. } = step {
+                entered += 1;
+                if node.name == "mid" {
+                    return Err("stop");
+                }
+            }
+            Ok(())
+        });
+        assert_eq!(result, Err("stop"));
+        assert_eq!(entered, 2);
+    }
+
+    #[test]
+    fn clone_and_eq_see_every_field() {
+        let root = small_tree();
+        let copy = root.clone();
+        assert_eq!(copy, root);
+        let mut changed = root.clone();
+        changed.children[0].children[0].self_ns = 61;
+        assert_ne!(changed, root);
+        assert_eq!(
+            format!("{root:?}"),
+            "\"root\" (app) calls=1 total_ns=100 self_ns=10 [ \"mid\" (app) calls=3 \
+             total_ns=90 self_ns=30 [ \"leaf\" (libc.so.6) calls=6 total_ns=60 self_ns=60]]"
+        );
+    }
+
+    #[test]
+    fn a_100_000_deep_tree_clones_compares_walks_and_drops() {
+        let deep = chain("fib", 100_000);
+        let copy = deep.clone();
+        assert!(copy == deep);
+        let mut deepest = 0;
+        walk(std::slice::from_ref(&copy), |step| -> Result<(), ()> {
+            if let Visit::Enter { depth, .. } = step {
+                deepest = deepest.max(depth);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(deepest, 99_999);
+        assert!(format!("{copy:?}").len() > 100_000);
+        drop(copy);
+        drop(deep);
+    }
+}

@@ -1,0 +1,201 @@
+//! One thread's calling context tree, grown from its event stream.
+//!
+//! The one idea: a stack of open frames over the thread's [`CallArena`]. An entry finds
+//! or creates the child context and pushes a frame; an exit pops it and charges the
+//! invocation's corrected time (see `calibration`) to its node. A pause ("adjust" event)
+//! must be removed from every open frame, so instead of touching them all the thread keeps
+//! a running total of pauses and each frame remembers the total at its entry: the pause
+//! inside a frame is the difference at its exit. Every event is O(1) (amortised).
+
+use super::arena::{CallArena, TOP};
+use super::calibration::Correction;
+use tendril_wire::events::{Event, EventKind};
+
+const ENTRY: u32 = EventKind::Entry as u32;
+const EXIT: u32 = EventKind::Exit as u32;
+const UNWIND: u32 = EventKind::Unwind as u32;
+const ADJUST: u32 = EventKind::Adjust as u32;
+
+/// An invocation that has been entered and not yet left.
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    node: u32,
+    function: u32,
+    entry_ts: u64,
+    /// The thread's [`ThreadTree::paused_ticks`] when the frame was entered.
+    paused_at_entry: u64,
+    /// Instrumented calls this invocation made directly (`m` in the correction).
+    child_calls: u64,
+}
+
+/// What one thread's stream contained, beyond the tree.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ThreadCounters {
+    pub events: u64,
+    /// Exits of a function that was not open (ignored).
+    pub unmatched_exits: u64,
+    /// Frames closed by an unwind, by an exit of a frame below them, or by `finish`.
+    pub unwound_exits: u64,
+    /// Events whose kind is none of the known ones (ignored).
+    pub malformed_events: u64,
+    /// The sum of all pauses.
+    pub pause_ticks: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ThreadTree {
+    pub tid: u32,
+    pub name: String,
+    arena: CallArena,
+    frames: Vec<Frame>,
+    /// How many frames of each function id are open: finds an unmatched exit in O(1).
+    open_per_function: Vec<u32>,
+    /// All pauses so far, in ticks.
+    paused_ticks: u64,
+    /// The timestamp of the latest entry/exit/unwind: open frames count up to here.
+    latest_ts: u64,
+    counters: ThreadCounters,
+}
+
+impl ThreadTree {
+    pub fn new(tid: u32) -> ThreadTree {
+        ThreadTree {
+            tid,
+            name: String::new(),
+            arena: CallArena::default(),
+            frames: Vec::new(),
+            open_per_function: Vec::new(),
+            paused_ticks: 0,
+            latest_ts: 0,
+            counters: ThreadCounters::default(),
+        }
+    }
+
+    pub fn arena(&self) -> &CallArena {
+        &self.arena
+    }
+
+    pub fn counters(&self) -> ThreadCounters {
+        ThreadCounters {
+            pause_ticks: self.paused_ticks,
+            ..self.counters
+        }
+    }
+
+    /// Frames still open.
+    pub fn depth(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Applies a batch of this thread's events, in program order.
+    pub fn push(&mut self, events: &[Event], correction: &Correction) {
+        self.counters.events += events.len() as u64;
+        for event in events {
+            match event.kind {
+                ENTRY => self.enter(event.function, event.value),
+                EXIT => self.exit(event.function, event.value, false, correction),
+                UNWIND => self.exit(event.function, event.value, true, correction),
+                ADJUST => self.paused_ticks += event.value,
+                _ => self.counters.malformed_events += 1,
+            }
+        }
+    }
+
+    #[inline]
+    fn enter(&mut self, function: u32, ts: u64) {
+        self.latest_ts = ts;
+        let parent = match self.frames.last_mut() {
+            Some(caller) => {
+                caller.child_calls += 1;
+                caller.node
+            }
+            None => TOP,
+        };
+        let node = self.arena.child(parent, function);
+        self.arena.node_mut(node).calls += 1;
+        match self.open_per_function.get_mut(function as usize) {
+            Some(open) => *open += 1,
+            None => self.first_open_of(function),
+        }
+        self.frames.push(Frame {
+            node,
+            function,
+            entry_ts: ts,
+            paused_at_entry: self.paused_ticks,
+            child_calls: 0,
+        });
+    }
+
+    #[cold]
+    fn first_open_of(&mut self, function: u32) {
+        self.open_per_function.resize(function as usize + 1, 0);
+        self.open_per_function[function as usize] = 1;
+    }
+
+    #[inline]
+    fn exit(&mut self, function: u32, ts: u64, unwound: bool, correction: &Correction) {
+        self.latest_ts = ts;
+        match self.frames.last() {
+            Some(top) if top.function == function => self.close_top(ts, unwound, correction),
+            _ => self.exit_below_top(function, ts, unwound, correction),
+        }
+    }
+
+    /// An exit of a function that is not the innermost open frame: the frames above it
+    /// were left without an exit event (unwound); if it is not open at all, ignore it.
+    #[cold]
+    #[inline(never)]
+    fn exit_below_top(&mut self, function: u32, ts: u64, unwound: bool, correction: &Correction) {
+        let open = self.open_per_function.get(function as usize).copied();
+        if open.unwrap_or(0) == 0 {
+            self.counters.unmatched_exits += 1;
+            return;
+        }
+        while self
+            .frames
+            .last()
+            .is_some_and(|top| top.function != function)
+        {
+            self.close_top(ts, true, correction);
+        }
+        self.close_top(ts, unwound, correction);
+    }
+
+    #[inline]
+    fn close_top(&mut self, ts: u64, unwound: bool, correction: &Correction) {
+        let Some(frame) = self.frames.pop() else {
+            return;
+        };
+        let charged = self.charge_at(&frame, ts, correction);
+        self.arena.node_mut(frame.node).total_ticks += charged;
+        self.open_per_function[frame.function as usize] -= 1;
+        self.counters.unwound_exits += u64::from(unwound);
+    }
+
+    /// The corrected time of `frame` if it ended at `ts`.
+    #[inline]
+    fn charge_at(&self, frame: &Frame, ts: u64, correction: &Correction) -> f64 {
+        let paused = self.paused_ticks - frame.paused_at_entry;
+        let measured = ts.saturating_sub(frame.entry_ts).saturating_sub(paused);
+        correction.charge(measured, frame.child_calls)
+    }
+
+    /// Closes every open frame as unwound at `at_ts` (the thread exited, or recording
+    /// ended).
+    pub fn finish(&mut self, at_ts: u64, correction: &Correction) {
+        self.latest_ts = self.latest_ts.max(at_ts);
+        while !self.frames.is_empty() {
+            self.close_top(at_ts, true, correction);
+        }
+    }
+
+    /// Every node's total in ticks as of now: completed invocations, plus the frames
+    /// still open counted up to the latest event. Read-only.
+    pub fn totals_now(&self, correction: &Correction) -> Vec<f64> {
+        let mut totals: Vec<f64> = self.arena.nodes().iter().map(|n| n.total_ticks).collect();
+        for frame in &self.frames {
+            totals[frame.node as usize] += self.charge_at(frame, self.latest_ts, correction);
+        }
+        totals
+    }
+}

@@ -1,0 +1,225 @@
+//! Choosing what the agent patches: user patterns become functions, and functions
+//! become patch targets.
+//!
+//! The one idea: the controller knows every symbol of the process, the agent knows
+//! nothing but addresses. So everything that needs names happens here — pattern
+//! matching, resolving an IFUNC (`memcpy`) to the implementation the loader chose,
+//! finding nearby code that might jump into a function's first bytes, and finding the
+//! unwinder entry points that return hooks depend on.
+
+use crate::session::{AgentSession, SessionError};
+use crate::symbols::{Function, ProcessSymbols, SymbolError};
+use tendril_wire::{Hook, PatchTarget, Request, Response};
+
+/// How far around a function to look for code that might branch into its entry.
+const NEIGHBOURHOOD: u64 = 4096;
+
+/// A function chosen for patching, with the name to show for it.
+#[derive(Debug, Clone)]
+pub struct Chosen {
+    /// What is patched (for an IFUNC, the implementation).
+    pub function: Function,
+    /// The name the user knows it by: the symbol's name, and for an IFUNC
+    /// `memcpy → <implementation>`.
+    pub display_name: String,
+}
+
+/// Why patterns could not be turned into functions.
+#[derive(Debug, thiserror::Error)]
+pub enum SelectError {
+    #[error("{0}")]
+    Symbols(#[from] SymbolError),
+    #[error("no function matches '{pattern}' in pid {pid} — {hint}")]
+    NoMatch {
+        pattern: String,
+        pid: i32,
+        hint: String,
+    },
+    #[error("process {pid}: {source}")]
+    Session { pid: i32, source: SessionError },
+}
+
+/// The functions matching `patterns`, in pattern order (a function may appear twice).
+/// Needs no agent: a bad pattern is reported before anything touches the target.
+pub fn match_patterns<'a>(
+    symbols: &'a ProcessSymbols,
+    patterns: &[String],
+) -> Result<Vec<&'a Function>, SelectError> {
+    let pid = symbols.pid();
+    let mut matched: Vec<&Function> = Vec::new();
+    for pattern in patterns {
+        let found = symbols.find(pattern).map_err(|error| match error {
+            SymbolError::NoMatch {
+                pattern,
+                suggestions,
+            } => SelectError::NoMatch {
+                pattern,
+                pid,
+                hint: if suggestions.is_empty() {
+                    format!("list them with `tendril symbols {pid}`")
+                } else {
+                    format!("did you mean: {}?", suggestions.join(", "))
+                },
+            },
+            other => other.into(),
+        })?;
+        matched.extend(found);
+    }
+    Ok(matched)
+}
+
+/// The functions to patch for `matched`, each once (by address). IFUNC symbols are
+/// resolved through the agent to the implementation the loader chose.
+pub fn choose(
+    symbols: &ProcessSymbols,
+    matched: &[&Function],
+    session: &mut AgentSession,
+) -> Result<Vec<Chosen>, SelectError> {
+    let pid = symbols.pid();
+    let ifunc_names: Vec<String> = matched
+        .iter()
+        .filter(|f| f.ifunc)
+        .map(|f| f.raw_name.clone())
+        .collect();
+    let implementations = if ifunc_names.is_empty() {
+        Vec::new()
+    } else {
+        resolve(session, pid, ifunc_names.clone())?
+    };
+    let mut chosen: Vec<Chosen> = Vec::new();
+    for &function in matched {
+        let pick = if function.ifunc {
+            let index = ifunc_names.iter().position(|n| *n == function.raw_name);
+            let implementation = index
+                .and_then(|i| implementations.get(i).copied().flatten())
+                .and_then(|address| symbols.lookup(address).filter(|f| f.addr == address));
+            match implementation {
+                Some(implementation) => Chosen {
+                    function: implementation.clone(),
+                    display_name: format!("{} → {}", function.name, implementation.name),
+                },
+                // Unresolvable: keep the resolver; the agent will say if it is useless.
+                None => Chosen {
+                    function: function.clone(),
+                    display_name: function.name.clone(),
+                },
+            }
+        } else {
+            Chosen {
+                function: function.clone(),
+                display_name: function.name.clone(),
+            }
+        };
+        if !chosen.iter().any(|c| c.function.addr == pick.function.addr) {
+            chosen.push(pick);
+        }
+    }
+    Ok(chosen)
+}
+
+fn resolve(
+    session: &mut AgentSession,
+    pid: i32,
+    names: Vec<String>,
+) -> Result<Vec<Option<u64>>, SelectError> {
+    let session_error = |source| SelectError::Session { pid, source };
+    match session
+        .request(&Request::ResolveSymbols { names })
+        .map_err(session_error)?
+    {
+        Response::Resolved { addresses } => Ok(addresses),
+        other => Err(session_error(SessionError::Protocol(format!("{other:?}")))),
+    }
+}
+
+/// The request that patches `functions`, each with its hook, in one batch.
+pub fn patch_request(symbols: &ProcessSymbols, functions: &[(&Function, Hook)]) -> Request {
+    let targets = functions
+        .iter()
+        .map(|&(function, hook)| PatchTarget {
+            address: function.addr,
+            size: function.size,
+            hook,
+        })
+        .collect();
+    let only_functions: Vec<&Function> = functions.iter().map(|&(f, _)| f).collect();
+    Request::Patch {
+        targets,
+        code_ranges: code_ranges(symbols, &only_functions),
+    }
+}
+
+/// Every known function within [`NEIGHBOURHOOD`] of one of `functions` (same module),
+/// the functions themselves, and their `.cold` parts wherever those are: the code that
+/// might branch into a patched entry (glibc's `__mempcpy_*` jump into `__memmove_*` a
+/// few bytes in; a `.cold` part may jump back anywhere), sorted and without repeats.
+fn code_ranges(symbols: &ProcessSymbols, functions: &[&Function]) -> Vec<(u64, u64)> {
+    let all = symbols.functions();
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for function in functions {
+        let low = function.addr.saturating_sub(NEIGHBOURHOOD);
+        let high = function.end().saturating_add(NEIGHBOURHOOD);
+        let first = all.partition_point(|f| f.addr < low);
+        ranges.extend(
+            all[first..]
+                .iter()
+                .take_while(|f| f.addr < high)
+                .filter(|f| f.size > 0 && f.module == function.module)
+                .map(|f| (f.addr, f.size)),
+        );
+        let cold = format!("{}.cold", function.raw_name);
+        ranges.extend(
+            all.iter()
+                .filter(|f| f.raw_name == cold && f.module == function.module)
+                .map(|f| (f.addr, f.size)),
+        );
+    }
+    ranges.sort_unstable();
+    ranges.dedup();
+    ranges
+}
+
+/// The unwinder glibc loads when a thread first exits or is cancelled.
+const LIBGCC_S: &str = "libgcc_s.so.1";
+
+/// Return hooks need the unwinder's entry points hooked before any frame can be
+/// unwound, including `libgcc_s`'s, which glibc uses for `pthread_exit` and
+/// cancellation even in a program that links its own unwinder statically. A program
+/// that has never unwound may not have loaded it yet; the agent brings it along (it
+/// unwinds with it too), so symbols read before the attach are read again then.
+/// Returns the fresh symbols if they had to be read again.
+pub fn unwinder_symbols_after_attach(
+    symbols: &ProcessSymbols,
+) -> Result<Option<ProcessSymbols>, SymbolError> {
+    if symbols.modules().iter().any(|m| m.name == LIBGCC_S) {
+        return Ok(None);
+    }
+    ProcessSymbols::load(symbols.pid()).map(Some)
+}
+
+/// The unwinder's entry points and catch functions of every module, with the internal
+/// hook each needs so that return hooks survive exceptions, panics and thread exit.
+pub fn unwinder_targets(symbols: &ProcessSymbols) -> Vec<(Function, Hook)> {
+    const HOOKS: [(&str, Hook); 8] = [
+        ("_Unwind_RaiseException", Hook::UnwinderStarts),
+        ("_Unwind_Resume", Hook::UnwinderStarts),
+        ("_Unwind_Resume_or_Rethrow", Hook::UnwinderStarts),
+        ("_Unwind_ForcedUnwind", Hook::UnwinderStarts),
+        ("_Unwind_Backtrace", Hook::Backtrace),
+        ("__cxa_begin_catch", Hook::ExceptionCaught),
+        ("_Unwind_DeleteException", Hook::ExceptionCaught),
+        // Where Rust's catch_unwind takes a caught panic (`__rustc::__rust_panic_cleanup`).
+        ("__rust_panic_cleanup", Hook::ExceptionCaught),
+    ];
+    let mut found: Vec<(Function, Hook)> = Vec::new();
+    for function in symbols.functions() {
+        let is =
+            |name: &str| function.raw_name == name || function.name.ends_with(&format!("::{name}"));
+        if let Some(&(_, hook)) = HOOKS.iter().find(|(name, _)| is(name))
+            && !found.iter().any(|(f, _)| f.addr == function.addr)
+        {
+            found.push((function.clone(), hook));
+        }
+    }
+    found
+}

@@ -1,0 +1,235 @@
+//! `tendril count` against real fixture processes: exact counts, per-thread JSON, the
+//! target's code restored byte for byte, targets that keep computing correct results,
+//! a controller that dies, refusals with reasons, and bad input.
+
+mod common;
+
+use common::{Counting, Target, code_bytes_match_file, tendril};
+use std::time::Duration;
+
+const ROUND_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The checksum a fixture prints on every round line, checked to be the same on
+/// `rounds` consecutive lines.
+fn steady_checksum(target: &mut Target, rounds: usize) -> u64 {
+    let checksums = target.checksum_lines(rounds, ROUND_TIMEOUT);
+    assert!(
+        checksums.windows(2).all(|w| w[0] == w[1]),
+        "checksums differ: {checksums:?}"
+    );
+    checksums[0]
+}
+
+/// Runs calltree's counted workload (SIGUSR1) and returns its own report line.
+fn run_counted_workload(target: &mut Target) -> String {
+    target.signal(libc::SIGUSR1);
+    target.expect_line("counted ", ROUND_TIMEOUT)
+}
+
+#[test]
+fn count_reports_the_exact_calls_of_a_workload() {
+    let mut target = Target::spawn("calltree", &["4"]);
+    let counting = Counting::start(target.pid(), &["counted_*"]);
+    let fixture_says = run_counted_workload(&mut target);
+    assert_eq!(fixture_says, "counted outer=1 inner=1000 leaf=2000");
+    let report = counting.finish();
+    assert_eq!(report.calls("counted_outer"), 1, "{}", report.stdout);
+    assert_eq!(report.calls("counted_inner"), 1000);
+    assert_eq!(report.calls("counted_leaf"), 2000);
+    assert_eq!(report.total, 3001);
+    assert_eq!(report.rows[0].name, "counted_leaf", "sorted by calls");
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn count_with_returns_counts_every_return_of_a_workload() {
+    let mut target = Target::spawn("calltree", &["2"]);
+    let counting = Counting::start(target.pid(), &["counted_*", "--returns"]);
+    run_counted_workload(&mut target);
+    run_counted_workload(&mut target);
+    let report = counting.finish();
+    for (name, calls) in [
+        ("counted_outer", 2),
+        ("counted_inner", 2000),
+        ("counted_leaf", 4000),
+    ] {
+        assert_eq!(report.calls(name), calls, "{}", report.stdout);
+        assert_eq!(report.returns(name), calls, "{}", report.stdout);
+    }
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn counting_hot_functions_never_changes_what_the_target_computes() {
+    let mut target = Target::spawn("calltree", &["8"]);
+    let before = steady_checksum(&mut target, 3);
+    let patterns = [
+        "work_round",
+        "compute_block",
+        "leaf_add",
+        "apply_op",
+        "op_*",
+        "mix",
+        "scramble",
+        "fib_rec",
+        "format_digest",
+    ];
+    for returns in [false, true] {
+        let mut args: Vec<&str> = patterns.to_vec();
+        if returns {
+            args.push("--returns");
+        }
+        let counting = Counting::start(target.pid(), &args);
+        let during = steady_checksum(&mut target, 3);
+        let report = counting.finish();
+        assert_eq!(during, before, "checksum changed while counting");
+        assert!(report.calls("leaf_add") > 100_000, "{}", report.stdout);
+        assert!(report.calls("fib_rec") > 57_313, "{}", report.stdout);
+        // Every round makes 57313 fib_rec calls and 1024 leaf_add calls per block.
+        assert!(report.not_counted.is_empty(), "{}", report.stdout);
+        if returns {
+            // Frames in flight when the hooks go in or out account for a few calls.
+            let leaf = report.row("leaf_add");
+            let returns = leaf.returns.unwrap();
+            assert!(leaf.calls.abs_diff(returns) < 100, "{}", report.stdout);
+        }
+        code_bytes_match_file(target.pid()).unwrap();
+        assert_eq!(steady_checksum(&mut target, 2), before);
+    }
+}
+
+#[test]
+fn json_lists_counts_per_thread() {
+    let target = Target::spawn("calltree", &["3"]);
+    let output = tendril()
+        .args(["count", &target.pid().to_string(), "work_round", "--json"])
+        .args(["--duration", "1"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["pid"], target.pid());
+    let function = &report["functions"][0];
+    assert_eq!(function["name"], "work_round");
+    assert_eq!(function["module"], "calltree");
+    let threads = function["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 3, "one entry per worker thread: {report}");
+    let sum: u64 = threads.iter().map(|t| t["calls"].as_u64().unwrap()).sum();
+    assert_eq!(sum, function["calls"].as_u64().unwrap());
+    assert_eq!(report["total_calls"], function["calls"]);
+    assert!(threads.iter().all(|t| t["tid"].as_i64().unwrap() > 0));
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn a_controller_killed_while_counting_leaves_the_target_restored() {
+    let mut target = Target::spawn("calltree", &["4"]);
+    let before = steady_checksum(&mut target, 2);
+    let counting = Counting::start(target.pid(), &["leaf_add", "mix", "fib_rec", "--returns"]);
+    counting.kill();
+    // The agent notices its session end and restores everything by itself.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while code_bytes_match_file(target.pid()).is_err() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    code_bytes_match_file(target.pid()).unwrap();
+    assert_eq!(steady_checksum(&mut target, 3), before);
+}
+
+#[test]
+fn refused_functions_are_listed_with_their_reason() {
+    let mut target = Target::spawn("calltree", &["1"]);
+    // `_fini` declares no size and has no unwind information: nothing proves it safe.
+    let counting = Counting::start(target.pid(), &["counted_outer", "calltree:_fini"]);
+    run_counted_workload(&mut target);
+    let report = counting.finish();
+    assert_eq!(report.calls("counted_outer"), 1);
+    assert_eq!(
+        report.not_counted,
+        [
+            "not counted: _fini (calltree) — its size is unknown (no symbol size and no unwind information)"
+        ],
+        "{}",
+        report.stdout
+    );
+}
+
+#[test]
+fn nothing_patchable_is_an_error_that_leaves_the_target_restored() {
+    let target = Target::spawn("calltree", &["1"]);
+    let output = tendril()
+        .args(["count", &target.pid().to_string(), "calltree:_fini"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("tendril: none of the 1 matching functions could be patched"),
+        "{stderr}"
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn a_pattern_matching_nothing_fails_before_touching_the_target() {
+    let target = Target::spawn("calltree", &["1"]);
+    let output = tendril()
+        .args(["count", &target.pid().to_string(), "counted_outr"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    let expected = format!(
+        "tendril: no function matches 'counted_outr' in pid {} — did you mean: counted_outer,",
+        target.pid()
+    );
+    assert!(stderr.starts_with(&expected), "{stderr}");
+    assert!(!output.status.success());
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
+    assert!(!maps.contains("libtendril_agent"), "no agent was loaded");
+}
+
+#[test]
+fn counting_the_allocator_of_a_program_hammering_it_never_deadlocks() {
+    let mut target = Target::spawn("mallocs", &["4"]);
+    for attempt in 0..5 {
+        let counting = Counting::start(target.pid(), &["malloc", "free", "realloc", "memcpy"]);
+        std::thread::sleep(Duration::from_millis(300));
+        let report = counting.finish();
+        assert!(
+            report.calls("malloc") > 0,
+            "attempt {attempt}: {}",
+            report.stdout
+        );
+        assert!(
+            report.calls("free") > 0,
+            "attempt {attempt}: {}",
+            report.stdout
+        );
+        let memcpy = report
+            .rows
+            .iter()
+            .find(|r| r.name.starts_with("memcpy →"))
+            .unwrap_or_else(|| panic!("memcpy's implementation is counted: {}", report.stdout));
+        assert!(memcpy.calls > 0, "{}", report.stdout);
+        code_bytes_match_file(target.pid()).unwrap();
+        // The fixture checks every block it frees; it would have aborted on corruption.
+        target.rounds(1, ROUND_TIMEOUT);
+        assert!(target.is_running());
+    }
+}
+
+#[test]
+fn a_bad_duration_is_one_clear_line() {
+    let target = Target::spawn("calltree", &["1"]);
+    let output = tendril()
+        .args(["count", &target.pid().to_string(), "mix", "--duration", "0"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--duration"), "{stderr}");
+}

@@ -1,0 +1,221 @@
+//! Executable memory for trampolines, and writing code without ever making a page
+//! writable and executable at once.
+//!
+//! A `jmp rel32` reaches ±2 GiB, so every trampoline must lie within that distance of the
+//! function it serves. [`CodeArena::allocate_near`] finds free address space near a
+//! function (from `/proc/self/maps`), maps it read+execute, and hands out pieces of it.
+//! All code — trampolines and the patches in the target's own functions — is written
+//! through `/proc/self/mem`, which the kernel lets a process use on its own read-only
+//! pages. Arenas are never unmapped: a thread may still be inside a trampoline long
+//! after its function was restored.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// Size of each mapping the arena takes from the kernel.
+const CHUNK_SIZE: u64 = 256 * 1024;
+/// How far a rel32 can reach, with a margin for the instruction's own length.
+const REACH: u64 = (1 << 31) - 64 * 1024;
+const PAGE: u64 = 4096;
+
+/// `/proc/self/mem`, opened by the process whose pid is in `MEM_OWNER`: a forked child
+/// inherits the descriptor, which still names its parent's memory, and must reopen.
+static MEM_FD: AtomicI32 = AtomicI32::new(-1);
+static MEM_OWNER: AtomicI32 = AtomicI32::new(0);
+
+fn proc_self_mem() -> std::io::Result<i32> {
+    let pid = crate::sys::getpid();
+    let fd = MEM_FD.load(Ordering::Acquire);
+    if fd >= 0 && MEM_OWNER.load(Ordering::Acquire) == pid {
+        return Ok(fd);
+    }
+    // SAFETY: open with a valid NUL-terminated path and constant flags.
+    let fd = unsafe { libc::open(c"/proc/self/mem".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(
+            error.kind(),
+            format!("cannot open /proc/self/mem: {error}"),
+        ));
+    }
+    MEM_FD.store(fd, Ordering::Release);
+    MEM_OWNER.store(pid, Ordering::Release);
+    Ok(fd)
+}
+
+/// Opens `/proc/self/mem` ahead of time, so that [`write_code`] neither allocates nor
+/// opens files while the target's threads are parked.
+pub fn prepare() -> std::io::Result<()> {
+    proc_self_mem().map(drop)
+}
+
+/// Writes `bytes` at `address` in this process, whatever the page's protection.
+/// After [`prepare`], this is a single `pwrite` system call and never allocates.
+pub fn write_code(address: u64, bytes: &[u8]) -> std::io::Result<()> {
+    let fd = proc_self_mem()?;
+    // SAFETY: pwrite reads `bytes`, which is valid for its length.
+    let written = unsafe {
+        libc::pwrite(
+            fd,
+            bytes.as_ptr().cast(),
+            bytes.len(),
+            address as libc::off_t,
+        )
+    };
+    if written == bytes.len() as isize {
+        Ok(())
+    } else if written < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Err(std::io::Error::other(format!(
+            "short write of code at {address:#x}"
+        )))
+    }
+}
+
+/// Reads `buffer.len()` bytes at `address` in this process; fails instead of faulting
+/// on an unmapped or unreadable address.
+pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
+    let fd = proc_self_mem()?;
+    // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
+    let read = unsafe {
+        libc::pread(
+            fd,
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            address as libc::off_t,
+        )
+    };
+    if read == buffer.len() as isize {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "cannot read {} bytes of code at {address:#x}",
+            buffer.len()
+        )))
+    }
+}
+
+/// One read+execute mapping, filled from the bottom.
+struct Chunk {
+    start: u64,
+    used: u64,
+}
+
+/// Hands out executable memory near requested addresses.
+pub struct CodeArena {
+    chunks: Mutex<Vec<Chunk>>,
+}
+
+impl Default for CodeArena {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CodeArena {
+    pub const fn new() -> Self {
+        CodeArena {
+            chunks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Returns the address of `len` bytes (16-byte aligned) of executable memory within
+    /// rel32 reach of `near`, or an explanation when the address space there is full.
+    pub fn allocate_near(&self, near: u64, len: u64) -> Result<u64, String> {
+        let len = (len + 15) & !15;
+        let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let reachable =
+            |start: u64, end: u64| start.abs_diff(near) < REACH && end.abs_diff(near) < REACH;
+        if let Some(chunk) = chunks
+            .iter_mut()
+            .find(|c| c.used + len <= CHUNK_SIZE && reachable(c.start, c.start + CHUNK_SIZE))
+        {
+            let address = chunk.start + chunk.used;
+            chunk.used += len;
+            return Ok(address);
+        }
+        let start = map_chunk_near(near)?;
+        chunks.push(Chunk { start, used: len });
+        Ok(start)
+    }
+}
+
+/// Maps a fresh read+execute chunk in a gap of the address space within reach of `near`.
+fn map_chunk_near(near: u64) -> Result<u64, String> {
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
+    let mut taken: Vec<(u64, u64)> = maps
+        .lines()
+        .filter_map(|line| {
+            let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+            Some((
+                u64::from_str_radix(start, 16).ok()?,
+                u64::from_str_radix(end, 16).ok()?,
+            ))
+        })
+        .collect();
+    taken.sort_unstable();
+    // Candidate addresses: just after and just before each mapping, closest first.
+    let mut candidates: Vec<u64> = taken
+        .iter()
+        .flat_map(|&(start, end)| [end, start.saturating_sub(CHUNK_SIZE)])
+        .filter(|&c| {
+            c >= 0x10000
+                && c % PAGE == 0
+                && c.abs_diff(near) < REACH
+                && (c + CHUNK_SIZE).abs_diff(near) < REACH
+        })
+        .filter(|&c| !taken.iter().any(|&(s, e)| c < e && s < c + CHUNK_SIZE))
+        .collect();
+    candidates.sort_by_key(|c| c.abs_diff(near));
+    for candidate in candidates {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping: the kernel
+        // either maps exactly at `candidate` in free space or fails.
+        let mapped = unsafe {
+            libc::mmap(
+                candidate as *mut libc::c_void,
+                CHUNK_SIZE as usize,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        if mapped != libc::MAP_FAILED && mapped as u64 == candidate {
+            return Ok(candidate);
+        }
+    }
+    Err(format!(
+        "no free address space within ±2 GiB of {near:#x} for a trampoline"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_near_executable_and_writable_through_proc_self_mem() {
+        let arena = CodeArena::new();
+        let near = write_code as *const () as u64;
+        let first = arena.allocate_near(near, 40).unwrap();
+        let second = arena.allocate_near(near, 8).unwrap();
+        assert!(first.abs_diff(near) < REACH);
+        assert_eq!(second, first + 48, "pieces are 16-byte aligned and packed");
+        // `mov eax, 42; ret`, written through /proc/self/mem into a read+execute page.
+        write_code(first, &[0xb8, 42, 0, 0, 0, 0xc3]).unwrap();
+        // SAFETY: `first` now holds a complete function with the C ABI returning an int.
+        let function: extern "C" fn() -> i32 = unsafe { std::mem::transmute(first as usize) };
+        assert_eq!(function(), 42);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let line = maps
+            .lines()
+            .find(|l| l.starts_with(&format!("{first:x}-")))
+            .unwrap();
+        assert!(
+            line.contains(" r-xp "),
+            "arena pages are never writable: {line}"
+        );
+    }
+}

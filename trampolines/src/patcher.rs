@@ -1,0 +1,419 @@
+//! The patch engine's bookkeeping: which functions are patched, by whom, with which
+//! trampoline, and with what id.
+//!
+//! Patching a batch of functions first *prepares* each one — reads its code, plans
+//! what its entry jump overwrites (`relocate`), refusing what cannot be proven safe,
+//! and builds its trampoline within ±2 GiB (`code_memory`, `stubs`) — and then writes
+//! all their jumps in one go (`patch_protocol`). An entry takes a 5-byte `jmp rel32`
+//! when it can; otherwise a 2-byte `jmp rel8` to a `jmp rel32` placed in dead padding
+//! nearby (`padding`). Function ids are never reused and trampolines never freed, so a
+//! counter keeps its meaning and a thread still inside a trampoline after a restore
+//! finishes correctly.
+
+use crate::branch_index::BranchIndex;
+use crate::code_memory::{self, CodeArena};
+use crate::padding::{self, PAD_LEN};
+use crate::patch_protocol::{self, Pad, Site};
+use crate::relocate::{self, EntryPlan, PatchStyle};
+use crate::stubs::{self, HookKind, ReturnHandlers, TrampolineCode};
+use crate::{shadow, slow_call, stop_world, thread_state, traps};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// Longest function body read for planning; longer bodies are scanned up to this much.
+const MAX_BODY_SCAN: u64 = 1 << 20;
+
+/// One function to patch.
+#[derive(Debug, Clone)]
+pub struct PatchRequest {
+    pub address: u64,
+    /// The function's size (symbol or FDE); its whole body is scanned for branches
+    /// back into the bytes the patch overwrites.
+    pub size: u64,
+    pub kind: HookKind,
+}
+
+/// A built trampoline, reusable while the function's bytes are unchanged.
+#[derive(Clone)]
+pub struct Trampoline {
+    /// Where the relocated first instructions start.
+    pub body: u64,
+    pub hook: u64,
+    /// Where a thread that traps on the entry's transient `int3` is sent.
+    pub trap_entry: u64,
+    /// Bytes at the function entry the trampoline was built from.
+    pub entry_bytes: Vec<u8>,
+    pub plan: EntryPlan,
+    /// (offset of an overwritten instruction in the function, offset of its copy).
+    pub instruction_map: Vec<(usize, usize)>,
+}
+
+/// Hook kinds compared by identity, for the trampoline cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum KindKey {
+    Count,
+    CountReturns,
+    Internal(usize),
+    Replace(u64),
+}
+
+impl From<HookKind> for KindKey {
+    fn from(kind: HookKind) -> Self {
+        match kind {
+            HookKind::Count => KindKey::Count,
+            HookKind::CountReturns => KindKey::CountReturns,
+            HookKind::Internal(handler) => KindKey::Internal(handler as usize),
+            HookKind::Replace(target) => KindKey::Replace(target),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Engine {
+    arena: CodeArena,
+    /// Function address → id. Ids are never reused, so counters stay meaningful.
+    ids: HashMap<u64, u32>,
+    /// Function address → its patch.
+    sites: HashMap<u64, Site>,
+    trampolines: HashMap<(u64, KindKey), Trampoline>,
+}
+
+static ENGINE: Mutex<Option<Engine>> = Mutex::new(None);
+
+fn engine() -> MutexGuard<'static, Option<Engine>> {
+    ENGINE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn return_handlers() -> ReturnHandlers {
+    ReturnHandlers {
+        before_push: shadow::before_push,
+        before_push_after_call: shadow::before_push_after_call,
+        mismatched_return: shadow::mismatched_return,
+    }
+}
+
+/// Everything the stubs and the protocol rely on, set up before the first patch.
+fn prepare() -> Result<(), String> {
+    thread_state::prepare()?;
+    slow_call::prepare();
+    code_memory::prepare().map_err(|e| e.to_string())?;
+    traps::install()?;
+    stop_world::install().map_err(|e| e.0)?;
+    Ok(())
+}
+
+/// Number of functions patched now.
+pub fn patched_count() -> usize {
+    engine().as_ref().map_or(0, |e| e.sites.len())
+}
+
+/// Patches a batch of functions for session `owner`, all in one stop of the process.
+/// `code_ranges` are the known functions around them (themselves included), whose code
+/// might branch into a patched entry. Returns, per request, the function's id or why
+/// it was not patched.
+pub fn patch(
+    owner: u64,
+    requests: &[PatchRequest],
+    code_ranges: &[(u64, u64)],
+) -> Vec<Result<u32, String>> {
+    let mut guard = engine();
+    let engine = guard.get_or_insert_with(Engine::default);
+    if let Err(reason) = prepare() {
+        return requests.iter().map(|_| Err(reason.clone())).collect();
+    }
+    let read = |at: u64, buffer: &mut [u8]| code_memory::read_code(at, buffer).is_ok();
+    let nearby = Nearby {
+        branches: BranchIndex::build(code_ranges, read),
+        ranges: code_ranges,
+    };
+    let mut results: Vec<Result<u32, String>> = Vec::with_capacity(requests.len());
+    let mut batch: Vec<Site> = Vec::new();
+    for request in requests {
+        let result = match engine.sites.get(&request.address) {
+            Some(site) if site.owner == owner => Ok(site.id),
+            Some(_) => Err("already instrumented by another tendril session".to_string()),
+            None if batch.iter().any(|s| s.function() == request.address) => Ok(batch
+                .iter()
+                .find(|s| s.function() == request.address)
+                .map_or(0, |s| s.id)),
+            None => engine
+                .prepare_site(owner, request, &nearby, &batch)
+                .map(|site| {
+                    let id = site.id;
+                    batch.push(site);
+                    id
+                }),
+        };
+        results.push(result);
+    }
+    if batch.is_empty() {
+        return results;
+    }
+    if let Err(reason) = patch_protocol::install(&mut batch) {
+        let failed: Vec<u32> = batch.iter().map(|s| s.id).collect();
+        for result in results.iter_mut() {
+            if matches!(result, Ok(id) if failed.contains(id)) {
+                *result = Err(reason.clone());
+            }
+        }
+        return results;
+    }
+    for site in batch {
+        engine.sites.insert(site.function(), site);
+    }
+    results
+}
+
+/// What is known of the code around a batch.
+struct Nearby<'a> {
+    branches: BranchIndex,
+    /// (start, size) of the known functions.
+    ranges: &'a [(u64, u64)],
+}
+
+impl Engine {
+    /// Plans the patch of one function and builds (or reuses) its trampoline. `batch`
+    /// holds the sites prepared so far in this batch (their pads are taken).
+    fn prepare_site(
+        &mut self,
+        owner: u64,
+        request: &PatchRequest,
+        nearby: &Nearby,
+        batch: &[Site],
+    ) -> Result<Site, String> {
+        let address = request.address;
+        if request.size == 0 {
+            return Err("its size is unknown (no symbol size and no unwind information)".into());
+        }
+        let mut code = vec![0u8; request.size.min(MAX_BODY_SCAN) as usize];
+        code_memory::read_code(address, &mut code).map_err(|e| e.to_string())?;
+        let (plan, pad_address) = self.choose_plan(request, &code, nearby, batch)?;
+        let id = self.id_for(address)?;
+        let key = (address, KindKey::from(request.kind));
+        let entry_len = plan.patch_offset + plan.overwritten_len;
+        let reusable = self
+            .trampolines
+            .get(&key)
+            .filter(|t| t.entry_bytes == code[..entry_len] && t.plan == plan)
+            .cloned();
+        let trampoline = match reusable {
+            Some(trampoline) => trampoline,
+            None => {
+                let trampoline = self.build_trampoline(address, &code, plan, id, request.kind)?;
+                self.trampolines.insert(key, trampoline.clone());
+                trampoline
+            }
+        };
+        let patch_at = address + trampoline.plan.patch_offset as u64;
+        let jump_len = trampoline.plan.jump_len;
+        let mut original = [0u8; patch_protocol::MAX_ENTRY_PATCH];
+        original[..jump_len].copy_from_slice(&code[trampoline.plan.patch_offset..][..jump_len]);
+        let pad = match pad_address {
+            Some(pad_address) => {
+                let mut pad_original = [0u8; PAD_LEN as usize];
+                code_memory::read_code(pad_address, &mut pad_original)
+                    .map_err(|e| e.to_string())?;
+                Some(Pad {
+                    address: pad_address,
+                    original: pad_original,
+                })
+            }
+            None => None,
+        };
+        traps::register_site(patch_at, trampoline.trap_entry)?;
+        Ok(Site {
+            patch_at,
+            original,
+            pad,
+            trampoline,
+            owner,
+            id,
+            recorded: [None, None],
+        })
+    }
+
+    /// Chooses how to patch the entry, in order of preference: a `jmp` that overwrites
+    /// no `call`; a call thunk for an entry that is a call; a short `jmp` to a pad that
+    /// overwrites no `call`; a `jmp` whose copy emulates a call (correct, but each
+    /// return of the callee misses the cpu's return prediction); a short `jmp` likewise.
+    fn choose_plan(
+        &self,
+        request: &PatchRequest,
+        code: &[u8],
+        nearby: &Nearby,
+        batch: &[Site],
+    ) -> Result<(EntryPlan, Option<u64>), String> {
+        let address = request.address;
+        let long = plan_checked(request, code, nearby, Style::Long);
+        let thunk_allowed = matches!(request.kind, HookKind::Count | HookKind::CountReturns);
+        let emulates = |plan: &EntryPlan| relocate::emulates_a_call(address, code, plan);
+        match &long {
+            Ok(plan) if !emulates(plan) => return Ok((plan.clone(), None)),
+            _ => {}
+        }
+        if thunk_allowed && let Ok(plan) = plan_checked(request, code, nearby, Style::CallThunk) {
+            return Ok((plan, None));
+        }
+        let short = plan_checked(request, code, nearby, Style::Short).and_then(|plan| {
+            let jump_end = address + (plan.patch_offset + plan.jump_len) as u64;
+            let taken: Vec<u64> = self
+                .sites
+                .values()
+                .chain(batch)
+                .filter_map(|s| s.pad.as_ref().map(|p| p.address))
+                .collect();
+            let mut ranges = nearby.ranges.to_vec();
+            ranges.push((address, request.size));
+            let read = |at: u64, buffer: &mut [u8]| code_memory::read_code(at, buffer).is_ok();
+            padding::find_pad(jump_end, &ranges, &taken, read)
+                .map(|pad| (plan, pad))
+                .ok_or_else(|| "there is no padding nearby for a short jump".to_string())
+        });
+        match (long, short) {
+            (_, Ok((plan, pad))) if !emulates(&plan) => Ok((plan, Some(pad))),
+            (Ok(plan), _) => Ok((plan, None)),
+            (Err(_), Ok((plan, pad))) => Ok((plan, Some(pad))),
+            (Err(long), Err(short)) => Err(format!("{long}; {short}")),
+        }
+    }
+
+    fn id_for(&mut self, address: u64) -> Result<u32, String> {
+        if let Some(&id) = self.ids.get(&address) {
+            return Ok(id);
+        }
+        let id = self.ids.len() as u32;
+        if id as usize >= thread_state::MAX_FUNCTION_IDS {
+            return Err(format!(
+                "more than {} different functions instrumented in this process",
+                thread_state::MAX_FUNCTION_IDS
+            ));
+        }
+        self.ids.insert(address, id);
+        Ok(id)
+    }
+
+    fn build_trampoline(
+        &mut self,
+        address: u64,
+        code: &[u8],
+        plan: EntryPlan,
+        id: u32,
+        kind: HookKind,
+    ) -> Result<Trampoline, String> {
+        let memory = self.arena.allocate_near(address, stubs::TRAMPOLINE_BYTES)?;
+        let mut instruction_map = Vec::new();
+        let thunk_returns_to = (plan.style == PatchStyle::CallThunk)
+            .then(|| address + (plan.patch_offset + plan.overwritten_len) as u64);
+        let TrampolineCode {
+            bytes,
+            hook,
+            body,
+            trap_entry,
+        } = stubs::build(
+            memory,
+            id,
+            kind,
+            return_handlers(),
+            thunk_returns_to,
+            |body| {
+                let relocated =
+                    relocate::relocate(address, code, &plan, body).map_err(|r| r.to_string())?;
+                instruction_map = relocated.instruction_map;
+                Ok(relocated.bytes)
+            },
+        )?;
+        code_memory::write_code(memory, &bytes)
+            .map_err(|e| format!("cannot write a trampoline: {e}"))?;
+        if let HookKind::Replace(target) = kind
+            && target == shadow::backtrace_replacement as *const () as u64
+        {
+            shadow::BACKTRACE_BODY.store(body, std::sync::atomic::Ordering::Release);
+        }
+        Ok(Trampoline {
+            body,
+            hook,
+            trap_entry,
+            entry_bytes: code[..plan.patch_offset + plan.overwritten_len].to_vec(),
+            plan,
+            instruction_map,
+        })
+    }
+}
+
+/// Which plan [`plan_checked`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Long,
+    Short,
+    CallThunk,
+}
+
+/// Plans an entry patch of the given style and checks that no nearby code branches
+/// into what it overwrites.
+fn plan_checked(
+    request: &PatchRequest,
+    code: &[u8],
+    nearby: &Nearby,
+    style: Style,
+) -> Result<EntryPlan, String> {
+    let address = request.address;
+    let plan = match style {
+        Style::Long => relocate::plan_entry_patch(address, code),
+        Style::Short => relocate::plan_short_entry_patch(address, code),
+        Style::CallThunk => relocate::plan_call_thunk(address, code),
+    }
+    .map_err(|r| r.to_string())?;
+    let patch_start = address + plan.patch_offset as u64;
+    let body = address..address + request.size;
+    let into = nearby
+        .branches
+        .landing_in(patch_start + 1, patch_start + plan.overwritten_len as u64);
+    // Branches inside the body were checked by the plan, which knows which are its own.
+    if let Some(&(from, to)) = into.iter().find(|(from, to)| {
+        !body.contains(from) && relocate::lands_inside_patch(&plan, address, *to)
+    }) {
+        return Err(relocate::Refusal::BranchIntoPatch { from, to }.to_string());
+    }
+    Ok(plan)
+}
+
+/// Restores the functions patched by `owner` (every function for `None`); returns how
+/// many were restored.
+pub fn restore(owner: Option<u64>) -> usize {
+    let mut guard = engine();
+    let Some(engine) = guard.as_mut() else {
+        return 0;
+    };
+    let chosen: Vec<u64> = engine
+        .sites
+        .iter()
+        .filter(|(_, site)| owner.is_none_or(|o| site.owner == o))
+        .map(|(&address, _)| address)
+        .collect();
+    restore_addresses(engine, &chosen)
+}
+
+/// Restores the given functions of `owner`; returns how many were restored.
+pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
+    let mut guard = engine();
+    let Some(engine) = guard.as_mut() else {
+        return 0;
+    };
+    let owned: Vec<u64> = addresses
+        .iter()
+        .copied()
+        .filter(|address| engine.sites.get(address).is_some_and(|s| s.owner == owner))
+        .collect();
+    restore_addresses(engine, &owned)
+}
+
+fn restore_addresses(engine: &mut Engine, addresses: &[u64]) -> usize {
+    let sites: Vec<Site> = addresses
+        .iter()
+        .filter_map(|address| engine.sites.remove(address))
+        .collect();
+    patch_protocol::restore(&sites);
+    sites.len()
+}

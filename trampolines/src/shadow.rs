@@ -1,0 +1,292 @@
+//! The shadow stack's slow paths: frames that never return normally, and unwinders.
+//!
+//! The return hook keeps each hooked frame's real return address in the thread's shadow
+//! stack, keyed by the address of the stack slot it came from. Frames can leave without
+//! returning — `longjmp`, a C++ exception or Rust panic, thread exit or cancellation —
+//! and an unwinder must never find a trampoline address in a return slot (it has no
+//! unwind information, and the program would abort). The one idea: the shadow stack is
+//! kept consistent *lazily*, by comparing slot addresses with the stack pointer:
+//!
+//! * an entry whose slot lies at or below a new frame's slot belongs to a frame that is
+//!   gone: it is dropped when the next entry is pushed, or when a return skips it;
+//! * when an unwinder starts (`_Unwind_RaiseException`, `_Unwind_Resume`, forced
+//!   unwinding for `pthread_exit`, `_Unwind_Backtrace`...), every hooked slot of the
+//!   thread gets its real return address back, and the unwinder's stack pointer is
+//!   noted. A hook that later runs *above* that frame proves the unwinder is done (it
+//!   returned, or jumped to a landing pad up the stack): the entries of frames that are
+//!   gone are dropped, and the hooks of frames that survived go back in. A catch
+//!   (`__cxa_begin_catch`, Rust's `__rust_panic_cleanup`) is such a hook, so a frame
+//!   that catches an exception still has its return counted.
+//!
+//! A return that finds no entry at all would have nowhere to go; dropped entries are
+//! kept in a small graveyard for that case, and if even that fails the process is
+//! stopped with a message rather than sent to a random address.
+
+use crate::slow_call::SavedRegisters;
+use crate::stubs::RETURN_HOOK_PUSHES;
+use crate::sys;
+use crate::thread_state::{
+    self, ENTRY_RESTORED, FLAG_PASSTHROUGH, FLAG_RECONCILE, GRAVEYARD_ENTRIES,
+    MAX_NESTED_UNWINDERS, ShadowEntry, ThreadState,
+};
+
+/// Runs `body` on the calling thread's state with its hooks stepping aside (agent code
+/// running on a target thread must not re-enter the hooks). `None` for agent threads
+/// and threads without state.
+fn with_own_state<R>(body: impl FnOnce(&mut ThreadState) -> R) -> Option<R> {
+    let state = thread_state::current();
+    if state.is_null() {
+        return None;
+    }
+    // SAFETY: a thread's state is written only by that thread (the agent's collectors
+    // only read counters); the region is mapped for the life of the process.
+    let state = unsafe { &mut *state };
+    if state.is_agent != 0 {
+        return None;
+    }
+    let previous = state.flags;
+    state.flags |= FLAG_PASSTHROUGH;
+    let result = body(state);
+    state.flags = (state.flags & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH);
+    Some(result)
+}
+
+/// Reads the word at `address` of this thread's stack.
+fn read_slot(address: u64) -> u64 {
+    // SAFETY: `address` is a return-address slot the shadow stack recorded for a frame
+    // of the calling thread that lies above the current stack pointer.
+    unsafe { std::ptr::read_volatile(address as *const u64) }
+}
+
+fn write_slot(address: u64, value: u64) {
+    // SAFETY: as in `read_slot`; the slot belongs to a live frame of this thread.
+    unsafe { std::ptr::write_volatile(address as *mut u64, value) }
+}
+
+/// Entry slow path of the return hook (a gone frame on top, or hooks to re-install).
+/// The new frame's return slot is just above the stub's four pushes.
+pub extern "C" fn before_push(registers: &mut SavedRegisters) {
+    let new_slot = registers.caller_stack_pointer() + RETURN_HOOK_PUSHES * 8;
+    with_own_state(|state| reconcile(state, new_slot));
+}
+
+/// [`before_push`] for a hook reached through a call thunk: the thunk's return address
+/// lies between the stub's pushes and the function's return slot.
+pub extern "C" fn before_push_after_call(registers: &mut SavedRegisters) {
+    let new_slot = registers.caller_stack_pointer() + RETURN_HOOK_PUSHES * 8 + 8;
+    with_own_state(|state| reconcile(state, new_slot));
+}
+
+/// Brings the shadow stack up to date for a hook running with its return slot at
+/// `slot`: entries of frames at or below `slot` are gone; if no unwinder is walking the
+/// stack, the hooks it took out of surviving frames go back in.
+fn reconcile(state: &mut ThreadState, slot: u64) {
+    prune(state, slot);
+    if state.unwinder_count == 0 && state.flags & FLAG_RECONCILE != 0 {
+        reinstall_hooks(state);
+    }
+}
+
+/// Drops the entries, from the top, whose frames are gone given that a frame's return
+/// slot is now at `slot` — on the same stack: entries on another stack (a signal
+/// handler on its alternate stack) are kept.
+fn prune(state: &mut ThreadState, slot: u64) {
+    let alternate = sys::on_alternate_signal_stack();
+    let same_stack = |entry_slot: u64| match alternate {
+        Some((low, high)) => (low..high).contains(&entry_slot) == (low..high).contains(&slot),
+        None => true,
+    };
+    while let Some(top) = state.top_entry() {
+        if top.slot > slot || !same_stack(top.slot) {
+            return;
+        }
+        drop_top(state);
+    }
+}
+
+/// Moves the top entry to the graveyard and counts its frame as unwound.
+fn drop_top(state: &mut ThreadState) {
+    let Some(entry) = state.pop_entry() else {
+        return;
+    };
+    let index = state.graveyard_next as usize % GRAVEYARD_ENTRIES;
+    state.graveyard[index] = entry;
+    state.graveyard_next += 1;
+    state.unwound_frames += 1;
+}
+
+/// Puts the exit back in the slots whose real return address was restored for an
+/// unwinder, where the frame is still there (the slot still holds that address).
+fn reinstall_hooks(state: &mut ThreadState) {
+    // SAFETY: the calling thread owns `state` and its hooks step aside.
+    for entry in unsafe { state.shadow_entries() } {
+        if entry.function & ENTRY_RESTORED != 0 && read_slot(entry.slot) == entry.return_address {
+            write_slot(entry.slot, entry.exit);
+            entry.function &= !ENTRY_RESTORED;
+        }
+    }
+    state.flags &= !FLAG_RECONCILE;
+}
+
+/// Exit slow path: the return's slot is not the top entry's. Finds the entry (dropping
+/// the entries above it, whose frames were skipped), writes the real return address
+/// into the slot the exit reserved, and counts the return.
+pub extern "C" fn mismatched_return(registers: &mut SavedRegisters) {
+    let slot = registers.caller_stack_pointer() + RETURN_HOOK_PUSHES * 8;
+    let found = with_own_state(|state| {
+        // SAFETY: the calling thread owns `state` and its hooks step aside.
+        let position = unsafe { state.shadow_entries() }
+            .iter()
+            .rposition(|e| e.slot == slot);
+        let entry = match position {
+            Some(index) => {
+                while state.shadow_len() > index + 1 {
+                    drop_top(state);
+                }
+                state.pop_entry()
+            }
+            None => take_from_graveyard(state, slot),
+        };
+        if let Some(entry) = entry {
+            state.count_return((entry.function & !ENTRY_RESTORED) as u32);
+            // The frame returned normally: anything below it is gone, and an unwinder
+            // that ran below it is done.
+            reconcile(state, slot);
+        }
+        entry
+    });
+    match found {
+        Some(Some(entry)) => write_slot(slot, entry.return_address),
+        _ => sys::fatal(
+            "tendril: a hooked function returned through a frame tendril has no record of; \
+             stopping the process rather than returning to an unknown address\n",
+        ),
+    }
+}
+
+/// The most recently dropped entry for `slot`, taken out of the graveyard.
+fn take_from_graveyard(state: &mut ThreadState, slot: u64) -> Option<ShadowEntry> {
+    let newest = state.graveyard_next as usize;
+    (0..GRAVEYARD_ENTRIES.min(newest)).find_map(|age| {
+        let index = (newest - 1 - age) % GRAVEYARD_ENTRIES;
+        let entry = &mut state.graveyard[index];
+        if entry.slot != slot || entry.return_address == 0 {
+            return None;
+        }
+        let taken = *entry;
+        entry.return_address = 0;
+        Some(taken)
+    })
+}
+
+/// Internal hook on the unwinder's entry points. The hooked function's return slot is
+/// just above the internal hook's pushed `r11`.
+pub extern "C" fn unwinder_starts(registers: &mut SavedRegisters) {
+    let slot = registers.caller_stack_pointer() + 8;
+    with_own_state(|state| begin_unwinding(state, slot));
+}
+
+/// Every hooked slot of the thread gets its real return address back, and the
+/// unwinder's frame is noted. An unwinder entered from a frame below this one is over:
+/// `_Unwind_Resume` from a cleanup landing pad continues the exception whose
+/// `_Unwind_RaiseException` ran further down.
+fn begin_unwinding(state: &mut ThreadState, slot: u64) {
+    while state.unwinder_count > 0 && state.unwinders[state.unwinder_count as usize - 1] <= slot {
+        state.unwinder_count -= 1;
+    }
+    if (state.unwinder_count as usize) < MAX_NESTED_UNWINDERS {
+        state.unwinders[state.unwinder_count as usize] = slot;
+        state.unwinder_count += 1;
+    }
+    // SAFETY: the calling thread owns `state` and its hooks step aside.
+    for entry in unsafe { state.shadow_entries() } {
+        if entry.function & ENTRY_RESTORED == 0 && read_slot(entry.slot) == entry.exit {
+            write_slot(entry.slot, entry.return_address);
+            entry.function |= ENTRY_RESTORED;
+        }
+    }
+    state.flags |= FLAG_RECONCILE;
+}
+
+/// Internal hook on the functions a catch calls (`__cxa_begin_catch`, Rust's
+/// `__rust_panic_cleanup`): the innermost exception's unwinding is over, frames below
+/// the catch are gone, and — unless another unwinder is still walking — the frames
+/// that survived get their return hooks back.
+pub extern "C" fn exception_caught(registers: &mut SavedRegisters) {
+    let slot = registers.caller_stack_pointer() + 8;
+    with_own_state(|state| {
+        state.unwinder_count = state.unwinder_count.saturating_sub(1);
+        reconcile(state, slot);
+    });
+}
+
+/// The relocated entry of the real `_Unwind_Backtrace`, set when it is patched.
+pub static BACKTRACE_BODY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Stands in for `_Unwind_Backtrace`: the walk sees the real return addresses, and the
+/// hooks go back in as soon as it returns (it unwinds nothing).
+pub extern "C" fn backtrace_replacement(
+    trace: *mut libc::c_void,
+    argument: *mut libc::c_void,
+) -> libc::c_int {
+    type Backtrace = extern "C" fn(*mut libc::c_void, *mut libc::c_void) -> libc::c_int;
+    // Our own return slot: the stand-in was jumped to, so the caller's return address
+    // is where our frame begins.
+    let slot = stack_pointer_at_entry();
+    with_own_state(|state| begin_unwinding(state, slot));
+    let body = BACKTRACE_BODY.load(std::sync::atomic::Ordering::Acquire);
+    // SAFETY: BACKTRACE_BODY holds the relocated entry of the real _Unwind_Backtrace,
+    // which has exactly this signature; it is set before the patch that leads here.
+    let real: Backtrace = unsafe { std::mem::transmute(body as usize) };
+    let result = real(trace, argument);
+    with_own_state(|state| {
+        if state.unwinder_count > 0 && state.unwinders[state.unwinder_count as usize - 1] == slot {
+            state.unwinder_count -= 1;
+        }
+        reconcile(state, slot);
+    });
+    result
+}
+
+/// An address just below the caller's frame: every frame of the caller's callees,
+/// and no frame of the caller, lies below it.
+#[inline(always)]
+fn stack_pointer_at_entry() -> u64 {
+    let stack_pointer: u64;
+    // SAFETY: reads rsp.
+    unsafe { std::arch::asm!("mov {}, rsp", out(reg) stack_pointer, options(nomem, nostack)) };
+    stack_pointer
+}
+
+impl ThreadState {
+    fn shadow_len(&self) -> usize {
+        (self.shadow_top - self.shadow_base) as usize / thread_state::ENTRY_SIZE as usize
+    }
+
+    fn top_entry(&self) -> Option<ShadowEntry> {
+        (self.shadow_top > self.shadow_base).then(|| {
+            // SAFETY: the entry below the top lies in the shadow region and is
+            // initialised.
+            unsafe { *((self.shadow_top - thread_state::ENTRY_SIZE as u64) as *const ShadowEntry) }
+        })
+    }
+
+    fn pop_entry(&mut self) -> Option<ShadowEntry> {
+        let top = self.top_entry()?;
+        self.shadow_top -= thread_state::ENTRY_SIZE as u64;
+        Some(top)
+    }
+
+    fn count_return(&mut self, id: u32) {
+        if (id as usize) < thread_state::MAX_FUNCTION_IDS {
+            let base = self as *mut ThreadState as *mut u8;
+            // SAFETY: the counter lies inside this thread's region; only this thread
+            // writes it.
+            unsafe {
+                *base
+                    .add(thread_state::RETURNS_OFFSET + id as usize * 8)
+                    .cast::<u64>() += 1;
+            }
+        }
+    }
+}

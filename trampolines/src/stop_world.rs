@@ -1,0 +1,287 @@
+//! Stopping the process's other threads for the microseconds a code patch needs.
+//!
+//! The one idea: a thread may be *between* two of the instructions a patch overwrites,
+//! and would resume in the middle of the new bytes. Only threads that are executing
+//! user code can be there. So the agent sends a private real-time signal to every
+//! thread that is running (or in an uninterruptible sleep, such as a page fault on the
+//! function's first page); the handler publishes the interrupted context (`ucontext`)
+//! and parks on a futex, and the patcher moves any parked pc that lies inside the
+//! overwritten bytes to the same instruction in the trampoline's copy. Threads sleeping
+//! in a system call are left alone — their pc follows a `syscall`, which the planner
+//! never lets sit inside a patch, and a signal would make calls like `nanosleep` or
+//! `epoll_wait` fail with EINTR. A running thread that blocks the signal cannot be
+//! parked; it must be seen asleep in the kernel once before the patch goes ahead.
+//!
+//! Every signal carries the number of the stop it belongs to, so a signal that arrives
+//! late never counts as a thread parked for a later stop. Nothing here allocates once
+//! the first signal is sent: a parked thread may hold the allocator's lock.
+
+use crate::sys;
+use crate::tasks::{self, TaskState};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// Most threads one stop can park.
+const MAX_PARKED: usize = 4096;
+/// How long running threads may take to park, or signal-blocking ones to fall asleep.
+const STOP_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The stop in progress (0 when none): handlers park only for their own stop.
+static STOP_IN_PROGRESS: AtomicU32 = AtomicU32::new(0);
+/// The last stop whose threads were released; parked handlers wait until it is theirs.
+static RELEASED: AtomicU32 = AtomicU32::new(0);
+static ARRIVED: AtomicUsize = AtomicUsize::new(0);
+/// Threads inside the park handler now (parked, or leaving after a release).
+static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
+static PARKED_CONTEXTS: [AtomicPtr<libc::ucontext_t>; MAX_PARKED] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_PARKED];
+/// The signal chosen for parking, once installed.
+static PARK_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// One stop at a time; holds the number of the last stop.
+static STOP_LOCK: Mutex<u32> = Mutex::new(0);
+
+/// A parked thread's interrupted context, which the patcher may edit.
+pub struct ParkedThread {
+    context: *mut libc::ucontext_t,
+}
+
+impl ParkedThread {
+    pub fn pc(&self) -> u64 {
+        // SAFETY: the context belongs to a thread parked in our handler until release;
+        // the kernel-provided ucontext stays valid while that handler frame exists.
+        unsafe { (*self.context).uc_mcontext.gregs[libc::REG_RIP as usize] as u64 }
+    }
+
+    pub fn set_pc(&mut self, pc: u64) {
+        // SAFETY: as in `pc`; the parked thread does not touch its context until
+        // release, and the kernel restores the edited rip when the handler returns.
+        unsafe { (*self.context).uc_mcontext.gregs[libc::REG_RIP as usize] = pc as i64 }
+    }
+}
+
+/// Why the world could not be stopped.
+#[derive(Debug)]
+pub struct StopError(pub String);
+
+/// The signals a handler must never block: a fault or trap raised while it is blocked
+/// kills the process instead of reaching its handler.
+pub const SYNCHRONOUS_SIGNALS: [i32; 5] = [
+    libc::SIGTRAP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+];
+
+/// Installs the park handler on a free real-time signal. Idempotent.
+pub fn install() -> Result<i32, StopError> {
+    let installed = PARK_SIGNAL.load(Ordering::Acquire);
+    if installed != 0 {
+        return Ok(installed);
+    }
+    // Prefer high real-time signals, which applications rarely use; skip any the
+    // target has a handler for.
+    for signal in (libc::SIGRTMIN() + 4..=libc::SIGRTMAX()).rev() {
+        // SAFETY: a zeroed sigaction is a valid output buffer; with a null new action
+        // sigaction only reports the current disposition.
+        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } != 0
+            || current.sa_sigaction != libc::SIG_DFL
+        {
+            continue;
+        }
+        // SAFETY: installs an SA_SIGINFO handler with the matching signature. The mask
+        // blocks every other signal while a thread is parked, except the synchronous
+        // ones, which must stay deliverable.
+        let done = unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = park_handler as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigfillset(&mut action.sa_mask);
+            for synchronous in SYNCHRONOUS_SIGNALS {
+                libc::sigdelset(&mut action.sa_mask, synchronous);
+            }
+            libc::sigaction(signal, &action, std::ptr::null_mut()) == 0
+        };
+        if done {
+            PARK_SIGNAL.store(signal, Ordering::Release);
+            return Ok(signal);
+        }
+    }
+    Err(StopError(
+        "no free real-time signal to stop threads with".into(),
+    ))
+}
+
+extern "C" fn park_handler(
+    _signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
+    IN_HANDLER.fetch_add(1, Ordering::AcqRel);
+    park(info, context);
+    IN_HANDLER.fetch_sub(1, Ordering::AcqRel);
+}
+
+fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+    // SAFETY: the kernel passes the siginfo of the signal being handled.
+    let stop = unsafe { sys::signal_value(info) };
+    if stop == 0 || STOP_IN_PROGRESS.load(Ordering::Acquire) != stop {
+        return; // A late signal of a stop that has ended.
+    }
+    let slot = ARRIVED.fetch_add(1, Ordering::AcqRel);
+    if slot < MAX_PARKED {
+        PARKED_CONTEXTS[slot].store(context.cast(), Ordering::Release);
+    }
+    loop {
+        let released = RELEASED.load(Ordering::Acquire);
+        if released >= stop {
+            break;
+        }
+        sys::futex_wait(&RELEASED, released);
+    }
+}
+
+/// How a thread is handled by one stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Asleep in the kernel, stopped or gone: nothing to do.
+    Leave,
+    /// Signalled; expected to park.
+    Park,
+    /// Running with the park signal blocked: must be seen asleep in the kernel.
+    AwaitSleep,
+}
+
+/// Runs `work` with every running thread of the process parked (see the module
+/// comment), passing their contexts. Returns an error — without calling `work` — if
+/// some thread could not be stopped in time. `work` must not allocate or lock.
+pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Result<R, StopError> {
+    let signal = install()?;
+    let me = sys::gettid();
+    // Threads still leaving the handler after the last stop run with every signal
+    // blocked (the handler's mask) and would look like threads that block ours.
+    let settle = Instant::now() + STOP_TIMEOUT;
+    while IN_HANDLER.load(Ordering::Acquire) > 0 && Instant::now() < settle {
+        std::thread::yield_now();
+    }
+    let mut threads: Vec<(i32, Plan)> = Vec::with_capacity(256);
+    tasks::for_each_thread(|tid| {
+        if tid != me {
+            threads.push((tid, Plan::Leave));
+        }
+    });
+    let mut parked: Vec<ParkedThread> = Vec::with_capacity(threads.len() + 16);
+    for (tid, plan) in threads.iter_mut() {
+        *plan = match tasks::state(*tid) {
+            TaskState::Sleeping | TaskState::Stopped | TaskState::Gone => Plan::Leave,
+            _ if tasks::blocks_signal(*tid, signal) => Plan::AwaitSleep,
+            _ => Plan::Park,
+        };
+    }
+    let mut last_stop = STOP_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let stop = *last_stop + 1;
+    *last_stop = stop;
+    ARRIVED.store(0, Ordering::Release);
+    STOP_IN_PROGRESS.store(stop, Ordering::Release);
+
+    // From here until release: no allocation.
+    for (tid, plan) in threads.iter_mut() {
+        if *plan == Plan::Park && !sys::signal_thread_with_value(*tid, signal, stop) {
+            *plan = Plan::Leave; // Exited meanwhile.
+        }
+    }
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    let mut stubborn = 0;
+    let ready = loop {
+        for (tid, plan) in threads.iter_mut() {
+            if *plan != Plan::AwaitSleep {
+                continue;
+            }
+            if matches!(tasks::state(*tid), TaskState::Sleeping | TaskState::Gone) {
+                *plan = Plan::Leave;
+            } else if !tasks::blocks_signal(*tid, signal) {
+                // It unblocked the signal (it left a handler): park it after all.
+                *plan = if sys::signal_thread_with_value(*tid, signal, stop) {
+                    Plan::Park
+                } else {
+                    Plan::Leave
+                };
+            }
+        }
+        let expected = threads
+            .iter()
+            .filter(|(tid, plan)| *plan == Plan::Park && sys::thread_exists(*tid))
+            .count();
+        let arrived = ARRIVED.load(Ordering::Acquire);
+        let awaiting = threads.iter().find(|(_, plan)| *plan == Plan::AwaitSleep);
+        if arrived >= expected && awaiting.is_none() {
+            break arrived <= MAX_PARKED;
+        }
+        if Instant::now() >= deadline {
+            stubborn = awaiting.map_or(0, |&(tid, _)| tid);
+            break false;
+        }
+        std::thread::yield_now();
+    };
+    let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
+    let result = if ready {
+        parked.extend(PARKED_CONTEXTS[..arrived].iter().map(|c| ParkedThread {
+            context: c.load(Ordering::Acquire),
+        }));
+        Ok(work(&mut parked))
+    } else {
+        Err(arrived)
+    };
+    STOP_IN_PROGRESS.store(0, Ordering::Release);
+    RELEASED.store(stop, Ordering::Release);
+    sys::futex_wake_all(&RELEASED);
+    drop(last_stop);
+    result.map_err(|arrived| {
+        let signalled = threads.iter().filter(|(_, p)| *p == Plan::Park).count();
+        StopError(if stubborn != 0 {
+            format!(
+                "thread {stubborn} blocks tendril's stop signal and kept running for {} ms; \
+                 nothing was patched",
+                STOP_TIMEOUT.as_millis()
+            )
+        } else {
+            format!(
+                "only {arrived} of {signalled} running threads stopped within {} ms; \
+                 nothing was patched",
+                STOP_TIMEOUT.as_millis()
+            )
+        })
+    })
+}
+
+/// Makes every core discard prefetched instructions of this process, so that no thread
+/// executes stale bytes of code that was just rewritten.
+pub fn serialize_all_cores() {
+    use std::sync::Once;
+    const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: u64 = 1 << 5;
+    const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: u64 = 1 << 6;
+    static REGISTER: Once = Once::new();
+    // SAFETY: membarrier takes no pointers; registering first is what the kernel
+    // requires before the expedited sync-core command may be used.
+    unsafe {
+        REGISTER.call_once(|| {
+            sys::syscall4(
+                libc::SYS_membarrier,
+                MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE,
+                0,
+                0,
+                0,
+            );
+        });
+        sys::syscall4(
+            libc::SYS_membarrier,
+            MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE,
+            0,
+            0,
+            0,
+        );
+    }
+}

@@ -1,0 +1,498 @@
+//! The machine code of a trampoline: the hook that runs at a patched function's entry,
+//! and the relocated first instructions of the function.
+//!
+//! A trampoline is one block of executable memory: the hook's slow paths, then the
+//! *hook* itself, where the patch at the function entry jumps, then the *body* — the
+//! function's overwritten instructions re-encoded for their new address, and a jump
+//! back into the function. The hook saves the few registers it uses (and the flags,
+//! with `lahf`/`seto`, much cheaper than `pushfq`/`popfq`), finds the thread's state
+//! through the TLS slot, does its work and falls through into the body.
+//!
+//! The return hook does not overwrite the return address in place: it takes the return
+//! address off the stack into the thread's shadow stack and *calls* the body, so the
+//! `call` itself puts the hook's exit address where the return address was. The
+//! function sees the same stack layout (its stack arguments stay at `rsp+8`...), and
+//! the cpu's return-stack predictor stays balanced: the function's `ret` returns to the
+//! exit as predicted, and the exit's `ret` to the real caller as predicted.
+//!
+//! Registers, flags and the vector state are preserved on every path; the exit path
+//! leaves the return registers (rax, rdx, xmm0, xmm1, st0) as the function set them.
+
+use crate::slow_call::{self, Handler};
+use crate::thread_state::{
+    self, ENTRY_EXIT, ENTRY_FUNCTION, ENTRY_RETURN_ADDRESS, ENTRY_SIZE, ENTRY_SLOT,
+    FLAG_PASSTHROUGH, FLAG_RECONCILE, STATE_FLAGS, STATE_SHADOW_BASE, STATE_SHADOW_LIMIT,
+    STATE_SHADOW_OVERFLOWS, STATE_SHADOW_TOP,
+};
+use iced_x86::BlockEncoderOptions;
+use iced_x86::code_asm::*;
+
+/// Room for one trampoline (body + hook); checked when the code is built.
+pub const TRAMPOLINE_BYTES: u64 = 512;
+/// Registers the return hook pushes below the return-address slot.
+pub const RETURN_HOOK_PUSHES: u64 = 4;
+
+/// What the hook at a function's entry does.
+#[derive(Debug, Clone, Copy)]
+pub enum HookKind {
+    /// Count the call in the thread's call counter.
+    Count,
+    /// Count the call, hook the return (shadow stack) and count normal returns.
+    CountReturns,
+    /// Call an agent handler with all registers saved, then run the function.
+    Internal(Handler),
+    /// Jump to an agent function with the function's own signature instead; it calls
+    /// the original through the trampoline's body.
+    Replace(u64),
+}
+
+/// The agent handlers the return hook's slow paths call.
+#[derive(Debug, Clone, Copy)]
+pub struct ReturnHandlers {
+    /// The top shadow entry's frame is gone (or entries need re-installing): the handler
+    /// prunes and reconciles before the new entry is pushed.
+    pub before_push: Handler,
+    /// The same, for a hook reached through a call thunk (one more word on the stack).
+    pub before_push_after_call: Handler,
+    /// A return whose slot does not match the top shadow entry; the handler finds the
+    /// entry and writes the real return address into the reserved slot.
+    pub mismatched_return: Handler,
+}
+
+/// A trampoline's code and the addresses that matter in it.
+#[derive(Debug, Clone)]
+pub struct TrampolineCode {
+    /// The whole trampoline, to be written at its address.
+    pub bytes: Vec<u8>,
+    /// Where the function-entry patch jumps (and a trapped thread is sent).
+    pub hook: u64,
+    /// Where the relocated body starts.
+    pub body: u64,
+    /// Where a thread that trapped on the entry's transient `int3` continues.
+    pub trap_entry: u64,
+}
+
+/// The labels every hook defines: where the patch jumps, where a trapped thread goes,
+/// and where the body goes.
+struct Layout {
+    assembler: CodeAssembler,
+    entry: CodeLabel,
+    /// Only for a call thunk; otherwise a trapped thread goes to the entry.
+    trap_entry: Option<CodeLabel>,
+    body: CodeLabel,
+}
+
+/// Builds the trampoline for function `id` at `address`. `body_at` relocates the
+/// function's overwritten instructions for the address the body will have and returns
+/// their bytes (ending with the jump back into the function). `thunk_returns_to` is set
+/// for a call thunk: the address the patched `call` returns to.
+pub fn build(
+    address: u64,
+    id: u32,
+    kind: HookKind,
+    return_handlers: ReturnHandlers,
+    thunk_returns_to: Option<u64>,
+    body_at: impl FnOnce(u64) -> Result<Vec<u8>, String>,
+) -> Result<TrampolineCode, String> {
+    let assembled = (|| -> Result<_, IcedError> {
+        let after_call = thunk_returns_to.is_some();
+        let layout = new_layout(thunk_returns_to)?;
+        let mut layout = match kind {
+            HookKind::Count => count_hook(layout, id)?,
+            HookKind::CountReturns => count_returns_hook(layout, id, return_handlers, after_call)?,
+            HookKind::Internal(handler) => internal_hook(layout, handler)?,
+            HookKind::Replace(target) => replace_hook(layout, target)?,
+        };
+        // The body label needs an instruction: a one-byte placeholder, replaced below.
+        layout.assembler.set_label(&mut layout.body)?;
+        layout.assembler.nop()?;
+        let result = layout
+            .assembler
+            .assemble_options(address, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+        let hook = result.label_ip(&layout.entry)?;
+        let body = result.label_ip(&layout.body)?;
+        let trap = match &layout.trap_entry {
+            Some(label) => result.label_ip(label)?,
+            None => hook,
+        };
+        Ok((result.inner.code_buffer, hook, body, trap))
+    })()
+    .map_err(|e| format!("cannot assemble a hook: {e}"))?;
+    let (mut bytes, hook, body, trap_entry) = assembled;
+    bytes.truncate((body - address) as usize);
+    bytes.extend_from_slice(&body_at(body)?);
+    if bytes.len() as u64 > TRAMPOLINE_BYTES {
+        return Err(format!(
+            "a trampoline needs {} bytes, more than the {TRAMPOLINE_BYTES} reserved",
+            bytes.len()
+        ));
+    }
+    Ok(TrampolineCode {
+        bytes,
+        hook,
+        body,
+        trap_entry,
+    })
+}
+
+/// Starts a trampoline. For a call thunk it begins with the trap entry: a thread that
+/// traps on the entry's transient `int3` has not made the thunk's call, so the trap
+/// entry pushes the call's return address first, then goes to the hook.
+fn new_layout(thunk_returns_to: Option<u64>) -> Result<Layout, IcedError> {
+    let mut assembler = CodeAssembler::new(64)?;
+    let entry = assembler.create_label();
+    let body = assembler.create_label();
+    let mut trap_entry = None;
+    if let Some(returns_to) = thunk_returns_to {
+        let a = &mut assembler;
+        let mut label = a.create_label();
+        a.set_label(&mut label)?;
+        trap_entry = Some(label);
+        a.lea(rsp, qword_ptr(rsp - 8))?;
+        a.mov(dword_ptr(rsp), returns_to as u32)?;
+        a.mov(dword_ptr(rsp + 4), (returns_to >> 32) as u32)?;
+        a.jmp(entry)?;
+    }
+    Ok(Layout {
+        assembler,
+        entry,
+        trap_entry,
+        body,
+    })
+}
+
+/// `mov reg, fs:[slot]`: the thread's state (0 before it registered).
+fn load_state(a: &mut CodeAssembler, register: AsmRegister64) -> Result<(), IcedError> {
+    a.mov(register, qword_ptr(thread_state::slot_offset() as i64).fs())
+}
+
+/// Calls `handler` through `tendril_slow_call`; `r11` must have been saved.
+fn call_slow(
+    a: &mut CodeAssembler,
+    handler: Handler,
+    slow_call: CodeLabel,
+) -> Result<(), IcedError> {
+    a.mov(r11, handler as usize as u64)?;
+    a.call(qword_ptr(slow_call))
+}
+
+/// The data word holding `tendril_slow_call`'s address (it may be far away).
+fn slow_call_pointer(a: &mut CodeAssembler, label: &mut CodeLabel) -> Result<(), IcedError> {
+    a.set_label(label)?;
+    a.dq(&[slow_call::address()])
+}
+
+/// Flags into ah (SF ZF AF PF CF) and al (OF); rax must have been saved.
+fn save_flags(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.lahf()?;
+    a.seto(al)
+}
+
+/// The reverse of [`save_flags`]: `add al, 0x7f` overflows exactly when al is 1, which
+/// sets OF, and `sahf` then restores the other flags (it leaves OF alone).
+fn restore_flags(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.add(al, 0x7f)?;
+    a.sahf()
+}
+
+fn count_hook(mut layout: Layout, id: u32) -> Result<Layout, IcedError> {
+    let a = &mut layout.assembler;
+    let mut have_state = a.create_label();
+    let mut register = a.create_label();
+    let mut done = a.create_label();
+    let mut slow_call = a.create_label();
+    // Slow path first, so the fast path falls through into the body.
+    a.set_label(&mut register)?;
+    a.push(r11)?;
+    call_slow(a, thread_state::register_current_thread, slow_call)?;
+    a.pop(r11)?;
+    a.jmp(have_state)?;
+    slow_call_pointer(a, &mut slow_call)?;
+
+    a.set_label(&mut layout.entry)?;
+    a.push(rax)?;
+    a.push(rcx)?;
+    save_flags(a)?;
+    load_state(a, rcx)?;
+    a.test(rcx, rcx)?;
+    a.jz(register)?;
+    a.set_label(&mut have_state)?;
+    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
+    a.jnz(done)?;
+    a.inc(qword_ptr(rcx + thread_state::calls_displacement(id)))?;
+    a.set_label(&mut done)?;
+    restore_flags(a)?;
+    a.pop(rcx)?;
+    a.pop(rax)?;
+    Ok(layout)
+}
+
+/// Pushes/pops the four registers the return hook uses, in a fixed order.
+fn push_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.push(rax)?;
+    a.push(rcx)?;
+    a.push(rdx)?;
+    a.push(r11)
+}
+
+fn pop_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.pop(r11)?;
+    a.pop(rdx)?;
+    a.pop(rcx)?;
+    a.pop(rax)
+}
+
+/// `after_call`: the hook runs from a call thunk, so the thunk's own return address is
+/// on the stack above the function's return slot.
+fn count_returns_hook(
+    mut layout: Layout,
+    id: u32,
+    handlers: ReturnHandlers,
+    after_call: bool,
+) -> Result<Layout, IcedError> {
+    // Stack offsets while the four registers are pushed: the return-address slot S at
+    // entry (above the thunk's return address for a thunk), and at exit.
+    let slot = (RETURN_HOOK_PUSHES * 8) as i32;
+    let entry_slot = slot + if after_call { 8 } else { 0 };
+    let before_push = if after_call {
+        handlers.before_push_after_call
+    } else {
+        handlers.before_push
+    };
+    let body = layout.body;
+    let a = &mut layout.assembler;
+    let mut have_state = a.create_label();
+    let mut register = a.create_label();
+    let mut special = a.create_label();
+    let mut counted = a.create_label();
+    let mut prune = a.create_label();
+    let mut passthrough = a.create_label();
+    let mut overflow = a.create_label();
+    let mut push_entry = a.create_label();
+    let mut exit = a.create_label();
+    let mut mismatch = a.create_label();
+    let mut slow_call = a.create_label();
+
+    // Entry: [rsp] is the caller's return address.
+    a.set_label(&mut layout.entry)?;
+    push_return_hook_registers(a)?;
+    save_flags(a)?;
+    load_state(a, rcx)?;
+    a.test(rcx, rcx)?;
+    a.jz(register)?;
+    a.set_label(&mut have_state)?;
+    a.test(
+        byte_ptr(rcx + STATE_FLAGS),
+        (FLAG_PASSTHROUGH | FLAG_RECONCILE) as i32,
+    )?;
+    a.jnz(special)?;
+    a.set_label(&mut counted)?;
+    a.inc(qword_ptr(rcx + thread_state::calls_displacement(id)))?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_LIMIT))?;
+    a.jae(overflow)?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
+    a.je(push_entry)?;
+    // The top entry's slot must lie above ours, or its frame is gone.
+    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
+    a.jbe(prune)?;
+    a.set_label(&mut push_entry)?;
+    // Slot first, then the new top, then every field: a signal handler that runs hooks
+    // between two of these stores sees a consistent stack and never takes our entry.
+    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
+    a.lea(r11, qword_ptr(rdx + ENTRY_SIZE))?;
+    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), r11)?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
+    a.mov(r11, qword_ptr(rsp + entry_slot))?;
+    a.mov(qword_ptr(rdx + ENTRY_RETURN_ADDRESS), r11)?;
+    a.mov(qword_ptr(rdx + ENTRY_FUNCTION), id as i32)?;
+    a.lea(r11, qword_ptr(exit))?;
+    a.mov(qword_ptr(rdx + ENTRY_EXIT), r11)?;
+    if after_call {
+        // The return address lives in the shadow entry; the exit takes its place, and
+        // the thunk goes on to the callee.
+        a.lea(r11, qword_ptr(exit))?;
+        a.mov(qword_ptr(rsp + entry_slot), r11)?;
+        restore_flags(a)?;
+        pop_return_hook_registers(a)?;
+        a.jmp(body)?;
+    } else {
+        restore_flags(a)?;
+        pop_return_hook_registers(a)?;
+        // The return address lives in the shadow entry; `call` puts the exit in its slot.
+        a.lea(rsp, qword_ptr(rsp + 8))?;
+        a.call(body)?;
+    }
+
+    // Exit: the function returned here; rsp is S + 8.
+    a.set_label(&mut exit)?;
+    a.lea(rsp, qword_ptr(rsp - 8))?;
+    push_return_hook_registers(a)?;
+    save_flags(a)?;
+    load_state(a, rcx)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.lea(r11, qword_ptr(rsp + slot))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
+    a.je(mismatch)?;
+    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
+    a.jne(mismatch)?;
+    // Read the entry before the pop commits: a signal handler may reuse it afterwards.
+    a.mov(r11, qword_ptr(rdx + (ENTRY_RETURN_ADDRESS - ENTRY_SIZE)))?;
+    a.mov(qword_ptr(rsp + slot), r11)?;
+    a.inc(qword_ptr(rcx + thread_state::returns_displacement(id)))?;
+    a.lea(rdx, qword_ptr(rdx - ENTRY_SIZE))?;
+    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), rdx)?;
+    restore_flags(a)?;
+    pop_return_hook_registers(a)?;
+    a.ret()?;
+    a.set_label(&mut mismatch)?;
+    call_slow(a, handlers.mismatched_return, slow_call)?;
+    restore_flags(a)?;
+    pop_return_hook_registers(a)?;
+    a.ret()?;
+
+    // Entry slow paths.
+    a.set_label(&mut special)?;
+    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
+    a.jnz(passthrough)?;
+    // Re-install return hooks an unwinder took out, then count and push as usual.
+    call_slow(a, before_push, slow_call)?;
+    a.jmp(counted)?;
+    a.set_label(&mut prune)?;
+    // Drop the entries of frames that are gone (or keep them, on a signal stack).
+    call_slow(a, before_push, slow_call)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.jmp(push_entry)?;
+    a.set_label(&mut overflow)?;
+    a.inc(qword_ptr(rcx + STATE_SHADOW_OVERFLOWS))?;
+    a.set_label(&mut passthrough)?;
+    restore_flags(a)?;
+    pop_return_hook_registers(a)?;
+    a.jmp(body)?;
+    a.set_label(&mut register)?;
+    call_slow(a, thread_state::register_current_thread, slow_call)?;
+    a.jmp(have_state)?;
+    slow_call_pointer(a, &mut slow_call)?;
+    Ok(layout)
+}
+
+/// Calls `handler` with every register saved, then runs the function.
+fn internal_hook(mut layout: Layout, handler: Handler) -> Result<Layout, IcedError> {
+    let a = &mut layout.assembler;
+    let mut slow_call = a.create_label();
+    slow_call_pointer(a, &mut slow_call)?;
+    a.set_label(&mut layout.entry)?;
+    a.push(r11)?;
+    call_slow(a, handler, slow_call)?;
+    a.pop(r11)?;
+    Ok(layout)
+}
+
+/// Jumps to `target`, an agent function with the patched function's signature; the
+/// body stays reachable for it at its own address.
+fn replace_hook(mut layout: Layout, target: u64) -> Result<Layout, IcedError> {
+    let a = &mut layout.assembler;
+    let mut pointer = a.create_label();
+    a.set_label(&mut layout.entry)?;
+    a.jmp(qword_ptr(pointer))?;
+    a.set_label(&mut pointer)?;
+    a.dq(&[target])?;
+    Ok(layout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
+
+    extern "C" fn no_op(_: &mut crate::slow_call::SavedRegisters) {}
+
+    fn handlers() -> ReturnHandlers {
+        ReturnHandlers {
+            before_push: no_op,
+            before_push_after_call: no_op,
+            mismatched_return: no_op,
+        }
+    }
+
+    fn disassemble(code: &[u8], ip: u64) -> Vec<String> {
+        let mut formatter = IntelFormatter::new();
+        Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+            .iter()
+            .map(|instruction| {
+                let mut text = String::new();
+                formatter.format(&instruction, &mut text);
+                text
+            })
+            .collect()
+    }
+
+    /// A body of `len` bytes: nops, then a 5-byte `jmp` standing for the jump back.
+    fn body(len: usize) -> impl FnOnce(u64) -> Result<Vec<u8>, String> {
+        move |_| {
+            let mut bytes = vec![0x90; len];
+            bytes.extend_from_slice(&[0xe9, 0, 0, 0, 0]);
+            Ok(bytes)
+        }
+    }
+
+    #[test]
+    fn count_hook_counts_into_the_thread_state_and_falls_into_the_body() {
+        let address = 0x7f00_0000_1000;
+        let code = build(address, 3, HookKind::Count, handlers(), None, body(1)).unwrap();
+        let hook_offset = (code.hook - address) as usize;
+        let body_offset = (code.body - address) as usize;
+        let fast_path = disassemble(&code.bytes[hook_offset..body_offset], code.hook);
+        let text = fast_path.join("\n");
+        let slot = thread_state::slot_offset() as i64 as u64;
+        let load = fast_path
+            .iter()
+            .find(|l| l.starts_with("mov rcx,fs:["))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(load.ends_with(&format!("{slot:X}h]")), "{text}");
+        let counter = thread_state::calls_displacement(3);
+        assert!(
+            text.contains(&format!("inc qword ptr [rcx+{counter:X}h]")),
+            "{text}"
+        );
+        assert_eq!(&fast_path[..4], ["push rax", "push rcx", "lahf", "seto al"]);
+        assert_eq!(
+            fast_path.last().unwrap(),
+            "pop rax",
+            "falls through into the body"
+        );
+        assert_eq!(code.bytes[body_offset], 0x90, "the body follows the hook");
+        assert_eq!(code.bytes.len(), body_offset + 6);
+    }
+
+    #[test]
+    fn return_hook_calls_the_body_and_reports_its_exit() {
+        let address = 0x7f00_0000_1000;
+        let code = build(
+            address,
+            7,
+            HookKind::CountReturns,
+            handlers(),
+            None,
+            body(20),
+        )
+        .unwrap();
+        let hook_offset = (code.hook - address) as usize;
+        let body_offset = (code.body - address) as usize;
+        let text = disassemble(&code.bytes[hook_offset..body_offset], code.hook);
+        let call = text
+            .iter()
+            .position(|t| t == &format!("call {:016X}h", code.body))
+            .unwrap_or_else(|| panic!("{text:#?}"));
+        assert_eq!(text[call - 1], "lea rsp,[rsp+8]");
+        assert_eq!(
+            text[call + 1],
+            "lea rsp,[rsp-8]",
+            "the exit follows the call"
+        );
+        assert!(code.bytes.len() as u64 <= TRAMPOLINE_BYTES);
+    }
+}

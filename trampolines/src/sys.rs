@@ -1,0 +1,152 @@
+//! Raw system calls for the code that runs inside signal handlers and hook slow paths.
+//!
+//! The one idea: that code must not call into the target's libc — libc's `syscall()`,
+//! `futex` wrappers or `tgkill` may themselves be instrumented, or be the very function
+//! being patched — so it makes its few system calls with the `syscall` instruction.
+
+use std::arch::asm;
+
+/// A system call with up to four arguments; returns the raw result (negative errno).
+///
+/// # Safety
+/// The arguments must be valid for the call `number` makes (pointers to live memory
+/// of the right type and size).
+pub unsafe fn syscall4(number: i64, a: u64, b: u64, c: u64, d: u64) -> i64 {
+    let result: i64;
+    // SAFETY: the syscall instruction clobbers rcx and r11 and returns in rax; the
+    // caller vouches for the arguments.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") number => result,
+            in("rdi") a,
+            in("rsi") b,
+            in("rdx") c,
+            in("r10") d,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    result
+}
+
+pub fn gettid() -> i32 {
+    // SAFETY: gettid takes no arguments.
+    unsafe { syscall4(libc::SYS_gettid, 0, 0, 0, 0) as i32 }
+}
+
+pub fn getpid() -> i32 {
+    // SAFETY: getpid takes no arguments.
+    unsafe { syscall4(libc::SYS_getpid, 0, 0, 0, 0) as i32 }
+}
+
+/// Waits while `*word == expected` (spurious wake-ups possible).
+pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32) {
+    // SAFETY: FUTEX_WAIT on a valid, aligned u32 that outlives the call, no timeout.
+    unsafe {
+        syscall4(
+            libc::SYS_futex,
+            word.as_ptr() as u64,
+            (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64,
+            expected as u64,
+            0,
+        );
+    }
+}
+
+/// Wakes every thread waiting on `word`.
+pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: FUTEX_WAKE on a valid, aligned u32.
+    unsafe {
+        syscall4(
+            libc::SYS_futex,
+            word.as_ptr() as u64,
+            (libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG) as u64,
+            i32::MAX as u64,
+            0,
+        );
+    }
+}
+
+/// Sends `signal` to thread `tid` of this process with `value` in `si_value`, so the
+/// handler can tell which request the signal belongs to. Returns false if the thread
+/// is gone.
+pub fn signal_thread_with_value(tid: i32, signal: i32, value: u32) -> bool {
+    // SAFETY: siginfo_t is plain data; the fields set are those SI_QUEUE defines.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    info.si_signo = signal;
+    info.si_code = libc::SI_QUEUE;
+    // siginfo's union: si_pid (i32) at 16, si_uid (u32) at 20, si_value at 24.
+    // SAFETY: writes inside the 128-byte siginfo_t at the kernel's fixed offsets.
+    unsafe {
+        let raw = (&mut info as *mut libc::siginfo_t).cast::<u8>();
+        raw.add(16).cast::<i32>().write(getpid());
+        raw.add(20).cast::<u32>().write(libc::getuid());
+        raw.add(24).cast::<u64>().write(value as u64);
+    }
+    // SAFETY: rt_tgsigqueueinfo reads the siginfo, which lives across the call.
+    let result = unsafe {
+        syscall4(
+            libc::SYS_rt_tgsigqueueinfo,
+            getpid() as u64,
+            tid as u64,
+            signal as u64,
+            &info as *const libc::siginfo_t as u64,
+        )
+    };
+    result == 0
+}
+
+/// The `si_value` a signal sent by [`signal_thread_with_value`] carries.
+///
+/// # Safety
+/// `info` must be the siginfo the kernel passed to an SA_SIGINFO handler.
+pub unsafe fn signal_value(info: *const libc::siginfo_t) -> u32 {
+    // SAFETY: si_value sits at offset 24 of the kernel's siginfo (see above).
+    unsafe { info.cast::<u8>().add(24).cast::<u64>().read() as u32 }
+}
+
+/// Whether thread `tid` of this process still exists.
+pub fn thread_exists(tid: i32) -> bool {
+    // SAFETY: tgkill with signal 0 only checks that the thread exists.
+    unsafe { syscall4(libc::SYS_tgkill, getpid() as u64, tid as u64, 0, 0) == 0 }
+}
+
+/// Whether the calling thread runs on its alternate signal stack now, and that stack.
+pub fn on_alternate_signal_stack() -> Option<(u64, u64)> {
+    // SAFETY: stack_t is plain data; sigaltstack with a null new stack only reports.
+    let mut current: libc::stack_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the output pointer is valid for a stack_t.
+    let result = unsafe {
+        syscall4(
+            libc::SYS_sigaltstack,
+            0,
+            &mut current as *mut libc::stack_t as u64,
+            0,
+            0,
+        )
+    };
+    (result == 0 && current.ss_flags & libc::SS_ONSTACK != 0).then(|| {
+        (
+            current.ss_sp as u64,
+            current.ss_sp as u64 + current.ss_size as u64,
+        )
+    })
+}
+
+/// Writes `message` to standard error and ends the process with SIGABRT. For states
+/// the agent cannot continue from without harming the target more.
+pub fn fatal(message: &str) -> ! {
+    // SAFETY: writes a valid buffer to fd 2.
+    unsafe {
+        syscall4(
+            libc::SYS_write,
+            2,
+            message.as_ptr() as u64,
+            message.len() as u64,
+            0,
+        );
+        libc::abort()
+    }
+}

@@ -1,0 +1,196 @@
+//! The threads of this process, read from `/proc/self/task` without allocating.
+//!
+//! The one idea: code that runs while target threads may be parked, or while a target
+//! thread that might hold the allocator's lock waits for the agent, must not call the
+//! target's `malloc` — and `opendir` does. So the directory is read with `getdents64`
+//! into a buffer on the stack, and a thread's `stat` and `status` files are read into
+//! stack buffers too.
+
+use std::ffi::CStr;
+
+/// What the kernel says a thread is doing (the state letter of `/proc/.../stat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskState {
+    /// `R`: running or waiting for a cpu.
+    Running,
+    /// `S`: sleeping in the kernel (a system call, a futex), interruptibly.
+    Sleeping,
+    /// `D`: in the kernel uninterruptibly (disk I/O, a page fault).
+    DiskSleep,
+    /// `T`/`t`: stopped by a signal or a tracer.
+    Stopped,
+    /// `Z`/`X` or no longer listed: the thread is gone.
+    Gone,
+    /// Any other letter (idle kernel states).
+    Other,
+}
+
+/// Calls `visit` with the tid of every thread of this process.
+pub fn for_each_thread(mut visit: impl FnMut(i32)) {
+    let path = c"/proc/self/task";
+    // SAFETY: open with a valid NUL-terminated path and constant flags.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    let mut buffer = [0u8; 4096];
+    loop {
+        // SAFETY: getdents64 writes at most buffer.len() bytes into the buffer.
+        let read =
+            unsafe { libc::syscall(libc::SYS_getdents64, fd, buffer.as_mut_ptr(), buffer.len()) };
+        if read <= 0 {
+            break;
+        }
+        let mut offset = 0usize;
+        while offset < read as usize {
+            // linux_dirent64: d_ino u64, d_off i64, d_reclen u16, d_type u8, d_name.
+            let record_length =
+                u16::from_ne_bytes([buffer[offset + 16], buffer[offset + 17]]) as usize;
+            let name_start = offset + 19;
+            let name_bytes = &buffer[name_start..offset + record_length];
+            if let Ok(name) = CStr::from_bytes_until_nul(name_bytes)
+                && let Some(tid) = parse_decimal(name.to_bytes())
+            {
+                visit(tid);
+            }
+            offset += record_length;
+        }
+    }
+    // SAFETY: closes the descriptor opened above.
+    unsafe { libc::close(fd) };
+}
+
+fn parse_decimal(bytes: &[u8]) -> Option<i32> {
+    if bytes.is_empty() || bytes.len() > 9 {
+        return None;
+    }
+    bytes.iter().try_fold(0i32, |value, &b| {
+        b.is_ascii_digit().then(|| value * 10 + (b - b'0') as i32)
+    })
+}
+
+/// Reads `/proc/self/task/<tid>/<file>` into `buffer`; returns the bytes read.
+fn read_task_file<'a>(tid: i32, file: &str, buffer: &'a mut [u8]) -> Option<&'a [u8]> {
+    let mut path = [0u8; 64];
+    let mut writer = &mut path[..];
+    use std::io::Write;
+    write!(writer, "/proc/self/task/{tid}/{file}\0").ok()?;
+    // SAFETY: `path` holds a NUL-terminated string written just above.
+    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut filled = 0;
+    while filled < buffer.len() {
+        // SAFETY: reads into the unused tail of `buffer`.
+        let n = unsafe {
+            libc::read(
+                fd,
+                buffer[filled..].as_mut_ptr().cast(),
+                buffer.len() - filled,
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        filled += n as usize;
+    }
+    // SAFETY: closes the descriptor opened above.
+    unsafe { libc::close(fd) };
+    (filled > 0).then(|| &buffer[..filled])
+}
+
+/// The kernel's state of thread `tid`.
+pub fn state(tid: i32) -> TaskState {
+    let mut buffer = [0u8; 512];
+    let Some(stat) = read_task_file(tid, "stat", &mut buffer) else {
+        return TaskState::Gone;
+    };
+    // "tid (comm) S ...": the comm may contain spaces and parentheses; the state follows
+    // the last ')'.
+    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
+        return TaskState::Other;
+    };
+    match stat.get(close + 2) {
+        Some(b'R') => TaskState::Running,
+        Some(b'S') => TaskState::Sleeping,
+        Some(b'D') => TaskState::DiskSleep,
+        Some(b'T' | b't') => TaskState::Stopped,
+        Some(b'Z' | b'X') | None => TaskState::Gone,
+        Some(_) => TaskState::Other,
+    }
+}
+
+/// Whether thread `tid` currently blocks `signal` (its `SigBlk` mask has the bit).
+pub fn blocks_signal(tid: i32, signal: i32) -> bool {
+    let mut buffer = [0u8; 2048];
+    let Some(status) = read_task_file(tid, "status", &mut buffer) else {
+        return false;
+    };
+    let Some(line) = status
+        .split(|&b| b == b'\n')
+        .find(|line| line.starts_with(b"SigBlk:"))
+    else {
+        return false;
+    };
+    let hex = line[b"SigBlk:".len()..].trim_ascii();
+    let mask = hex.iter().try_fold(0u64, |mask, &b| {
+        (b as char)
+            .to_digit(16)
+            .map(|digit| (mask << 4) | digit as u64)
+    });
+    mask.is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
+/// Thread `tid`'s name (`comm`, with its newline), read into `buffer`; `None` once the
+/// thread is gone.
+pub fn name(tid: i32, buffer: &mut [u8]) -> Option<&[u8]> {
+    read_task_file(tid, "comm", buffer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_this_threads_and_reads_its_state() {
+        let mut tids = Vec::new();
+        for_each_thread(|tid| tids.push(tid));
+        let me = crate::sys::gettid();
+        assert!(tids.contains(&me), "{tids:?} lacks {me}");
+        assert_eq!(state(me), TaskState::Running);
+        assert_eq!(state(i32::MAX), TaskState::Gone);
+    }
+
+    #[test]
+    fn sees_a_blocked_signal_and_a_sleeping_thread() {
+        let (tid_sender, tid_receiver) = std::sync::mpsc::channel();
+        let (done_sender, done_receiver) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: blocks SIGUSR2 in this thread only; the mask is plain data.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGUSR2);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+            tid_sender.send(crate::sys::gettid()).unwrap();
+            done_receiver.recv().unwrap();
+        });
+        let tid = tid_receiver.recv().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while state(tid) != TaskState::Sleeping && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(state(tid), TaskState::Sleeping);
+        assert!(blocks_signal(tid, libc::SIGUSR2));
+        assert!(!blocks_signal(tid, libc::SIGUSR1));
+        done_sender.send(()).unwrap();
+        sleeper.join().unwrap();
+    }
+}
