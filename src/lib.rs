@@ -12,6 +12,7 @@ pub mod inject;
 pub mod interrupt;
 pub mod process;
 pub mod profile;
+pub mod recording;
 pub mod sampler;
 pub mod session;
 pub mod symbols;

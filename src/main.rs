@@ -1,6 +1,7 @@
 //! The `tendril` command line.
 
 use clap::{Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -53,6 +54,36 @@ enum Command {
         /// exception, longjmp or thread exit, or still running).
         #[arg(long)]
         returns: bool,
+    },
+    /// Profile the call graph below root functions, then restore the code and write
+    /// the profile (JSON).
+    Record {
+        /// Process id of the target.
+        pid: i32,
+        /// A root function: exact name, glob or `module:name` (repeat for several).
+        #[arg(long = "root", required = true, value_name = "SYM")]
+        roots: Vec<String>,
+        /// How the graph below the roots is instrumented: b (lazily, as functions first
+        /// run) or a (the whole static call graph, up front).
+        #[arg(long, default_value = "b", value_parser = ["a", "b"])]
+        scheme: String,
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Write the profile here instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Only time the roots themselves: a distribution of their gross times, at
+        /// almost no cost.
+        #[arg(long)]
+        gross_only: bool,
+    },
+    /// Print a saved profile as a tree, hot spots, folded stacks or JSON.
+    Report {
+        /// A profile written by `record`, `run` or the live view.
+        file: PathBuf,
+        #[arg(long, default_value = "tree", value_parser = ["tree", "hot", "folded", "json"])]
+        format: String,
     },
     /// The demo workload itself (run by `tendril demo`).
     #[command(hide = true)]
@@ -135,6 +166,33 @@ fn main() -> ExitCode {
                 returns,
             })
         }),
+        Command::Record {
+            pid,
+            roots,
+            scheme,
+            duration,
+            output,
+            gross_only,
+        } => duration_from_seconds(duration).and_then(|duration| {
+            tendril::commands::record::run(&tendril::commands::record::RecordCommand {
+                options: tendril::recording::RecordOptions {
+                    pid,
+                    roots,
+                    scheme: if scheme == "a" {
+                        tendril::recording::Scheme::A
+                    } else {
+                        tendril::recording::Scheme::B
+                    },
+                    gross_only,
+                },
+                duration,
+                output,
+            })
+        }),
+        Command::Report { file, format } => {
+            let format = format.parse().expect("clap checked the format");
+            tendril::commands::report::run(&file, format)
+        }
         Command::DemoTarget => tendril::demo_workload::run(),
     };
     match result {

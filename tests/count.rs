@@ -222,6 +222,28 @@ fn counting_the_allocator_of_a_program_hammering_it_never_deadlocks() {
 }
 
 #[test]
+fn the_agent_never_counts_its_own_calls() {
+    // Every thread of `blocked` sits in a system call: none of them calls these libc
+    // functions while the count runs, but the agent's own threads do (its control
+    // connection reads, writes and polls all the time).
+    let target = Target::spawn("blocked", &[]);
+    let counting = Counting::start(
+        target.pid(),
+        &[
+            "libc.so.6:read",
+            "libc.so.6:write",
+            "libc.so.6:__poll",
+            "libc.so.6:close",
+            "--returns",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let report = counting.finish();
+    assert_eq!(report.total, 0, "{}", report.stdout);
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
 fn a_bad_duration_is_one_clear_line() {
     let target = Target::spawn("calltree", &["1"]);
     let output = tendril()

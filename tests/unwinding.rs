@@ -107,6 +107,28 @@ fn pthread_exit_from_hooked_frames_runs_every_cleanup() {
 }
 
 #[test]
+fn hooked_frames_still_running_when_the_hooks_come_out_return_correctly() {
+    let mut target = Target::spawn("unwinding", &[]);
+    let counting = Counting::start(target.pid(), &["hold_*", "--returns"]);
+    target.write_stdin("hold 1500\n");
+    // Both frames are entered (their return addresses replaced), then the hooks go.
+    std::thread::sleep(Duration::from_millis(500));
+    let report = counting.finish();
+    assert_eq!(report.calls("hold_outer"), 1, "{}", report.stdout);
+    assert_eq!(report.calls("hold_inner"), 1, "{}", report.stdout);
+    code_bytes_match_file(target.pid()).unwrap();
+    let fixture = parse_fixture_report(&target.expect_line("hold calls ", LINE_TIMEOUT));
+    assert_eq!(
+        fixture.returns["hold_outer"], 1,
+        "returned through the old trampolines"
+    );
+    assert_eq!(fixture.returns["hold_inner"], 1);
+    target.write_stdin("hold 1\n");
+    let again = parse_fixture_report(&target.expect_line("hold calls ", LINE_TIMEOUT));
+    assert_eq!(again.rest, fixture.rest, "the target computes the same");
+}
+
+#[test]
 fn cancellation_inside_hooked_frames_runs_every_cleanup() {
     let (fixture, _) = command_counts_match("cancel 20", true);
     assert!(

@@ -4,4 +4,6 @@
 pub mod count;
 pub mod demo;
 pub mod detach;
+pub mod record;
+pub mod report;
 pub mod status;

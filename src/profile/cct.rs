@@ -186,6 +186,9 @@ impl CctBuilder {
         let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
         let counters = self.counters();
         Profile {
+            duration_ns: 0,
+            discovery: None,
+            gross: Vec::new(),
             format: Profile::FORMAT.to_owned(),
             version: Profile::VERSION,
             pid: info.pid,

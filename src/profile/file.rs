@@ -263,6 +263,9 @@ mod tests {
             .push(Node::leaf("leaf", "libc.so.6", 6, 60, 60));
         root.children.push(mid);
         Profile {
+            duration_ns: 0,
+            discovery: None,
+            gross: Vec::new(),
             format: Profile::FORMAT.to_owned(),
             version: Profile::VERSION,
             pid: 4242,

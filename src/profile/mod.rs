@@ -29,5 +29,8 @@ mod tests_support;
 pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use file::ProfileError;
-pub use model::{Calibration, MergedProfile, Node, Profile, Stats, ThreadProfile, Visit, walk};
+pub use model::{
+    Calibration, DiscoveryStats, GrossTime, MergedProfile, Node, Profile, Stats, ThreadProfile,
+    Visit, walk,
+};
 pub use report::{ReportFormat, UnknownReportFormat, write_report};

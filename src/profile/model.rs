@@ -34,6 +34,39 @@ pub struct Profile {
     /// All threads' trees merged by call path.
     #[serde(default)]
     pub merged: MergedProfile,
+    /// How long the recording ran (wall time), 0 if unknown.
+    #[serde(default)]
+    pub duration_ns: u64,
+    /// What Scheme B discovery did, when there was discovery.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoveryStats>,
+    /// With `--gross-only`: each root's gross time distribution.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gross: Vec<GrossTime>,
+}
+
+/// What discovery (JFluid's Scheme B) did during a recording.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct DiscoveryStats {
+    /// First invocations that waited for their callees to be instrumented.
+    pub discoveries: u64,
+    /// Their mean pause (already removed from the times).
+    pub mean_pause_ns: u64,
+    /// Callees found but not instrumented (the agent refused to patch them).
+    pub refused_callees: u64,
+}
+
+/// The distribution of one root's gross times (entry to exit, corrected for the hooks'
+/// inner time; nothing below the root is instrumented).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GrossTime {
+    pub root: String,
+    pub calls: u64,
+    pub total_ns: u64,
+    pub min_ns: u64,
+    pub median_ns: u64,
+    pub p99_ns: u64,
+    pub max_ns: u64,
 }
 
 impl Profile {

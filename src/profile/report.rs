@@ -297,6 +297,9 @@ mod tests {
         main.children.push(parse);
         main.children.push(compute);
         Profile {
+            duration_ns: 0,
+            discovery: None,
+            gross: Vec::new(),
             format: Profile::FORMAT.to_owned(),
             version: Profile::VERSION,
             pid: 4242,

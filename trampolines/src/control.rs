@@ -8,7 +8,7 @@
 
 use crate::patcher::{self, PatchRequest};
 use crate::stubs::HookKind;
-use crate::{counting, shadow, threads};
+use crate::{calibration, counting, discovery, recording, shadow, threads};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -68,6 +68,9 @@ fn serve(listener: UnixListener) {
         let spawned = threads::spawn_agent_thread("session", move || {
             let _ = std::panic::catch_unwind(move || run_session(session, stream));
             // However the session ended, nothing it patched stays patched.
+            if RECORDING_SESSION.load(Ordering::Acquire) == session {
+                stop_recording(session);
+            }
             patcher::restore(Some(session));
         });
         drop(spawned);
@@ -144,6 +147,11 @@ fn run_session(session: u64, stream: UnixStream) {
             Ok(Request::ResolveSymbols { names }) => Response::Resolved {
                 addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
             },
+            Ok(Request::StartRecording {
+                functions_file,
+                discover,
+            }) => start_recording(session, &functions_file, discover),
+            Ok(Request::StopRecording) => stop_recording(session),
         };
         if writer.write_all(&tendril_wire::encode(&response)).is_err() {
             return;
@@ -159,6 +167,60 @@ fn ready() -> Response {
         threads: threads::target_thread_count(),
         patched: patcher::patched_count(),
     }
+}
+
+/// The session recording now (0: none).
+static RECORDING_SESSION: AtomicU64 = AtomicU64::new(0);
+
+fn start_recording(session: u64, functions_file: &str, discover: bool) -> Response {
+    if RECORDING_SESSION
+        .compare_exchange(0, session, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return Response::Error {
+            message: "another tendril is recording this process; stop it first".into(),
+        };
+    }
+    let started = (|| -> Result<Response, String> {
+        let (uid, pid) = identity();
+        let rings = recording::open_rings(uid, pid, session)?;
+        let table = std::fs::read(functions_file)
+            .map_err(|e| format!("cannot read the function table {functions_file}: {e}"))?;
+        let _ = std::fs::remove_file(functions_file);
+        discovery::start(session, table, discover)?;
+        recording::start();
+        let cost = calibration::calibrate()?;
+        recording::set_header(
+            tendril_wire::rings::header::INNER_TICKS,
+            cost.inner_ticks as u64,
+        );
+        recording::set_header(
+            tendril_wire::rings::header::OUTER_TICKS,
+            cost.outer_ticks as u64,
+        );
+        Ok(Response::RecordingStarted {
+            rings_file: rings.display().to_string(),
+            inner_ticks: cost.inner_ticks,
+            outer_ticks: cost.outer_ticks,
+        })
+    })();
+    started.unwrap_or_else(|message| {
+        stop_recording(session);
+        Response::Error { message }
+    })
+}
+
+fn stop_recording(session: u64) -> Response {
+    if RECORDING_SESSION.load(Ordering::Acquire) != session {
+        return Response::Error {
+            message: "this session is not recording".into(),
+        };
+    }
+    recording::stop();
+    let restored = patcher::restore(Some(session));
+    let refused = discovery::stop();
+    RECORDING_SESSION.store(0, Ordering::Release);
+    Response::RecordingStopped { restored, refused }
 }
 
 /// Where the dynamic loader resolves `name` for the program (`dlsym(RTLD_DEFAULT)`),
@@ -208,5 +270,7 @@ fn hook_kind(hook: Hook) -> HookKind {
             HookKind::Replace(shadow::backtrace_replacement as *const () as u64)
         }
         Hook::Backtrace => HookKind::Internal(shadow::unwinder_starts),
+        Hook::RecordRoot => HookKind::Record { root: true },
+        Hook::Record => HookKind::Record { root: false },
     }
 }

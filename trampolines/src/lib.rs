@@ -8,12 +8,15 @@
 
 mod alloc;
 mod branch_index;
+mod calibration;
 mod code_memory;
 mod control;
 mod counting;
+mod discovery;
 mod padding;
 mod patch_protocol;
 mod patcher;
+mod recording;
 mod relocate;
 mod shadow;
 mod slow_call;
@@ -68,6 +71,40 @@ pub extern "C" fn tendril_agent_start() -> i32 {
             -1
         }
     }
+}
+
+/// Whether `address` lies in the agent library's own code: it is never instrumented.
+pub(crate) fn is_agent_code(address: u64) -> bool {
+    use std::sync::OnceLock;
+    static RANGES: OnceLock<Vec<(u64, u64)>> = OnceLock::new();
+    let ranges = RANGES.get_or_init(|| {
+        // SAFETY: dladdr fills `info` for an address inside a loaded object; this
+        // function's own address is one.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        if unsafe { libc::dladdr(is_agent_code as *const libc::c_void, &mut info) } == 0
+            || info.dli_fname.is_null()
+        {
+            return Vec::new();
+        }
+        // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
+        let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }
+            .to_string_lossy()
+            .into_owned();
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+        maps.lines()
+            .filter(|line| line.ends_with(&path))
+            .filter_map(|line| {
+                let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+                Some((
+                    u64::from_str_radix(start, 16).ok()?,
+                    u64::from_str_radix(end, 16).ok()?,
+                ))
+            })
+            .collect()
+    });
+    ranges
+        .iter()
+        .any(|&(start, end)| (start..end).contains(&address))
 }
 
 /// A forked child inherits the mapped agent and the patched code, but not the agent's

@@ -15,7 +15,7 @@ use crate::code_memory::{self, CodeArena};
 use crate::padding::{self, PAD_LEN};
 use crate::patch_protocol::{self, Pad, Site};
 use crate::relocate::{self, EntryPlan, PatchStyle};
-use crate::stubs::{self, HookKind, ReturnHandlers, TrampolineCode};
+use crate::stubs::{self, HookKind, TrampolineCode};
 use crate::{shadow, slow_call, stop_world, thread_state, traps};
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -53,6 +53,7 @@ pub struct Trampoline {
 enum KindKey {
     Count,
     CountReturns,
+    Record(bool),
     Internal(usize),
     Replace(u64),
 }
@@ -62,6 +63,7 @@ impl From<HookKind> for KindKey {
         match kind {
             HookKind::Count => KindKey::Count,
             HookKind::CountReturns => KindKey::CountReturns,
+            HookKind::Record { root } => KindKey::Record(root),
             HookKind::Internal(handler) => KindKey::Internal(handler as usize),
             HookKind::Replace(target) => KindKey::Replace(target),
         }
@@ -86,14 +88,6 @@ fn engine() -> MutexGuard<'static, Option<Engine>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn return_handlers() -> ReturnHandlers {
-    ReturnHandlers {
-        before_push: shadow::before_push,
-        before_push_after_call: shadow::before_push_after_call,
-        mismatched_return: shadow::mismatched_return,
-    }
-}
-
 /// Everything the stubs and the protocol rely on, set up before the first patch.
 fn prepare() -> Result<(), String> {
     thread_state::prepare()?;
@@ -102,6 +96,23 @@ fn prepare() -> Result<(), String> {
     traps::install()?;
     stop_world::install().map_err(|e| e.0)?;
     Ok(())
+}
+
+/// Whether session `owner` has patched the function at `address`.
+pub fn is_patched_by(owner: u64, address: u64) -> bool {
+    engine()
+        .as_ref()
+        .and_then(|e| e.sites.get(&address))
+        .is_some_and(|site| site.owner == owner)
+}
+
+/// Calls `visit(id, address)` for every function that ever got an id.
+pub fn for_each_id(mut visit: impl FnMut(u32, u64)) {
+    if let Some(engine) = engine().as_ref() {
+        for (&address, &id) in &engine.ids {
+            visit(id, address);
+        }
+    }
 }
 
 /// Number of functions patched now.
@@ -247,7 +258,10 @@ impl Engine {
     ) -> Result<(EntryPlan, Option<u64>), String> {
         let address = request.address;
         let long = plan_checked(request, code, nearby, Style::Long);
-        let thunk_allowed = matches!(request.kind, HookKind::Count | HookKind::CountReturns);
+        let thunk_allowed = matches!(
+            request.kind,
+            HookKind::Count | HookKind::CountReturns | HookKind::Record { .. }
+        );
         let emulates = |plan: &EntryPlan| relocate::emulates_a_call(address, code, plan);
         match &long {
             Ok(plan) if !emulates(plan) => return Ok((plan.clone(), None)),
@@ -291,6 +305,7 @@ impl Engine {
             ));
         }
         self.ids.insert(address, id);
+        crate::recording::register_function(id, address);
         Ok(id)
     }
 
@@ -311,19 +326,12 @@ impl Engine {
             hook,
             body,
             trap_entry,
-        } = stubs::build(
-            memory,
-            id,
-            kind,
-            return_handlers(),
-            thunk_returns_to,
-            |body| {
-                let relocated =
-                    relocate::relocate(address, code, &plan, body).map_err(|r| r.to_string())?;
-                instruction_map = relocated.instruction_map;
-                Ok(relocated.bytes)
-            },
-        )?;
+        } = stubs::build(memory, id, kind, thunk_returns_to, |body| {
+            let relocated =
+                relocate::relocate(address, code, &plan, body).map_err(|r| r.to_string())?;
+            instruction_map = relocated.instruction_map;
+            Ok(relocated.bytes)
+        })?;
         code_memory::write_code(memory, &bytes)
             .map_err(|e| format!("cannot write a trampoline: {e}"))?;
         if let HookKind::Replace(target) = kind

@@ -23,33 +23,12 @@
 //! stopped with a message rather than sent to a random address.
 
 use crate::slow_call::SavedRegisters;
-use crate::stubs::RETURN_HOOK_PUSHES;
-use crate::sys;
 use crate::thread_state::{
-    self, ENTRY_RESTORED, FLAG_PASSTHROUGH, FLAG_RECONCILE, GRAVEYARD_ENTRIES,
-    MAX_NESTED_UNWINDERS, ShadowEntry, ThreadState,
+    self, ENTRY_RESTORED, FLAG_RECONCILE, GRAVEYARD_ENTRIES, MAX_NESTED_UNWINDERS, ShadowEntry,
+    ThreadState, with_own_state,
 };
-
-/// Runs `body` on the calling thread's state with its hooks stepping aside (agent code
-/// running on a target thread must not re-enter the hooks). `None` for agent threads
-/// and threads without state.
-fn with_own_state<R>(body: impl FnOnce(&mut ThreadState) -> R) -> Option<R> {
-    let state = thread_state::current();
-    if state.is_null() {
-        return None;
-    }
-    // SAFETY: a thread's state is written only by that thread (the agent's collectors
-    // only read counters); the region is mapped for the life of the process.
-    let state = unsafe { &mut *state };
-    if state.is_agent != 0 {
-        return None;
-    }
-    let previous = state.flags;
-    state.flags |= FLAG_PASSTHROUGH;
-    let result = body(state);
-    state.flags = (state.flags & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH);
-    Some(result)
-}
+use crate::{recording, sys};
+use tendril_wire::events::{Event, EventKind};
 
 /// Reads the word at `address` of this thread's stack.
 fn read_slot(address: u64) -> u64 {
@@ -63,17 +42,11 @@ fn write_slot(address: u64, value: u64) {
     unsafe { std::ptr::write_volatile(address as *mut u64, value) }
 }
 
-/// Entry slow path of the return hook (a gone frame on top, or hooks to re-install).
-/// The new frame's return slot is just above the stub's four pushes.
-pub extern "C" fn before_push(registers: &mut SavedRegisters) {
-    let new_slot = registers.caller_stack_pointer() + RETURN_HOOK_PUSHES * 8;
-    with_own_state(|state| reconcile(state, new_slot));
-}
-
-/// [`before_push`] for a hook reached through a call thunk: the thunk's return address
-/// lies between the stub's pushes and the function's return slot.
-pub extern "C" fn before_push_after_call(registers: &mut SavedRegisters) {
-    let new_slot = registers.caller_stack_pointer() + RETURN_HOOK_PUSHES * 8 + 8;
+/// Entry slow path of a hook with return hooking (a gone frame on top, or hooks to
+/// re-install). `PUSHES` words lie between the stub's stack pointer and the new frame's
+/// return slot (the stub's saved registers, and for a call thunk its return address).
+pub extern "C" fn before_push<const PUSHES: u64>(registers: &mut SavedRegisters) {
+    let new_slot = registers.caller_stack_pointer() + PUSHES * 8;
     with_own_state(|state| reconcile(state, new_slot));
 }
 
@@ -89,7 +62,7 @@ fn reconcile(state: &mut ThreadState, slot: u64) {
 
 /// Drops the entries, from the top, whose frames are gone given that a frame's return
 /// slot is now at `slot` — on the same stack: entries on another stack (a signal
-/// handler on its alternate stack) are kept.
+/// handler on its alternate stack) are kept, and so is a frame that tail-called.
 fn prune(state: &mut ThreadState, slot: u64) {
     let alternate = sys::on_alternate_signal_stack();
     let same_stack = |entry_slot: u64| match alternate {
@@ -100,15 +73,26 @@ fn prune(state: &mut ThreadState, slot: u64) {
         if top.slot > slot || !same_stack(top.slot) {
             return;
         }
+        // The same slot, holding the top frame's exit: the top function tail-called the
+        // new one, which will return through that exit. The top frame is not gone.
+        if top.slot == slot && top.function & ENTRY_RESTORED == 0 && read_slot(slot) == top.exit {
+            return;
+        }
         drop_top(state);
     }
 }
 
-/// Moves the top entry to the graveyard and counts its frame as unwound.
+/// Moves the top entry to the graveyard and counts its frame as unwound; a frame of the
+/// recorded call graph leaves with an Unwind event.
 fn drop_top(state: &mut ThreadState) {
     let Some(entry) = state.pop_entry() else {
         return;
     };
+    if entry.function & thread_state::ENTRY_RECORDED != 0 {
+        let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
+        state.graph_depth = state.graph_depth.saturating_sub(1);
+        recording::emit(state, Event::new(EventKind::Unwind, id, sys::rdtsc()));
+    }
     let index = state.graveyard_next as usize % GRAVEYARD_ENTRIES;
     state.graveyard[index] = entry;
     state.graveyard_next += 1;
@@ -130,9 +114,12 @@ fn reinstall_hooks(state: &mut ThreadState) {
 
 /// Exit slow path: the return's slot is not the top entry's. Finds the entry (dropping
 /// the entries above it, whose frames were skipped), writes the real return address
-/// into the slot the exit reserved, and counts the return.
-pub extern "C" fn mismatched_return(registers: &mut SavedRegisters) {
-    let slot = registers.caller_stack_pointer() + RETURN_HOOK_PUSHES * 8;
+/// into the slot the exit reserved, and counts the return — or, for a recorded frame,
+/// writes its Exit event (the recording exit stub passes the timestamp in `rax`).
+/// `PUSHES` registers lie between the stub's stack pointer and the reserved slot.
+pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegisters) {
+    let slot = registers.caller_stack_pointer() + PUSHES * 8;
+    let timestamp = registers.rax;
     let found = with_own_state(|state| {
         // SAFETY: the calling thread owns `state` and its hooks step aside.
         let position = unsafe { state.shadow_entries() }
@@ -148,7 +135,13 @@ pub extern "C" fn mismatched_return(registers: &mut SavedRegisters) {
             None => take_from_graveyard(state, slot),
         };
         if let Some(entry) = entry {
-            state.count_return((entry.function & !ENTRY_RESTORED) as u32);
+            let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
+            if entry.function & thread_state::ENTRY_RECORDED != 0 {
+                state.graph_depth = state.graph_depth.saturating_sub(1);
+                recording::emit(state, Event::new(EventKind::Exit, id, timestamp));
+            } else {
+                state.count_return(id);
+            }
             // The frame returned normally: anything below it is gone, and an unwinder
             // that ran below it is done.
             reconcile(state, slot);

@@ -21,14 +21,16 @@
 use crate::slow_call::{self, Handler};
 use crate::thread_state::{
     self, ENTRY_EXIT, ENTRY_FUNCTION, ENTRY_RETURN_ADDRESS, ENTRY_SIZE, ENTRY_SLOT,
-    FLAG_PASSTHROUGH, FLAG_RECONCILE, STATE_FLAGS, STATE_SHADOW_BASE, STATE_SHADOW_LIMIT,
-    STATE_SHADOW_OVERFLOWS, STATE_SHADOW_TOP,
+    FLAG_PASSTHROUGH, FLAG_RECONCILE, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_RING_EVENTS,
+    STATE_RING_HEAD, STATE_RING_HEADER, STATE_RING_LIMIT, STATE_RING_MASK, STATE_SHADOW_BASE,
+    STATE_SHADOW_LIMIT, STATE_SHADOW_OVERFLOWS, STATE_SHADOW_TOP,
 };
+use crate::{discovery, recording, shadow};
 use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::*;
 
 /// Room for one trampoline (body + hook); checked when the code is built.
-pub const TRAMPOLINE_BYTES: u64 = 512;
+pub const TRAMPOLINE_BYTES: u64 = 1024;
 /// Registers the return hook pushes below the return-address slot.
 pub const RETURN_HOOK_PUSHES: u64 = 4;
 
@@ -39,24 +41,14 @@ pub enum HookKind {
     Count,
     /// Count the call, hook the return (shadow stack) and count normal returns.
     CountReturns,
+    /// Record entry and exit events with timestamps, inside the call graph only: a root
+    /// starts the graph on its thread; another function outside it steps aside.
+    Record { root: bool },
     /// Call an agent handler with all registers saved, then run the function.
     Internal(Handler),
     /// Jump to an agent function with the function's own signature instead; it calls
     /// the original through the trampoline's body.
     Replace(u64),
-}
-
-/// The agent handlers the return hook's slow paths call.
-#[derive(Debug, Clone, Copy)]
-pub struct ReturnHandlers {
-    /// The top shadow entry's frame is gone (or entries need re-installing): the handler
-    /// prunes and reconciles before the new entry is pushed.
-    pub before_push: Handler,
-    /// The same, for a hook reached through a call thunk (one more word on the stack).
-    pub before_push_after_call: Handler,
-    /// A return whose slot does not match the top shadow entry; the handler finds the
-    /// entry and writes the real return address into the reserved slot.
-    pub mismatched_return: Handler,
 }
 
 /// A trampoline's code and the addresses that matter in it.
@@ -90,7 +82,6 @@ pub fn build(
     address: u64,
     id: u32,
     kind: HookKind,
-    return_handlers: ReturnHandlers,
     thunk_returns_to: Option<u64>,
     body_at: impl FnOnce(u64) -> Result<Vec<u8>, String>,
 ) -> Result<TrampolineCode, String> {
@@ -99,7 +90,8 @@ pub fn build(
         let layout = new_layout(thunk_returns_to)?;
         let mut layout = match kind {
             HookKind::Count => count_hook(layout, id)?,
-            HookKind::CountReturns => count_returns_hook(layout, id, return_handlers, after_call)?,
+            HookKind::CountReturns => count_returns_hook(layout, id, after_call)?,
+            HookKind::Record { root } => record_hook(layout, id, root, after_call)?,
             HookKind::Internal(handler) => internal_hook(layout, handler)?,
             HookKind::Replace(target) => replace_hook(layout, target)?,
         };
@@ -244,20 +236,15 @@ fn pop_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
 
 /// `after_call`: the hook runs from a call thunk, so the thunk's own return address is
 /// on the stack above the function's return slot.
-fn count_returns_hook(
-    mut layout: Layout,
-    id: u32,
-    handlers: ReturnHandlers,
-    after_call: bool,
-) -> Result<Layout, IcedError> {
+fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<Layout, IcedError> {
     // Stack offsets while the four registers are pushed: the return-address slot S at
     // entry (above the thunk's return address for a thunk), and at exit.
     let slot = (RETURN_HOOK_PUSHES * 8) as i32;
     let entry_slot = slot + if after_call { 8 } else { 0 };
-    let before_push = if after_call {
-        handlers.before_push_after_call
+    let before_push: Handler = if after_call {
+        shadow::before_push::<{ RETURN_HOOK_PUSHES + 1 }>
     } else {
-        handlers.before_push
+        shadow::before_push::<RETURN_HOOK_PUSHES>
     };
     let body = layout.body;
     let a = &mut layout.assembler;
@@ -348,7 +335,11 @@ fn count_returns_hook(
     pop_return_hook_registers(a)?;
     a.ret()?;
     a.set_label(&mut mismatch)?;
-    call_slow(a, handlers.mismatched_return, slow_call)?;
+    call_slow(
+        a,
+        shadow::mismatched_return::<RETURN_HOOK_PUSHES>,
+        slow_call,
+    )?;
     restore_flags(a)?;
     pop_return_hook_registers(a)?;
     a.ret()?;
@@ -371,6 +362,244 @@ fn count_returns_hook(
     a.set_label(&mut passthrough)?;
     restore_flags(a)?;
     pop_return_hook_registers(a)?;
+    a.jmp(body)?;
+    a.set_label(&mut register)?;
+    call_slow(a, thread_state::register_current_thread, slow_call)?;
+    a.jmp(have_state)?;
+    slow_call_pointer(a, &mut slow_call)?;
+    Ok(layout)
+}
+
+/// Pushes/pops the five registers the recording hook uses.
+fn push_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.push(rax)?;
+    a.push(rcx)?;
+    a.push(rdx)?;
+    a.push(r10)?;
+    a.push(r11)
+}
+
+fn pop_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.pop(r11)?;
+    a.pop(r10)?;
+    a.pop(rdx)?;
+    a.pop(rcx)?;
+    a.pop(rax)
+}
+
+/// Registers the recording hook pushes below the return-address slot.
+pub const RECORD_HOOK_PUSHES: u64 = 5;
+
+/// `rdtsc` into `rax` as one 64-bit value (clobbers rdx and the flags).
+fn read_tsc(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)
+}
+
+/// Writes the event `(rax, word)` at the thread's ring head (r11 holds the head) and
+/// publishes the new head. Clobbers rax, rdx, r11.
+fn write_event(a: &mut CodeAssembler, word: u64) -> Result<(), IcedError> {
+    a.mov(rdx, r11)?;
+    a.and(rdx, qword_ptr(rcx + STATE_RING_MASK))?;
+    a.shl(rdx, 4)?;
+    a.add(rdx, qword_ptr(rcx + STATE_RING_EVENTS))?;
+    a.mov(qword_ptr(rdx), rax)?;
+    a.mov(rax, word)?;
+    a.mov(qword_ptr(rdx + 8), rax)?;
+    a.inc(r11)?;
+    a.mov(qword_ptr(rcx + STATE_RING_HEAD), r11)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_RING_HEADER))?;
+    a.mov(qword_ptr(rdx + tendril_wire::rings::ring::HEAD as i32), r11)
+}
+
+/// The recording hook (see [`HookKind::Record`]). Flags live in r10 (rdtsc needs rax
+/// and rdx); the entry's timestamp is taken last, the exit's first, so that as little
+/// of the hooks' own cost as possible falls between them.
+fn record_hook(
+    mut layout: Layout,
+    id: u32,
+    root: bool,
+    after_call: bool,
+) -> Result<Layout, IcedError> {
+    use tendril_wire::events::EventKind;
+    let slot = (RECORD_HOOK_PUSHES * 8) as i32;
+    let entry_slot = slot + if after_call { 8 } else { 0 };
+    let before_push: Handler = if after_call {
+        shadow::before_push::<{ RECORD_HOOK_PUSHES + 1 }>
+    } else {
+        shadow::before_push::<RECORD_HOOK_PUSHES>
+    };
+    let entry_word = id as u64 | (EventKind::Entry as u64) << 32;
+    let exit_word = id as u64 | (EventKind::Exit as u64) << 32;
+    let body = layout.body;
+    let a = &mut layout.assembler;
+    let mut have_state = a.create_label();
+    let mut register = a.create_label();
+    let mut special = a.create_label();
+    let mut activation = a.create_label();
+    let mut counted = a.create_label();
+    let mut discover = a.create_label();
+    let mut prune = a.create_label();
+    let mut same_slot = a.create_label();
+    let mut passthrough = a.create_label();
+    let mut overflow = a.create_label();
+    let mut push_entry = a.create_label();
+    let mut entry_ring = a.create_label();
+    let mut entry_room = a.create_label();
+    let mut entry_done = a.create_label();
+    let mut exit = a.create_label();
+    let mut exit_ring = a.create_label();
+    let mut exit_room = a.create_label();
+    let mut exit_done = a.create_label();
+    let mut mismatch = a.create_label();
+    let mut slow_call = a.create_label();
+
+    a.set_label(&mut layout.entry)?;
+    push_record_hook_registers(a)?;
+    save_flags(a)?;
+    a.mov(r10d, eax)?;
+    load_state(a, rcx)?;
+    a.test(rcx, rcx)?;
+    a.jz(register)?;
+    a.set_label(&mut have_state)?;
+    a.test(
+        byte_ptr(rcx + STATE_FLAGS),
+        (FLAG_PASSTHROUGH | FLAG_RECONCILE) as i32,
+    )?;
+    a.jnz(special)?;
+    a.set_label(&mut activation)?;
+    if !root {
+        // Outside the call graph a function records nothing.
+        a.cmp(qword_ptr(rcx + STATE_GRAPH_DEPTH), 0)?;
+        a.je(passthrough)?;
+    }
+    a.mov(r11, recording::invoked_table())?;
+    a.cmp(byte_ptr(r11 + id as i32), 0)?;
+    a.je(discover)?;
+    a.set_label(&mut counted)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_LIMIT))?;
+    a.jae(overflow)?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
+    a.je(push_entry)?;
+    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
+    a.jb(prune)?;
+    a.je(same_slot)?;
+    a.set_label(&mut push_entry)?;
+    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
+    a.lea(r11, qword_ptr(rdx + ENTRY_SIZE))?;
+    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), r11)?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
+    a.mov(r11, qword_ptr(rsp + entry_slot))?;
+    a.mov(qword_ptr(rdx + ENTRY_RETURN_ADDRESS), r11)?;
+    a.mov(
+        qword_ptr(rdx + ENTRY_FUNCTION),
+        (id as u64 | thread_state::ENTRY_RECORDED) as i32,
+    )?;
+    a.lea(r11, qword_ptr(exit))?;
+    a.mov(qword_ptr(rdx + ENTRY_EXIT), r11)?;
+    if after_call {
+        a.mov(qword_ptr(rsp + entry_slot), r11)?;
+    }
+    a.inc(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
+    a.jae(entry_ring)?;
+    a.set_label(&mut entry_room)?;
+    read_tsc(a)?;
+    write_event(a, entry_word)?;
+    a.set_label(&mut entry_done)?;
+    a.mov(eax, r10d)?;
+    restore_flags(a)?;
+    pop_record_hook_registers(a)?;
+    if after_call {
+        a.jmp(body)?;
+    } else {
+        // The return address lives in the shadow entry; `call` puts the exit in its slot.
+        a.lea(rsp, qword_ptr(rsp + 8))?;
+        a.call(body)?;
+    }
+
+    // Exit: the function returned here; rsp is S + 8.
+    a.set_label(&mut exit)?;
+    a.lea(rsp, qword_ptr(rsp - 8))?;
+    push_record_hook_registers(a)?;
+    save_flags(a)?;
+    a.mov(r10d, eax)?;
+    read_tsc(a)?;
+    load_state(a, rcx)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.lea(r11, qword_ptr(rsp + slot))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
+    a.je(mismatch)?;
+    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
+    a.jne(mismatch)?;
+    a.mov(r11, qword_ptr(rdx + (ENTRY_RETURN_ADDRESS - ENTRY_SIZE)))?;
+    a.mov(qword_ptr(rsp + slot), r11)?;
+    a.lea(rdx, qword_ptr(rdx - ENTRY_SIZE))?;
+    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), rdx)?;
+    a.dec(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
+    a.jae(exit_ring)?;
+    a.set_label(&mut exit_room)?;
+    write_event(a, exit_word)?;
+    a.set_label(&mut exit_done)?;
+    a.mov(eax, r10d)?;
+    restore_flags(a)?;
+    pop_record_hook_registers(a)?;
+    a.ret()?;
+
+    // Exit slow paths (the timestamp is in rax).
+    a.set_label(&mut mismatch)?;
+    call_slow(
+        a,
+        shadow::mismatched_return::<RECORD_HOOK_PUSHES>,
+        slow_call,
+    )?;
+    a.jmp(exit_done)?;
+    a.set_label(&mut exit_ring)?;
+    call_slow(a, recording::ring_space, slow_call)?;
+    a.test(rdx, rdx)?;
+    a.jnz(exit_done)?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.jmp(exit_room)?;
+
+    // Entry slow paths.
+    a.set_label(&mut entry_ring)?;
+    call_slow(a, recording::ring_space, slow_call)?;
+    a.test(rdx, rdx)?;
+    a.jnz(entry_done)?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.jmp(entry_room)?;
+    a.set_label(&mut discover)?;
+    a.mov(edx, id)?;
+    call_slow(a, discovery::discover, slow_call)?;
+    a.jmp(counted)?;
+    a.set_label(&mut special)?;
+    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
+    a.jnz(passthrough)?;
+    call_slow(a, before_push, slow_call)?;
+    a.jmp(activation)?;
+    // The top frame's slot is ours: a tail call from it if the slot holds its exit.
+    a.set_label(&mut same_slot)?;
+    a.mov(rax, qword_ptr(r11))?;
+    a.cmp(rax, qword_ptr(rdx + (ENTRY_EXIT - ENTRY_SIZE)))?;
+    a.je(push_entry)?;
+    a.set_label(&mut prune)?;
+    call_slow(a, before_push, slow_call)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.jmp(push_entry)?;
+    a.set_label(&mut overflow)?;
+    a.inc(qword_ptr(rcx + STATE_SHADOW_OVERFLOWS))?;
+    a.set_label(&mut passthrough)?;
+    a.mov(eax, r10d)?;
+    restore_flags(a)?;
+    pop_record_hook_registers(a)?;
     a.jmp(body)?;
     a.set_label(&mut register)?;
     call_slow(a, thread_state::register_current_thread, slow_call)?;
@@ -408,16 +637,6 @@ mod tests {
     use super::*;
     use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 
-    extern "C" fn no_op(_: &mut crate::slow_call::SavedRegisters) {}
-
-    fn handlers() -> ReturnHandlers {
-        ReturnHandlers {
-            before_push: no_op,
-            before_push_after_call: no_op,
-            mismatched_return: no_op,
-        }
-    }
-
     fn disassemble(code: &[u8], ip: u64) -> Vec<String> {
         let mut formatter = IntelFormatter::new();
         Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
@@ -442,7 +661,7 @@ mod tests {
     #[test]
     fn count_hook_counts_into_the_thread_state_and_falls_into_the_body() {
         let address = 0x7f00_0000_1000;
-        let code = build(address, 3, HookKind::Count, handlers(), None, body(1)).unwrap();
+        let code = build(address, 3, HookKind::Count, None, body(1)).unwrap();
         let hook_offset = (code.hook - address) as usize;
         let body_offset = (code.body - address) as usize;
         let fast_path = disassemble(&code.bytes[hook_offset..body_offset], code.hook);
@@ -469,17 +688,32 @@ mod tests {
     }
 
     #[test]
+    fn record_hook_times_the_call_and_keeps_its_return_prediction() {
+        let address = 0x7f00_0000_1000;
+        let root = build(address, 9, HookKind::Record { root: true }, None, body(4)).unwrap();
+        let inner = build(address, 9, HookKind::Record { root: false }, None, body(4)).unwrap();
+        let text = |code: &TrampolineCode| {
+            let from = (code.hook - address) as usize;
+            disassemble(&code.bytes[from..(code.body - address) as usize], code.hook)
+        };
+        let (root, inner) = (text(&root), text(&inner));
+        let depth_check = format!("cmp qword ptr [rcx+{STATE_GRAPH_DEPTH:X}h],0");
+        assert!(
+            inner.contains(&depth_check),
+            "outside the graph: steps aside"
+        );
+        assert!(!root.contains(&depth_check), "a root starts the graph");
+        assert_eq!(inner.iter().filter(|t| *t == "rdtsc").count(), 2);
+        assert!(
+            inner.iter().any(|t| t.starts_with("call ")),
+            "the body is called"
+        );
+    }
+
+    #[test]
     fn return_hook_calls_the_body_and_reports_its_exit() {
         let address = 0x7f00_0000_1000;
-        let code = build(
-            address,
-            7,
-            HookKind::CountReturns,
-            handlers(),
-            None,
-            body(20),
-        )
-        .unwrap();
+        let code = build(address, 7, HookKind::CountReturns, None, body(20)).unwrap();
         let hook_offset = (code.hook - address) as usize;
         let body_offset = (code.body - address) as usize;
         let text = disassemble(&code.bytes[hook_offset..body_offset], code.hook);

@@ -135,6 +135,30 @@ pub fn on_alternate_signal_stack() -> Option<(u64, u64)> {
     })
 }
 
+/// The time-stamp counter.
+pub fn rdtsc() -> u64 {
+    // SAFETY: rdtsc has no preconditions on x86-64.
+    unsafe { std::arch::x86_64::_rdtsc() }
+}
+
+/// Sleeps about `microseconds` (a raw `nanosleep`; EINTR just ends it early).
+pub fn sleep_microseconds(microseconds: u64) {
+    let time = libc::timespec {
+        tv_sec: (microseconds / 1_000_000) as libc::time_t,
+        tv_nsec: ((microseconds % 1_000_000) * 1000) as libc::c_long,
+    };
+    // SAFETY: nanosleep reads a valid timespec; no remainder is asked for.
+    unsafe {
+        syscall4(
+            libc::SYS_nanosleep,
+            &time as *const libc::timespec as u64,
+            0,
+            0,
+            0,
+        );
+    }
+}
+
 /// Writes `message` to standard error and ends the process with SIGABRT. For states
 /// the agent cannot continue from without harming the target more.
 pub fn fatal(message: &str) -> ! {

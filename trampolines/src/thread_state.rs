@@ -50,6 +50,11 @@ pub struct ShadowEntry {
 
 /// `ShadowEntry::function` bit: the return address is back in its slot.
 pub const ENTRY_RESTORED: u64 = 1 << 63;
+/// `ShadowEntry::function` bit: pushed by a recording hook (its frame is in the graph
+/// and its exit is an event).
+pub const ENTRY_RECORDED: u64 = 1 << 30;
+/// The function id in `ShadowEntry::function`.
+pub const ENTRY_ID_MASK: u64 = ENTRY_RECORDED - 1;
 
 pub const ENTRY_SLOT: i32 = 0;
 pub const ENTRY_RETURN_ADDRESS: i32 = 8;
@@ -72,6 +77,16 @@ pub struct ThreadState {
     pub shadow_overflows: u64,
     /// Frames found gone (longjmp, exceptions, cancellation) instead of returning.
     pub unwound_frames: u64,
+    /// Recording hooks: the thread's frames open inside the call graph (0 outside it).
+    pub graph_depth: u64,
+    /// The thread's recording ring (see `recording`): its events (0 before the thread
+    /// has a ring), the index mask, the events written, how far writing may go before
+    /// the consumer's progress must be read again, and the ring's header.
+    pub ring_events: u64,
+    pub ring_mask: u64,
+    pub ring_head: u64,
+    pub ring_limit: u64,
+    pub ring_header: u64,
     pub tid: i32,
     /// True for the shared state of the agent's own threads.
     pub is_agent: u32,
@@ -96,6 +111,15 @@ pub const STATE_SHADOW_BASE: i32 = 8;
 pub const STATE_SHADOW_LIMIT: i32 = 16;
 pub const STATE_FLAGS: i32 = 24;
 pub const STATE_SHADOW_OVERFLOWS: i32 = 32;
+pub const STATE_GRAPH_DEPTH: i32 = 48;
+pub const STATE_RING_EVENTS: i32 = 56;
+pub const STATE_RING_MASK: i32 = 64;
+pub const STATE_RING_HEAD: i32 = 72;
+pub const STATE_RING_LIMIT: i32 = 80;
+pub const STATE_RING_HEADER: i32 = 88;
+const _: () = assert!(std::mem::offset_of!(ThreadState, shadow_overflows) == 32);
+const _: () = assert!(std::mem::offset_of!(ThreadState, graph_depth) == 48);
+const _: () = assert!(std::mem::offset_of!(ThreadState, ring_header) == 88);
 
 /// Region layout: header page, shadow stack, call counters, return counters.
 const HEADER_BYTES: usize = 8192;
@@ -163,6 +187,13 @@ fn map_region() -> *mut ThreadState {
     state
 }
 
+/// A fresh state region for agent code that records on its own thread (calibration);
+/// never registered, so no collector reads it.
+pub fn map_private_state() -> Option<*mut ThreadState> {
+    let state = map_region();
+    (!state.is_null()).then_some(state)
+}
+
 /// Offset of the slot from the thread pointer; the same in every thread.
 pub fn slot_offset() -> i32 {
     let offset: i64;
@@ -177,7 +208,8 @@ pub fn slot_offset() -> i32 {
     offset as i32
 }
 
-fn set_current_slot(state: *mut ThreadState) {
+/// Points the calling thread's slot at `state`.
+pub(crate) fn set_current_slot(state: *mut ThreadState) {
     let offset = slot_offset() as i64;
     // SAFETY: an fs-relative store to this thread's own initial-exec TLS slot.
     unsafe {
@@ -256,6 +288,27 @@ pub extern "C" fn register_current_thread(registers: &mut SavedRegisters) {
     }
     set_current_slot(state);
     registers.rcx = state as u64;
+}
+
+/// Runs `body` on the calling thread's state with its hooks stepping aside (agent code
+/// running on a target thread must not re-enter the hooks). `None` for agent threads
+/// and threads without state.
+pub fn with_own_state<R>(body: impl FnOnce(&mut ThreadState) -> R) -> Option<R> {
+    let state = current();
+    if state.is_null() {
+        return None;
+    }
+    // SAFETY: a thread's state is written only by that thread (the agent's collectors
+    // only read counters); the region is mapped for the life of the process.
+    let state = unsafe { &mut *state };
+    if state.is_agent != 0 {
+        return None;
+    }
+    let previous = state.flags;
+    state.flags |= FLAG_PASSTHROUGH;
+    let result = body(state);
+    state.flags = (state.flags & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH);
+    Some(result)
 }
 
 /// Every registered target thread's state, in registration order.

@@ -6,7 +6,10 @@
 //! the agent answers with exactly one [`Response`]. Control traffic is rare and small;
 //! the hot event path (later) goes through shared-memory rings, not through here.
 
+pub mod callees;
 pub mod events;
+pub mod function_table;
+pub mod rings;
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -38,6 +41,17 @@ pub enum Request {
     /// Where the dynamic loader resolves these symbol names in the target (for an
     /// IFUNC, the implementation it chose).
     ResolveSymbols { names: Vec<String> },
+    /// Start a recording: open the rings file, load the function table (a file written
+    /// by the controller, path inside the target's mount namespace), calibrate the
+    /// hooks. With `discover`, a function's callees are instrumented when it first
+    /// runs in the call graph (Scheme B); otherwise only what is patched is recorded.
+    /// The roots are patched afterwards, with [`Hook::RecordRoot`].
+    StartRecording {
+        functions_file: String,
+        discover: bool,
+    },
+    /// End the recording: restore every function this session patched.
+    StopRecording,
 }
 
 /// How a patched function is hooked.
@@ -57,6 +71,11 @@ pub enum Hook {
     /// tendril's own stand-in for `_Unwind_Backtrace`, which walks the stack without
     /// unwinding it: hooks come out for the walk and go back in after it.
     Backtrace,
+    /// Record entry and exit events of a root: entering it starts the call graph on
+    /// the calling thread.
+    RecordRoot,
+    /// Record entry and exit events inside the call graph only.
+    Record,
 }
 
 /// One function to patch.
@@ -117,6 +136,19 @@ pub enum Response {
     Counters { threads: Vec<ThreadCounters> },
     /// Answer to [`Request::ResolveSymbols`], one address (or none) per name.
     Resolved { addresses: Vec<Option<u64>> },
+    /// Answer to [`Request::StartRecording`]: the rings file (path inside the target's
+    /// mount namespace) and the hooks' calibrated cost in TSC ticks.
+    RecordingStarted {
+        rings_file: String,
+        inner_ticks: f64,
+        outer_ticks: f64,
+    },
+    /// Answer to [`Request::StopRecording`]: functions restored, and the callees that
+    /// could not be instrumented, with the reason.
+    RecordingStopped {
+        restored: usize,
+        refused: Vec<(u64, String)>,
+    },
     /// The request was refused; the message says why and what to do.
     Error { message: String },
 }

@@ -1,0 +1,117 @@
+//! `tendril record <PID> --root SYM... [--scheme a|b] [--duration SECS] [-o FILE]
+//! [--gross-only]`: profile the call graph below the roots, then restore the code and
+//! write the profile.
+//!
+//! The one idea: whatever ends the recording — the duration, Ctrl-C, the target
+//! exiting — the code is restored first, then the last events are read, then the
+//! profile is written; a one-line summary goes to stderr so the profile itself can go
+//! to stdout.
+
+use crate::interrupt;
+use crate::profile::Profile;
+use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How often the rings are drained.
+const POLL_INTERVAL: Duration = Duration::from_millis(2);
+/// Most refused callees listed on stderr.
+const REFUSALS_SHOWN: usize = 10;
+
+/// What `tendril record` was asked for.
+#[derive(Debug, Clone)]
+pub struct RecordCommand {
+    pub options: RecordOptions,
+    pub duration: Option<Duration>,
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
+    interrupt::install();
+    let recorder = Recorder::start(&command.options)?;
+    eprintln!(
+        "tendril: recording {} in process {} (scheme {}) {}",
+        recorder.roots().join(", "),
+        recorder.pid(),
+        match (command.options.gross_only, command.options.scheme) {
+            (true, _) => "gross times only".to_string(),
+            (false, Scheme::A) => "A".to_string(),
+            (false, Scheme::B) => "B".to_string(),
+        },
+        match command.duration {
+            Some(d) => format!("for {:.1} s (Ctrl-C ends early)", d.as_secs_f64()),
+            None => "until Ctrl-C".to_string(),
+        }
+    );
+    let profile = record_until_done(recorder, command.duration)?;
+    write_profile(&profile, command.output.as_deref())
+}
+
+/// Drains the rings until the duration ends, Ctrl-C, or the target exits; then
+/// finishes the recording and prints the summary.
+pub fn record_until_done(
+    mut recorder: Recorder,
+    duration: Option<Duration>,
+) -> anyhow::Result<Profile> {
+    let deadline = duration.map(|d| Instant::now() + d);
+    let pid = recorder.pid();
+    let mut target_gone = false;
+    interrupt::wait(deadline, POLL_INTERVAL, || {
+        recorder.poll();
+        target_gone = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        !target_gone
+    });
+    if target_gone {
+        eprintln!("tendril: process {pid} ended; the profile covers it up to its end");
+    }
+    let elapsed = recorder.elapsed();
+    let Finished { profile, refused } = recorder.finish()?;
+    print_summary(&profile, elapsed, &refused);
+    Ok(profile)
+}
+
+fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, String)]) {
+    let stats = &profile.stats;
+    let calls = stats.events / 2;
+    let overhead_ns = calls as f64 * profile.calibration.outer_ns;
+    let measured = profile.merged_total_ns() as f64 + overhead_ns;
+    let overhead = if measured > 0.0 {
+        100.0 * overhead_ns / measured
+    } else {
+        0.0
+    };
+    eprintln!(
+        "tendril: {} events from {} thread{} in {:.1} s; {} functions instrumented, {} invoked; \
+         {} lost events; estimated overhead {overhead:.1}% (removed from the times)",
+        stats.events,
+        profile.threads.len(),
+        if profile.threads.len() == 1 { "" } else { "s" },
+        elapsed.as_secs_f64(),
+        stats.instrumented_functions,
+        stats.invoked_functions,
+        stats.lost_events,
+    );
+    for (name, reason) in refused.iter().take(REFUSALS_SHOWN) {
+        eprintln!("tendril: not instrumented: {name} — {reason}");
+    }
+    if refused.len() > REFUSALS_SHOWN {
+        eprintln!(
+            "tendril: ... and {} more callees not instrumented (their time counts as their callers' own)",
+            refused.len() - REFUSALS_SHOWN
+        );
+    }
+}
+
+/// Writes the profile JSON to `output`, or to stdout.
+pub fn write_profile(profile: &Profile, output: Option<&std::path::Path>) -> anyhow::Result<()> {
+    match output {
+        Some(path) => profile.save(path)?,
+        None => {
+            let mut out = std::io::stdout().lock();
+            profile.write_json(&mut out)?;
+            out.flush()?;
+        }
+    }
+    Ok(())
+}

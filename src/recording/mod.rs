@@ -1,0 +1,21 @@
+//! Recording a call graph: the controller's side of JFluid-style profiling.
+//!
+//! * [`recorder`]: a recording from start to profile (`record`, `run`, the live view);
+//! * [`rings`]: reading the agent's shared-memory rings and counters;
+//! * [`function_table`]: the bounds of every function, handed to the agent for
+//!   discovery;
+//! * [`closure`]: Scheme A's static call graph;
+//! * [`gross`]: `--gross-only` time distributions;
+//! * [`tsc`]: the time-stamp counter's frequency.
+//!
+//! The one idea: the agent only patches and writes raw events; names, trees and the
+//! cost correction are built here (`crate::profile`).
+
+pub mod closure;
+pub mod function_table;
+pub mod gross;
+pub mod recorder;
+pub mod rings;
+pub mod tsc;
+
+pub use recorder::{Finished, RecordError, RecordOptions, Recorder, Scheme};

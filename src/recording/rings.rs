@@ -1,0 +1,149 @@
+//! Reading a recording's rings file: the agent's counters, the function registry, and
+//! the events of every thread's ring (layout in `tendril_wire::rings`).
+//!
+//! The one idea: the controller is each ring's only consumer. It reads the producer's
+//! `head`, copies the events up to it, and publishes its `tail`, which is all the
+//! producer ever needs from it; a full ring makes the producer wait, so nothing is lost
+//! as long as the controller keeps draining.
+
+use memmap2::MmapMut;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use tendril_wire::events::Event;
+use tendril_wire::rings::{self, header, ring};
+
+/// The agent's counters for the recording (header fields).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AgentCounters {
+    pub instrumented: u64,
+    pub invoked: u64,
+    pub indirect_call_sites: u64,
+    pub lost_events: u64,
+    pub pause_ticks: u64,
+    pub refused_callees: u64,
+    pub discoveries: u64,
+    pub discovery_ticks: u64,
+}
+
+/// A mapped rings file.
+pub struct Rings {
+    map: MmapMut,
+}
+
+impl Rings {
+    /// Maps the file at `path` (as tendril sees it).
+    pub fn open(path: &Path) -> std::io::Result<Rings> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        if file.metadata()?.len() < rings::FILE_BYTES as u64 {
+            return Err(std::io::Error::other("the rings file is too short"));
+        }
+        // SAFETY: a shared mapping of a file the agent keeps at its full size for the
+        // life of the process; all shared words are accessed as atomics, events with
+        // volatile reads behind the producer's published head.
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        let rings = Rings { map };
+        if rings.word(header::MAGIC).load(Ordering::Acquire) != rings::MAGIC {
+            return Err(std::io::Error::other("not a tendril rings file"));
+        }
+        Ok(rings)
+    }
+
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.map.len());
+        // SAFETY: in bounds and aligned (checked above); the mapping lives as long as
+        // `self`, and the agent only writes this word atomically.
+        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }
+    }
+
+    fn word32(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.map.len());
+        // SAFETY: as in `word`.
+        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU32) }
+    }
+
+    pub fn counters(&self) -> AgentCounters {
+        let read = |field| self.word(field).load(Ordering::Relaxed);
+        AgentCounters {
+            instrumented: read(header::INSTRUMENTED),
+            invoked: read(header::INVOKED),
+            indirect_call_sites: read(header::INDIRECT_CALL_SITES),
+            lost_events: read(header::LOST_EVENTS),
+            pause_ticks: read(header::PAUSE_TICKS),
+            refused_callees: read(header::REFUSED_CALLEES),
+            discoveries: read(header::DISCOVERIES),
+            discovery_ticks: read(header::DISCOVERY_TICKS),
+        }
+    }
+
+    /// The address registered for function `id`.
+    pub fn function_address(&self, id: u32) -> Option<u64> {
+        ((id as usize) < rings::MAX_FUNCTIONS)
+            .then(|| {
+                self.word(rings::REGISTRY_OFFSET + id as usize * 8)
+                    .load(Ordering::Acquire)
+            })
+            .filter(|&address| address != 0)
+    }
+
+    /// Skips every event written so far: a recording reads only what comes after it
+    /// started (frames of an earlier recording may still write their exits).
+    pub fn skip_to_now(&self) {
+        for index in 0..rings::RING_COUNT {
+            let offset = rings::ring_offset(index);
+            let head = self.word(offset + ring::HEAD).load(Ordering::Acquire);
+            self.word(offset + ring::TAIL)
+                .store(head, Ordering::Release);
+        }
+    }
+
+    /// Hands every ring's new events to `sink(ring index, tid, events)` (in one or two
+    /// slices, in order) and marks them read. Returns the number of events.
+    pub fn drain(&self, mut sink: impl FnMut(usize, i32, &[Event])) -> u64 {
+        let mut total = 0;
+        for index in 0..rings::RING_COUNT {
+            let offset = rings::ring_offset(index);
+            if self.word32(offset + ring::STATE).load(Ordering::Acquire) != rings::RING_ACTIVE {
+                continue;
+            }
+            let tid = self.word32(offset + ring::TID).load(Ordering::Acquire) as i32;
+            let head = self.word(offset + ring::HEAD).load(Ordering::Acquire);
+            let tail_word = self.word(offset + ring::TAIL);
+            let tail = tail_word.load(Ordering::Relaxed);
+            if head <= tail {
+                continue;
+            }
+            let capacity = rings::RING_EVENTS as u64;
+            let events = self.ring_events(offset);
+            let (start, end) = ((tail % capacity) as usize, (head % capacity) as usize);
+            if head - tail >= capacity || end <= start {
+                // Wrapped: the tail's end of the ring first, then its start.
+                sink(index, tid, &events[start..]);
+                if end > 0 {
+                    sink(index, tid, &events[..end]);
+                }
+            } else {
+                sink(index, tid, &events[start..end]);
+            }
+            total += head - tail;
+            tail_word.store(head, Ordering::Release);
+        }
+        total
+    }
+
+    fn ring_events(&self, ring_offset: usize) -> &[Event] {
+        let start = ring_offset + rings::RING_HEADER_BYTES;
+        assert!(start + rings::RING_EVENTS * Event::SIZE <= self.map.len());
+        // SAFETY: in bounds (checked above) and 16-byte aligned (the layout's offsets
+        // are); `Event` is plain data. The producer writes only slots past `head`,
+        // which the caller does not read.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.as_ptr().add(start) as *const Event,
+                rings::RING_EVENTS,
+            )
+        }
+    }
+}

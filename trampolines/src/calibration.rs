@@ -1,0 +1,150 @@
+//! Measuring what the recording hooks themselves cost, so the controller can take it
+//! out of every measured time (JFluid §5.3).
+//!
+//! The agent hooks a function of its own — `tendril_calibration_target`, three
+//! instructions — with the recording hook, calls it in batches on the calling agent
+//! thread (given a private thread state and ring for the purpose), and calls an
+//! identical unhooked twin the same way. Per batch:
+//!
+//! * inner time `t_I` = mean of (exit timestamp − entry timestamp): the part of the
+//!   hooks that lands inside a measured interval;
+//! * outer time `t_O` = mean time per hooked call − mean time per bare call: all that
+//!   one instrumented call adds to its caller's measured time.
+//!
+//! The one idea (JFluid's): each is the minimum over many batches, the batch least
+//! disturbed by interrupts and other threads.
+
+use crate::patcher::{self, PatchRequest};
+use crate::stubs::HookKind;
+use crate::thread_state::{self, ThreadState};
+use crate::{recording, sys};
+use std::hint::black_box;
+use tendril_wire::events::{Event, EventKind};
+
+/// Calls per batch, and batches (JFluid: 10,000 pairs in batches of 100).
+const CALLS_PER_BATCH: usize = 100;
+const BATCHES: usize = 100;
+/// The owner of the calibration patch (no control session has this number).
+const CALIBRATION_OWNER: u64 = u64::MAX;
+/// Bytes of each calibration function.
+const FUNCTION_BYTES: u64 = 8;
+
+core::arch::global_asm!(
+    ".pushsection .text",
+    ".balign 16",
+    ".globl tendril_calibration_target",
+    ".hidden tendril_calibration_target",
+    ".type tendril_calibration_target, @function",
+    "tendril_calibration_target:",
+    "mov rax, rdi",
+    "add rax, 1",
+    "ret",
+    ".size tendril_calibration_target, . - tendril_calibration_target",
+    ".balign 16",
+    ".globl tendril_calibration_twin",
+    ".hidden tendril_calibration_twin",
+    ".type tendril_calibration_twin, @function",
+    "tendril_calibration_twin:",
+    "mov rax, rdi",
+    "add rax, 1",
+    "ret",
+    ".size tendril_calibration_twin, . - tendril_calibration_twin",
+    ".popsection",
+);
+
+unsafe extern "C" {
+    fn tendril_calibration_target(value: u64) -> u64;
+    fn tendril_calibration_twin(value: u64) -> u64;
+}
+
+/// The hooks' cost in TSC ticks: (inner, outer).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HookCost {
+    pub inner_ticks: f64,
+    pub outer_ticks: f64,
+}
+
+/// Measures the recording hook's cost (see the module comment). Runs on an agent
+/// thread, with a recording file open (the hook needs its invoked table).
+pub fn calibrate() -> Result<HookCost, String> {
+    let target = tendril_calibration_target as *const () as u64;
+    let twin = tendril_calibration_twin as *const () as u64;
+    let request = PatchRequest {
+        address: target,
+        size: FUNCTION_BYTES,
+        kind: HookKind::Record { root: true },
+    };
+    let ranges = [(target, FUNCTION_BYTES), (twin, FUNCTION_BYTES)];
+    let id = patcher::patch(CALIBRATION_OWNER, &[request], &ranges)
+        .pop()
+        .ok_or("calibration: no patch result")??;
+    recording::set_invoked_quietly(id);
+    let result = measure();
+    patcher::restore(Some(CALIBRATION_OWNER));
+    result
+}
+
+fn measure() -> Result<HookCost, String> {
+    const RING: usize = 1024;
+    let mut events = vec![Event::default(); RING];
+    let mut ring_header = [0u64; 32];
+    let state = thread_state::map_private_state().ok_or("calibration: cannot map a state")?;
+    // SAFETY: the state was just mapped for this thread alone; the ring fields point at
+    // `events` and `ring_header`, which outlive every use below (the slot is switched
+    // back before they are dropped).
+    unsafe {
+        (*state).ring_events = events.as_mut_ptr() as u64;
+        (*state).ring_mask = RING as u64 - 1;
+        (*state).ring_header = ring_header.as_mut_ptr() as u64;
+    }
+    let previous = thread_state::current();
+    thread_state::set_current_slot(state);
+    let mut inner = f64::MAX;
+    let mut hooked = f64::MAX;
+    let mut bare = f64::MAX;
+    for _ in 0..BATCHES {
+        // SAFETY: only this thread uses `state` (see above).
+        let state: &mut ThreadState = unsafe { &mut *state };
+        state.ring_head = 0;
+        state.ring_limit = RING as u64;
+        state.graph_depth = 0;
+        let started = sys::rdtsc();
+        for i in 0..CALLS_PER_BATCH {
+            // SAFETY: a plain function with the C ABI, hooked or not.
+            black_box(unsafe { tendril_calibration_target(black_box(i as u64)) });
+        }
+        let hooked_batch = sys::rdtsc().saturating_sub(started);
+        let started = sys::rdtsc();
+        for i in 0..CALLS_PER_BATCH {
+            // SAFETY: as above.
+            black_box(unsafe { tendril_calibration_twin(black_box(i as u64)) });
+        }
+        let bare_batch = sys::rdtsc().saturating_sub(started);
+        let recorded = &events[..state.ring_head.min(RING as u64) as usize];
+        if let Some(mean_inner) = mean_inner_time(recorded) {
+            inner = inner.min(mean_inner);
+        }
+        hooked = hooked.min(hooked_batch as f64 / CALLS_PER_BATCH as f64);
+        bare = bare.min(bare_batch as f64 / CALLS_PER_BATCH as f64);
+    }
+    thread_state::set_current_slot(previous);
+    if inner == f64::MAX {
+        return Err("calibration: the hook recorded no events".into());
+    }
+    Ok(HookCost {
+        inner_ticks: inner,
+        outer_ticks: (hooked - bare).max(0.0),
+    })
+}
+
+/// The mean of exit − entry over the entry/exit pairs of a batch.
+fn mean_inner_time(events: &[Event]) -> Option<f64> {
+    let pairs: Vec<u64> = events
+        .chunks_exact(2)
+        .filter(|pair| {
+            pair[0].kind() == Some(EventKind::Entry) && pair[1].kind() == Some(EventKind::Exit)
+        })
+        .map(|pair| pair[1].value.saturating_sub(pair[0].value))
+        .collect();
+    (pairs.len() == CALLS_PER_BATCH).then(|| pairs.iter().sum::<u64>() as f64 / pairs.len() as f64)
+}

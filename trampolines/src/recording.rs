@@ -1,0 +1,330 @@
+//! The recording's shared memory: the rings file (`tendril_wire::rings`), a ring per
+//! recording thread, and the events agent code writes itself.
+//!
+//! The agent creates the file once, in the target user's private runtime directory,
+//! and keeps it mapped for the life of the process: a hook still running after a
+//! recording ended may write one more event, and must find memory there. A thread
+//! claims a ring the first time it records and keeps it; a new recording simply starts
+//! reading every ring from where its producer is (stale events left by frames of an
+//! older recording are exits without entries, which the controller ignores).
+//!
+//! The one idea of the write protocol, shared with the hook stubs: the producer owns
+//! `ring_head` and `ring_limit` in its thread state; it writes the 16-byte event at
+//! `head % capacity`, then publishes `head + 1` in the ring header. Only when `head`
+//! reaches `ring_limit` does it read the consumer's `tail` again, and if the ring is
+//! really full it waits — the wait is tendril's pause, reported as an Adjust event.
+
+use crate::slow_call::SavedRegisters;
+use crate::sys;
+use crate::thread_state::{ThreadState, with_own_state};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use tendril_wire::events::{Event, EventKind};
+use tendril_wire::rings::{self, header, ring};
+
+/// The mapped rings file (null before the first recording).
+static RINGS: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
+/// Non-zero while a recording is active: hooks that find no ring may claim one.
+static ACTIVE: AtomicU32 = AtomicU32::new(0);
+
+/// The mapped file's base, if there is one.
+fn base() -> Option<*mut u8> {
+    let base = RINGS.load(Ordering::Acquire);
+    (!base.is_null()).then_some(base)
+}
+
+/// A `u64` of the file, as an atomic.
+fn word(offset: usize) -> Option<&'static AtomicU64> {
+    // SAFETY: the file is mapped for the life of the process and `offset` is one of the
+    // 8-byte-aligned offsets of the layout, inside the file.
+    base().map(|base| unsafe { &*(base.add(offset) as *const AtomicU64) })
+}
+
+fn word32(offset: usize) -> Option<&'static AtomicU32> {
+    // SAFETY: as in `word`, for a 4-byte field.
+    base().map(|base| unsafe { &*(base.add(offset) as *const AtomicU32) })
+}
+
+/// Adds `amount` to a header counter.
+pub fn add_to_header(field: usize, amount: u64) {
+    if let Some(counter) = word(field) {
+        counter.fetch_add(amount, Ordering::Relaxed);
+    }
+}
+
+/// Sets a header field.
+pub fn set_header(field: usize, value: u64) {
+    if let Some(counter) = word(field) {
+        counter.store(value, Ordering::Relaxed);
+    }
+}
+
+/// Creates (once) and maps the rings file; returns its path inside this process's
+/// mount namespace.
+pub fn open_rings(uid: u32, pid: i32, session: u64) -> Result<std::path::PathBuf, String> {
+    static PATH: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
+    let mut path = PATH.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(existing) = path.as_ref()
+        && base().is_some()
+    {
+        return Ok(existing.clone());
+    }
+    let file_path = rings::rings_path(uid, pid, session);
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(&file_path);
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&file_path)
+            .map_err(|e| format!("cannot create {}: {e}", file_path.display()))?
+    };
+    file.set_len(rings::FILE_BYTES as u64)
+        .map_err(|e| format!("cannot size {}: {e}", file_path.display()))?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: maps the whole file, which has just been sized; shared, so the controller
+    // sees the writes. Never unmapped (see the module comment).
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            rings::FILE_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if mapped == libc::MAP_FAILED {
+        return Err(format!(
+            "cannot map {}: {}",
+            file_path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    RINGS.store(mapped.cast(), Ordering::Release);
+    set_header(header::MAGIC, rings::MAGIC);
+    crate::patcher::for_each_id(register_function);
+    *path = Some(file_path.clone());
+    Ok(file_path)
+}
+
+/// Starts a recording: clears the statistics and the invoked flags, and lets threads
+/// claim rings.
+pub fn start() {
+    for field in [
+        header::INSTRUMENTED,
+        header::INVOKED,
+        header::INDIRECT_CALL_SITES,
+        header::LOST_EVENTS,
+        header::PAUSE_TICKS,
+        header::REFUSED_CALLEES,
+        header::DISCOVERIES,
+        header::DISCOVERY_TICKS,
+        header::SHADOW_OVERFLOWS,
+    ] {
+        set_header(field, 0);
+    }
+    if let Some(base) = base() {
+        // SAFETY: the invoked bytes lie inside the mapped file.
+        unsafe { std::ptr::write_bytes(base.add(rings::INVOKED_OFFSET), 0, rings::MAX_FUNCTIONS) };
+    }
+    ACTIVE.store(1, Ordering::Release);
+}
+
+/// Ends a recording: threads without a ring no longer claim one.
+pub fn stop() {
+    ACTIVE.store(0, Ordering::Release);
+}
+
+/// Address of the invoked bytes (the stubs test `invoked[id]`), or 0 before a file.
+pub fn invoked_table() -> u64 {
+    base().map_or(0, |base| base as u64 + rings::INVOKED_OFFSET as u64)
+}
+
+/// Whether function `id` has run inside the call graph; marks it so.
+pub fn mark_invoked(id: u32) -> bool {
+    let Some(base) = base() else { return false };
+    if id as usize >= rings::MAX_FUNCTIONS {
+        return false;
+    }
+    // SAFETY: the byte lies inside the mapped file's invoked table.
+    let flag = unsafe {
+        &*(base.add(rings::INVOKED_OFFSET + id as usize) as *const std::sync::atomic::AtomicU8)
+    };
+    let was = flag.swap(1, Ordering::AcqRel);
+    if was == 0 {
+        add_to_header(header::INVOKED, 1);
+    }
+    was != 0
+}
+
+/// Marks function `id` invoked without counting it (tendril's own calibration).
+pub fn set_invoked_quietly(id: u32) {
+    if let Some(base) = base()
+        && (id as usize) < rings::MAX_FUNCTIONS
+    {
+        // SAFETY: the byte lies inside the mapped file's invoked table.
+        unsafe {
+            base.add(rings::INVOKED_OFFSET + id as usize)
+                .write_volatile(1)
+        };
+    }
+}
+
+/// Whether function `id` is marked as invoked.
+pub fn is_invoked(id: u32) -> bool {
+    let Some(base) = base() else { return false };
+    // SAFETY: as in `mark_invoked`.
+    id < rings::MAX_FUNCTIONS as u32
+        && unsafe {
+            base.add(rings::INVOKED_OFFSET + id as usize)
+                .read_volatile()
+        } != 0
+}
+
+/// The address registered for function `id`.
+pub fn registered_address(id: u32) -> Option<u64> {
+    if id as usize >= rings::MAX_FUNCTIONS {
+        return None;
+    }
+    word(rings::REGISTRY_OFFSET + id as usize * 8)
+        .map(|entry| entry.load(Ordering::Acquire))
+        .filter(|&address| address != 0)
+}
+
+/// Records function `id`'s address in the registry, for the controller to name it.
+pub fn register_function(id: u32, address: u64) {
+    if (id as usize) < rings::MAX_FUNCTIONS
+        && let Some(entry) = word(rings::REGISTRY_OFFSET + id as usize * 8)
+    {
+        entry.store(address, Ordering::Release);
+    }
+}
+
+/// Gives the calling thread a ring (a free one, or one whose thread has exited and
+/// whose events were all read). Signal-safe, no allocation.
+fn claim_ring(state: &mut ThreadState) -> bool {
+    let Some(base) = base() else { return false };
+    if ACTIVE.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    for index in 0..rings::RING_COUNT {
+        let offset = rings::ring_offset(index);
+        let Some(ring_state) = word32(offset + ring::STATE) else {
+            return false;
+        };
+        let claimed = ring_state
+            .compare_exchange(
+                rings::RING_FREE,
+                rings::RING_ACTIVE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+            || reclaim(offset, ring_state);
+        if !claimed {
+            continue;
+        }
+        add_to_header(header::RINGS_CLAIMED, 1);
+        let tid = word32(offset + ring::TID).unwrap();
+        tid.store(state.tid as u32, Ordering::Release);
+        let head = word(offset + ring::HEAD).unwrap().load(Ordering::Acquire);
+        let tail = word(offset + ring::TAIL).unwrap().load(Ordering::Acquire);
+        state.ring_header = base as u64 + offset as u64;
+        state.ring_events = base as u64 + (offset + rings::RING_HEADER_BYTES) as u64;
+        state.ring_mask = rings::RING_EVENTS as u64 - 1;
+        state.ring_head = head;
+        state.ring_limit = tail + rings::RING_EVENTS as u64;
+        return true;
+    }
+    false
+}
+
+/// Takes over the ring at `offset` if its thread is gone and its events were read.
+fn reclaim(offset: usize, ring_state: &AtomicU32) -> bool {
+    let (Some(tid), Some(head), Some(tail)) = (
+        word32(offset + ring::TID),
+        word(offset + ring::HEAD),
+        word(offset + ring::TAIL),
+    ) else {
+        return false;
+    };
+    let owner = tid.load(Ordering::Acquire) as i32;
+    ring_state.load(Ordering::Acquire) == rings::RING_ACTIVE
+        && owner > 0
+        && !sys::thread_exists(owner)
+        && head.load(Ordering::Acquire) == tail.load(Ordering::Acquire)
+        && tid
+            .compare_exchange(owner as u32, 0, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+}
+
+/// Makes room for one event in the calling thread's ring: claims a ring if it has none,
+/// and waits for the controller if the ring is full. Returns false if the event must
+/// be dropped (no ring to be had); the wait, if any, is recorded as an Adjust event.
+pub fn make_room(state: &mut ThreadState) -> bool {
+    // After a recording, the frames still open write their exits into nothing: they
+    // are not lost, the recording is over.
+    let active = ACTIVE.load(Ordering::Acquire) != 0;
+    if state.ring_events == 0 && !claim_ring(state) {
+        if active {
+            add_to_header(header::LOST_EVENTS, 1);
+        }
+        return false;
+    }
+    let tail = word_at(state.ring_header + ring::TAIL as u64);
+    let capacity = rings::RING_EVENTS as u64;
+    let mut waited_from = 0;
+    loop {
+        let limit = tail.load(Ordering::Acquire) + capacity;
+        // Room for the event, and for the Adjust event of a wait.
+        let needed = if waited_from == 0 { 1 } else { 2 };
+        if state.ring_head + needed <= limit {
+            state.ring_limit = limit;
+            break;
+        }
+        if waited_from == 0 {
+            waited_from = sys::rdtsc();
+        }
+        if ACTIVE.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        sys::sleep_microseconds(50);
+    }
+    if waited_from != 0 {
+        let waited = sys::rdtsc().saturating_sub(waited_from);
+        add_to_header(header::PAUSE_TICKS, waited);
+        write_event(state, Event::new(EventKind::Adjust, 0, waited));
+    }
+    true
+}
+
+fn word_at(address: u64) -> &'static AtomicU64 {
+    // SAFETY: `address` is a ring header field inside the mapped rings file.
+    unsafe { &*(address as *const AtomicU64) }
+}
+
+/// Writes one event with the stubs' protocol; there must be room (`make_room`).
+fn write_event(state: &mut ThreadState, event: Event) {
+    let slot = state.ring_events + (state.ring_head & state.ring_mask) * Event::SIZE as u64;
+    // SAFETY: the slot is inside the thread's ring, which only this thread writes.
+    unsafe { (slot as *mut Event).write_volatile(event) };
+    state.ring_head += 1;
+    word_at(state.ring_header + ring::HEAD as u64).store(state.ring_head, Ordering::Release);
+}
+
+/// Slow path of a recording stub whose thread's ring has no room (or no ring yet):
+/// sets the caller's `rdx` to 0 when there is room now, 1 if the event is dropped.
+pub extern "C" fn ring_space(registers: &mut SavedRegisters) {
+    let room = with_own_state(make_room).unwrap_or(false);
+    registers.rdx = u64::from(!room);
+}
+
+/// Writes an event from agent code running on a target thread (slow paths).
+pub fn emit(state: &mut ThreadState, event: Event) {
+    if state.ring_head >= state.ring_limit && !make_room(state) {
+        return;
+    }
+    write_event(state, event);
+}

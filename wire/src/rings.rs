@@ -1,0 +1,95 @@
+//! The shared-memory file a recording travels through: a header the agent fills in, the
+//! function registry (id → address), and one single-producer ring of [`Event`]s per
+//! recording thread.
+//!
+//! The one idea: the agent's hook stubs write events with plain stores and publish a
+//! ring's `head` after each event; the controller reads up to `head`, then publishes
+//! `tail`. Each index has a cache line of its own, so producer and consumer never
+//! write the same line. The agent creates the file (in the target user's private
+//! runtime directory) and the controller maps it; both use the offsets below.
+//!
+//! [`Event`]: crate::events::Event
+
+use std::path::PathBuf;
+
+/// The file's first word.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"tendrlr1");
+
+/// Bytes of the header page.
+pub const HEADER_BYTES: usize = 4096;
+/// Ids the function registry has room for (the agent's id limit).
+pub const MAX_FUNCTIONS: usize = 1 << 18;
+/// Where the registry starts: `u64` addresses indexed by function id (0 = none yet).
+pub const REGISTRY_OFFSET: usize = HEADER_BYTES;
+/// Where the per-function "invoked" bytes start (1 once the function ran in the graph).
+pub const INVOKED_OFFSET: usize = REGISTRY_OFFSET + MAX_FUNCTIONS * 8;
+/// Where the first ring starts.
+pub const RINGS_OFFSET: usize = INVOKED_OFFSET + MAX_FUNCTIONS;
+/// Rings in a file: threads that record at once.
+pub const RING_COUNT: usize = 128;
+/// Events per ring (a power of two): 8 MiB, a few tens of milliseconds of a thread
+/// that does nothing but call instrumented functions.
+pub const RING_EVENTS: usize = 1 << 19;
+/// Bytes of a ring's header: tid/state, `head` and `tail` each on a line of its own.
+pub const RING_HEADER_BYTES: usize = 256;
+/// Bytes of one ring, header included.
+pub const RING_BYTES: usize = RING_HEADER_BYTES + RING_EVENTS * crate::events::Event::SIZE;
+/// Bytes of the whole file.
+pub const FILE_BYTES: usize = RINGS_OFFSET + RING_COUNT * RING_BYTES;
+
+/// Offsets of the header's fields (all `u64`, written by the agent unless noted).
+pub mod header {
+    /// [`super::MAGIC`].
+    pub const MAGIC: usize = 0;
+    /// Rings claimed so far (a ring once claimed stays its thread's).
+    pub const RINGS_CLAIMED: usize = 8;
+    /// Functions patched with a recording hook in this recording.
+    pub const INSTRUMENTED: usize = 16;
+    /// Functions that ran inside the call graph.
+    pub const INVOKED: usize = 24;
+    /// Indirect call sites (`call reg`, `call [mem]`) met by discovery.
+    pub const INDIRECT_CALL_SITES: usize = 32;
+    /// Events that could not be written (no ring left for a thread).
+    pub const LOST_EVENTS: usize = 40;
+    /// TSC ticks threads spent waiting for discovery or ring space.
+    pub const PAUSE_TICKS: usize = 48;
+    /// Calibration, in TSC ticks: the inner time of an entry/exit pair.
+    pub const INNER_TICKS: usize = 56;
+    /// Calibration, in TSC ticks: the whole cost an instrumented call adds to its caller.
+    pub const OUTER_TICKS: usize = 64;
+    /// Calls that found their function's direct callees unpatchable (not instrumented).
+    pub const REFUSED_CALLEES: usize = 72;
+    /// Discovery pauses measured (count and total ticks, for the pause statistics).
+    pub const DISCOVERIES: usize = 80;
+    pub const DISCOVERY_TICKS: usize = 88;
+    /// Calls whose return could not be hooked because the shadow stack was full.
+    pub const SHADOW_OVERFLOWS: usize = 96;
+}
+
+/// Offsets inside a ring's header.
+pub mod ring {
+    /// The producing thread's id (`i32`) and state (`u32`: [`super::RING_FREE`]...).
+    pub const TID: usize = 0;
+    pub const STATE: usize = 4;
+    /// Events written (`u64`, monotonic; the event index is `head % RING_EVENTS`).
+    pub const HEAD: usize = 64;
+    /// Events consumed by the controller (`u64`, written by the controller only).
+    pub const TAIL: usize = 128;
+}
+
+/// A ring's state: unused, or claimed by a thread.
+pub const RING_FREE: u32 = 0;
+pub const RING_ACTIVE: u32 = 1;
+
+/// Offset of ring `index` in the file.
+pub const fn ring_offset(index: usize) -> usize {
+    RINGS_OFFSET + index * RING_BYTES
+}
+
+/// The recording file of session `session` in process `pid` (its own pid namespace),
+/// as a path inside the target's mount namespace.
+pub fn rings_path(uid: u32, pid: i32, session: u64) -> PathBuf {
+    crate::runtime_dir(uid).join(format!("rings-{pid}-{session}.shm"))
+}
+
+const _: () = assert!(RING_EVENTS.is_power_of_two());
