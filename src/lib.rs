@@ -10,6 +10,7 @@ pub mod commands;
 pub mod demo_workload;
 pub mod inject;
 pub mod interrupt;
+pub mod live;
 pub mod process;
 pub mod profile;
 pub mod recording;

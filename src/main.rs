@@ -9,14 +9,34 @@ use std::time::Duration;
 #[derive(Parser)]
 #[command(name = "tendril", version, about, long_about = None)]
 struct Cli {
+    /// Without a command: choose a running process to profile, in the terminal UI.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start the bundled demo program, attach to it and show where it spends its time.
+    /// Start the bundled demo program and profile it live in the terminal UI.
+    ///
+    /// Without a terminal on stdout, record it for 3 s and print the call tree instead.
     Demo,
+    /// Profile a running process live in the terminal UI.
+    ///
+    /// Choose root functions in the root picker (or give them with --root), watch the
+    /// call tree grow, dig in, detach.
+    Attach {
+        /// Process id of the target.
+        pid: i32,
+        /// Start with this root function (exact name, glob or `module:name`; repeat for
+        /// several) instead of choosing in the root picker.
+        #[arg(long = "root", value_name = "SYM")]
+        roots: Vec<String>,
+    },
+    /// Browse a saved profile in the terminal UI (read-only).
+    View {
+        /// A profile written by `record`, `run` or the live view.
+        file: PathBuf,
+    },
     /// List the functions of every module mapped into a running process.
     Symbols {
         /// Process id of the target.
@@ -78,6 +98,26 @@ enum Command {
         #[arg(long)]
         gross_only: bool,
     },
+    /// Start a program and record it from its first instruction (roots: `main` unless
+    /// given); exits with the program's status.
+    Run {
+        /// A root function (repeat for several); default `main`.
+        #[arg(long = "root", value_name = "SYM")]
+        roots: Vec<String>,
+        #[arg(long, default_value = "b", value_parser = ["a", "b"])]
+        scheme: String,
+        /// Stop recording after this many seconds (the program goes on).
+        #[arg(long, value_name = "SECS")]
+        duration: Option<f64>,
+        /// Write the profile here instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        #[arg(long)]
+        gross_only: bool,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        program: Vec<String>,
+    },
     /// Print a saved profile as a tree, hot spots, folded stacks or JSON.
     Report {
         /// A profile written by `record`, `run` or the live view.
@@ -88,6 +128,15 @@ enum Command {
     /// The demo workload itself (run by `tendril demo`).
     #[command(hide = true)]
     DemoTarget,
+}
+
+/// The scheme named on the command line (clap allows only "a" and "b").
+fn scheme_from(name: &str) -> tendril::recording::Scheme {
+    if name == "a" {
+        tendril::recording::Scheme::A
+    } else {
+        tendril::recording::Scheme::B
+    }
 }
 
 /// A `--duration` in seconds, checked.
@@ -141,8 +190,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    let result = match cli.command {
+    let Some(command) = cli.command else {
+        return report(tendril::commands::picker::run());
+    };
+    let result = match command {
         Command::Demo => tendril::commands::demo::run(),
+        Command::Attach { pid, roots } => tendril::commands::attach::run(pid, roots),
+        Command::View { file } => tendril::commands::view::run(&file),
         Command::Symbols { pid, pattern, json } => tendril::symbols::run_symbols_command(
             pid,
             pattern.as_deref(),
@@ -178,23 +232,50 @@ fn main() -> ExitCode {
                 options: tendril::recording::RecordOptions {
                     pid,
                     roots,
-                    scheme: if scheme == "a" {
-                        tendril::recording::Scheme::A
-                    } else {
-                        tendril::recording::Scheme::B
-                    },
+                    scheme: scheme_from(&scheme),
                     gross_only,
                 },
                 duration,
                 output,
             })
         }),
+        Command::Run {
+            roots,
+            scheme,
+            duration,
+            output,
+            gross_only,
+            program,
+        } => {
+            let command = duration_from_seconds(duration).map(|duration| {
+                tendril::commands::run::RunCommand {
+                    program,
+                    roots,
+                    scheme: scheme_from(&scheme),
+                    gross_only,
+                    duration,
+                    output,
+                }
+            });
+            return match command.and_then(|c| tendril::commands::run::run(&c)) {
+                Ok(status) => ExitCode::from(status),
+                Err(error) => {
+                    eprintln!("tendril: {error}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Report { file, format } => {
             let format = format.parse().expect("clap checked the format");
             tendril::commands::report::run(&file, format)
         }
         Command::DemoTarget => tendril::demo_workload::run(),
     };
+    report(result)
+}
+
+/// The exit code for a command's result, with its error printed as one line.
+fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -147,7 +147,8 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
         return Err(AttachError::KernelThread(pid));
     }
     let tracer = field_i32("TracerPid");
-    if tracer != 0 {
+    // tendril itself traces a program it started (`tendril run`) until it is set up.
+    if tracer != 0 && tracer != std::process::id() as i32 {
         let tracer_name = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "unknown".into());

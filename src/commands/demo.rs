@@ -1,22 +1,30 @@
 //! `tendril demo`: the README's main job on the bundled demo target.
 //!
-//! Starts the demo workload (`tendril demo-target`, a child process), attaches to it as
-//! to any running process, prints the agent's status line, then samples where the
-//! demo's threads are for a moment and prints the hottest-looking functions — the
-//! natural roots to profile. The demo process is always stopped before returning.
+//! Starts the demo workload (`tendril demo-target`, a child process: worker threads,
+//! a few levels of calls, a recursive function, a hot leaf, libc calls), attaches to it
+//! as to any running process and opens the live view with its natural root,
+//! `demo_handle_request`, already chosen. Without a terminal on stdout (a script, a CI
+//! log) it records the demo for a few seconds instead and prints the call tree.
+//!
+//! The one idea: the demo process is always detached first and then stopped, however
+//! `run` ends — `q`, Ctrl-C, an error or a panic.
 
 use crate::demo_workload;
-use crate::symbols::ProcessSymbols;
-use std::collections::HashMap;
+use crate::live::{self, Start};
+use crate::profile::{ReportFormat, write_report};
+use crate::recording::{RecordOptions, Recorder, Scheme};
+use std::io::{IsTerminal, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// How long the demo samples.
-const SAMPLE_DURATION: Duration = Duration::from_secs(1);
-/// How many functions it lists.
-const TOP: usize = 12;
+/// How long the demo runs before tendril attaches (its threads start).
+const WARM_UP: Duration = Duration::from_millis(200);
+/// How long the demo is recorded without a terminal.
+const REPORT_DURATION: Duration = Duration::from_secs(3);
 
-/// The demo child; killed and reaped however `run` ends.
+/// The demo child; killed and reaped however `run` ends (after the recorder, declared
+/// later, has detached from it).
 struct DemoProcess(Child);
 
 impl Drop for DemoProcess {
@@ -27,49 +35,77 @@ impl Drop for DemoProcess {
 }
 
 pub fn run() -> anyhow::Result<()> {
+    let interactive = std::io::stdout().is_terminal();
+    let demo = start_demo(interactive)?;
+    let pid = demo.0.id() as i32;
+    // Let the workers start, as with any process one attaches to.
+    std::thread::sleep(WARM_UP);
+    let target = crate::process::inspect(pid)?;
+    if interactive {
+        live::run(Start::Attach {
+            target: &target,
+            roots: vec![demo_workload::DEMO_ROOT.to_string()],
+        })?;
+        drop(demo);
+        eprintln!("tendril: the demo (pid {pid}) is detached and stopped");
+        return Ok(());
+    }
+    crate::interrupt::install();
+    eprintln!(
+        "tendril: demo target started: pid {pid}, {} worker threads; recording {} for {} s \
+         (run `tendril demo` in a terminal for the live view)",
+        demo_workload::DEMO_WORKERS,
+        demo_workload::DEMO_ROOT,
+        REPORT_DURATION.as_secs()
+    );
+    let recorder = Recorder::start(&RecordOptions {
+        pid,
+        roots: vec![demo_workload::DEMO_ROOT.to_string()],
+        scheme: Scheme::B,
+        gross_only: false,
+    })?;
+    let gone = move || crate::process::is_gone_or_exiting(pid);
+    let profile = super::record::record_until_done(recorder, Some(REPORT_DURATION), gone)?;
+    let mut out = std::io::stdout().lock();
+    write_report(&profile, ReportFormat::Tree, &mut out)?;
+    out.flush()?;
+    drop(demo);
+    Ok(())
+}
+
+/// Starts `tendril demo-target` in a process group of its own (so a Ctrl-C typed at
+/// tendril reaches only tendril, which then detaches and stops the demo) that dies with
+/// tendril even if tendril is killed.
+fn start_demo(interactive: bool) -> anyhow::Result<DemoProcess> {
     let exe = std::env::current_exe()?;
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .arg("demo-target")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
+        // In the UI, a stray line from the demo would tear the screen.
+        .stderr(if interactive {
+            Stdio::null()
+        } else {
+            Stdio::inherit()
+        })
+        .process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: the closure runs in the child between fork and exec and only makes
+    // async-signal-safe system calls (prctl, getppid, raise); it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGKILL); // tendril died before prctl
+            }
+            Ok(())
+        });
+    }
+    let child = command
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start the demo target: {e}"))?;
-    let demo = DemoProcess(child);
-    let pid = demo.0.id() as i32;
-    // Let the workers start, as with any process one attaches to.
-    std::thread::sleep(Duration::from_millis(200));
-    println!(
-        "demo target started: pid={pid} ({} worker threads)",
-        demo_workload::DEMO_WORKERS
-    );
-
-    let (_, session) = crate::inject::attach(pid)?;
-    println!("{}", super::status::status_line(pid, &session.status));
-
-    let symbols = ProcessSymbols::load(pid)?;
-    let pcs = crate::sampler::sample_pcs(pid, SAMPLE_DURATION, Duration::from_millis(2))?;
-    let mut per_function: HashMap<(String, String), usize> = HashMap::new();
-    for pc in &pcs {
-        let key = match symbols.lookup(*pc) {
-            Some(f) => (f.name.clone(), f.module.clone()),
-            None => (format!("{pc:#x}"), "?".into()),
-        };
-        *per_function.entry(key).or_default() += 1;
-    }
-    let mut ranked: Vec<_> = per_function.into_iter().collect();
-    ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    println!(
-        "hottest-looking functions ({} pc samples over {} ms, statistical; profile a root for exact times):",
-        pcs.len(),
-        SAMPLE_DURATION.as_millis()
-    );
-    for ((name, module), count) in ranked.into_iter().take(TOP) {
-        let share = 100.0 * count as f64 / pcs.len().max(1) as f64;
-        println!("  {share:5.1}%  {name}  ({module})");
-    }
-    println!(
-        "suggested root: {} — try `tendril symbols {pid} 'demo_*'`",
-        demo_workload::DEMO_ROOT
-    );
-    Ok(())
+    Ok(DemoProcess(child))
 }

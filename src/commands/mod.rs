@@ -1,9 +1,13 @@
 //! The `tendril` subcommands, one module each. `main.rs` parses the command line and
 //! calls into these; each prints its own output and returns errors for `main` to report.
 
+pub mod attach;
 pub mod count;
 pub mod demo;
 pub mod detach;
+pub mod picker;
 pub mod record;
 pub mod report;
+pub mod run;
 pub mod status;
+pub mod view;

@@ -44,29 +44,32 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
             None => "until Ctrl-C".to_string(),
         }
     );
-    let profile = record_until_done(recorder, command.duration)?;
+    let pid = recorder.pid();
+    let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let profile = record_until_done(recorder, command.duration, gone)?;
     write_profile(&profile, command.output.as_deref())
 }
 
-/// Drains the rings until the duration ends, Ctrl-C, or the target exits; then
-/// finishes the recording and prints the summary.
+/// Drains the rings until the duration ends, Ctrl-C, or the target exits (`gone`
+/// says so); then finishes the recording and prints the summary.
 pub fn record_until_done(
     mut recorder: Recorder,
     duration: Option<Duration>,
+    mut gone: impl FnMut() -> bool,
 ) -> anyhow::Result<Profile> {
     let deadline = duration.map(|d| Instant::now() + d);
     let pid = recorder.pid();
     let mut target_gone = false;
     interrupt::wait(deadline, POLL_INTERVAL, || {
         recorder.poll();
-        target_gone = !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        target_gone = gone();
         !target_gone
     });
     if target_gone {
         eprintln!("tendril: process {pid} ended; the profile covers it up to its end");
     }
     let elapsed = recorder.elapsed();
-    let Finished { profile, refused } = recorder.finish()?;
+    let Finished { profile, refused } = recorder.finish(target_gone)?;
     print_summary(&profile, elapsed, &refused);
     Ok(profile)
 }

@@ -12,6 +12,8 @@ mod safe_point;
 mod stack_walk;
 pub mod tracee;
 
+pub use tracee::Tracee;
+
 use crate::agent_bundle;
 use crate::process::{self, AttachError, TargetProcess};
 use crate::session::{AgentSession, SessionError};
@@ -110,7 +112,37 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
         });
     }
     let mut tracee = safe_point::seize_thread_at_safe_point(pid, &entry_points)?;
-    let mut frame = RemoteFrame::new(&mut tracee);
+    load_with(target, &mut tracee, &entry_points, &resident, &agent_path)?;
+    tracee.restore_and_detach()
+}
+
+/// Loads the agent into a program that this process started and traces, stopped
+/// before its first instruction (`tendril run`). The thread stays stopped and traced
+/// (with its registers as they were) until the returned tracee is dropped, so tendril
+/// can set up the recording before the program runs.
+pub fn load_agent_before_start(pid: i32) -> Result<Tracee, AttachError> {
+    let target = process::inspect(pid)?;
+    let runtime_dir = agent_bundle::prepare_runtime_dir(&target)?;
+    let agent_path = agent_bundle::install_agent(&target, &runtime_dir)?;
+    let (_, entry_points) = wait_for_loader(&target)?;
+    let mut tracee = Tracee::adopt_stopped(pid, pid);
+    tracee.save_registers()?;
+    load_with(&target, &mut tracee, &entry_points, &[], &agent_path)?;
+    tracee.restore_registers()?;
+    Ok(tracee)
+}
+
+/// Loads the agent on a stopped, saved thread: `dlopen` of `agent_path`, or when a
+/// build of it is `resident`, a call of its start function.
+fn load_with(
+    target: &TargetProcess,
+    tracee: &mut Tracee,
+    entry_points: &loader::LoaderEntryPoints,
+    resident: &[&Mapping],
+    agent_path: &Path,
+) -> Result<(), AttachError> {
+    let pid = target.pid;
+    let mut frame = RemoteFrame::new(tracee);
     if resident.is_empty() {
         let mut path = agent_path.as_os_str().as_encoded_bytes().to_vec();
         path.push(0);
@@ -121,18 +153,17 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
             DLOPEN_TIMEOUT,
         )?;
         if handle == 0 {
-            let reason = describe_dlopen_failure(&mut frame, &entry_points);
-            tracee.restore_and_detach()?;
+            let reason = describe_dlopen_failure(&mut frame, entry_points);
             return Err(AttachError::Other {
                 pid,
                 message: format!("the target could not load tendril's agent: {reason}"),
             });
         }
     } else {
-        let start = agent_start_function(target, &resident)?;
+        let start = agent_start_function(target, resident)?;
         frame.call(start, &[], DLOPEN_TIMEOUT)?;
     }
-    tracee.restore_and_detach()
+    Ok(())
 }
 
 /// The target's mappings and loader entry points. A process caught right after `exec`

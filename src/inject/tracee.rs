@@ -71,6 +71,28 @@ impl Tracee {
         Ok(tracee)
     }
 
+    /// Takes over thread `tid`, which this process already traces and which is stopped
+    /// (a program `tendril run` started with `PTRACE_TRACEME`).
+    pub fn adopt_stopped(pid: i32, tid: i32) -> Tracee {
+        Tracee {
+            pid,
+            tid,
+            saved: None,
+            attached: true,
+            running: false,
+        }
+    }
+
+    /// Puts back the saved registers and keeps the thread stopped and traced (see
+    /// [`Tracee::adopt_stopped`]); dropping the tracee later lets it go.
+    pub fn restore_registers(&mut self) -> Result<(), AttachError> {
+        if let Some(saved) = self.saved.clone() {
+            self.set_registers(saved.general)?;
+            self.write_xstate(&saved.xstate)?;
+        }
+        Ok(())
+    }
+
     /// Saves every register now, to be put back when the tracee is released. Needed
     /// before anything that changes the thread's registers, such as a remote call.
     pub fn save_registers(&mut self) -> Result<(), AttachError> {

@@ -52,6 +52,9 @@ pub struct DiscoveryStats {
     pub discoveries: u64,
     /// Their mean pause (already removed from the times).
     pub mean_pause_ns: u64,
+    /// Their median pause (over the most recent few hundred).
+    #[serde(default)]
+    pub median_pause_ns: u64,
     /// Callees found but not instrumented (the agent refused to patch them).
     pub refused_callees: u64,
 }

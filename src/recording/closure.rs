@@ -14,10 +14,20 @@ const MAX_FUNCTIONS: usize = 100_000;
 /// Longest body read.
 const MAX_BODY: u64 = 1 << 20;
 
-/// Every function statically reachable from `roots` (roots excluded), in discovery order.
-pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> Vec<&'a Function> {
+/// The static call graph below some roots.
+#[derive(Debug, Default)]
+pub struct Closure<'a> {
+    /// Every function statically reachable from the roots (roots excluded), in
+    /// discovery order.
+    pub functions: Vec<&'a Function>,
+    /// Indirect call sites in the roots and those functions.
+    pub indirect_call_sites: u64,
+}
+
+/// The static call graph below `roots` (see [`Closure`]).
+pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> Closure<'a> {
     let Ok(memory) = std::fs::File::open(format!("/proc/{}/mem", symbols.pid())) else {
-        return Vec::new();
+        return Closure::default();
     };
     let read = |address: u64, length: u64| -> Option<Vec<u8>> {
         let mut buffer = vec![0u8; length as usize];
@@ -28,7 +38,7 @@ pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> V
         |address: u64| read(address, 8).map(|bytes| u64::from_le_bytes(bytes.try_into().unwrap()));
     let mut seen: HashSet<u64> = roots.iter().map(|f| f.addr).collect();
     let mut queue: VecDeque<u64> = roots.iter().map(|f| f.addr).collect();
-    let mut closure = Vec::new();
+    let mut closure = Closure::default();
     while let Some(address) = queue.pop_front() {
         let Some(function) = symbols.lookup(address).filter(|f| f.addr == address) else {
             continue;
@@ -37,6 +47,7 @@ pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> V
             continue;
         };
         let found = callees::scan(&code, function.addr);
+        closure.indirect_call_sites += found.indirect_call_sites;
         let targets = found
             .direct
             .into_iter()
@@ -45,8 +56,8 @@ pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> V
             let Some(callee) = resolve(symbols, target, &read, &read_pointer) else {
                 continue;
             };
-            if seen.insert(callee.addr) && closure.len() < MAX_FUNCTIONS {
-                closure.push(callee);
+            if seen.insert(callee.addr) && closure.functions.len() < MAX_FUNCTIONS {
+                closure.functions.push(callee);
                 queue.push_back(callee.addr);
             }
         }

@@ -30,6 +30,11 @@ impl GrossTimes {
         }
     }
 
+    /// The hooks' inner time this was made with.
+    pub fn inner_ticks(&self) -> f64 {
+        self.inner_ticks
+    }
+
     pub fn push_events(&mut self, tid: i32, events: &[Event]) {
         let open = self.open.entry(tid).or_default();
         let paused = self.paused.entry(tid).or_default();

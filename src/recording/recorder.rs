@@ -71,10 +71,15 @@ pub struct Recorder {
     target: TargetProcess,
     session: AgentSession,
     symbols: ProcessSymbols,
-    rings: Rings,
-    builder: CctBuilder,
+    /// Mapped at the first recording (the agent keeps one file for its lifetime).
+    rings: Option<Rings>,
+    /// Created at the first recording, with its calibration.
+    builder: Option<CctBuilder>,
+    tsc_hz: u64,
+    root_patterns: Vec<String>,
     root_names: Vec<String>,
     scheme: Scheme,
+    gross_only: bool,
     gross: Option<GrossTimes>,
     /// Function names by id, filled as ids appear.
     names: Vec<FunctionName>,
@@ -84,6 +89,14 @@ pub struct Recorder {
     started: Instant,
     started_tsc: u64,
     events: u64,
+    /// The agent is recording (not paused).
+    recording: bool,
+    /// Functions patched when the recording began (roots, and Scheme A's graph).
+    instrumented_up_front: u64,
+    /// Indirect call sites Scheme A's static graph holds.
+    static_indirect_call_sites: u64,
+    /// Callees the agent could not instrument: (name, reason).
+    refused: Vec<(String, String)>,
 }
 
 /// A finished recording.
@@ -99,16 +112,49 @@ impl Recorder {
         let pid = options.pid;
         crate::process::inspect(pid)?;
         let symbols = ProcessSymbols::load(pid)?;
-        let matched = targets::match_patterns(&symbols, &options.roots)?;
-        let (target, mut session) = inject::attach(pid)?;
-        let chosen = targets::choose(&symbols, &matched, &mut session)?;
+        targets::match_patterns(&symbols, &options.roots)?;
+        let (target, session) = inject::attach(pid)?;
         let symbols = targets::unwinder_symbols_after_attach(&symbols)?.unwrap_or(symbols);
         let tsc_hz = tsc::measure_hz();
-        let discover = options.scheme == Scheme::B && !options.gross_only;
-        let token = u64::from(std::process::id()) << 20 ^ tsc::read() & 0xfffff;
-        let (table_path, table_in_target) = function_table::write(&target, &symbols, token)?;
+        let mut recorder = Recorder {
+            target,
+            session,
+            symbols,
+            rings: None,
+            builder: None,
+            tsc_hz,
+            root_patterns: options.roots.clone(),
+            root_names: Vec::new(),
+            scheme: options.scheme,
+            gross_only: options.gross_only,
+            gross: None,
+            names: Vec::new(),
+            ring_threads: HashMap::new(),
+            last_timestamps: HashMap::new(),
+            started: Instant::now(),
+            started_tsc: tsc::read(),
+            events: 0,
+            recording: false,
+            instrumented_up_front: 0,
+            static_indirect_call_sites: 0,
+            refused: Vec::new(),
+        };
+        recorder.begin()?;
+        Ok(recorder)
+    }
+
+    /// Starts a recording in the agent and patches the roots (and for Scheme A, their
+    /// static call graph).
+    fn begin(&mut self) -> Result<(), RecordError> {
+        let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
-        let started = session.request(&Request::StartRecording {
+        let matched = targets::match_patterns(&self.symbols, &self.root_patterns)?;
+        let chosen = targets::choose(&self.symbols, &matched, &mut self.session)?;
+        let discover = self.scheme == Scheme::B && !self.gross_only;
+        let token = u64::from(std::process::id()) << 20 ^ tsc::read() & 0xfffff;
+        let (table_path, table_in_target) =
+            function_table::write(&self.target, &self.symbols, token)?;
+        let started = self.session.request(&Request::StartRecording {
             functions_file: table_in_target,
             discover,
         });
@@ -123,46 +169,62 @@ impl Recorder {
                 return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
             }
         };
-        let rings_path = target.path_in_target(std::path::Path::new(&rings_file));
-        let rings = Rings::open(&rings_path).map_err(|e| RecordError::Refused {
-            pid,
-            message: format!("cannot map {}: {e}", rings_path.display()),
-        })?;
-        rings.skip_to_now();
-        let ns = |ticks: f64| ticks * 1e9 / tsc_hz as f64;
-        let builder = CctBuilder::new(Calibration {
-            tsc_hz,
-            inner_ns: ns(inner_ticks),
-            outer_ns: ns(outer_ticks),
-        })
-        .map_err(|e| RecordError::Refused {
-            pid,
-            message: format!("the hooks' calibration is unusable: {e}"),
-        })?;
+        self.recording = true;
+        if self.rings.is_none() {
+            let rings_path = self
+                .target
+                .path_in_target(std::path::Path::new(&rings_file));
+            super::rings::remove_stale_files(&rings_path, self.target.ns_pid == self.target.pid);
+            let rings = Rings::open(&rings_path).map_err(|e| RecordError::Refused {
+                pid,
+                message: format!("cannot map {}: {e}", rings_path.display()),
+            })?;
+            self.rings = Some(rings);
+        }
+        self.rings().skip_to_now();
+        if self.builder.is_none() {
+            let ns = |ticks: f64| ticks * 1e9 / self.tsc_hz as f64;
+            let builder = CctBuilder::new(Calibration {
+                tsc_hz: self.tsc_hz,
+                inner_ns: ns(inner_ticks),
+                outer_ns: ns(outer_ticks),
+            })
+            .map_err(|e| RecordError::Refused {
+                pid,
+                message: format!("the hooks' calibration is unusable: {e}"),
+            })?;
+            self.builder = Some(builder);
+            self.gross = self
+                .gross_only
+                .then(|| GrossTimes::new(self.tsc_hz, inner_ticks));
+        }
 
+        let symbols = &self.symbols;
         let mut patched: Vec<(&Function, Hook)> = chosen
             .iter()
             .map(|c| (&c.function, Hook::RecordRoot))
             .collect();
-        let closure_functions = if options.scheme == Scheme::A && !options.gross_only {
+        let closure = if self.scheme == Scheme::A && !self.gross_only {
             let roots: Vec<&Function> = chosen.iter().map(|c| &c.function).collect();
-            closure::static_closure(&symbols, &roots)
+            closure::static_closure(symbols, &roots)
         } else {
-            Vec::new()
+            closure::Closure::default()
         };
         patched.extend(
-            closure_functions
+            closure
+                .functions
                 .iter()
                 .filter(|f| !chosen.iter().any(|c| c.function.addr == f.addr))
                 .map(|&f| (f, Hook::Record)),
         );
-        let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(&symbols)
+        let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(symbols)
             .into_iter()
             .filter(|(f, _)| !patched.iter().any(|(p, _)| p.addr == f.addr))
             .collect();
         patched.extend(unwinders.iter().map(|(f, hook)| (f, *hook)));
-        let outcomes = match session
-            .request(&targets::patch_request(&symbols, &patched))
+        let outcomes = match self
+            .session
+            .request(&targets::patch_request(symbols, &patched))
             .map_err(session_error)?
         {
             Response::Patched { outcomes } => outcomes,
@@ -170,6 +232,14 @@ impl Recorder {
         };
         let mut root_names = Vec::new();
         let mut refusals = Vec::new();
+        let mut unwinder_refused = None;
+        let recorded = outcomes
+            .iter()
+            .zip(&patched)
+            .filter(|(o, (_, hook))| {
+                o.refused.is_none() && matches!(hook, Hook::RecordRoot | Hook::Record)
+            })
+            .count() as u64;
         for ((function, hook), outcome) in patched.iter().zip(&outcomes) {
             match (&outcome.refused, hook) {
                 (None, Hook::RecordRoot) => root_names.push(function.name.clone()),
@@ -177,46 +247,120 @@ impl Recorder {
                     refusals.push(format!("{}: {reason}", function.name))
                 }
                 (Some(reason), Hook::UnwinderStarts | Hook::ExceptionCaught | Hook::Backtrace) => {
-                    let _ = session.request(&Request::StopRecording);
-                    return Err(RecordError::Refused {
-                        pid,
-                        message: format!(
-                            "cannot hook returns safely: the unwinder function {} ({}) cannot be patched ({reason})",
-                            function.name, function.module
-                        ),
-                    });
+                    unwinder_refused = Some(format!(
+                        "cannot hook returns safely: the unwinder function {} ({}) cannot be patched ({reason})",
+                        function.name, function.module
+                    ));
                 }
                 _ => {}
             }
         }
-        if root_names.is_empty() {
-            let _ = session.request(&Request::StopRecording);
-            return Err(RecordError::Refused {
-                pid,
-                message: format!("no root could be instrumented — {}", refusals.join("; ")),
-            });
+        let failure = unwinder_refused.or_else(|| {
+            root_names
+                .is_empty()
+                .then(|| format!("no root could be instrumented — {}", refusals.join("; ")))
+        });
+        if let Some(message) = failure {
+            let _ = self.end();
+            return Err(RecordError::Refused { pid, message });
         }
         for refusal in &refusals {
             eprintln!("tendril: root not instrumented: {refusal}");
         }
-        Ok(Recorder {
-            gross: options
-                .gross_only
-                .then(|| GrossTimes::new(tsc_hz, inner_ticks)),
-            target,
-            session,
-            symbols,
-            rings,
-            builder,
-            root_names,
-            scheme: options.scheme,
-            names: Vec::new(),
-            ring_threads: HashMap::new(),
-            last_timestamps: HashMap::new(),
-            started: Instant::now(),
-            started_tsc: tsc::read(),
-            events: 0,
-        })
+        self.root_names = root_names;
+        self.instrumented_up_front = recorded;
+        self.static_indirect_call_sites = closure.indirect_call_sites;
+        Ok(())
+    }
+
+    /// Stops the recording in the agent (every patch restored); the data stays.
+    fn end(&mut self) -> Result<(), RecordError> {
+        let pid = self.target.pid;
+        if !self.recording {
+            return Ok(());
+        }
+        self.recording = false;
+        let stopped = self.session.request(&Request::StopRecording);
+        self.poll();
+        let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
+            Response::RecordingStopped { refused, .. } => refused,
+            other => {
+                return Err(RecordError::Session {
+                    pid,
+                    source: SessionError::Protocol(format!("{other:?}")),
+                });
+            }
+        };
+        self.refused
+            .extend(refused.into_iter().map(|(address, reason)| {
+                let name = self
+                    .symbols
+                    .lookup(address)
+                    .map_or_else(|| format!("{address:#x}"), |f| f.name.clone());
+                (name, reason)
+            }));
+        Ok(())
+    }
+
+    /// Pauses collection: the code is restored; the data so far stays.
+    pub fn pause(&mut self) -> Result<(), RecordError> {
+        self.end()
+    }
+
+    /// Resumes collection after [`Recorder::pause`], with the same roots.
+    pub fn resume(&mut self) -> Result<(), RecordError> {
+        if self.recording {
+            return Ok(());
+        }
+        self.begin()
+    }
+
+    /// Whether events are being collected now.
+    pub fn is_recording(&self) -> bool {
+        self.recording
+    }
+
+    /// Forgets the data collected so far (the recording goes on).
+    pub fn reset(&mut self) {
+        if let Some(builder) = &self.builder {
+            let calibration = builder.calibration();
+            self.builder = CctBuilder::new(calibration).ok();
+        }
+        if let Some(gross) = &mut self.gross {
+            *gross = GrossTimes::new(self.tsc_hz, gross.inner_ticks());
+        }
+        self.ring_threads.clear();
+        self.last_timestamps.clear();
+        self.events = 0;
+        self.started = Instant::now();
+        self.started_tsc = tsc::read();
+    }
+
+    /// Records from other roots from now on (patterns as for `--root`); the data so
+    /// far is forgotten. The target stays attached throughout.
+    pub fn set_roots(&mut self, patterns: &[String]) -> Result<(), RecordError> {
+        targets::match_patterns(&self.symbols, patterns)?;
+        let resume = self.recording;
+        self.end()?;
+        self.root_patterns = patterns.to_vec();
+        self.reset();
+        if resume {
+            self.begin()?;
+        }
+        Ok(())
+    }
+
+    /// Every function of the target, for a root picker.
+    pub fn symbols(&self) -> &ProcessSymbols {
+        &self.symbols
+    }
+
+    fn rings(&self) -> &Rings {
+        self.rings.as_ref().expect("a recording has begun")
+    }
+
+    fn builder(&mut self) -> &mut CctBuilder {
+        self.builder.as_mut().expect("a recording has begun")
     }
 
     pub fn pid(&self) -> i32 {
@@ -238,17 +382,22 @@ impl Recorder {
     }
 
     pub fn agent_counters(&self) -> AgentCounters {
-        self.rings.counters()
+        self.rings().counters()
     }
 
     /// Moves the rings' new events into the trees. Returns the number of events.
     pub fn poll(&mut self) -> u64 {
-        let builder = &mut self.builder;
+        let Some(rings) = self.rings.as_ref() else {
+            return 0;
+        };
+        let Some(builder) = self.builder.as_mut() else {
+            return 0;
+        };
         let ring_threads = &mut self.ring_threads;
         let last_timestamps = &mut self.last_timestamps;
         let gross = &mut self.gross;
         let pid = self.target.pid;
-        let drained = self.rings.drain(|ring, tid, events| {
+        let drained = rings.drain(|ring, tid, events| {
             if let Some(old) = ring_threads.insert(ring, tid)
                 && old != tid
                 && let Some(&at) = last_timestamps.get(&old)
@@ -279,42 +428,30 @@ impl Recorder {
     /// event).
     pub fn snapshot(&mut self) -> Profile {
         self.refresh_names();
-        let counters = self.rings.counters();
+        let counters = self.rings().counters();
         let info = self.recording_info(&counters);
-        let mut profile = self.builder.snapshot(&info, &Names(&self.names));
+        let builder = self.builder.as_ref().expect("a recording has begun");
+        let mut profile = builder.snapshot(&info, &Names(&self.names));
         self.add_extras(&mut profile, &counters);
         profile
     }
 
     /// Ends the recording: restores the code, reads the last events and returns the
-    /// profile.
-    pub fn finish(mut self) -> Result<Finished, RecordError> {
-        let pid = self.target.pid;
-        let stopped = self.session.request(&Request::StopRecording);
-        self.poll();
+    /// profile. With `target_gone`, the process has exited: there is no agent left to
+    /// ask, and the rings hold everything it wrote.
+    pub fn finish(mut self, target_gone: bool) -> Result<Finished, RecordError> {
+        if target_gone {
+            self.recording = false;
+            self.poll();
+        } else {
+            self.end()?;
+        }
         let end = tsc::read();
-        self.builder.finish_all(end);
+        self.builder().finish_all(end);
         if let Some(gross) = self.gross.as_mut() {
             gross.finish();
         }
-        let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
-            Response::RecordingStopped { refused, .. } => refused
-                .into_iter()
-                .map(|(address, reason)| {
-                    let name = self
-                        .symbols
-                        .lookup(address)
-                        .map_or_else(|| format!("{address:#x}"), |f| f.name.clone());
-                    (name, reason)
-                })
-                .collect(),
-            other => {
-                return Err(RecordError::Session {
-                    pid,
-                    source: SessionError::Protocol(format!("{other:?}")),
-                });
-            }
-        };
+        let refused = std::mem::take(&mut self.refused);
         Ok(Finished {
             profile: self.snapshot(),
             refused,
@@ -330,10 +467,10 @@ impl Recorder {
                 Scheme::A => "A".into(),
                 Scheme::B => "B".into(),
             },
-            instrumented_functions: counters.instrumented + self.root_names.len() as u64,
+            instrumented_functions: counters.instrumented + self.instrumented_up_front,
             invoked_functions: counters.invoked,
             lost_events: counters.lost_events,
-            indirect_call_sites: counters.indirect_call_sites,
+            indirect_call_sites: counters.indirect_call_sites + self.static_indirect_call_sites,
         }
     }
 
@@ -349,6 +486,13 @@ impl Recorder {
                 0
             } else {
                 (counters.discovery_ticks as f64 * 1e9 / hz / counters.discoveries as f64) as u64
+            },
+            median_pause_ns: {
+                let mut samples = self.rings().discovery_samples();
+                samples.sort_unstable();
+                samples
+                    .get(samples.len() / 2)
+                    .map_or(0, |&ticks| (ticks as f64 * 1e9 / hz) as u64)
             },
             refused_callees: counters.refused_callees,
         });
@@ -366,7 +510,10 @@ impl Recorder {
     /// Names every id the registry has an address for, up to the highest id seen.
     fn refresh_names(&mut self) {
         let mut id = self.names.len() as u32;
-        while let Some(address) = self.rings.function_address(id) {
+        let Some(rings) = self.rings.as_ref() else {
+            return;
+        };
+        while let Some(address) = rings.function_address(id) {
             let (name, module) = match self.symbols.lookup(address) {
                 Some(function) if function.addr == address => {
                     (function.name.clone(), function.module.clone())

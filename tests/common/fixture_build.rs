@@ -39,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 11] = [
+const FIXTURES: [Fixture; 12] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -78,6 +78,11 @@ const FIXTURES: [Fixture; 11] = [
     Fixture {
         name: "tightcall",
         source: "tightcall.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "timed",
+        source: "timed.c",
         recipe: Recipe::C,
     },
     Fixture {

@@ -10,11 +10,13 @@
 mod code_check;
 mod counting;
 mod fixture_build;
+mod recording;
 mod target;
 
 pub use code_check::code_bytes_match_file;
 pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};
+pub use recording::{Recorded, Recording, all_nodes, node_at};
 pub use target::{READY_TIMEOUT, Round, Target};
 
 use std::process::Command;

@@ -10,7 +10,7 @@
 //! after its function was restored.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 /// Size of each mapping the arena takes from the kernel.
 const CHUNK_SIZE: u64 = 256 * 1024;
@@ -96,6 +96,20 @@ pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
     }
 }
 
+/// The chunks mapped so far, readable without a lock (from signal handlers).
+const MAX_CHUNKS: usize = 4096;
+static CHUNK_STARTS: [AtomicU64; MAX_CHUNKS] = [const { AtomicU64::new(0) }; MAX_CHUNKS];
+static CHUNK_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `pc` lies in trampoline memory. Lock-free, for signal handlers.
+pub fn is_trampoline_code(pc: u64) -> bool {
+    let count = CHUNK_COUNT.load(Ordering::Acquire).min(MAX_CHUNKS);
+    CHUNK_STARTS[..count].iter().any(|start| {
+        let start = start.load(Ordering::Acquire);
+        start != 0 && (start..start + CHUNK_SIZE).contains(&pc)
+    })
+}
+
 /// One read+execute mapping, filled from the bottom.
 struct Chunk {
     start: u64,
@@ -137,6 +151,11 @@ impl CodeArena {
         }
         let start = map_chunk_near(near)?;
         chunks.push(Chunk { start, used: len });
+        let index = CHUNK_COUNT.load(Ordering::Acquire);
+        if index < MAX_CHUNKS {
+            CHUNK_STARTS[index].store(start, Ordering::Release);
+            CHUNK_COUNT.store(index + 1, Ordering::Release);
+        }
         Ok(start)
     }
 }

@@ -1,17 +1,19 @@
 //! Scheme B: the first time an instrumented function runs inside the call graph, its
 //! direct callees are found in its machine code and instrumented before it goes on.
 //!
-//! The thread that runs the function for the first time posts a request and waits; the
-//! agent's discovery thread decodes the function (bounds from the controller's function
+//! The thread that runs the function for the first time does the work itself, at once
+//! (handing it to another thread would cost a context switch or, on a busy machine, a
+//! whole time slice): it decodes the function (bounds from the controller's function
 //! table), collects where it calls and tail-jumps — direct `call`/`jmp`/`jcc` targets
 //! outside its body, and calls through a GOT slot, read now — follows PLT stubs to the
-//! function they lead to, counts indirect call sites, and patches the callees it has
-//! not patched yet, in one batch. Then it marks the function invoked and wakes the
-//! waiter, whose wait is tendril's pause (an Adjust event).
+//! function they lead to, counts indirect call sites, and patches the callees not
+//! patched yet, in one batch. Then it marks the function invoked; the time it took is
+//! tendril's pause (an Adjust event).
 //!
-//! The one idea: the waiting thread may hold any lock of the target (it may be inside
-//! `malloc`), so it only makes raw system calls; all the real work — decoding, memory
-//! allocation, patching — happens on the agent's own thread, which holds none.
+//! The one idea: the thread may be anywhere — inside `malloc`, in a signal handler, on a
+//! small stack — so the work runs on a stack of the agent's own, with the thread's
+//! signals blocked (a handler cannot re-enter it), using only the agent's allocator and
+//! locks only agent code takes.
 
 use crate::code_memory;
 use crate::patcher::{self, PatchRequest};
@@ -19,30 +21,18 @@ use crate::recording;
 use crate::slow_call::SavedRegisters;
 use crate::stubs::HookKind;
 use crate::sys;
+use crate::thread_state::ThreadState;
 use crate::thread_state::with_own_state;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 use tendril_wire::callees;
 use tendril_wire::events::{Event, EventKind};
 use tendril_wire::function_table::{FLAG_EXCLUDED, FLAG_PLT, FunctionEntry, FunctionTable};
 use tendril_wire::rings::header;
 
-/// Requests that can wait at once.
-const SLOTS: usize = 256;
-/// A slot's states.
-const FREE: u32 = 0;
-const FILLING: u32 = 1;
-const REQUESTED: u32 = 2;
-const DONE: u32 = 3;
 /// How far around a callee to look for code that might branch into its entry.
 const NEIGHBOURHOOD: u64 = 4096;
 /// Longest body decoded.
 const MAX_BODY: u64 = 1 << 20;
-
-static SLOT_STATE: [AtomicU32; SLOTS] = [const { AtomicU32::new(FREE) }; SLOTS];
-static SLOT_FUNCTION: [AtomicU32; SLOTS] = [const { AtomicU32::new(0) }; SLOTS];
-/// Bumped for every request; the discovery thread sleeps on it.
-static PENDING: AtomicU32 = AtomicU32::new(0);
 
 /// What discovery needs to know of the recording.
 struct Context {
@@ -57,10 +47,8 @@ struct Context {
 }
 
 static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
-static THREAD_STARTED: AtomicU32 = AtomicU32::new(0);
 
-/// Starts discovery for a recording of `session` (the discovery thread is started
-/// once and stays).
+/// Starts discovery for a recording of `session`.
 pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(), String> {
     FunctionTable::parse(&table).ok_or("the function table is not a tendril function table")?;
     *CONTEXT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Context {
@@ -69,10 +57,6 @@ pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(),
         discover_callees,
         refused: Vec::new(),
     });
-    if THREAD_STARTED.swap(1, Ordering::AcqRel) == 0 {
-        crate::threads::spawn_agent_thread("discovery", serve)
-            .map_err(|e| format!("cannot start the discovery thread: {e}"))?;
-    }
     Ok(())
 }
 
@@ -94,69 +78,90 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
     }
     with_own_state(|state| {
         let started = sys::rdtsc();
-        wait_for_discovery(id);
+        let Some(stack) = agent_stack(state) else {
+            // No memory for a stack: go on without instrumenting the callees now.
+            return;
+        };
+        let mask = sys::block_signals();
+        let mut id_on_stack = id;
+        // SAFETY: `stack` is the top of a mapping of DISCOVERY_STACK_BYTES owned by this
+        // thread; `run_discovery` has the signature tendril_call_on_stack expects.
+        unsafe {
+            tendril_call_on_stack(
+                &mut id_on_stack as *mut u32 as *mut libc::c_void,
+                run_discovery,
+                stack,
+            )
+        };
+        sys::restore_signals(mask);
         let paused = sys::rdtsc().saturating_sub(started);
         recording::add_to_header(header::PAUSE_TICKS, paused);
         recording::add_to_header(header::DISCOVERIES, 1);
         recording::add_to_header(header::DISCOVERY_TICKS, paused);
+        recording::sample_discovery(paused);
         recording::emit(state, Event::new(EventKind::Adjust, 0, paused));
     });
 }
 
-/// Posts a request for function `id` and waits until it is served. Raw system calls
-/// only: the calling thread may hold any of the target's locks.
-fn wait_for_discovery(id: u32) {
-    loop {
-        for slot in 0..SLOTS {
-            if SLOT_STATE[slot]
-                .compare_exchange(FREE, FILLING, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                continue;
-            }
-            SLOT_FUNCTION[slot].store(id, Ordering::Release);
-            SLOT_STATE[slot].store(REQUESTED, Ordering::Release);
-            PENDING.fetch_add(1, Ordering::AcqRel);
-            sys::futex_wake_all(&PENDING);
-            loop {
-                let state = SLOT_STATE[slot].load(Ordering::Acquire);
-                if state == DONE {
-                    break;
-                }
-                sys::futex_wait(&SLOT_STATE[slot], state);
-            }
-            SLOT_STATE[slot].store(FREE, Ordering::Release);
-            return;
+/// Bytes of the stack discovery runs on (decoding and assembling want more than a
+/// small thread stack may have left).
+const DISCOVERY_STACK_BYTES: usize = 1 << 20;
+
+/// The top of the thread's discovery stack, mapped on first use.
+fn agent_stack(state: &mut ThreadState) -> Option<u64> {
+    if state.discovery_stack == 0 {
+        // SAFETY: an anonymous private mapping with no address hint has no
+        // preconditions; the result is checked against MAP_FAILED.
+        let mapped = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                DISCOVERY_STACK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return None;
         }
-        sys::sleep_microseconds(10);
+        state.discovery_stack = mapped as u64 + DISCOVERY_STACK_BYTES as u64;
     }
+    Some(state.discovery_stack)
 }
 
-/// The discovery thread: serves requests in batches.
-fn serve() {
-    let mut served: Vec<usize> = Vec::new();
-    loop {
-        let seen = PENDING.load(Ordering::Acquire);
-        served.clear();
-        served.extend(
-            (0..SLOTS).filter(|&slot| SLOT_STATE[slot].load(Ordering::Acquire) == REQUESTED),
-        );
-        if served.is_empty() {
-            sys::futex_wait(&PENDING, seen);
-            continue;
-        }
-        let mut ids: Vec<u32> = served
-            .iter()
-            .map(|&slot| SLOT_FUNCTION[slot].load(Ordering::Acquire))
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        discover_batch(&ids);
-        for &slot in &served {
-            SLOT_STATE[slot].store(DONE, Ordering::Release);
-            sys::futex_wake_all(&SLOT_STATE[slot]);
-        }
-    }
+/// Runs on the discovery stack: `argument` points at the function id.
+extern "C" fn run_discovery(argument: *mut libc::c_void) {
+    // SAFETY: `discover` passes a pointer to a live u32.
+    let id = unsafe { *(argument as *const u32) };
+    // Nothing may unwind off this stack: a panic here ends discovery for this call.
+    let _ = std::panic::catch_unwind(|| discover_batch(&[id]));
+}
+
+core::arch::global_asm!(
+    ".pushsection .text",
+    ".globl tendril_call_on_stack",
+    ".hidden tendril_call_on_stack",
+    ".type tendril_call_on_stack, @function",
+    // rdi: argument, rsi: function, rdx: top of the new stack (16-byte aligned).
+    "tendril_call_on_stack:",
+    "push rbp",
+    "mov rbp, rsp",
+    "mov rsp, rdx",
+    "call rsi",
+    "mov rsp, rbp",
+    "pop rbp",
+    "ret",
+    ".size tendril_call_on_stack, . - tendril_call_on_stack",
+    ".popsection",
+);
+
+unsafe extern "C" {
+    fn tendril_call_on_stack(
+        argument: *mut libc::c_void,
+        function: extern "C" fn(*mut libc::c_void),
+        stack_top: u64,
+    );
 }
 
 /// Discovers the callees of functions `ids` and patches them in one batch, then marks
@@ -194,7 +199,14 @@ fn discover_batch(ids: &[u32]) {
         }
         callees.sort_unstable_by_key(|f| f.start);
         callees.dedup_by_key(|f| f.start);
-        callees.retain(|f| !patcher::is_patched_by(context.session, f.start));
+        // A callee refused once is refused again: do not plan it for every caller.
+        callees.retain(|f| {
+            !patcher::is_patched_by(context.session, f.start)
+                && !context
+                    .refused
+                    .iter()
+                    .any(|&(address, _)| address == f.start)
+        });
         recording::add_to_header(header::INDIRECT_CALL_SITES, indirect_sites);
         if !callees.is_empty() {
             let refused = patch_callees(context.session, &table, &callees);
@@ -283,7 +295,7 @@ struct Scan {
 /// Decodes `function` and finds its direct callees (see the module comment).
 fn scan(function: &FunctionEntry, table: &FunctionTable) -> Scan {
     let mut code = vec![0u8; function.size.min(MAX_BODY) as usize];
-    if code.is_empty() || code_memory::read_code(function.start, &mut code).is_err() {
+    if code.is_empty() || patcher::read_original_code(function.start, &mut code).is_err() {
         return Scan::default();
     }
     let found = callees::scan(&code, function.start);

@@ -109,10 +109,12 @@ pub(crate) fn is_agent_code(address: u64) -> bool {
 
 /// A forked child inherits the mapped agent and the patched code, but not the agent's
 /// threads and not the controller's session: it gets its original code back at once
-/// (it has a single thread, so no stop is needed), and a later attach may start a
-/// fresh control thread in it.
+/// (it has a single thread, so no stop is needed), lets go of the recording's shared
+/// rings (they are its parent's), and a later attach may start a fresh control thread
+/// in it.
 extern "C" fn after_fork_in_child() {
     patch_protocol::restore_all_in_forked_child();
+    recording::forget_in_forked_child();
     CONTROL_STARTED.store(false, Ordering::Release);
 }
 

@@ -17,7 +17,7 @@ use crate::patch_protocol::{self, Pad, Site};
 use crate::relocate::{self, EntryPlan, PatchStyle};
 use crate::stubs::{self, HookKind, TrampolineCode};
 use crate::{shadow, slow_call, stop_world, thread_state, traps};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
 /// Longest function body read for planning; longer bodies are scanned up to this much.
@@ -78,6 +78,8 @@ struct Engine {
     /// Function address → its patch.
     sites: HashMap<u64, Site>,
     trampolines: HashMap<(u64, KindKey), Trampoline>,
+    /// Address of every entry jump and pad written → the bytes it replaced.
+    originals: BTreeMap<u64, Vec<u8>>,
 }
 
 static ENGINE: Mutex<Option<Engine>> = Mutex::new(None);
@@ -91,6 +93,8 @@ fn engine() -> MutexGuard<'static, Option<Engine>> {
 /// Everything the stubs and the protocol rely on, set up before the first patch.
 fn prepare() -> Result<(), String> {
     thread_state::prepare()?;
+    // Computed now, so signal handlers can ask without allocating.
+    crate::is_agent_code(0);
     slow_call::prepare();
     code_memory::prepare().map_err(|e| e.to_string())?;
     traps::install()?;
@@ -115,6 +119,18 @@ pub fn for_each_id(mut visit: impl FnMut(u32, u64)) {
     }
 }
 
+/// Reads the code at `address` as it was before tendril patched it: the live bytes with
+/// the original bytes of every entry jump and pad in the range put back (a patched
+/// entry decodes as a jump to its trampoline, and the bytes after it decode out of
+/// step with the function's instructions).
+pub fn read_original_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
+    code_memory::read_code(address, buffer)?;
+    if let Some(engine) = engine().as_ref() {
+        engine.put_back_originals(address, buffer);
+    }
+    Ok(())
+}
+
 /// Number of functions patched now.
 pub fn patched_count() -> usize {
     engine().as_ref().map_or(0, |e| e.sites.len())
@@ -134,7 +150,11 @@ pub fn patch(
     if let Err(reason) = prepare() {
         return requests.iter().map(|_| Err(reason.clone())).collect();
     }
-    let read = |at: u64, buffer: &mut [u8]| code_memory::read_code(at, buffer).is_ok();
+    let read = |at: u64, buffer: &mut [u8]| {
+        let read = code_memory::read_code(at, buffer).is_ok();
+        engine.put_back_originals(at, buffer);
+        read
+    };
     let nearby = Nearby {
         branches: BranchIndex::build(code_ranges, read),
         ranges: code_ranges,
@@ -172,6 +192,13 @@ pub fn patch(
         return results;
     }
     for site in batch {
+        engine.originals.insert(
+            site.patch_at,
+            site.original[..site.trampoline.plan.jump_len].to_vec(),
+        );
+        if let Some(pad) = &site.pad {
+            engine.originals.insert(pad.address, pad.original.to_vec());
+        }
         engine.sites.insert(site.function(), site);
     }
     results
@@ -185,6 +212,23 @@ struct Nearby<'a> {
 }
 
 impl Engine {
+    /// Overwrites, in `buffer` (the code read at `address`), the bytes of the patches
+    /// that fall in it with the bytes they replaced.
+    fn put_back_originals(&self, address: u64, buffer: &mut [u8]) {
+        let end = address + buffer.len() as u64;
+        // A patch is at most a few bytes long, so one starting shortly before `address`
+        // may reach into the range.
+        let from = address.saturating_sub(PAD_LEN.max(patch_protocol::MAX_ENTRY_PATCH as u64));
+        for (&at, original) in self.originals.range(from..end) {
+            for (offset, &byte) in original.iter().enumerate() {
+                let byte_at = at + offset as u64;
+                if (address..end).contains(&byte_at) {
+                    buffer[(byte_at - address) as usize] = byte;
+                }
+            }
+        }
+    }
+
     /// Plans the patch of one function and builds (or reuses) its trampoline. `batch`
     /// holds the sites prepared so far in this batch (their pads are taken).
     fn prepare_site(
@@ -200,6 +244,7 @@ impl Engine {
         }
         let mut code = vec![0u8; request.size.min(MAX_BODY_SCAN) as usize];
         code_memory::read_code(address, &mut code).map_err(|e| e.to_string())?;
+        self.put_back_originals(address, &mut code);
         let (plan, pad_address) = self.choose_plan(request, &code, nearby, batch)?;
         let id = self.id_for(address)?;
         let key = (address, KindKey::from(request.kind));
@@ -245,10 +290,14 @@ impl Engine {
         })
     }
 
-    /// Chooses how to patch the entry, in order of preference: a `jmp` that overwrites
-    /// no `call`; a call thunk for an entry that is a call; a short `jmp` to a pad that
-    /// overwrites no `call`; a `jmp` whose copy emulates a call (correct, but each
-    /// return of the callee misses the cpu's return prediction); a short `jmp` likewise.
+    /// Chooses how to patch the entry, in order of preference:
+    /// 1. a `jmp` over one instruction (no thread can be in the middle of it, so the
+    ///    patch needs no stop of the process);
+    /// 2. a call thunk, for an entry that is a call (one instruction too);
+    /// 3. a short `jmp` to a pad over one instruction;
+    /// 4. a `jmp`, then a short `jmp`, over several instructions (a stop is needed);
+    /// 5. the same with a copied call emulated (correct, but each return of the callee
+    ///    then misses the cpu's return prediction).
     fn choose_plan(
         &self,
         request: &PatchRequest,
@@ -263,9 +312,12 @@ impl Engine {
             HookKind::Count | HookKind::CountReturns | HookKind::Record { .. }
         );
         let emulates = |plan: &EntryPlan| relocate::emulates_a_call(address, code, plan);
-        match &long {
-            Ok(plan) if !emulates(plan) => return Ok((plan.clone(), None)),
-            _ => {}
+        let single = |plan: &EntryPlan| plan.instruction_offsets.len() == 1;
+        if let Ok(plan) = &long
+            && single(plan)
+            && !emulates(plan)
+        {
+            return Ok((plan.clone(), None));
         }
         if thunk_allowed && let Ok(plan) = plan_checked(request, code, nearby, Style::CallThunk) {
             return Ok((plan, None));
@@ -286,6 +338,8 @@ impl Engine {
                 .ok_or_else(|| "there is no padding nearby for a short jump".to_string())
         });
         match (long, short) {
+            (_, Ok((plan, pad))) if single(&plan) && !emulates(&plan) => Ok((plan, Some(pad))),
+            (Ok(plan), _) if !emulates(&plan) => Ok((plan, None)),
             (_, Ok((plan, pad))) if !emulates(&plan) => Ok((plan, Some(pad))),
             (Ok(plan), _) => Ok((plan, None)),
             (Err(_), Ok((plan, pad))) => Ok((plan, Some(pad))),
@@ -422,6 +476,12 @@ fn restore_addresses(engine: &mut Engine, addresses: &[u64]) -> usize {
         .iter()
         .filter_map(|address| engine.sites.remove(address))
         .collect();
+    for site in &sites {
+        engine.originals.remove(&site.patch_at);
+        if let Some(pad) = &site.pad {
+            engine.originals.remove(&pad.address);
+        }
+    }
     patch_protocol::restore(&sites);
     sites.len()
 }

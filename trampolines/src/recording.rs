@@ -51,6 +51,14 @@ pub fn add_to_header(field: usize, amount: u64) {
     }
 }
 
+/// Keeps one discovery pause in the header's sample ring.
+pub fn sample_discovery(ticks: u64) {
+    if let Some(next) = word(header::DISCOVERY_SAMPLE_NEXT) {
+        let index = next.fetch_add(1, Ordering::AcqRel) as usize % header::DISCOVERY_SAMPLES;
+        set_header(header::DISCOVERY_SAMPLE_WORDS + index * 8, ticks);
+    }
+}
+
 /// Sets a header field.
 pub fn set_header(field: usize, value: u64) {
     if let Some(counter) = word(field) {
@@ -68,7 +76,8 @@ pub fn open_rings(uid: u32, pid: i32, session: u64) -> Result<std::path::PathBuf
     {
         return Ok(existing.clone());
     }
-    let file_path = rings::rings_path(uid, pid, session);
+    let dir = private_memory_dir(uid)?;
+    let file_path = rings::rings_path(&dir, pid, session);
     let file = {
         use std::os::unix::fs::OpenOptionsExt;
         let _ = std::fs::remove_file(&file_path);
@@ -104,9 +113,55 @@ pub fn open_rings(uid: u32, pid: i32, session: u64) -> Result<std::path::PathBuf
     }
     RINGS.store(mapped.cast(), Ordering::Release);
     set_header(header::MAGIC, rings::MAGIC);
+    remember_for_exit(&file_path);
     crate::patcher::for_each_id(register_function);
     *path = Some(file_path.clone());
     Ok(file_path)
+}
+
+/// The rings file's path as a C string, removed when the process exits normally (it
+/// would otherwise hold its memory in `/dev/shm` after the process is gone).
+static FILE_TO_REMOVE: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
+
+fn remember_for_exit(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    if let Ok(path) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
+        let _ = FILE_TO_REMOVE.set(path);
+    }
+}
+
+/// Runs at process exit (`.fini_array`): removes the rings file.
+extern "C" fn remove_rings_file_at_exit() {
+    if let Some(path) = FILE_TO_REMOVE.get() {
+        // SAFETY: unlink reads a valid NUL-terminated path.
+        unsafe { libc::unlink(path.as_ptr()) };
+    }
+}
+
+// SAFETY: a function pointer in .fini_array is the ELF mechanism for a destructor run at
+// normal process exit; it only makes one system call.
+#[used]
+#[unsafe(link_section = ".fini_array")]
+static REMOVE_RINGS_AT_EXIT: extern "C" fn() = remove_rings_file_at_exit;
+
+/// The user's private directory in `/dev/shm` (created 0700 if needed), or the runtime
+/// directory where there is no `/dev/shm`.
+fn private_memory_dir(uid: u32) -> Result<std::path::PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        return Ok(tendril_wire::runtime_dir(uid));
+    }
+    let dir = rings::shm_dir(uid);
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| format!("cannot use {}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o777 != 0o700 {
+        return Err(format!(
+            "{} must be a directory owned by uid {uid} with mode 0700; remove it and try again",
+            dir.display()
+        ));
+    }
+    Ok(dir)
 }
 
 /// Starts a recording: clears the statistics and the invoked flags, and lets threads
@@ -122,6 +177,7 @@ pub fn start() {
         header::DISCOVERIES,
         header::DISCOVERY_TICKS,
         header::SHADOW_OVERFLOWS,
+        header::DISCOVERY_SAMPLE_NEXT,
     ] {
         set_header(field, 0);
     }
@@ -135,6 +191,24 @@ pub fn start() {
 /// Ends a recording: threads without a ring no longer claim one.
 pub fn stop() {
     ACTIVE.store(0, Ordering::Release);
+}
+
+/// In a forked child: the rings are shared with the parent, so the child must never
+/// write to them. The only thread of the child lets go of its ring, and no ring can be
+/// claimed any more (the child's code is restored; only frames still open at the fork
+/// can run a hook, and their events are dropped).
+pub fn forget_in_forked_child() {
+    ACTIVE.store(0, Ordering::Release);
+    let state = crate::thread_state::current();
+    if !state.is_null() {
+        // SAFETY: after fork only this thread exists, and this is its own state.
+        unsafe {
+            (*state).ring_events = 0;
+            (*state).ring_head = 0;
+            (*state).ring_limit = 0;
+        }
+    }
+    RINGS.store(std::ptr::null_mut(), Ordering::Release);
 }
 
 /// Address of the invoked bytes (the stubs test `invoked[id]`), or 0 before a file.
@@ -319,6 +393,32 @@ fn write_event(state: &mut ThreadState, event: Event) {
 pub extern "C" fn ring_space(registers: &mut SavedRegisters) {
     let room = with_own_state(make_room).unwrap_or(false);
     registers.rdx = u64::from(!room);
+}
+
+/// Records a stop of the process (the calling thread was parked for `ticks`) as an
+/// Adjust event — from the park signal handler, so only when the thread was not in the
+/// middle of writing an event itself (its pc is not in a hook or in agent code), and
+/// only if its ring has room (a handler cannot wait).
+pub fn adjust_after_park(pc: u64, ticks: u64) {
+    if crate::code_memory::is_trampoline_code(pc) || crate::is_agent_code(pc) {
+        return;
+    }
+    let state = crate::thread_state::current();
+    if state.is_null() || base().is_none() {
+        return;
+    }
+    // SAFETY: the calling thread's own state; the hooks it interrupted were not
+    // touching it (its pc is outside them, see above).
+    let state = unsafe { &mut *state };
+    if state.is_agent != 0
+        || state.graph_depth == 0
+        || state.ring_events == 0
+        || state.ring_head >= state.ring_limit
+    {
+        return;
+    }
+    add_to_header(header::PAUSE_TICKS, ticks);
+    write_event(state, Event::new(EventKind::Adjust, 0, ticks));
 }
 
 /// Writes an event from agent code running on a target thread (slow paths).

@@ -27,6 +27,10 @@ const MAX_PARKED: usize = 4096;
 /// How long running threads may take to park, or signal-blocking ones to fall asleep.
 const STOP_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// How long a signalled thread may take to park before the stopper checks whether it
+/// has blocked signals since (reading its status costs more than most parks take).
+const BLOCKED_AFTER_SIGNAL_CHECK: Duration = Duration::from_millis(1);
+
 /// The stop in progress (0 when none): handlers park only for their own stop.
 static STOP_IN_PROGRESS: AtomicU32 = AtomicU32::new(0);
 /// The last stop whose threads were released; parked handlers wait until it is theirs.
@@ -36,6 +40,8 @@ static ARRIVED: AtomicUsize = AtomicUsize::new(0);
 static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static PARKED_CONTEXTS: [AtomicPtr<libc::ucontext_t>; MAX_PARKED] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_PARKED];
+/// The thread id of each parked context, so the stopper knows who is still missing.
+static PARKED_TIDS: [AtomicI32; MAX_PARKED] = [const { AtomicI32::new(0) }; MAX_PARKED];
 /// The signal chosen for parking, once installed.
 static PARK_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// One stop at a time; holds the number of the last stop.
@@ -131,9 +137,12 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     if stop == 0 || STOP_IN_PROGRESS.load(Ordering::Acquire) != stop {
         return; // A late signal of a stop that has ended.
     }
+    let parked_at = sys::rdtsc();
     let slot = ARRIVED.fetch_add(1, Ordering::AcqRel);
     if slot < MAX_PARKED {
+        // The context first: a published tid says its context is there.
         PARKED_CONTEXTS[slot].store(context.cast(), Ordering::Release);
+        PARKED_TIDS[slot].store(sys::gettid(), Ordering::Release);
     }
     loop {
         let released = RELEASED.load(Ordering::Acquire);
@@ -142,6 +151,13 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
         }
         sys::futex_wait(&RELEASED, released);
     }
+    // The stop was tendril's pause: take it out of this thread's open frames. The pc
+    // (possibly moved by the patcher) says where the thread will go on.
+    // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler.
+    let pc = unsafe {
+        (*context.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
+    };
+    crate::recording::adjust_after_park(pc, sys::rdtsc().saturating_sub(parked_at));
 }
 
 /// How a thread is handled by one stop.
@@ -184,7 +200,10 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
     let mut last_stop = STOP_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let stop = *last_stop + 1;
     *last_stop = stop;
-    ARRIVED.store(0, Ordering::Release);
+    let previous = ARRIVED.swap(0, Ordering::AcqRel).min(MAX_PARKED);
+    for parked in &PARKED_TIDS[..previous] {
+        parked.store(0, Ordering::Release);
+    }
     STOP_IN_PROGRESS.store(stop, Ordering::Release);
 
     // From here until release: no allocation.
@@ -193,10 +212,22 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
             *plan = Plan::Leave; // Exited meanwhile.
         }
     }
-    let deadline = Instant::now() + STOP_TIMEOUT;
+    let signalled_at = Instant::now();
+    let deadline = signalled_at + STOP_TIMEOUT;
     let mut stubborn = 0;
     let ready = loop {
+        let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
         for (tid, plan) in threads.iter_mut() {
+            // A signalled thread that blocked signals before the signal came (it began
+            // a discovery, say, and now waits for the lock this stop's caller holds)
+            // will not park until it unblocks them: await its sleep instead.
+            if *plan == Plan::Park
+                && signalled_at.elapsed() >= BLOCKED_AFTER_SIGNAL_CHECK
+                && !has_parked(*tid, arrived)
+                && tasks::blocks_signal(*tid, signal)
+            {
+                *plan = Plan::AwaitSleep;
+            }
             if *plan != Plan::AwaitSleep {
                 continue;
             }
@@ -211,14 +242,12 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
                 };
             }
         }
-        let expected = threads
-            .iter()
-            .filter(|(tid, plan)| *plan == Plan::Park && sys::thread_exists(*tid))
-            .count();
-        let arrived = ARRIVED.load(Ordering::Acquire);
+        let missing = threads.iter().any(|&(tid, plan)| {
+            plan == Plan::Park && !has_parked(tid, arrived) && sys::thread_exists(tid)
+        });
         let awaiting = threads.iter().find(|(_, plan)| *plan == Plan::AwaitSleep);
-        if arrived >= expected && awaiting.is_none() {
-            break arrived <= MAX_PARKED;
+        if !missing && awaiting.is_none() {
+            break ARRIVED.load(Ordering::Acquire) <= MAX_PARKED;
         }
         if Instant::now() >= deadline {
             stubborn = awaiting.map_or(0, |&(tid, _)| tid);
@@ -227,6 +256,9 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
         std::thread::yield_now();
     };
     let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
+    // A thread counts itself in before it publishes its context: wait for the last
+    // arrivals to finish publishing (a few instructions, unless it was preempted).
+    let ready = ready && all_published(arrived, deadline);
     let result = if ready {
         parked.extend(PARKED_CONTEXTS[..arrived].iter().map(|c| ParkedThread {
             context: c.load(Ordering::Acquire),
@@ -255,6 +287,29 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
             )
         })
     })
+}
+
+/// Whether `tid` is among the first `arrived` threads parked by the current stop.
+fn has_parked(tid: i32, arrived: usize) -> bool {
+    PARKED_TIDS[..arrived]
+        .iter()
+        .any(|parked| parked.load(Ordering::Acquire) == tid)
+}
+
+/// Waits until the first `arrived` parked threads have published their contexts.
+fn all_published(arrived: usize, deadline: Instant) -> bool {
+    loop {
+        if PARKED_TIDS[..arrived]
+            .iter()
+            .all(|parked| parked.load(Ordering::Acquire) != 0)
+        {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
 }
 
 /// Makes every core discard prefetched instructions of this process, so that no thread

@@ -219,6 +219,103 @@ fn count_hook(mut layout: Layout, id: u32) -> Result<Layout, IcedError> {
     Ok(layout)
 }
 
+/// Returns from an exit stub to the real return address, now in the slot at `rsp`.
+/// A hook that called the body left the caller's return prediction on the cpu's return
+/// stack, so `ret` is right. A call thunk's exit was reached by the function's `ret`,
+/// which already used (and missed) that prediction: another `ret` would miss the next
+/// one too, and every return after it; an indirect `jmp` keeps the return stack
+/// balanced. (The address it reads lies in the red zone, which signals never touch.)
+fn return_to_caller(a: &mut CodeAssembler, after_call: bool) -> Result<(), IcedError> {
+    if after_call {
+        a.lea(rsp, qword_ptr(rsp + 8))?;
+        a.jmp(qword_ptr(rsp - 8))
+    } else {
+        a.ret()
+    }
+}
+
+/// Labels of a return-hooking stub's entry that the shadow-stack code branches to.
+struct ShadowLabels {
+    /// The shadow stack is full: run the function without a return hook.
+    overflow: CodeLabel,
+    /// The top entry's frame may be gone: let the agent prune (and reconcile).
+    prune: CodeLabel,
+    /// The top entry has our slot: a tail call from it if the slot holds its exit
+    /// (checked by the stub when it has a spare register, else by the agent).
+    same_slot: Option<CodeLabel>,
+    /// Where the entry is written (the prune path comes back here).
+    push_entry: CodeLabel,
+}
+
+/// Checks that the shadow stack has room and that the top entry's frame lies above
+/// the new one (rcx: state; leaves rdx: top, r11: the new return slot).
+fn check_shadow_top(
+    a: &mut CodeAssembler,
+    entry_slot: i32,
+    labels: &mut ShadowLabels,
+) -> Result<(), IcedError> {
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_LIMIT))?;
+    a.jae(labels.overflow)?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
+    a.je(labels.push_entry)?;
+    // The top entry's slot must lie above ours, or its frame is gone.
+    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
+    match labels.same_slot {
+        Some(same_slot) => {
+            a.jb(labels.prune)?;
+            a.je(same_slot)?;
+        }
+        None => a.jbe(labels.prune)?,
+    }
+    Ok(())
+}
+
+/// Pushes the shadow entry (rdx: top, r11: the return slot) for `function_word`, with
+/// `exit` as the exit; leaves r11 holding the exit's address.
+fn push_shadow_entry(
+    a: &mut CodeAssembler,
+    entry_slot: i32,
+    function_word: i32,
+    exit: CodeLabel,
+    push_entry: &mut CodeLabel,
+) -> Result<(), IcedError> {
+    a.set_label(push_entry)?;
+    // Slot first, then the new top, then every field: a signal handler that runs hooks
+    // between two of these stores sees a consistent stack and never takes our entry.
+    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
+    a.lea(r11, qword_ptr(rdx + ENTRY_SIZE))?;
+    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), r11)?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
+    a.mov(r11, qword_ptr(rsp + entry_slot))?;
+    a.mov(qword_ptr(rdx + ENTRY_RETURN_ADDRESS), r11)?;
+    a.mov(qword_ptr(rdx + ENTRY_FUNCTION), function_word)?;
+    a.lea(r11, qword_ptr(exit))?;
+    a.mov(qword_ptr(rdx + ENTRY_EXIT), r11)
+}
+
+/// At an exit (rcx: state), checks that the top shadow entry is this frame's, then
+/// writes its return address into the reserved slot and pops it (rdx: the new top).
+fn pop_shadow_entry(
+    a: &mut CodeAssembler,
+    slot: i32,
+    mismatch: CodeLabel,
+) -> Result<(), IcedError> {
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.lea(r11, qword_ptr(rsp + slot))?;
+    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
+    a.je(mismatch)?;
+    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
+    a.jne(mismatch)?;
+    // Read the entry before the pop commits: a signal handler may reuse it afterwards.
+    a.mov(r11, qword_ptr(rdx + (ENTRY_RETURN_ADDRESS - ENTRY_SIZE)))?;
+    a.mov(qword_ptr(rsp + slot), r11)?;
+    a.lea(rdx, qword_ptr(rdx - ENTRY_SIZE))?;
+    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), rdx)
+}
+
 /// Pushes/pops the four registers the return hook uses, in a fixed order.
 fn push_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.push(rax)?;
@@ -255,7 +352,7 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     let mut prune = a.create_label();
     let mut passthrough = a.create_label();
     let mut overflow = a.create_label();
-    let mut push_entry = a.create_label();
+    let push_entry = a.create_label();
     let mut exit = a.create_label();
     let mut mismatch = a.create_label();
     let mut slow_call = a.create_label();
@@ -275,38 +372,22 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     a.jnz(special)?;
     a.set_label(&mut counted)?;
     a.inc(qword_ptr(rcx + thread_state::calls_displacement(id)))?;
-    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
-    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_LIMIT))?;
-    a.jae(overflow)?;
-    a.lea(r11, qword_ptr(rsp + entry_slot))?;
-    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
-    a.je(push_entry)?;
-    // The top entry's slot must lie above ours, or its frame is gone.
-    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
-    a.jbe(prune)?;
-    a.set_label(&mut push_entry)?;
-    // Slot first, then the new top, then every field: a signal handler that runs hooks
-    // between two of these stores sees a consistent stack and never takes our entry.
-    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
-    a.lea(r11, qword_ptr(rdx + ENTRY_SIZE))?;
-    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), r11)?;
-    a.lea(r11, qword_ptr(rsp + entry_slot))?;
-    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
-    a.mov(r11, qword_ptr(rsp + entry_slot))?;
-    a.mov(qword_ptr(rdx + ENTRY_RETURN_ADDRESS), r11)?;
-    a.mov(qword_ptr(rdx + ENTRY_FUNCTION), id as i32)?;
-    a.lea(r11, qword_ptr(exit))?;
-    a.mov(qword_ptr(rdx + ENTRY_EXIT), r11)?;
+    let mut labels = ShadowLabels {
+        overflow,
+        prune,
+        same_slot: None,
+        push_entry,
+    };
+    check_shadow_top(a, entry_slot, &mut labels)?;
+    push_shadow_entry(a, entry_slot, id as i32, exit, &mut labels.push_entry)?;
+    restore_flags(a)?;
     if after_call {
         // The return address lives in the shadow entry; the exit takes its place, and
         // the thunk goes on to the callee.
-        a.lea(r11, qword_ptr(exit))?;
         a.mov(qword_ptr(rsp + entry_slot), r11)?;
-        restore_flags(a)?;
         pop_return_hook_registers(a)?;
         a.jmp(body)?;
     } else {
-        restore_flags(a)?;
         pop_return_hook_registers(a)?;
         // The return address lives in the shadow entry; `call` puts the exit in its slot.
         a.lea(rsp, qword_ptr(rsp + 8))?;
@@ -319,21 +400,11 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     push_return_hook_registers(a)?;
     save_flags(a)?;
     load_state(a, rcx)?;
-    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
-    a.lea(r11, qword_ptr(rsp + slot))?;
-    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
-    a.je(mismatch)?;
-    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
-    a.jne(mismatch)?;
-    // Read the entry before the pop commits: a signal handler may reuse it afterwards.
-    a.mov(r11, qword_ptr(rdx + (ENTRY_RETURN_ADDRESS - ENTRY_SIZE)))?;
-    a.mov(qword_ptr(rsp + slot), r11)?;
+    pop_shadow_entry(a, slot, mismatch)?;
     a.inc(qword_ptr(rcx + thread_state::returns_displacement(id)))?;
-    a.lea(rdx, qword_ptr(rdx - ENTRY_SIZE))?;
-    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), rdx)?;
     restore_flags(a)?;
     pop_return_hook_registers(a)?;
-    a.ret()?;
+    return_to_caller(a, after_call)?;
     a.set_label(&mut mismatch)?;
     call_slow(
         a,
@@ -342,7 +413,7 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     )?;
     restore_flags(a)?;
     pop_return_hook_registers(a)?;
-    a.ret()?;
+    return_to_caller(a, after_call)?;
 
     // Entry slow paths.
     a.set_label(&mut special)?;
@@ -356,7 +427,7 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     call_slow(a, before_push, slow_call)?;
     a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
     a.lea(r11, qword_ptr(rsp + entry_slot))?;
-    a.jmp(push_entry)?;
+    a.jmp(labels.push_entry)?;
     a.set_label(&mut overflow)?;
     a.inc(qword_ptr(rcx + STATE_SHADOW_OVERFLOWS))?;
     a.set_label(&mut passthrough)?;
@@ -444,7 +515,7 @@ fn record_hook(
     let mut same_slot = a.create_label();
     let mut passthrough = a.create_label();
     let mut overflow = a.create_label();
-    let mut push_entry = a.create_label();
+    let push_entry = a.create_label();
     let mut entry_ring = a.create_label();
     let mut entry_room = a.create_label();
     let mut entry_done = a.create_label();
@@ -478,29 +549,15 @@ fn record_hook(
     a.cmp(byte_ptr(r11 + id as i32), 0)?;
     a.je(discover)?;
     a.set_label(&mut counted)?;
-    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
-    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_LIMIT))?;
-    a.jae(overflow)?;
-    a.lea(r11, qword_ptr(rsp + entry_slot))?;
-    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
-    a.je(push_entry)?;
-    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
-    a.jb(prune)?;
-    a.je(same_slot)?;
-    a.set_label(&mut push_entry)?;
-    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
-    a.lea(r11, qword_ptr(rdx + ENTRY_SIZE))?;
-    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), r11)?;
-    a.lea(r11, qword_ptr(rsp + entry_slot))?;
-    a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
-    a.mov(r11, qword_ptr(rsp + entry_slot))?;
-    a.mov(qword_ptr(rdx + ENTRY_RETURN_ADDRESS), r11)?;
-    a.mov(
-        qword_ptr(rdx + ENTRY_FUNCTION),
-        (id as u64 | thread_state::ENTRY_RECORDED) as i32,
-    )?;
-    a.lea(r11, qword_ptr(exit))?;
-    a.mov(qword_ptr(rdx + ENTRY_EXIT), r11)?;
+    let mut labels = ShadowLabels {
+        overflow,
+        prune,
+        same_slot: Some(same_slot),
+        push_entry,
+    };
+    check_shadow_top(a, entry_slot, &mut labels)?;
+    let function_word = (id as u64 | thread_state::ENTRY_RECORDED) as i32;
+    push_shadow_entry(a, entry_slot, function_word, exit, &mut labels.push_entry)?;
     if after_call {
         a.mov(qword_ptr(rsp + entry_slot), r11)?;
     }
@@ -531,16 +588,7 @@ fn record_hook(
     a.mov(r10d, eax)?;
     read_tsc(a)?;
     load_state(a, rcx)?;
-    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
-    a.lea(r11, qword_ptr(rsp + slot))?;
-    a.cmp(rdx, qword_ptr(rcx + STATE_SHADOW_BASE))?;
-    a.je(mismatch)?;
-    a.cmp(qword_ptr(rdx + (ENTRY_SLOT - ENTRY_SIZE)), r11)?;
-    a.jne(mismatch)?;
-    a.mov(r11, qword_ptr(rdx + (ENTRY_RETURN_ADDRESS - ENTRY_SIZE)))?;
-    a.mov(qword_ptr(rsp + slot), r11)?;
-    a.lea(rdx, qword_ptr(rdx - ENTRY_SIZE))?;
-    a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), rdx)?;
+    pop_shadow_entry(a, slot, mismatch)?;
     a.dec(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
     a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
     a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
@@ -551,7 +599,7 @@ fn record_hook(
     a.mov(eax, r10d)?;
     restore_flags(a)?;
     pop_record_hook_registers(a)?;
-    a.ret()?;
+    return_to_caller(a, after_call)?;
 
     // Exit slow paths (the timestamp is in rax).
     a.set_label(&mut mismatch)?;

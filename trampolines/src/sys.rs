@@ -159,6 +159,42 @@ pub fn sleep_microseconds(microseconds: u64) {
     }
 }
 
+/// Blocks every signal but the synchronous ones (a fault or trap must still reach its
+/// handler) in the calling thread; returns the previous mask.
+pub fn block_signals() -> u64 {
+    let mut blocked: u64 = !0;
+    for synchronous in crate::stop_world::SYNCHRONOUS_SIGNALS {
+        blocked &= !(1u64 << (synchronous - 1));
+    }
+    let mut previous: u64 = 0;
+    // SAFETY: rt_sigprocmask reads and writes 8-byte kernel signal sets that live
+    // across the call.
+    unsafe {
+        syscall4(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_BLOCK as u64,
+            &blocked as *const u64 as u64,
+            &mut previous as *mut u64 as u64,
+            8,
+        );
+    }
+    previous
+}
+
+/// Puts back a mask [`block_signals`] returned.
+pub fn restore_signals(mask: u64) {
+    // SAFETY: as in `block_signals`.
+    unsafe {
+        syscall4(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK as u64,
+            &mask as *const u64 as u64,
+            0,
+            8,
+        );
+    }
+}
+
 /// Writes `message` to standard error and ends the process with SIGABRT. For states
 /// the agent cannot continue from without harming the target more.
 pub fn fatal(message: &str) -> ! {

@@ -92,6 +92,8 @@ pub struct ThreadState {
     pub is_agent: u32,
     /// The thread's name when it registered (`comm`, NUL-padded).
     pub name: [u8; 16],
+    /// The top of the stack discovery runs on (0 until the thread first discovers).
+    pub discovery_stack: u64,
     /// Stack pointers at which unwinders were entered and may still be walking the
     /// stack (innermost last); an unwinder is done once a hook runs above its frame.
     pub unwinders: [u64; MAX_NESTED_UNWINDERS],

@@ -64,6 +64,12 @@ pub mod header {
     pub const DISCOVERY_TICKS: usize = 88;
     /// Calls whose return could not be hooked because the shadow stack was full.
     pub const SHADOW_OVERFLOWS: usize = 96;
+    /// The most recent discovery pauses, in TSC ticks: a ring of
+    /// [`DISCOVERY_SAMPLES`] words from [`DISCOVERY_SAMPLE_WORDS`], the next index
+    /// (monotonic) at [`DISCOVERY_SAMPLE_NEXT`].
+    pub const DISCOVERY_SAMPLE_NEXT: usize = 104;
+    pub const DISCOVERY_SAMPLE_WORDS: usize = 512;
+    pub const DISCOVERY_SAMPLES: usize = (super::HEADER_BYTES - DISCOVERY_SAMPLE_WORDS) / 8;
 }
 
 /// Offsets inside a ring's header.
@@ -86,10 +92,16 @@ pub const fn ring_offset(index: usize) -> usize {
     RINGS_OFFSET + index * RING_BYTES
 }
 
+/// Where the rings files of user `uid` go: a private (0700) directory in `/dev/shm`,
+/// so the rings live in memory (a file on disk would allocate blocks as threads write).
+pub fn shm_dir(uid: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/shm/tendril-{uid}"))
+}
+
 /// The recording file of session `session` in process `pid` (its own pid namespace),
-/// as a path inside the target's mount namespace.
-pub fn rings_path(uid: u32, pid: i32, session: u64) -> PathBuf {
-    crate::runtime_dir(uid).join(format!("rings-{pid}-{session}.shm"))
+/// in `dir` (see [`shm_dir`]), as a path inside the target's mount namespace.
+pub fn rings_path(dir: &std::path::Path, pid: i32, session: u64) -> PathBuf {
+    dir.join(format!("rings-{pid}-{session}.shm"))
 }
 
 const _: () = assert!(RING_EVENTS.is_power_of_two());

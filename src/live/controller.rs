@@ -1,0 +1,108 @@
+//! The live UI's event loop: keys in, actions to the session, the recorder drained every
+//! few milliseconds, snapshots to the UI ten times a second, frames drawn.
+//!
+//! The one idea: the loop never waits on the target. It waits only for terminal input,
+//! and at most a couple of milliseconds while a recording runs (a full event ring makes
+//! the target wait for us), so the screen stays responsive and the rings stay drained
+//! whether or not anybody presses a key.
+
+use super::session::{Flow, Session};
+use super::stderr::StderrCapture;
+use crate::interrupt;
+use std::time::{Duration, Instant};
+use tendril_tui::crossterm::event::{self, Event, KeyCode, KeyEvent};
+use tendril_tui::{Action, App, ScreenKind, TerminalGuard};
+
+/// How long the loop waits for input while events are flowing (the rings' drain rate).
+const POLL_INTERVAL: Duration = Duration::from_millis(2);
+/// How long it waits for input otherwise.
+const IDLE_WAIT: Duration = Duration::from_millis(25);
+/// Frames are drawn at least this often (10 Hz), and after every input.
+const FRAME_INTERVAL: Duration = Duration::from_millis(100);
+/// Snapshots of a live recording are taken this often, or less often if one takes long.
+const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Runs the UI until the user quits, a signal asks to, or a fatal error happens. The
+/// caller shuts the session down afterwards, whatever the outcome.
+pub fn event_loop(
+    guard: &mut TerminalGuard,
+    app: &mut App,
+    session: &mut Session,
+    capture: Option<&StderrCapture>,
+    captured: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let mut next_draw = Instant::now();
+    let mut next_snapshot = Instant::now();
+    // Once data first arrives after roots are chosen, the hottest path is expanded — as
+    // if the user had pressed `h` — unless the user pressed a key first.
+    let mut expand_hottest_path = true;
+    loop {
+        if interrupt::requested() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let wait = if session.is_live() {
+            POLL_INTERVAL
+        } else {
+            IDLE_WAIT
+        };
+        let mut dirty = false;
+        if event::poll(wait.min(next_draw.saturating_duration_since(now)))? {
+            loop {
+                let event = event::read()?;
+                dirty = true;
+                if matches!(event, Event::Key(_)) {
+                    expand_hottest_path = false;
+                }
+                if let Some(action) = app.handle_event(event) {
+                    if matches!(action, Action::SetRoots(_)) {
+                        expand_hottest_path = true;
+                    }
+                    if let Some(note) = session.progress_note(&action) {
+                        app.set_message(note);
+                        draw(guard, app)?;
+                    }
+                    if session.handle(action, app) == Flow::Quit {
+                        return Ok(());
+                    }
+                }
+                if !event::poll(Duration::ZERO)? {
+                    break;
+                }
+            }
+        }
+        session.poll();
+        session.tick(app, Instant::now())?;
+        if let Some(capture) = capture {
+            for line in capture.new_lines() {
+                app.set_message(line.clone());
+                captured.push(line);
+                dirty = true;
+            }
+        }
+        if session.is_live() && Instant::now() >= next_snapshot {
+            let began = Instant::now();
+            session.refresh(app);
+            // A large profile is converted less often, so draining keeps up.
+            let interval = SNAPSHOT_INTERVAL.max(began.elapsed() * 4);
+            next_snapshot = Instant::now() + interval;
+            dirty = true;
+        }
+        if expand_hottest_path
+            && app.screen() == ScreenKind::Live
+            && !app.snapshot().merged.is_empty()
+        {
+            app.handle_key(KeyEvent::from(KeyCode::Char('h')));
+            expand_hottest_path = false;
+        }
+        if dirty || Instant::now() >= next_draw {
+            draw(guard, app)?;
+            next_draw = Instant::now() + FRAME_INTERVAL;
+        }
+    }
+}
+
+fn draw(guard: &mut TerminalGuard, app: &mut App) -> std::io::Result<()> {
+    guard.terminal().draw(|frame| app.draw(frame))?;
+    Ok(())
+}

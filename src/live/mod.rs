@@ -1,0 +1,139 @@
+//! The live terminal UI's controller (issue 5): attach, pick a root, watch the calling
+//! context tree grow, dig in, detach — and browse saved profiles the same way.
+//!
+//! The `tendril-tui` crate draws; this module owns the terminal, the event loop
+//! ([`controller`]), the target ([`session`], carrying out the UI's actions in `actions`),
+//! and the conversion of profiles into the UI's view-model ([`convert`]).
+//!
+//! The one idea: whatever ends the UI — `q`, Ctrl-C, SIGTERM or SIGHUP, an error, a
+//! panic — the target is detached first (its code restored, the process left running),
+//! then the terminal is given back, then one line says what happened.
+
+mod actions;
+pub mod controller;
+pub mod convert;
+pub mod job;
+pub mod processes;
+pub mod roots;
+pub mod session;
+pub mod stderr;
+
+use crate::process::TargetProcess;
+use crate::profile::Profile;
+use anyhow::bail;
+use session::Session;
+use std::io::IsTerminal;
+use std::path::Path;
+use stderr::StderrCapture;
+use tendril_tui::{App, ProcessEntry, ProfileSnapshot, Screen, Status, TerminalGuard};
+
+pub use actions::snapshot_path;
+pub use convert::estimated_overhead_percent;
+
+/// Where the UI starts.
+pub enum Start<'a> {
+    /// `tendril` without arguments: choose a process.
+    ProcessPicker,
+    /// `tendril attach <PID>` (roots empty: choose them in the root picker) and
+    /// `tendril demo` (roots given: profile them at once). The target was checked with
+    /// [`crate::process::inspect`].
+    Attach {
+        target: &'a TargetProcess,
+        /// Patterns, as for `tendril record --root`.
+        roots: Vec<String>,
+    },
+    /// `tendril view <FILE>`: browse a saved profile.
+    View {
+        profile: &'a Profile,
+        path: &'a Path,
+    },
+}
+
+/// Fails with a one-line message unless stdout is a terminal (the UI needs one).
+pub fn require_terminal(instead: &str) -> anyhow::Result<()> {
+    if !std::io::stdout().is_terminal() {
+        bail!("the terminal UI needs a terminal, and stdout is not one — {instead}");
+    }
+    Ok(())
+}
+
+/// Runs the UI from `start` until the user quits; detaches from any target first.
+/// Returns what to tell the user about the target afterwards (e.g. that it was detached
+/// and keeps running), if anything.
+pub fn run(start: Start) -> anyhow::Result<Option<String>> {
+    crate::interrupt::install();
+    let (mut session, mut app) = prepare(start)?;
+    let mut guard = TerminalGuard::enter()?;
+    // Without a capture, stray stderr lines would land on the UI: not worth failing for.
+    let capture = StderrCapture::start().ok().flatten();
+    let mut captured = Vec::new();
+    let outcome = controller::event_loop(
+        &mut guard,
+        &mut app,
+        &mut session,
+        capture.as_ref(),
+        &mut captured,
+    );
+    // Detach first, whatever happened, then give the terminal back.
+    let detached = session.shutdown();
+    if let Some(capture) = capture {
+        captured.extend(capture.stop());
+    }
+    let restored = guard.restore();
+    drop(guard);
+    for line in captured {
+        eprintln!("{line}");
+    }
+    outcome?;
+    restored?;
+    detached
+}
+
+/// The session and the UI's first screen for `start`. Slow steps start in the
+/// background here; what can fail at once (a bad pid) fails before the UI appears.
+fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
+    match start {
+        Start::ProcessPicker => Ok((
+            Session::for_process_picker(),
+            App::new(Screen::ProcessPicker(processes::list_processes())),
+        )),
+        Start::Attach { target, roots } if roots.is_empty() => {
+            let mut session = Session::for_target(target);
+            session.load_symbols(session::WhenLoaded::ShowRootPicker)?;
+            // The process picker, narrowed to this process, says what is happening
+            // until the root picker can open (reading the symbols takes a moment).
+            let entry = processes::list_processes()
+                .into_iter()
+                .find(|p| p.pid == target.pid as u32)
+                .unwrap_or_else(|| ProcessEntry {
+                    pid: target.pid as u32,
+                    user: String::new(),
+                    threads: 0,
+                    command_line: target.exe.display().to_string(),
+                });
+            let mut app = App::new(Screen::ProcessPicker(vec![entry]));
+            app.set_message(format!(
+                "attaching to {}: reading its functions…",
+                session.target
+            ));
+            Ok((session, app))
+        }
+        Start::Attach { target, roots } => {
+            let mut session = Session::for_target(target);
+            let mut app = App::new(Screen::Live(ProfileSnapshot {
+                status: Status {
+                    target: session.target.clone(),
+                    roots: roots.clone(),
+                    ..Status::default()
+                },
+                ..ProfileSnapshot::default()
+            }));
+            session.start_recording(roots.clone(), roots, &mut app)?;
+            Ok((session, app))
+        }
+        Start::View { profile, path } => Ok((
+            Session::for_saved_profile(),
+            App::new(Screen::ReadOnly(convert::saved_snapshot(profile, path))),
+        )),
+    }
+}

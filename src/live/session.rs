@@ -1,0 +1,421 @@
+//! One profiling session as the live UI drives it: which process, its functions, and the
+//! recording, from "nothing chosen yet" to "detached, data kept".
+//!
+//! The one idea: everything the UI shows about the target passes through this state
+//! machine, and every way out of it — quit, detach, the target exiting, an error, a
+//! panic unwinding through it — ends in [`crate::recording::Recorder::finish`], so the
+//! target is always left running its original code. Slow steps (loading symbols,
+//! attaching) run as background [`Job`]s; `tick` picks up their results.
+//! The UI's [`tendril_tui::Action`]s are carried out in `actions.rs`.
+
+use super::convert::{EventRate, snapshot_of, target_label};
+use super::job::{Job, JobState};
+use super::roots::function_entries;
+use crate::process::{self, TargetProcess};
+use crate::profile::Profile;
+use crate::recording::{Finished, RecordError, RecordOptions, Recorder, Scheme};
+use crate::symbols::{ProcessSymbols, SymbolError};
+use anyhow::anyhow;
+use std::time::{Duration, Instant};
+use tendril_tui::{App, FunctionEntry, ProfileSnapshot, Status};
+
+/// How often the session checks that the target still exists.
+const ALIVE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+/// How long quitting waits for an attach in progress, so it can detach afterwards.
+const ATTACH_WAIT: Duration = Duration::from_secs(30);
+
+/// The recording's stage.
+pub(super) enum Recording {
+    /// No recording yet: a process or a root is being chosen.
+    NotStarted,
+    /// Attaching and instrumenting the roots, on a background thread.
+    Starting(Job<Result<Recorder, RecordError>>),
+    Live(Box<Recorder>),
+    /// Detached, or the target exited: the final profile stays browsable and saveable.
+    Ended(Box<Profile>),
+    /// A saved profile (`tendril view`).
+    Saved,
+}
+
+/// The target's functions, for the root picker.
+pub(super) enum Symbols {
+    NotLoaded,
+    Loading(Job<Result<ProcessSymbols, SymbolError>>),
+    Loaded(ProcessSymbols),
+}
+
+/// What to do with the functions once they are loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WhenLoaded {
+    Nothing,
+    /// Open the root picker on them (after attaching to a process).
+    ShowRootPicker,
+    /// Hand them to the root picker that asked for them.
+    SetFunctions,
+}
+
+/// Whether the event loop goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Quit,
+}
+
+/// A session: see the module comment.
+pub struct Session {
+    /// Attach errors end the program (`tendril attach`, `tendril demo`) rather than
+    /// becoming a message (the process picker, where another process can be chosen).
+    pub(super) errors_are_fatal: bool,
+    pub(super) pid: Option<i32>,
+    /// "pid 4242 calltree".
+    pub(super) target: String,
+    pub(super) symbols: Symbols,
+    pub(super) when_loaded: WhenLoaded,
+    pub(super) entries: Option<Vec<FunctionEntry>>,
+    pub(super) recording: Recording,
+    /// Roots asked for while attaching, applied when the recorder is ready:
+    /// (patterns, names).
+    pub(super) pending_roots: Option<(Vec<String>, Vec<String>)>,
+    pub(super) rate: EventRate,
+    next_alive_check: Instant,
+    /// The target has exited: nothing more to check or detach.
+    pub(super) target_gone: bool,
+}
+
+impl Session {
+    fn new(errors_are_fatal: bool, recording: Recording) -> Session {
+        Session {
+            errors_are_fatal,
+            pid: None,
+            target: String::new(),
+            symbols: Symbols::NotLoaded,
+            when_loaded: WhenLoaded::Nothing,
+            entries: None,
+            recording,
+            pending_roots: None,
+            rate: EventRate::default(),
+            next_alive_check: Instant::now(),
+            target_gone: false,
+        }
+    }
+
+    /// A session that starts at the process picker.
+    pub fn for_process_picker() -> Session {
+        Session::new(false, Recording::NotStarted)
+    }
+
+    /// A session on a target already checked with [`process::inspect`].
+    pub fn for_target(target: &TargetProcess) -> Session {
+        let mut session = Session::new(true, Recording::NotStarted);
+        session.choose_target(target);
+        session
+    }
+
+    /// A session browsing a saved profile.
+    pub fn for_saved_profile() -> Session {
+        Session::new(false, Recording::Saved)
+    }
+
+    pub(super) fn choose_target(&mut self, target: &TargetProcess) {
+        self.pid = Some(target.pid);
+        self.target = target_label(target.pid as u32, &target.exe.to_string_lossy());
+    }
+
+    /// Whether events are flowing in (the loop then polls every few milliseconds).
+    pub fn is_live(&self) -> bool {
+        matches!(self.recording, Recording::Live(_))
+    }
+
+    /// Starts loading the target's functions in the background.
+    pub(super) fn load_symbols(&mut self, when_loaded: WhenLoaded) -> anyhow::Result<()> {
+        let pid = self.pid.ok_or_else(|| anyhow!("no process chosen"))?;
+        self.when_loaded = when_loaded;
+        if matches!(self.symbols, Symbols::NotLoaded) {
+            let job = Job::spawn("tendril-symbols", move || ProcessSymbols::load(pid))?;
+            self.symbols = Symbols::Loading(job);
+        }
+        Ok(())
+    }
+
+    /// Attaches and starts recording from `patterns` in the background; `names` are
+    /// shown as the roots meanwhile.
+    pub(super) fn start_recording(
+        &mut self,
+        patterns: Vec<String>,
+        names: Vec<String>,
+        app: &mut App,
+    ) -> anyhow::Result<()> {
+        let pid = self.pid.ok_or_else(|| anyhow!("no process chosen"))?;
+        let options = RecordOptions {
+            pid,
+            roots: patterns,
+            scheme: Scheme::B,
+            gross_only: false,
+        };
+        let job = Job::spawn("tendril-attach", move || Recorder::start(&options))?;
+        self.recording = Recording::Starting(job);
+        app.update_snapshot(ProfileSnapshot {
+            status: Status {
+                target: self.target.clone(),
+                roots: names.clone(),
+                ..Status::default()
+            },
+            ..ProfileSnapshot::default()
+        });
+        app.set_message(format!(
+            "attaching to {} and instrumenting {}…",
+            self.target,
+            names.join(", ")
+        ));
+        Ok(())
+    }
+
+    /// Drains the target's event rings; returns the number of events.
+    pub fn poll(&mut self) -> u64 {
+        match &mut self.recording {
+            Recording::Live(recorder) => recorder.poll(),
+            _ => 0,
+        }
+    }
+
+    /// Picks up finished background jobs and notices a target that exited. An error is
+    /// fatal: the caller ends the UI (after [`Session::shutdown`]) and reports it.
+    pub fn tick(&mut self, app: &mut App, now: Instant) -> anyhow::Result<()> {
+        self.check_symbols(app)?;
+        self.check_start(app)?;
+        if now >= self.next_alive_check {
+            self.next_alive_check = now + ALIVE_CHECK_INTERVAL;
+            self.check_alive(app)?;
+        }
+        Ok(())
+    }
+
+    fn check_symbols(&mut self, app: &mut App) -> anyhow::Result<()> {
+        let Symbols::Loading(job) = &self.symbols else {
+            return Ok(());
+        };
+        let error = match job.poll() {
+            JobState::Running => return Ok(()),
+            JobState::Done(Ok(symbols)) => {
+                let entries = function_entries(&symbols);
+                self.symbols = Symbols::Loaded(symbols);
+                match self.when_loaded {
+                    WhenLoaded::Nothing => {}
+                    WhenLoaded::ShowRootPicker => {
+                        app.show_root_picker(entries.clone());
+                        app.set_message(format!(
+                            "{}: type to find a root function, Enter profiles it",
+                            self.target
+                        ));
+                    }
+                    WhenLoaded::SetFunctions => app.set_functions(entries.clone()),
+                }
+                self.entries = Some(entries);
+                return Ok(());
+            }
+            JobState::Done(Err(error)) => error.to_string(),
+            // The panic hook has given the terminal back already: the UI cannot go on.
+            JobState::Died => {
+                return Err(anyhow!("reading the symbols of {} crashed", self.target));
+            }
+        };
+        self.symbols = Symbols::NotLoaded;
+        let message = format!("cannot read the functions of {}: {error}", self.target);
+        if self.errors_are_fatal {
+            return Err(anyhow!(message));
+        }
+        // Back to choosing a process.
+        self.pid = None;
+        app.set_message(message);
+        Ok(())
+    }
+
+    fn check_start(&mut self, app: &mut App) -> anyhow::Result<()> {
+        let Recording::Starting(job) = &self.recording else {
+            return Ok(());
+        };
+        let error = match job.poll() {
+            JobState::Running => return Ok(()),
+            JobState::Done(Ok(recorder)) => {
+                app.set_message(format!(
+                    "profiling {} in {} — ? shows the keys",
+                    recorder.roots().join(", "),
+                    self.target
+                ));
+                self.recording = Recording::Live(Box::new(recorder));
+                self.rate.clear();
+                if let Some((patterns, names)) = self.pending_roots.take() {
+                    self.change_roots(&patterns, &names, app);
+                }
+                self.refresh(app);
+                return Ok(());
+            }
+            JobState::Done(Err(error)) => error,
+            JobState::Died => {
+                self.recording = Recording::NotStarted;
+                return Err(anyhow!("attaching to {} crashed", self.target));
+            }
+        };
+        self.recording = Recording::NotStarted;
+        self.pending_roots = None;
+        // No roots after all (the root picker would preselect the failed ones).
+        app.update_snapshot(ProfileSnapshot {
+            status: Status {
+                target: self.target.clone(),
+                ..Status::default()
+            },
+            ..ProfileSnapshot::default()
+        });
+        // A root that cannot be profiled is the user's to change; anything else (the
+        // process cannot be attached to) ends a session that was about this process.
+        let about_the_roots = matches!(error, RecordError::Select(_) | RecordError::Refused { .. });
+        match &self.entries {
+            Some(entries) if about_the_roots || !self.errors_are_fatal => {
+                app.show_root_picker(entries.clone());
+                app.set_message(format!("cannot profile that: {error}"));
+                Ok(())
+            }
+            _ if self.errors_are_fatal => Err(error.into()),
+            _ => {
+                app.set_message(error.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    fn check_alive(&mut self, app: &mut App) -> anyhow::Result<()> {
+        let Some(pid) = self.pid else {
+            return Ok(());
+        };
+        if self.target_gone || !process::is_gone_or_exiting(pid) {
+            return Ok(());
+        }
+        match std::mem::replace(&mut self.recording, Recording::NotStarted) {
+            Recording::Live(recorder) => {
+                self.target_gone = true;
+                let message = format!(
+                    "{} exited; the data stays — w saves it, q quits",
+                    self.target
+                );
+                self.end_with(recorder.finish(true), message, app);
+            }
+            // Attaching to a process that exits fails by itself; check_start reports it.
+            starting @ Recording::Starting(_) => self.recording = starting,
+            Recording::NotStarted => {
+                self.target_gone = true;
+                let message = format!("{} exited", self.target);
+                if self.errors_are_fatal {
+                    return Err(anyhow!(message));
+                }
+                app.set_message(message);
+            }
+            other => self.recording = other,
+        }
+        Ok(())
+    }
+
+    /// The state after `finish`: the final profile, shown as detached, with `message`.
+    pub(super) fn end_with(
+        &mut self,
+        finished: Result<Finished, RecordError>,
+        message: String,
+        app: &mut App,
+    ) {
+        match finished {
+            Ok(Finished { profile, refused }) => {
+                let mut snapshot = snapshot_of(&profile, self.ended_status(&profile));
+                snapshot.status.detached = true;
+                app.update_snapshot(snapshot);
+                let message = if refused.is_empty() {
+                    message
+                } else {
+                    format!(
+                        "{message} ({} callees could not be instrumented; their time counts as their callers' own)",
+                        refused.len()
+                    )
+                };
+                app.set_message(message);
+                self.recording = Recording::Ended(Box::new(profile));
+            }
+            Err(error) => {
+                // The recorder is gone, and with it the agent's connection: the agent
+                // restores the code by itself. The last snapshot stays on screen.
+                let mut snapshot = app.snapshot().clone();
+                snapshot.status.detached = true;
+                app.update_snapshot(snapshot);
+                app.set_message(format!(
+                    "{message}; the recording did not end cleanly ({error}), the agent restores the code by itself"
+                ));
+                self.recording = Recording::NotStarted;
+                self.target_gone = true;
+            }
+        }
+    }
+
+    fn ended_status(&self, profile: &Profile) -> Status {
+        Status {
+            target: self.target.clone(),
+            roots: profile.roots.clone(),
+            elapsed: Duration::from_nanos(profile.duration_ns),
+            detached: true,
+            ..Status::default()
+        }
+    }
+
+    /// Hands the UI a fresh snapshot of a live recording.
+    pub fn refresh(&mut self, app: &mut App) {
+        let Recording::Live(recorder) = &mut self.recording else {
+            return;
+        };
+        let profile = recorder.snapshot();
+        let status = Status {
+            target: self.target.clone(),
+            roots: recorder.roots().to_vec(),
+            elapsed: recorder.elapsed(),
+            events_per_second: self.rate.sample(Instant::now(), recorder.events()),
+            paused: !recorder.is_recording(),
+            ..Status::default()
+        };
+        app.update_snapshot(snapshot_of(&profile, status));
+    }
+
+    /// Ends the session: waits for an attach in progress and detaches from the target
+    /// (restoring its code). Returns a line for the user, if there is something to say.
+    pub fn shutdown(&mut self) -> anyhow::Result<Option<String>> {
+        let recorder = match std::mem::replace(&mut self.recording, Recording::NotStarted) {
+            Recording::Live(recorder) => *recorder,
+            Recording::Starting(job) => match job.wait(ATTACH_WAIT) {
+                JobState::Done(Ok(recorder)) => recorder,
+                JobState::Done(Err(_)) | JobState::Died => return Ok(None),
+                JobState::Running => {
+                    return Err(anyhow!(
+                        "the attach to {} did not finish within {} s; if it completes, the agent restores the code when it notices tendril is gone",
+                        self.target,
+                        ATTACH_WAIT.as_secs()
+                    ));
+                }
+            },
+            other => {
+                self.recording = other;
+                return Ok(None);
+            }
+        };
+        let target_gone = self.target_gone || self.pid.is_some_and(process::is_gone_or_exiting);
+        recorder.finish(target_gone)?;
+        Ok((!target_gone).then(|| {
+            format!(
+                "detached from {}: its code is restored and it keeps running",
+                self.target
+            )
+        }))
+    }
+}
+
+impl Drop for Session {
+    /// The last resort (a panic unwinding through the UI): detach all the same.
+    fn drop(&mut self) {
+        if matches!(self.recording, Recording::Live(_)) {
+            let _ = self.shutdown();
+        }
+    }
+}

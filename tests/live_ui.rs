@@ -1,0 +1,455 @@
+//! The live terminal UI end to end, in a real pseudo-terminal: tmux runs `tendril` in a
+//! detached 100×30 session, the test types keys into it and reads the screen back.
+//!
+//! The one idea: the test does what a user does — attach, type a root's name, press
+//! Enter, watch the tree, quit — and then checks what the user relies on: the numbers
+//! on screen are plausible, tendril exits cleanly, and the target still computes the
+//! same checksums with exactly the code of its files. Every wait polls the screen with
+//! a timeout and prints the screen when it fails.
+
+mod common;
+
+use common::{Target, code_bytes_match_file, tendril};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long any one thing may take to appear on screen (attaching is slow in debug builds).
+const SCREEN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long tendril may take to exit after `q`.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a fixture may take to print its checksum lines.
+const LINES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Held by each test while it runs a live target: on a small machine, several busy
+/// targets and debug-build consumers at once starve the agent's brief stops of the
+/// target's threads (the agent gives up after 500 ms), so these tests take
+/// turns. Poisoning is ignored: one failed test must not fail the others.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LIVE_TARGET: Mutex<()> = Mutex::new(());
+    LIVE_TARGET
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A tmux server of its own (its own socket, so parallel tests never meet) running one
+/// command in a fixed-size session; killed, with its scratch directory, on drop.
+struct Tmux {
+    socket: String,
+    /// The command's working directory; its exit status lands in `exit-status` here.
+    dir: PathBuf,
+}
+
+impl Tmux {
+    /// Runs `tendril args...` in a new 100×30 session, in a fresh directory.
+    fn tendril(test: &str, args: &[&str]) -> Tmux {
+        let socket = format!("tendril-live-ui-{}-{test}", std::process::id());
+        let dir = std::env::temp_dir().join(&socket);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("cannot create the test's directory");
+        let mut command = quote(env!("CARGO_BIN_EXE_tendril"));
+        for arg in args {
+            command.push(' ');
+            command.push_str(&quote(arg));
+        }
+        // Keep the pane after tendril exits, so its last screen can still be read.
+        let script = format!(
+            "cd {} && {command}; echo $? > exit-status; sleep 600",
+            quote(&dir.display().to_string())
+        );
+        let tmux = Tmux { socket, dir };
+        tmux.run(&[
+            "new-session",
+            "-d",
+            "-x",
+            "100",
+            "-y",
+            "30",
+            "-s",
+            "ui",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        tmux
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        let output = Command::new("tmux")
+            .args(["-L", &self.socket, "-f", "/dev/null"])
+            .args(args)
+            .output()
+            .expect("cannot run tmux (is it installed?)");
+        assert!(
+            output.status.success(),
+            "tmux {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn screen(&self) -> String {
+        self.run(&["capture-pane", "-p", "-t", "ui"])
+    }
+
+    /// Types `text` literally.
+    fn type_text(&self, text: &str) {
+        self.run(&["send-keys", "-t", "ui", "-l", text]);
+    }
+
+    /// Presses a key by tmux's name for it (`Enter`, `q`, `C-c`).
+    fn press(&self, key: &str) {
+        self.run(&["send-keys", "-t", "ui", key]);
+    }
+
+    /// Polls the screen until `check` finds what it wants in it; panics with the last
+    /// screen after `SCREEN_TIMEOUT`.
+    fn wait_for<T>(&self, what: &str, mut check: impl FnMut(&str) -> Option<T>) -> T {
+        let deadline = Instant::now() + SCREEN_TIMEOUT;
+        loop {
+            let screen = self.screen();
+            if let Some(found) = check(&screen) {
+                return found;
+            }
+            if let Some(status) = self.exit_status() {
+                panic!(
+                    "tendril exited (status {status}) while waiting for {what}; the screen:\n{screen}"
+                );
+            }
+            if Instant::now() >= deadline {
+                panic!("waited {SCREEN_TIMEOUT:?} for {what}; the screen:\n{screen}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for the text `text` to be on screen.
+    fn wait_for_text(&self, text: &str) -> String {
+        self.wait_for(&format!("{text:?}"), |screen| {
+            screen.contains(text).then(|| screen.to_string())
+        })
+    }
+
+    /// tendril's exit status, once it has exited.
+    fn exit_status(&self) -> Option<i32> {
+        let text = std::fs::read_to_string(self.dir.join("exit-status")).ok()?;
+        text.trim().parse().ok()
+    }
+
+    /// Waits for tendril to exit; returns its exit status.
+    fn wait_exit(&self) -> i32 {
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        loop {
+            if let Some(status) = self.exit_status() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "tendril did not exit within {EXIT_TIMEOUT:?}; the screen:\n{}",
+                    self.screen()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `text` in single quotes for sh.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// A count as the UI prints it: exact, or with a k/M/G suffix.
+fn parse_count(text: &str) -> Option<f64> {
+    let (number, scale) = match text.char_indices().last()? {
+        (at, 'k') => (&text[..at], 1e3),
+        (at, 'M') => (&text[..at], 1e6),
+        (at, 'G') => (&text[..at], 1e9),
+        _ => (text, 1.0),
+    };
+    number.parse::<f64>().ok().map(|n| n * scale)
+}
+
+/// The CALLS cell of the call tree's (or hot spots') first row naming `function`.
+/// Rows are `[indent][▾▸] name module calls total self % bar` at this width.
+fn calls_of(screen: &str, function: &str) -> Option<f64> {
+    screen.lines().find_map(|line| {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words.iter().position(|word| *word == function)?;
+        parse_count(words.get(at + 2)?)
+    })
+}
+
+/// The pid in the status bar's "pid N name".
+fn target_pid(screen: &str) -> Option<i32> {
+    let words: Vec<&str> = screen.split_whitespace().collect();
+    words
+        .windows(2)
+        .find(|pair| pair[0] == "pid")
+        .and_then(|pair| pair[1].parse().ok())
+}
+
+fn assert_ratio(
+    what: &str,
+    numerator: f64,
+    denominator: f64,
+    range: std::ops::RangeInclusive<f64>,
+    screen: &str,
+) {
+    let ratio = numerator / denominator;
+    assert!(
+        range.contains(&ratio),
+        "{what}: {numerator} / {denominator} = {ratio:.1}, expected within {range:?}; the screen:\n{screen}"
+    );
+}
+
+#[test]
+fn attach_pick_a_root_watch_the_tree_and_quit() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["4"]);
+    let pid = target.pid();
+    let expected = target.checksum_lines(2, LINES_TIMEOUT);
+    assert_eq!(
+        expected[0], expected[1],
+        "the fixture's checksum is not stable"
+    );
+
+    let ui = Tmux::tendril("attach", &["attach", &pid.to_string()]);
+    ui.wait_for_text("FUNCTION");
+    ui.type_text("work_round");
+    ui.wait_for("work_round among the matches", |screen| {
+        let mut lines = screen.lines();
+        let title = lines.next()?;
+        // The best match is the first row under the header.
+        let first = lines.nth(1)?;
+        (title.contains("root: work_round")
+            && first.split_whitespace().next() == Some("work_round"))
+        .then_some(())
+    });
+    ui.press("Enter");
+
+    // The tree grows: wait for enough whole rounds that the ratios are meaningful (the
+    // rounds in progress are counted at entry, their blocks only as they run).
+    let (screen, rounds, blocks, adds) =
+        ui.wait_for("compute_block and leaf_add rows with calls", |screen| {
+            let rounds = calls_of(screen, "work_round")?;
+            let blocks = calls_of(screen, "compute_block")?;
+            let adds = calls_of(screen, "leaf_add")?;
+            (rounds >= 20.0 && blocks > 0.0 && adds > 0.0)
+                .then(|| (screen.to_string(), rounds, blocks, adds))
+        });
+    // 128 blocks per round, 1,024 leaf_add calls per block (counts shown with up to
+    // three significant digits, hence the slack).
+    assert_ratio(
+        "compute_block per work_round",
+        blocks,
+        rounds,
+        96.0..=129.0,
+        &screen,
+    );
+    assert_ratio(
+        "leaf_add per compute_block",
+        adds,
+        blocks,
+        950.0..=1080.0,
+        &screen,
+    );
+    assert!(
+        screen.contains("RUNNING"),
+        "the status bar says RUNNING:\n{screen}"
+    );
+    assert!(
+        screen.contains(&format!("pid {pid} calltree")),
+        "the status bar names the target:\n{screen}"
+    );
+
+    // Save a snapshot: the profile JSON, in the current directory.
+    ui.press("w");
+    let saved = ui.wait_for("the saved file's name", |screen| {
+        let at = screen.find("saved the profile to ")?;
+        let name = screen[at..].split_whitespace().nth(4)?;
+        Some(name.to_string())
+    });
+    let profile =
+        tendril::profile::Profile::load(&ui.dir.join(&saved)).expect("the saved profile loads");
+    assert_eq!(profile.pid, pid as u32);
+    assert_eq!(profile.roots, ["work_round"]);
+    assert!(
+        profile
+            .merged
+            .roots
+            .iter()
+            .any(|root| root.name == "work_round" && root.calls > 0)
+    );
+
+    ui.press("q");
+    assert_eq!(
+        ui.wait_exit(),
+        0,
+        "tendril's exit status; the screen:\n{}",
+        ui.screen()
+    );
+
+    // The target runs on, computing exactly what it computed before, with its own code.
+    target.drain();
+    let after = target.checksum_lines(3, LINES_TIMEOUT);
+    assert!(
+        after.iter().all(|&c| c == expected[0]),
+        "checksums changed: {expected:?} then {after:?}"
+    );
+    code_bytes_match_file(pid).expect("the target's code equals its files after quitting");
+}
+
+#[test]
+fn view_shows_a_saved_profile() {
+    let _turn = one_at_a_time();
+    let target = Target::spawn("calltree", &["2"]);
+    let dir = std::env::temp_dir().join(format!("tendril-live-ui-view-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("calltree.json");
+    let recorded = tendril()
+        .args([
+            "record",
+            &target.pid().to_string(),
+            "--root",
+            "work_round",
+            "--duration",
+            "1",
+            "-o",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        recorded.status.success(),
+        "tendril record: {}",
+        String::from_utf8_lossy(&recorded.stderr)
+    );
+    drop(target);
+    let profile = tendril::profile::Profile::load(&file).unwrap();
+    let root = &profile.merged.roots[0];
+    assert_eq!(root.name, "work_round");
+
+    let ui = Tmux::tendril("view", &["view", &file.display().to_string()]);
+    let screen = ui.wait_for_text("READ-ONLY");
+    assert!(
+        screen.contains("calltree.json"),
+        "the status bar names the file:\n{screen}"
+    );
+    // The hottest path opens by itself: work_round, compute_block, its hottest leaf.
+    let screen = ui.wait_for("the call tree's rows", |screen| {
+        calls_of(screen, "compute_block").map(|_| screen.to_string())
+    });
+    assert_eq!(
+        calls_of(&screen, "work_round"),
+        Some(root.calls as f64),
+        "{screen}"
+    );
+    // Hot spots: every function once, leaf_add among them.
+    ui.press("2");
+    ui.wait_for("leaf_add among the hot spots", |screen| {
+        (screen.contains("SELF ms▾") && calls_of(screen, "leaf_add").is_some()).then_some(())
+    });
+    // Threads: one row per thread of the file.
+    ui.press("3");
+    let screen = ui.wait_for_text("TID");
+    for thread in &profile.threads {
+        assert!(
+            screen.contains(&thread.tid.to_string()),
+            "thread {} missing:\n{screen}",
+            thread.tid
+        );
+    }
+    // Keys that need a target explain why they do nothing.
+    ui.press("d");
+    ui.wait_for_text("read-only");
+    ui.press("q");
+    assert_eq!(ui.wait_exit(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn demo_shows_its_functions_detaches_and_quits() {
+    let _turn = one_at_a_time();
+    let ui = Tmux::tendril("demo", &["demo"]);
+    let (screen, child) = ui.wait_for("demo rows with calls", |screen| {
+        let calls = calls_of(screen, "demo_handle_request")?;
+        (calls > 0.0 && screen.contains("demo_")).then(|| (screen.to_string(), target_pid(screen)))
+    });
+    let child = child.unwrap_or_else(|| panic!("no pid in the status bar:\n{screen}"));
+    assert!(screen.contains("root: demo_handle_request"), "{screen}");
+
+    // Detach: the demo keeps running its own code, and the data stays on screen.
+    ui.press("d");
+    let screen = ui.wait_for_text("DETACHED");
+    assert!(
+        calls_of(&screen, "demo_handle_request").is_some_and(|c| c > 0.0),
+        "{screen}"
+    );
+    assert!(
+        Path::new(&format!("/proc/{child}")).exists(),
+        "the demo still runs after detaching"
+    );
+    code_bytes_match_file(child).expect("the demo's code equals its files after detaching");
+
+    ui.press("q");
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    // tendril stops its demo child on the way out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&format!("/proc/{child}")).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the demo process {child} outlived tendril demo"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn demo_without_a_terminal_prints_the_call_tree() {
+    let _turn = one_at_a_time();
+    let output = tendril().arg("demo").output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "stderr:\n{stderr}");
+    for function in [
+        "demo_handle_request",
+        "demo_lookup_cache",
+        "demo_hash_block",
+        "demo_fib",
+    ] {
+        assert!(
+            stdout.contains(function),
+            "{function} missing from:\n{stdout}\nstderr:\n{stderr}"
+        );
+    }
+    assert!(stdout.contains("merged call tree"), "{stdout}");
+}
+
+#[test]
+fn attach_without_a_terminal_is_one_clear_error() {
+    let _turn = one_at_a_time();
+    let target = Target::spawn("calltree", &["1"]);
+    let output = tendril()
+        .args(["attach", &target.pid().to_string()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("tendril: ") && stderr.contains("tendril record"),
+        "{stderr}"
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+}

@@ -1,0 +1,319 @@
+//! `tendril record`, `report` and `run` against real fixture processes: exact call
+//! counts per context, per-thread trees, Scheme A against Scheme B, a thread already
+//! inside the root, gross times, launching a program, report formats, and bad input.
+
+mod common;
+
+use common::{Recording, Target, all_nodes, code_bytes_match_file, node_at, tendril};
+use std::time::Duration;
+use tendril::profile::Profile;
+
+const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[test]
+fn call_counts_per_context_are_the_fixtures_own() {
+    let mut target = Target::spawn("calltree", &["2"]);
+    let recording = Recording::start(target.pid(), &["--root", "counted_outer"]);
+    target.signal(libc::SIGUSR1);
+    assert_eq!(
+        target.expect_line("counted ", LINE_TIMEOUT),
+        "counted outer=1 inner=1000 leaf=2000"
+    );
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    let count = |path: &[&str]| node_at(merged, path).map(|n| n.calls);
+    assert_eq!(count(&["counted_outer"]), Some(1), "{}", recorded.stderr);
+    assert_eq!(count(&["counted_outer", "counted_inner"]), Some(1000));
+    assert_eq!(
+        count(&["counted_outer", "counted_inner", "counted_leaf"]),
+        Some(2000)
+    );
+    assert_eq!(recorded.profile.stats.lost_events, 0);
+    assert_eq!(recorded.profile.stats.invoked_functions, 3);
+    assert_eq!(recorded.profile.roots, ["counted_outer"]);
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn only_threads_that_enter_the_root_have_trees_one_each() {
+    let mut target = Target::spawn("calltree", &["3"]);
+    let before = target.checksum_lines(2, LINE_TIMEOUT);
+    let recording = Recording::start(target.pid(), &["--root", "work_round"]);
+    target.drain();
+    target.checksum_lines(3, LINE_TIMEOUT);
+    let recorded = recording.finish();
+    let profile = &recorded.profile;
+    // Three workers run work_round; the main thread never does.
+    assert_eq!(profile.threads.len(), 3, "{}", recorded.stderr);
+    assert!(profile.threads.iter().all(|t| t.tid != target.pid() as u32));
+    for thread in &profile.threads {
+        assert_eq!(thread.roots.len(), 1);
+        assert_eq!(thread.roots[0].name, "work_round");
+        // Every completed round called compute_block 128 times.
+        let round = &thread.roots[0];
+        let blocks = node_at(&thread.roots, &["work_round", "compute_block"]).unwrap();
+        assert!(
+            blocks.calls >= 128 * (round.calls - 1),
+            "{} {}",
+            blocks.calls,
+            round.calls
+        );
+        // 1024 leaf_add calls per block, but for the block the recording ended in.
+        let leaf_adds = node_at(&thread.roots, &["work_round", "compute_block", "leaf_add"]);
+        let leaf_adds = leaf_adds.unwrap().calls;
+        assert!(
+            leaf_adds <= blocks.calls * 1024,
+            "{leaf_adds} {}",
+            blocks.calls
+        );
+        assert!(
+            leaf_adds > (blocks.calls - 1) * 1024,
+            "{leaf_adds} {}",
+            blocks.calls
+        );
+    }
+    let merged_rounds = node_at(&profile.merged.roots, &["work_round"])
+        .unwrap()
+        .calls;
+    let per_thread: u64 = profile.threads.iter().map(|t| t.roots[0].calls).sum();
+    assert_eq!(merged_rounds, per_thread);
+    // fib_rec keeps its recursion as nesting, 22 levels deep below work_round.
+    let mut path = vec!["work_round"];
+    path.extend(std::iter::repeat_n("fib_rec", 22));
+    assert!(node_at(&profile.merged.roots, &path).is_some());
+    code_bytes_match_file(target.pid()).unwrap();
+    let after = target.checksum_lines(2, LINE_TIMEOUT);
+    assert_eq!(after[0], before[0], "the target computes the same");
+}
+
+#[test]
+fn scheme_b_finds_callees_under_patched_entries_and_through_loaded_pointers() {
+    // shape_entry_call's only call is the instruction its entry patch overwrites, and
+    // shape_pointer_tail tail-jumps through a pointer (`jmp [rip+x]`) whose tail the
+    // entry jump leaves behind: both must be read from the original code.
+    let mut target = Target::spawn("tightcall", &[]);
+    target.write_stdin("shapes 10\n");
+    let bare = target.expect_line("shapes calls ", LINE_TIMEOUT);
+    let recording = Recording::start(target.pid(), &["--root", "shape_root"]);
+    target.write_stdin("shapes 10\n");
+    assert_eq!(target.expect_line("shapes calls ", LINE_TIMEOUT), bare);
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    let count = |path: &[&str]| node_at(merged, path).map(|n| n.calls);
+    assert_eq!(count(&["shape_root"]), Some(1), "{}", recorded.stderr);
+    assert_eq!(
+        count(&["shape_root", "shape_entry_call", "shape_leaf_a"]),
+        Some(10),
+        "{}",
+        recorded.stderr
+    );
+    assert_eq!(
+        count(&["shape_root", "shape_pointer_tail", "shape_leaf_b"]),
+        Some(10),
+        "{}",
+        recorded.stderr
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn scheme_a_instruments_the_static_graph_scheme_b_only_what_runs() {
+    let mut target = Target::spawn("calltree", &["1"]);
+    let record = |scheme: &str, target: &mut Target| {
+        let recording =
+            Recording::start(target.pid(), &["--root", "work_round", "--scheme", scheme]);
+        target.drain();
+        target.checksum_lines(3, LINE_TIMEOUT);
+        recording.finish().profile
+    };
+    let b = record("b", &mut target);
+    let a = record("a", &mut target);
+    assert_eq!((a.scheme.as_str(), b.scheme.as_str()), ("A", "B"));
+    let (a_stats, b_stats) = (a.stats, b.stats);
+    // The same functions run either way...
+    assert_eq!(a_stats.invoked_functions, b_stats.invoked_functions);
+    // ...but Scheme A also instruments every function that could run and did not
+    // (error paths of snprintf and memcpy's callees, among others).
+    assert!(
+        a_stats.instrumented_functions > b_stats.instrumented_functions,
+        "A {a_stats:?} B {b_stats:?}"
+    );
+    assert!(b_stats.instrumented_functions >= b_stats.invoked_functions);
+    // Both see the same call tree.
+    let names = |p: &Profile| {
+        let mut names: Vec<String> = all_nodes(&p.merged.roots)
+            .iter()
+            .map(|n| n.name.clone())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    };
+    assert_eq!(names(&a), names(&b));
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn a_thread_already_inside_the_root_is_not_charged_for_it() {
+    let mut target = Target::spawn("timed", &[]);
+    target.write_stdin("hold 3000\n");
+    std::thread::sleep(Duration::from_millis(300));
+    // held() is running on the main thread when its hook goes in.
+    let recording = Recording::start(target.pid(), &["--root", "held"]);
+    target.expect_line("hold 3000 done", LINE_TIMEOUT);
+    target.write_stdin("hold 20\n");
+    target.expect_line("hold 20 done", LINE_TIMEOUT);
+    let recorded = recording.finish();
+    let held = node_at(&recorded.profile.merged.roots, &["held"]).expect("held recorded");
+    assert_eq!(
+        held.calls, 1,
+        "only the call that began after the hook went in"
+    );
+    let ms = held.total_ns as f64 / 1e6;
+    assert!((15.0..200.0).contains(&ms), "held took {ms} ms");
+}
+
+#[test]
+fn gross_only_times_the_roots_and_nothing_below() {
+    let mut target = Target::spawn("timed", &[]);
+    let recording = Recording::start(target.pid(), &["--root", "parent", "--gross-only"]);
+    target.write_stdin("run 50\n");
+    target.expect_line("run 50 ", LINE_TIMEOUT);
+    let recorded = recording.finish();
+    let profile = &recorded.profile;
+    assert_eq!(profile.gross.len(), 1, "{}", recorded.stderr);
+    let gross = &profile.gross[0];
+    assert_eq!((gross.root.as_str(), gross.calls), ("parent", 50));
+    assert!(gross.min_ns <= gross.median_ns && gross.median_ns <= gross.p99_ns);
+    assert!(gross.p99_ns <= gross.max_ns);
+    assert!(
+        gross.median_ns > 100_000,
+        "a parent call is about 155 us: {gross:?}"
+    );
+    let parent = node_at(&profile.merged.roots, &["parent"]).unwrap();
+    assert_eq!(parent.calls, 50);
+    assert!(
+        parent.children.is_empty(),
+        "nothing below the root is instrumented"
+    );
+    assert_eq!(profile.stats.instrumented_functions, 1);
+}
+
+#[test]
+fn run_records_a_program_from_its_start_and_returns_its_status() {
+    let output = std::env::temp_dir().join(format!("tendril-run-{}.json", std::process::id()));
+    let mut child = tendril()
+        .args(["run", "--root", "parent", "-o"])
+        .arg(&output)
+        .arg("--")
+        .arg(common::fixture("timed"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"run 7\nexit 3\n")
+        .unwrap();
+    let result = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(
+        result.status.code(),
+        Some(3),
+        "the program's status: {stderr}"
+    );
+    let profile = Profile::load(&output).unwrap_or_else(|e| panic!("{e}\n{stderr}"));
+    let _ = std::fs::remove_file(&output);
+    let parent = node_at(&profile.merged.roots, &["parent"]).unwrap();
+    assert_eq!(parent.calls, 7, "every call, from the first: {stderr}");
+    let leaf = |name| node_at(&profile.merged.roots, &["parent", name]).map(|n| n.calls);
+    assert_eq!(leaf("leaf_short"), Some(350));
+    assert_eq!(leaf("leaf_medium"), Some(140));
+    assert_eq!(leaf("leaf_long"), Some(35));
+}
+
+#[test]
+fn reports_print_the_tree_hot_spots_folded_stacks_and_json() {
+    let mut target = Target::spawn("calltree", &["1"]);
+    let recording = Recording::start(target.pid(), &["--root", "counted_outer"]);
+    target.signal(libc::SIGUSR1);
+    target.expect_line("counted ", LINE_TIMEOUT);
+    let profile = recording.finish().profile;
+    let file = std::env::temp_dir().join(format!("tendril-report-{}.json", std::process::id()));
+    profile.save(&file).unwrap();
+    let report = |format: &str| {
+        let output = tendril()
+            .arg("report")
+            .arg(&file)
+            .args(["--format", format])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let tree = report("tree");
+    assert!(tree.contains("counted_outer (calltree)"), "{tree}");
+    assert!(
+        tree.lines()
+            .any(|l| l.contains("1000") && l.contains("counted_inner"))
+    );
+    let hot = report("hot");
+    assert!(hot.contains("counted_leaf"), "{hot}");
+    let folded = report("folded");
+    for line in folded.lines() {
+        let (stack, value) = line.rsplit_once(' ').unwrap();
+        assert!(stack.starts_with("counted_outer"), "{line}");
+        value.parse::<u64>().unwrap();
+    }
+    let json = report("json");
+    assert_eq!(Profile::from_json(&json, "stdout").unwrap(), profile);
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let target = Target::spawn("calltree", &["1"]);
+    let pid = target.pid().to_string();
+    let error = |args: &[&str]| {
+        let output = tendril().args(args).output().unwrap();
+        assert!(!output.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        stderr
+    };
+    let no_root = error(&["record", &pid, "--root", "no_such_function"]);
+    assert!(
+        no_root.contains("no function matches 'no_such_function'"),
+        "{no_root}"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        !maps.contains("libtendril_agent"),
+        "no agent for a bad root"
+    );
+    let unpatchable = error(&["record", &pid, "--root", "calltree:_fini"]);
+    assert!(
+        unpatchable.contains("no root could be instrumented"),
+        "{unpatchable}"
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+    let not_a_profile = error(&["report", "/etc/passwd"]);
+    assert!(
+        not_a_profile.contains("not a tendril profile"),
+        "{not_a_profile}"
+    );
+    let missing = error(&["report", "/no/such/file.json"]);
+    assert!(
+        missing.contains("cannot read /no/such/file.json"),
+        "{missing}"
+    );
+    let no_program = error(&["run", "--", "/no/such/program"]);
+    assert!(
+        no_program.contains("cannot start /no/such/program"),
+        "{no_program}"
+    );
+}
