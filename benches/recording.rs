@@ -123,11 +123,14 @@ fn discovery_pauses() {
     let discovery = profile.discovery.unwrap();
     println!(
         "discovery pauses (calltree from work_round, 4 threads): {} discoveries, median {:.1} us, \
-         mean {:.1} us, {} functions instrumented",
+         mean {:.1} us, {} functions instrumented; {} waits of other threads meanwhile, \
+         mean {:.1} us",
         discovery.discoveries,
         discovery.median_pause_ns as f64 / 1e3,
         discovery.mean_pause_ns as f64 / 1e3,
-        profile.stats.instrumented_functions
+        profile.stats.instrumented_functions,
+        discovery.waits,
+        discovery.mean_wait_ns as f64 / 1e3,
     );
 }
 

@@ -58,7 +58,8 @@ fn only_threads_that_enter_the_root_have_trees_one_each() {
             blocks.calls,
             round.calls
         );
-        // 1024 leaf_add calls per block, but for the block the recording ended in.
+        // 1024 leaf_add calls per block, but for the block the recording ended in (which
+        // may have begun just before the end).
         let leaf_adds = node_at(&thread.roots, &["work_round", "compute_block", "leaf_add"]);
         let leaf_adds = leaf_adds.unwrap().calls;
         assert!(
@@ -67,7 +68,7 @@ fn only_threads_that_enter_the_root_have_trees_one_each() {
             blocks.calls
         );
         assert!(
-            leaf_adds > (blocks.calls - 1) * 1024,
+            leaf_adds >= (blocks.calls - 1) * 1024,
             "{leaf_adds} {}",
             blocks.calls
         );

@@ -48,7 +48,7 @@ pub struct Profile {
 /// What discovery (JFluid's Scheme B) did during a recording.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct DiscoveryStats {
-    /// First invocations that waited for their callees to be instrumented.
+    /// Functions whose first invocation in the graph instrumented their callees.
     pub discoveries: u64,
     /// Their mean pause (already removed from the times).
     pub mean_pause_ns: u64,
@@ -57,6 +57,13 @@ pub struct DiscoveryStats {
     pub median_pause_ns: u64,
     /// Callees found but not instrumented (the agent refused to patch them).
     pub refused_callees: u64,
+    /// Invocations on other threads that waited while a discovery ran (one discovery
+    /// at a time; also removed from the times).
+    #[serde(default)]
+    pub waits: u64,
+    /// Their mean wait.
+    #[serde(default)]
+    pub mean_wait_ns: u64,
 }
 
 /// The distribution of one root's gross times (entry to exit, corrected for the hooks'

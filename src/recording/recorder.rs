@@ -86,6 +86,9 @@ pub struct Recorder {
     /// The thread each ring last belonged to, and its latest timestamp.
     ring_threads: HashMap<usize, i32>,
     last_timestamps: HashMap<i32, u64>,
+    /// Once the agent has stopped: the TSC it stopped at. Later events (the code is
+    /// restored one function after another after it) are dropped.
+    stopped_at: Option<u64>,
     started: Instant,
     started_tsc: u64,
     events: u64,
@@ -131,6 +134,7 @@ impl Recorder {
             names: Vec::new(),
             ring_threads: HashMap::new(),
             last_timestamps: HashMap::new(),
+            stopped_at: None,
             started: Instant::now(),
             started_tsc: tsc::read(),
             events: 0,
@@ -170,6 +174,7 @@ impl Recorder {
             }
         };
         self.recording = true;
+        self.stopped_at = None;
         if self.rings.is_none() {
             let rings_path = self
                 .target
@@ -281,6 +286,7 @@ impl Recorder {
         }
         self.recording = false;
         let stopped = self.session.request(&Request::StopRecording);
+        self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
         self.poll();
         let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
             Response::RecordingStopped { refused, .. } => refused,
@@ -395,9 +401,23 @@ impl Recorder {
         };
         let ring_threads = &mut self.ring_threads;
         let last_timestamps = &mut self.last_timestamps;
+        let stopped_at = self.stopped_at;
         let gross = &mut self.gross;
         let pid = self.target.pid;
         let drained = rings.drain(|ring, tid, events| {
+            // A ring's events are in time order: cut at the first one after the stop.
+            let events = match stopped_at {
+                Some(stop) => {
+                    let after_stop = events
+                        .iter()
+                        .position(|e| e.kind() != Some(EventKind::Adjust) && e.value > stop);
+                    &events[..after_stop.unwrap_or(events.len())]
+                }
+                None => events,
+            };
+            if events.is_empty() {
+                return;
+            }
             if let Some(old) = ring_threads.insert(ring, tid)
                 && old != tid
                 && let Some(&at) = last_timestamps.get(&old)
@@ -446,7 +466,8 @@ impl Recorder {
         } else {
             self.end()?;
         }
-        let end = tsc::read();
+        // Frames still open end where the recording did.
+        let end = self.stopped_at.unwrap_or_else(tsc::read);
         self.builder().finish_all(end);
         if let Some(gross) = self.gross.as_mut() {
             gross.finish();
@@ -480,13 +501,16 @@ impl Recorder {
         profile.stats.pause_ns = (counters.pause_ticks as f64 * 1e9 / hz) as u64;
         profile.duration_ns =
             ((tsc::read().saturating_sub(self.started_tsc)) as f64 * 1e9 / hz) as u64;
-        profile.discovery = Some(crate::profile::DiscoveryStats {
-            discoveries: counters.discoveries,
-            mean_pause_ns: if counters.discoveries == 0 {
+        let mean_ns = |ticks: u64, count: u64| {
+            if count == 0 {
                 0
             } else {
-                (counters.discovery_ticks as f64 * 1e9 / hz / counters.discoveries as f64) as u64
-            },
+                (ticks as f64 * 1e9 / hz / count as f64) as u64
+            }
+        };
+        profile.discovery = Some(crate::profile::DiscoveryStats {
+            discoveries: counters.discoveries,
+            mean_pause_ns: mean_ns(counters.discovery_ticks, counters.discoveries),
             median_pause_ns: {
                 let mut samples = self.rings().discovery_samples();
                 samples.sort_unstable();
@@ -495,6 +519,8 @@ impl Recorder {
                     .map_or(0, |&ticks| (ticks as f64 * 1e9 / hz) as u64)
             },
             refused_callees: counters.refused_callees,
+            waits: counters.discovery_waits,
+            mean_wait_ns: mean_ns(counters.discovery_wait_ticks, counters.discovery_waits),
         });
         if let Some(gross) = &self.gross {
             profile.gross = gross.summaries(&|id| self.name_of(id));

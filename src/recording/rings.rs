@@ -23,6 +23,8 @@ pub struct AgentCounters {
     pub refused_callees: u64,
     pub discoveries: u64,
     pub discovery_ticks: u64,
+    pub discovery_waits: u64,
+    pub discovery_wait_ticks: u64,
 }
 
 /// Removes the rings files of processes that no longer exist from the directory that
@@ -94,6 +96,12 @@ impl Rings {
         unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU32) }
     }
 
+    /// The TSC at which the agent stopped recording, once it has.
+    pub fn stopped_at(&self) -> Option<u64> {
+        let ticks = self.word(header::STOPPED_AT_TICKS).load(Ordering::Acquire);
+        (ticks != 0).then_some(ticks)
+    }
+
     pub fn counters(&self) -> AgentCounters {
         let read = |field| self.word(field).load(Ordering::Relaxed);
         AgentCounters {
@@ -105,6 +113,8 @@ impl Rings {
             refused_callees: read(header::REFUSED_CALLEES),
             discoveries: read(header::DISCOVERIES),
             discovery_ticks: read(header::DISCOVERY_TICKS),
+            discovery_waits: read(header::DISCOVERY_WAITS),
+            discovery_wait_ticks: read(header::DISCOVERY_WAIT_TICKS),
         }
     }
 

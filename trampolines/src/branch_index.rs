@@ -1,78 +1,162 @@
-//! Every direct branch of the code around a batch of patches, indexed by target.
+//! The direct branches of the code around a batch of patches that land in a given range.
 //!
 //! An entry patch overwrites a function's first bytes; a branch from anywhere that
 //! lands strictly inside them would run half an instruction. The function's own body is
-//! checked when its patch is planned; this index covers its neighbours — the functions
-//! the controller listed as nearby, whose code may jump into it. The one idea: a batch
-//! of neighbouring functions shares neighbours, so each function's code is read and
-//! decoded once per batch, not once per patch.
+//! checked when its patch is planned; this covers its neighbours — the functions the
+//! controller listed as nearby, whose code may jump into it.
+//!
+//! The one idea: decoding every neighbour costs far more than the rest of a patch (and
+//! Scheme B patches while the target waits), yet almost no neighbour branches into a
+//! patch. So the raw bytes are scanned first for any branch opcode whose target would
+//! land in the range — a superset of the real branches, since data and the middle of
+//! instructions match too — and only a function with such a candidate is decoded, to
+//! keep the candidates that are real instructions. Each function is read and decoded
+//! at most once per batch.
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, OpKind};
+use std::cell::RefCell;
+use std::collections::HashMap;
 
-/// Longest function decoded; longer ones are decoded up to this much.
+/// Longest function looked at; longer ones are looked at up to this much.
 const MAX_FUNCTION_BYTES: u64 = 1 << 20;
+/// How far a `rel8` branch reaches (either way, with its own length).
+const REL8_REACH: u64 = 130;
 
-/// Direct branches (source, target), sorted by target.
+/// The code of the functions around a batch, read and decoded on demand.
 pub struct BranchIndex {
-    branches: Vec<(u64, u64)>,
+    /// (start, size) of the functions.
+    functions: Vec<(u64, u64)>,
+    /// Function start → its bytes (empty if unreadable).
+    code: RefCell<HashMap<u64, Vec<u8>>>,
+    /// Function start → its decoded direct branches (source, target).
+    decoded: RefCell<HashMap<u64, Vec<(u64, u64)>>>,
 }
 
 impl BranchIndex {
-    /// Decodes each of `functions` ((start, size) pairs) from its start; `read` fetches
-    /// code bytes and returns false for unreadable memory (such a function is skipped).
-    pub fn build(functions: &[(u64, u64)], read: impl Fn(u64, &mut [u8]) -> bool) -> BranchIndex {
-        let mut branches = Vec::new();
-        let mut code = Vec::new();
-        let mut instruction = Instruction::default();
-        for &(start, size) in functions {
-            code.resize(size.min(MAX_FUNCTION_BYTES) as usize, 0);
-            if code.is_empty() || !read(start, &mut code) {
-                continue;
-            }
-            let mut decoder = Decoder::with_ip(64, &code, start, DecoderOptions::NONE);
-            while decoder.can_decode() {
-                let position = decoder.position();
-                decoder.decode_out(&mut instruction);
-                if instruction.is_invalid() {
-                    // Data or padding: resynchronise one byte further.
-                    let _ = decoder.set_position(position + 1);
-                    decoder.set_ip(start + position as u64 + 1);
-                    continue;
-                }
-                if instruction.op0_kind() == OpKind::NearBranch64 {
-                    branches.push((instruction.ip(), instruction.near_branch_target()));
-                }
-            }
+    /// An index over `functions` ((start, size) pairs); nothing is read yet.
+    pub fn new(functions: &[(u64, u64)]) -> BranchIndex {
+        BranchIndex {
+            functions: functions.to_vec(),
+            code: RefCell::new(HashMap::new()),
+            decoded: RefCell::new(HashMap::new()),
         }
-        branches.sort_unstable_by_key(|&(source, target)| (target, source));
-        branches.dedup();
-        BranchIndex { branches }
     }
 
-    /// The branches (source, target) that land in `low..high`.
-    pub fn landing_in(&self, low: u64, high: u64) -> &[(u64, u64)] {
-        let first = self.branches.partition_point(|&(_, target)| target < low);
-        let end = self.branches.partition_point(|&(_, target)| target < high);
-        &self.branches[first..end.max(first)]
+    /// The direct branches (source, target) that land in `low..high`. `read` fetches
+    /// code bytes and returns false for unreadable memory (such a function is skipped).
+    pub fn landing_in(
+        &self,
+        low: u64,
+        high: u64,
+        read: impl Fn(u64, &mut [u8]) -> bool,
+    ) -> Vec<(u64, u64)> {
+        let mut found = Vec::new();
+        for &(start, size) in &self.functions {
+            let size = size.min(MAX_FUNCTION_BYTES);
+            let near = start < high + REL8_REACH && start + size + REL8_REACH > low;
+            let mut code = self.code.borrow_mut();
+            let bytes = code.entry(start).or_insert_with(|| {
+                let mut bytes = vec![0u8; size as usize];
+                if !read(start, &mut bytes) {
+                    bytes.clear();
+                }
+                bytes
+            });
+            if !has_candidate(bytes, start, low, high, near) {
+                continue;
+            }
+            let mut decoded = self.decoded.borrow_mut();
+            let branches = decoded
+                .entry(start)
+                .or_insert_with(|| decode_branches(bytes, start));
+            found.extend(
+                branches
+                    .iter()
+                    .filter(|&&(_, target)| (low..high).contains(&target)),
+            );
+        }
+        found
     }
+}
+
+/// Whether any byte of `code` (at `start`) begins a direct branch opcode whose target
+/// would lie in `low..high`: `jmp`/`call rel32`, `jcc rel32`, and, when `near`, the
+/// `rel8` forms (`jmp`, `jcc`, `loop*`, `jrcxz`).
+fn has_candidate(code: &[u8], start: u64, low: u64, high: u64, near: bool) -> bool {
+    let lands = |at: usize, len: usize, displacement: i64| {
+        let target = (start + (at + len) as u64).wrapping_add(displacement as u64);
+        (low..high).contains(&target)
+    };
+    let rel32 = |at: usize| {
+        code.get(at..at + 4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+    };
+    (0..code.len()).any(|at| match code[at] {
+        0xe8 | 0xe9 => rel32(at + 1).is_some_and(|d| lands(at, 5, d)),
+        0x0f if code.get(at + 1).is_some_and(|b| (0x80..=0x8f).contains(b)) => {
+            rel32(at + 2).is_some_and(|d| lands(at, 6, d))
+        }
+        0x70..=0x7f | 0xe0..=0xe3 | 0xeb if near => code
+            .get(at + 1)
+            .is_some_and(|&d| lands(at, 2, d as i8 as i64)),
+        _ => false,
+    })
+}
+
+/// Every direct branch of the function, decoded from its start.
+fn decode_branches(code: &[u8], start: u64) -> Vec<(u64, u64)> {
+    let mut branches = Vec::new();
+    let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+    let mut instruction = Instruction::default();
+    while decoder.can_decode() {
+        let position = decoder.position();
+        decoder.decode_out(&mut instruction);
+        if instruction.is_invalid() {
+            // Data or padding: resynchronise one byte further.
+            let _ = decoder.set_position(position + 1);
+            decoder.set_ip(start + position as u64 + 1);
+            continue;
+        }
+        if instruction.op0_kind() == OpKind::NearBranch64 {
+            branches.push((instruction.ip(), instruction.near_branch_target()));
+        }
+    }
+    branches
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn reader(code: &'static [u8], base: u64) -> impl Fn(u64, &mut [u8]) -> bool {
+        move |address, buffer| {
+            let offset = (address - base) as usize;
+            buffer.copy_from_slice(&code[offset..offset + buffer.len()]);
+            true
+        }
+    }
+
     #[test]
     fn finds_branches_into_a_range() {
         // At 0x1000: jmp +0x10 (to 0x1012); at 0x1002: je -2 (to 0x1002); then ret.
-        let code = [0xeb, 0x10, 0x74, 0xfe, 0xc3];
-        let read = |address: u64, buffer: &mut [u8]| {
-            let offset = (address - 0x1000) as usize;
-            buffer.copy_from_slice(&code[offset..offset + buffer.len()]);
-            true
-        };
-        let index = BranchIndex::build(&[(0x1000, 5)], read);
-        assert_eq!(index.landing_in(0x1010, 0x1020), [(0x1000, 0x1012)]);
-        assert_eq!(index.landing_in(0x1000, 0x1003), [(0x1002, 0x1002)]);
-        assert!(index.landing_in(0x2000, 0x3000).is_empty());
+        static CODE: [u8; 5] = [0xeb, 0x10, 0x74, 0xfe, 0xc3];
+        let index = BranchIndex::new(&[(0x1000, 5)]);
+        let read = reader(&CODE, 0x1000);
+        assert_eq!(index.landing_in(0x1010, 0x1020, &read), [(0x1000, 0x1012)]);
+        assert_eq!(index.landing_in(0x1000, 0x1003, &read), [(0x1002, 0x1002)]);
+        assert!(index.landing_in(0x2000, 0x3000, &read).is_empty());
+    }
+
+    #[test]
+    fn a_branch_opcode_inside_another_instruction_is_no_branch() {
+        // mov eax, 0x000010e9 hides "e9 10 00 00 00" (a jmp to 0x1016) in its immediate;
+        // then jmp rel32 to 0x1100, then ret.
+        static CODE: [u8; 11] = [
+            0xb8, 0xe9, 0x10, 0x00, 0x00, 0xe9, 0xf6, 0x00, 0x00, 0x00, 0xc3,
+        ];
+        let index = BranchIndex::new(&[(0x1000, 11)]);
+        let read = reader(&CODE, 0x1000);
+        assert!(index.landing_in(0x1010, 0x1020, &read).is_empty());
+        assert_eq!(index.landing_in(0x1100, 0x1101, &read), [(0x1005, 0x1100)]);
     }
 }

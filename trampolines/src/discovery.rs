@@ -83,12 +83,15 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
             return;
         };
         let mask = sys::block_signals();
-        let mut id_on_stack = id;
+        let mut request = DiscoveryRequest {
+            id,
+            discovered_here: false,
+        };
         // SAFETY: `stack` is the top of a mapping of DISCOVERY_STACK_BYTES owned by this
         // thread; `run_discovery` has the signature tendril_call_on_stack expects.
         unsafe {
             tendril_call_on_stack(
-                &mut id_on_stack as *mut u32 as *mut libc::c_void,
+                &mut request as *mut DiscoveryRequest as *mut libc::c_void,
                 run_discovery,
                 stack,
             )
@@ -96,9 +99,15 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
         sys::restore_signals(mask);
         let paused = sys::rdtsc().saturating_sub(started);
         recording::add_to_header(header::PAUSE_TICKS, paused);
-        recording::add_to_header(header::DISCOVERIES, 1);
-        recording::add_to_header(header::DISCOVERY_TICKS, paused);
-        recording::sample_discovery(paused);
+        if request.discovered_here {
+            recording::add_to_header(header::DISCOVERIES, 1);
+            recording::add_to_header(header::DISCOVERY_TICKS, paused);
+            recording::sample_discovery(paused);
+        } else {
+            // Another thread discovered the function while this one waited.
+            recording::add_to_header(header::DISCOVERY_WAITS, 1);
+            recording::add_to_header(header::DISCOVERY_WAIT_TICKS, paused);
+        }
         recording::emit(state, Event::new(EventKind::Adjust, 0, paused));
     });
 }
@@ -130,12 +139,23 @@ fn agent_stack(state: &mut ThreadState) -> Option<u64> {
     Some(state.discovery_stack)
 }
 
-/// Runs on the discovery stack: `argument` points at the function id.
+/// What `discover` asks of the code on the discovery stack, and what it did.
+struct DiscoveryRequest {
+    id: u32,
+    /// This thread discovered the function (rather than waiting while another did).
+    discovered_here: bool,
+}
+
+/// Runs on the discovery stack: `argument` points at a [`DiscoveryRequest`].
 extern "C" fn run_discovery(argument: *mut libc::c_void) {
-    // SAFETY: `discover` passes a pointer to a live u32.
-    let id = unsafe { *(argument as *const u32) };
+    // SAFETY: `discover` passes a pointer to its live DiscoveryRequest and does not
+    // touch it until this returns.
+    let request = unsafe { &mut *(argument as *mut DiscoveryRequest) };
     // Nothing may unwind off this stack: a panic here ends discovery for this call.
-    let _ = std::panic::catch_unwind(|| discover_batch(&[id]));
+    let id = request.id;
+    if let Ok(discovered) = std::panic::catch_unwind(|| discover_batch(&[id])) {
+        request.discovered_here = discovered;
+    }
 }
 
 core::arch::global_asm!(
@@ -165,25 +185,25 @@ unsafe extern "C" {
 }
 
 /// Discovers the callees of functions `ids` and patches them in one batch, then marks
-/// the functions invoked.
-fn discover_batch(ids: &[u32]) {
+/// the functions invoked. Returns whether any of them was still to be discovered.
+fn discover_batch(ids: &[u32]) -> bool {
     let mut guard = CONTEXT.lock().unwrap_or_else(|p| p.into_inner());
     let Some(context) = guard.as_mut() else {
         // No recording: let the waiters go on.
         for &id in ids {
             recording::mark_invoked(id);
         }
-        return;
+        return false;
     };
     let pending: Vec<u32> = ids
         .iter()
         .copied()
         .filter(|&id| !recording::is_invoked(id))
         .collect();
-    if context.discover_callees {
-        let Some(table) = FunctionTable::parse(&context.table) else {
-            return;
-        };
+    // (`start` checked that the table parses.)
+    if context.discover_callees
+        && let Some(table) = FunctionTable::parse(&context.table)
+    {
         let mut callees: Vec<FunctionEntry> = Vec::new();
         let mut indirect_sites = 0;
         for &id in &pending {
@@ -213,9 +233,11 @@ fn discover_batch(ids: &[u32]) {
             context.refused.extend(refused);
         }
     }
+    let discovered = !pending.is_empty();
     for id in pending {
         recording::mark_invoked(id);
     }
+    discovered
 }
 
 /// Patches `callees`; returns the ones refused, with the reason.

@@ -30,15 +30,21 @@ pub fn find_pad(
         .map(|&(start, size)| (start, start + size))
         .collect();
     sorted.sort_unstable();
-    // Gaps between consecutive known ranges, nearest to the jump first.
-    let mut gaps: Vec<(u64, u64)> = sorted
-        .windows(2)
-        .filter_map(|pair| {
-            let (low, high) = (pair[0].1.max(reach_low), pair[1].0.min(reach_high));
-            let covered = sorted.iter().any(|&(s, e)| s < high && low < e);
-            (high >= low + PAD_LEN && !covered).then_some((low, high))
-        })
-        .collect();
+    // Gaps that no known range covers, between the furthest end so far and the next
+    // start, clipped to the reach; nearest to the jump first.
+    let mut gaps: Vec<(u64, u64)> = Vec::new();
+    let mut covered_to = None;
+    for &(start, end) in &sorted {
+        if let Some(covered_to) = covered_to
+            && start > covered_to
+        {
+            let (low, high) = (covered_to.max(reach_low), start.min(reach_high));
+            if high >= low + PAD_LEN {
+                gaps.push((low, high));
+            }
+        }
+        covered_to = Some(covered_to.map_or(end, |c: u64| c.max(end)));
+    }
     gaps.sort_by_key(|&(low, _)| low.abs_diff(jump_end));
     for (low, high) in gaps {
         let mut bytes = vec![0u8; (high - low) as usize];

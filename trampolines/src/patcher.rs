@@ -150,13 +150,8 @@ pub fn patch(
     if let Err(reason) = prepare() {
         return requests.iter().map(|_| Err(reason.clone())).collect();
     }
-    let read = |at: u64, buffer: &mut [u8]| {
-        let read = code_memory::read_code(at, buffer).is_ok();
-        engine.put_back_originals(at, buffer);
-        read
-    };
     let nearby = Nearby {
-        branches: BranchIndex::build(code_ranges, read),
+        branches: BranchIndex::new(code_ranges),
         ranges: code_ranges,
     };
     let mut results: Vec<Result<u32, String>> = Vec::with_capacity(requests.len());
@@ -209,6 +204,17 @@ struct Nearby<'a> {
     branches: BranchIndex,
     /// (start, size) of the known functions.
     ranges: &'a [(u64, u64)],
+}
+
+impl Nearby<'_> {
+    /// The neighbours' direct branches into `low..high`, read from their original code.
+    fn branches_into(&self, engine: &Engine, low: u64, high: u64) -> Vec<(u64, u64)> {
+        self.branches.landing_in(low, high, |at, buffer| {
+            let read = code_memory::read_code(at, buffer).is_ok();
+            engine.put_back_originals(at, buffer);
+            read
+        })
+    }
 }
 
 impl Engine {
@@ -306,7 +312,7 @@ impl Engine {
         batch: &[Site],
     ) -> Result<(EntryPlan, Option<u64>), String> {
         let address = request.address;
-        let long = plan_checked(request, code, nearby, Style::Long);
+        let long = plan_for(request, code, Style::Long);
         let thunk_allowed = matches!(
             request.kind,
             HookKind::Count | HookKind::CountReturns | HookKind::Record { .. }
@@ -319,10 +325,10 @@ impl Engine {
         {
             return Ok((plan.clone(), None));
         }
-        if thunk_allowed && let Ok(plan) = plan_checked(request, code, nearby, Style::CallThunk) {
+        if thunk_allowed && let Ok(plan) = plan_for(request, code, Style::CallThunk) {
             return Ok((plan, None));
         }
-        let short = plan_checked(request, code, nearby, Style::Short).and_then(|plan| {
+        let short = plan_for(request, code, Style::Short).and_then(|plan| {
             let jump_end = address + (plan.patch_offset + plan.jump_len) as u64;
             let taken: Vec<u64> = self
                 .sites
@@ -337,14 +343,35 @@ impl Engine {
                 .map(|pad| (plan, pad))
                 .ok_or_else(|| "there is no padding nearby for a short jump".to_string())
         });
-        match (long, short) {
-            (_, Ok((plan, pad))) if single(&plan) && !emulates(&plan) => Ok((plan, Some(pad))),
-            (Ok(plan), _) if !emulates(&plan) => Ok((plan, None)),
-            (_, Ok((plan, pad))) if !emulates(&plan) => Ok((plan, Some(pad))),
-            (Ok(plan), _) => Ok((plan, None)),
-            (Err(_), Ok((plan, pad))) => Ok((plan, Some(pad))),
-            (Err(long), Err(short)) => Err(format!("{long}; {short}")),
+        if let Ok((plan, pad)) = &short
+            && single(plan)
+            && !emulates(plan)
+        {
+            return Ok((plan.clone(), Some(*pad)));
         }
+        // Several instructions overwritten: the neighbours must not branch into them
+        // (checked only now, as reading the neighbours costs more than the rest).
+        let mut reasons = Vec::new();
+        let long = long.map(|plan| (plan, None));
+        let short = short.map(|(plan, pad)| (plan, Some(pad)));
+        let candidates = [&long, &short]
+            .into_iter()
+            .filter_map(|c| c.as_ref().ok())
+            .filter(|(plan, _)| !emulates(plan))
+            .chain(
+                [&long, &short]
+                    .into_iter()
+                    .filter_map(|c| c.as_ref().ok())
+                    .filter(|(plan, _)| emulates(plan)),
+            );
+        for (plan, pad) in candidates {
+            match check_neighbours(self, request, plan, nearby) {
+                Ok(()) => return Ok((plan.clone(), *pad)),
+                Err(reason) => reasons.push(reason),
+            }
+        }
+        reasons.extend([long, short].into_iter().filter_map(Result::err));
+        Err(reasons.join("; "))
     }
 
     fn id_for(&mut self, address: u64) -> Result<u32, String> {
@@ -412,33 +439,45 @@ enum Style {
     CallThunk,
 }
 
-/// Plans an entry patch of the given style and checks that no nearby code branches
-/// into what it overwrites.
-fn plan_checked(
-    request: &PatchRequest,
-    code: &[u8],
-    nearby: &Nearby,
-    style: Style,
-) -> Result<EntryPlan, String> {
+/// Plans an entry patch of the given style.
+fn plan_for(request: &PatchRequest, code: &[u8], style: Style) -> Result<EntryPlan, String> {
     let address = request.address;
-    let plan = match style {
+    match style {
         Style::Long => relocate::plan_entry_patch(address, code),
         Style::Short => relocate::plan_short_entry_patch(address, code),
         Style::CallThunk => relocate::plan_call_thunk(address, code),
     }
-    .map_err(|r| r.to_string())?;
+    .map_err(|r| r.to_string())
+}
+
+/// Checks that no nearby code branches into what `plan` overwrites beyond its first
+/// instruction (nothing branches into the middle of one, so a plan that overwrites
+/// one instruction needs no check).
+fn check_neighbours(
+    engine: &Engine,
+    request: &PatchRequest,
+    plan: &EntryPlan,
+    nearby: &Nearby,
+) -> Result<(), String> {
+    if plan.instruction_offsets.len() == 1 {
+        return Ok(());
+    }
+    let address = request.address;
     let patch_start = address + plan.patch_offset as u64;
     let body = address..address + request.size;
-    let into = nearby
-        .branches
-        .landing_in(patch_start + 1, patch_start + plan.overwritten_len as u64);
+    let into = nearby.branches_into(
+        engine,
+        patch_start + 1,
+        patch_start + plan.overwritten_len as u64,
+    );
     // Branches inside the body were checked by the plan, which knows which are its own.
-    if let Some(&(from, to)) = into.iter().find(|(from, to)| {
-        !body.contains(from) && relocate::lands_inside_patch(&plan, address, *to)
-    }) {
-        return Err(relocate::Refusal::BranchIntoPatch { from, to }.to_string());
+    match into
+        .iter()
+        .find(|(from, to)| !body.contains(from) && relocate::lands_inside_patch(plan, address, *to))
+    {
+        Some(&(from, to)) => Err(relocate::Refusal::BranchIntoPatch { from, to }.to_string()),
+        None => Ok(()),
     }
-    Ok(plan)
 }
 
 /// Restores the functions patched by `owner` (every function for `None`); returns how

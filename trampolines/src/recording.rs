@@ -178,6 +178,9 @@ pub fn start() {
         header::DISCOVERY_TICKS,
         header::SHADOW_OVERFLOWS,
         header::DISCOVERY_SAMPLE_NEXT,
+        header::STOPPED_AT_TICKS,
+        header::DISCOVERY_WAITS,
+        header::DISCOVERY_WAIT_TICKS,
     ] {
         set_header(field, 0);
     }
@@ -188,8 +191,10 @@ pub fn start() {
     ACTIVE.store(1, Ordering::Release);
 }
 
-/// Ends a recording: threads without a ring no longer claim one.
+/// Ends a recording: marks where it ends (before any code is restored), and threads
+/// without a ring no longer claim one.
 pub fn stop() {
+    set_header(header::STOPPED_AT_TICKS, sys::rdtsc());
     ACTIVE.store(0, Ordering::Release);
 }
 

@@ -40,6 +40,11 @@ static ARRIVED: AtomicUsize = AtomicUsize::new(0);
 static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
 static PARKED_CONTEXTS: [AtomicPtr<libc::ucontext_t>; MAX_PARKED] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_PARKED];
+/// Bumped by every thread that parks, so the stopper can sleep until one does (a
+/// stopper that spins keeps a core from the very threads it waits for).
+static ARRIVAL_SIGNAL: AtomicU32 = AtomicU32::new(0);
+/// The longest the stopper sleeps before it looks at the threads again.
+const STOPPER_NAP_NS: u64 = 200_000;
 /// The thread id of each parked context, so the stopper knows who is still missing.
 static PARKED_TIDS: [AtomicI32; MAX_PARKED] = [const { AtomicI32::new(0) }; MAX_PARKED];
 /// The signal chosen for parking, once installed.
@@ -144,6 +149,8 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
         PARKED_CONTEXTS[slot].store(context.cast(), Ordering::Release);
         PARKED_TIDS[slot].store(sys::gettid(), Ordering::Release);
     }
+    ARRIVAL_SIGNAL.fetch_add(1, Ordering::AcqRel);
+    sys::futex_wake_all(&ARRIVAL_SIGNAL);
     loop {
         let released = RELEASED.load(Ordering::Acquire);
         if released >= stop {
@@ -216,6 +223,7 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
     let deadline = signalled_at + STOP_TIMEOUT;
     let mut stubborn = 0;
     let ready = loop {
+        let arrivals_seen = ARRIVAL_SIGNAL.load(Ordering::Acquire);
         let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
         for (tid, plan) in threads.iter_mut() {
             // A signalled thread that blocked signals before the signal came (it began
@@ -253,7 +261,13 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
             stubborn = awaiting.map_or(0, |&(tid, _)| tid);
             break false;
         }
-        std::thread::yield_now();
+        // A thread to be seen asleep sends no wake-up: look again soon.
+        let nap = if awaiting.is_some() {
+            STOPPER_NAP_NS / 4
+        } else {
+            STOPPER_NAP_NS
+        };
+        sys::futex_wait_timeout(&ARRIVAL_SIGNAL, arrivals_seen, nap);
     };
     let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
     // A thread counts itself in before it publishes its context: wait for the last

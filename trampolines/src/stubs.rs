@@ -71,6 +71,8 @@ struct Layout {
     entry: CodeLabel,
     /// Only for a call thunk; otherwise a trapped thread goes to the entry.
     trap_entry: Option<CodeLabel>,
+    /// Only for a call thunk: the data word holding the address its call returns to.
+    returns_to_word: Option<CodeLabel>,
     body: CodeLabel,
 }
 
@@ -78,6 +80,10 @@ struct Layout {
 /// function's overwritten instructions for the address the body will have and returns
 /// their bytes (ending with the jump back into the function). `thunk_returns_to` is set
 /// for a call thunk: the address the patched `call` returns to.
+///
+/// Recording hooks are built during Scheme B discovery, while the target waits, so they
+/// come from a template assembled once (see [`RecordTemplate`]); the others are
+/// assembled each time.
 pub fn build(
     address: u64,
     id: u32,
@@ -85,33 +91,15 @@ pub fn build(
     thunk_returns_to: Option<u64>,
     body_at: impl FnOnce(u64) -> Result<Vec<u8>, String>,
 ) -> Result<TrampolineCode, String> {
-    let assembled = (|| -> Result<_, IcedError> {
-        let after_call = thunk_returns_to.is_some();
-        let layout = new_layout(thunk_returns_to)?;
-        let mut layout = match kind {
-            HookKind::Count => count_hook(layout, id)?,
-            HookKind::CountReturns => count_returns_hook(layout, id, after_call)?,
-            HookKind::Record { root } => record_hook(layout, id, root, after_call)?,
-            HookKind::Internal(handler) => internal_hook(layout, handler)?,
-            HookKind::Replace(target) => replace_hook(layout, target)?,
-        };
-        // The body label needs an instruction: a one-byte placeholder, replaced below.
-        layout.assembler.set_label(&mut layout.body)?;
-        layout.assembler.nop()?;
-        let result = layout
-            .assembler
-            .assemble_options(address, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
-        let hook = result.label_ip(&layout.entry)?;
-        let body = result.label_ip(&layout.body)?;
-        let trap = match &layout.trap_entry {
-            Some(label) => result.label_ip(label)?,
-            None => hook,
-        };
-        Ok((result.inner.code_buffer, hook, body, trap))
-    })()
-    .map_err(|e| format!("cannot assemble a hook: {e}"))?;
-    let (mut bytes, hook, body, trap_entry) = assembled;
-    bytes.truncate((body - address) as usize);
+    let hook = match kind {
+        HookKind::Record { root } => {
+            RecordTemplate::get(root, thunk_returns_to.is_some())?.instantiate(id, thunk_returns_to)
+        }
+        _ => assemble_hook(address, id, kind, thunk_returns_to)
+            .map_err(|e| format!("cannot assemble a hook: {e}"))?,
+    };
+    let body = address + hook.body as u64;
+    let mut bytes = hook.bytes;
     bytes.extend_from_slice(&body_at(body)?);
     if bytes.len() as u64 > TRAMPOLINE_BYTES {
         return Err(format!(
@@ -121,10 +109,185 @@ pub fn build(
     }
     Ok(TrampolineCode {
         bytes,
-        hook,
+        hook: address + hook.entry as u64,
         body,
-        trap_entry,
+        trap_entry: address + hook.trap_entry as u64,
     })
+}
+
+/// A trampoline's hook part, position-independent: its bytes (up to where the body
+/// goes) and the offsets of its entry points.
+#[derive(Debug, Clone)]
+struct HookCode {
+    bytes: Vec<u8>,
+    entry: usize,
+    trap_entry: usize,
+    /// Where the body starts: the length of `bytes`.
+    body: usize,
+}
+
+/// Where a hook is assembled when its address does not matter: every reference it
+/// makes is relative to itself or absolute.
+const ASSEMBLY_BASE: u64 = 0x1000_0000;
+
+/// Assembles the hook for function `id`.
+fn assemble_hook(
+    address: u64,
+    id: u32,
+    kind: HookKind,
+    thunk_returns_to: Option<u64>,
+) -> Result<HookCode, IcedError> {
+    let after_call = thunk_returns_to.is_some();
+    let layout = new_layout(thunk_returns_to)?;
+    let layout = match kind {
+        HookKind::Count => count_hook(layout, id)?,
+        HookKind::CountReturns => count_returns_hook(layout, id, after_call)?,
+        HookKind::Record { root } => {
+            let values = RecordValues::new(id, thunk_returns_to);
+            record_hook(layout, root, after_call, values)?.0
+        }
+        HookKind::Internal(handler) => internal_hook(layout, handler)?,
+        HookKind::Replace(target) => replace_hook(layout, target)?,
+    };
+    Ok(finish_hook(layout, address)?.0)
+}
+
+/// Assembles a hook at `address`; also returns the assembler's result, which knows
+/// where the hook's other labels ended up.
+fn finish_hook(
+    mut layout: Layout,
+    address: u64,
+) -> Result<(HookCode, CodeAssemblerResult), IcedError> {
+    // The body label needs an instruction: a one-byte placeholder, cut off below.
+    layout.assembler.set_label(&mut layout.body)?;
+    layout.assembler.nop()?;
+    let result = layout
+        .assembler
+        .assemble_options(address, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+    let offset = |label: &CodeLabel| -> Result<usize, IcedError> {
+        Ok((result.label_ip(label)? - address) as usize)
+    };
+    let entry = offset(&layout.entry)?;
+    let body = offset(&layout.body)?;
+    let trap_entry = match &layout.trap_entry {
+        Some(label) => offset(label)?,
+        None => entry,
+    };
+    let mut bytes = result.inner.code_buffer.clone();
+    bytes.truncate(body);
+    Ok((
+        HookCode {
+            bytes,
+            entry,
+            trap_entry,
+            body,
+        },
+        result,
+    ))
+}
+
+/// The per-function values a recording hook reads from data words of its own, so that
+/// one assembled template serves every function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RecordValues {
+    entry_event: u64,
+    exit_event: u64,
+    /// The shadow entry's function word (the id, marked as recorded).
+    shadow_function: u64,
+    id: u64,
+    /// For a call thunk: where its call returns.
+    returns_to: u64,
+}
+
+impl RecordValues {
+    fn new(id: u32, thunk_returns_to: Option<u64>) -> Self {
+        use tendril_wire::events::EventKind;
+        RecordValues {
+            entry_event: id as u64 | (EventKind::Entry as u64) << 32,
+            exit_event: id as u64 | (EventKind::Exit as u64) << 32,
+            shadow_function: id as u64 | thread_state::ENTRY_RECORDED,
+            id: id as u64,
+            returns_to: thunk_returns_to.unwrap_or(0),
+        }
+    }
+}
+
+/// The labels of a recording hook's data words.
+struct RecordWords {
+    entry_event: CodeLabel,
+    exit_event: CodeLabel,
+    shadow_function: CodeLabel,
+    id: CodeLabel,
+}
+
+/// A recording hook assembled once, and where its per-function data words are.
+#[derive(Debug, Clone)]
+struct RecordTemplate {
+    hook: HookCode,
+    /// Offsets of the words of [`RecordValues`], in its field order.
+    words: [Option<usize>; 5],
+}
+
+impl RecordTemplate {
+    /// The template for a root or inner hook, with or without a call thunk.
+    fn get(root: bool, thunk: bool) -> Result<RecordTemplate, String> {
+        static TEMPLATES: std::sync::Mutex<[Option<RecordTemplate>; 4]> =
+            std::sync::Mutex::new([None, None, None, None]);
+        let mut templates = TEMPLATES.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = &mut templates[root as usize * 2 + thunk as usize];
+        if slot.is_none() {
+            let thunk_returns_to = thunk.then_some(0);
+            *slot = Some(
+                Self::assemble(root, thunk_returns_to)
+                    .map_err(|e| format!("cannot assemble a hook: {e}"))?,
+            );
+        }
+        Ok(slot.clone().expect("just assembled"))
+    }
+
+    fn assemble(root: bool, thunk_returns_to: Option<u64>) -> Result<RecordTemplate, IcedError> {
+        let layout = new_layout(thunk_returns_to)?;
+        let values = RecordValues::new(0, thunk_returns_to);
+        let (layout, words) = record_hook(layout, root, thunk_returns_to.is_some(), values)?;
+        let returns_to_word = layout.returns_to_word;
+        let (hook, result) = finish_hook(layout, ASSEMBLY_BASE)?;
+        let offset = |label: &CodeLabel| -> Result<usize, IcedError> {
+            Ok((result.label_ip(label)? - ASSEMBLY_BASE) as usize)
+        };
+        let returns_to = match &returns_to_word {
+            Some(label) => Some(offset(label)?),
+            None => None,
+        };
+        Ok(RecordTemplate {
+            hook,
+            words: [
+                Some(offset(&words.entry_event)?),
+                Some(offset(&words.exit_event)?),
+                Some(offset(&words.shadow_function)?),
+                Some(offset(&words.id)?),
+                returns_to,
+            ],
+        })
+    }
+
+    /// The hook of function `id`: the template with that function's data words.
+    fn instantiate(&self, id: u32, thunk_returns_to: Option<u64>) -> HookCode {
+        let values = RecordValues::new(id, thunk_returns_to);
+        let values = [
+            values.entry_event,
+            values.exit_event,
+            values.shadow_function,
+            values.id,
+            values.returns_to,
+        ];
+        let mut hook = self.hook.clone();
+        for (offset, value) in self.words.iter().zip(values) {
+            if let Some(offset) = *offset {
+                hook.bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+            }
+        }
+        hook
+    }
 }
 
 /// Starts a trampoline. For a call thunk it begins with the trap entry: a thread that
@@ -135,20 +298,24 @@ fn new_layout(thunk_returns_to: Option<u64>) -> Result<Layout, IcedError> {
     let entry = assembler.create_label();
     let body = assembler.create_label();
     let mut trap_entry = None;
+    let mut returns_to_word = None;
     if let Some(returns_to) = thunk_returns_to {
         let a = &mut assembler;
         let mut label = a.create_label();
+        let mut word = a.create_label();
         a.set_label(&mut label)?;
         trap_entry = Some(label);
-        a.lea(rsp, qword_ptr(rsp - 8))?;
-        a.mov(dword_ptr(rsp), returns_to as u32)?;
-        a.mov(dword_ptr(rsp + 4), (returns_to >> 32) as u32)?;
+        a.push(qword_ptr(word))?;
         a.jmp(entry)?;
+        a.set_label(&mut word)?;
+        a.dq(&[returns_to])?;
+        returns_to_word = Some(word);
     }
     Ok(Layout {
         assembler,
         entry,
         trap_entry,
+        returns_to_word,
         body,
     })
 }
@@ -272,12 +439,19 @@ fn check_shadow_top(
     Ok(())
 }
 
+/// A per-function value in a hook: an immediate, or a data word of the trampoline.
+#[derive(Debug, Clone, Copy)]
+enum Word {
+    Immediate(u64),
+    Data(CodeLabel),
+}
+
 /// Pushes the shadow entry (rdx: top, r11: the return slot) for `function_word`, with
 /// `exit` as the exit; leaves r11 holding the exit's address.
 fn push_shadow_entry(
     a: &mut CodeAssembler,
     entry_slot: i32,
-    function_word: i32,
+    function_word: Word,
     exit: CodeLabel,
     push_entry: &mut CodeLabel,
 ) -> Result<(), IcedError> {
@@ -291,7 +465,13 @@ fn push_shadow_entry(
     a.mov(qword_ptr(rdx + ENTRY_SLOT), r11)?;
     a.mov(r11, qword_ptr(rsp + entry_slot))?;
     a.mov(qword_ptr(rdx + ENTRY_RETURN_ADDRESS), r11)?;
-    a.mov(qword_ptr(rdx + ENTRY_FUNCTION), function_word)?;
+    match function_word {
+        Word::Immediate(word) => a.mov(qword_ptr(rdx + ENTRY_FUNCTION), word as i32)?,
+        Word::Data(label) => {
+            a.mov(r11, qword_ptr(label))?;
+            a.mov(qword_ptr(rdx + ENTRY_FUNCTION), r11)?;
+        }
+    }
     a.lea(r11, qword_ptr(exit))?;
     a.mov(qword_ptr(rdx + ENTRY_EXIT), r11)
 }
@@ -379,7 +559,13 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
         push_entry,
     };
     check_shadow_top(a, entry_slot, &mut labels)?;
-    push_shadow_entry(a, entry_slot, id as i32, exit, &mut labels.push_entry)?;
+    push_shadow_entry(
+        a,
+        entry_slot,
+        Word::Immediate(id as u64),
+        exit,
+        &mut labels.push_entry,
+    )?;
     restore_flags(a)?;
     if after_call {
         // The return address lives in the shadow entry; the exit takes its place, and
@@ -468,15 +654,15 @@ fn read_tsc(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.or(rax, rdx)
 }
 
-/// Writes the event `(rax, word)` at the thread's ring head (r11 holds the head) and
+/// Writes the event `(rax, [word])` at the thread's ring head (r11 holds the head) and
 /// publishes the new head. Clobbers rax, rdx, r11.
-fn write_event(a: &mut CodeAssembler, word: u64) -> Result<(), IcedError> {
+fn write_event(a: &mut CodeAssembler, word: CodeLabel) -> Result<(), IcedError> {
     a.mov(rdx, r11)?;
     a.and(rdx, qword_ptr(rcx + STATE_RING_MASK))?;
     a.shl(rdx, 4)?;
     a.add(rdx, qword_ptr(rcx + STATE_RING_EVENTS))?;
     a.mov(qword_ptr(rdx), rax)?;
-    a.mov(rax, word)?;
+    a.mov(rax, qword_ptr(word))?;
     a.mov(qword_ptr(rdx + 8), rax)?;
     a.inc(r11)?;
     a.mov(qword_ptr(rcx + STATE_RING_HEAD), r11)?;
@@ -489,11 +675,10 @@ fn write_event(a: &mut CodeAssembler, word: u64) -> Result<(), IcedError> {
 /// of the hooks' own cost as possible falls between them.
 fn record_hook(
     mut layout: Layout,
-    id: u32,
     root: bool,
     after_call: bool,
-) -> Result<Layout, IcedError> {
-    use tendril_wire::events::EventKind;
+    values: RecordValues,
+) -> Result<(Layout, RecordWords), IcedError> {
     let slot = (RECORD_HOOK_PUSHES * 8) as i32;
     let entry_slot = slot + if after_call { 8 } else { 0 };
     let before_push: Handler = if after_call {
@@ -501,10 +686,14 @@ fn record_hook(
     } else {
         shadow::before_push::<RECORD_HOOK_PUSHES>
     };
-    let entry_word = id as u64 | (EventKind::Entry as u64) << 32;
-    let exit_word = id as u64 | (EventKind::Exit as u64) << 32;
     let body = layout.body;
     let a = &mut layout.assembler;
+    let mut words = RecordWords {
+        entry_event: a.create_label(),
+        exit_event: a.create_label(),
+        shadow_function: a.create_label(),
+        id: a.create_label(),
+    };
     let mut have_state = a.create_label();
     let mut register = a.create_label();
     let mut special = a.create_label();
@@ -546,7 +735,8 @@ fn record_hook(
         a.je(passthrough)?;
     }
     a.mov(r11, recording::invoked_table())?;
-    a.cmp(byte_ptr(r11 + id as i32), 0)?;
+    a.add(r11, qword_ptr(words.id))?;
+    a.cmp(byte_ptr(r11), 0)?;
     a.je(discover)?;
     a.set_label(&mut counted)?;
     let mut labels = ShadowLabels {
@@ -556,7 +746,7 @@ fn record_hook(
         push_entry,
     };
     check_shadow_top(a, entry_slot, &mut labels)?;
-    let function_word = (id as u64 | thread_state::ENTRY_RECORDED) as i32;
+    let function_word = Word::Data(words.shadow_function);
     push_shadow_entry(a, entry_slot, function_word, exit, &mut labels.push_entry)?;
     if after_call {
         a.mov(qword_ptr(rsp + entry_slot), r11)?;
@@ -567,7 +757,7 @@ fn record_hook(
     a.jae(entry_ring)?;
     a.set_label(&mut entry_room)?;
     read_tsc(a)?;
-    write_event(a, entry_word)?;
+    write_event(a, words.entry_event)?;
     a.set_label(&mut entry_done)?;
     a.mov(eax, r10d)?;
     restore_flags(a)?;
@@ -594,7 +784,7 @@ fn record_hook(
     a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
     a.jae(exit_ring)?;
     a.set_label(&mut exit_room)?;
-    write_event(a, exit_word)?;
+    write_event(a, words.exit_event)?;
     a.set_label(&mut exit_done)?;
     a.mov(eax, r10d)?;
     restore_flags(a)?;
@@ -624,7 +814,7 @@ fn record_hook(
     a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
     a.jmp(entry_room)?;
     a.set_label(&mut discover)?;
-    a.mov(edx, id)?;
+    a.mov(edx, dword_ptr(words.id))?;
     call_slow(a, discovery::discover, slow_call)?;
     a.jmp(counted)?;
     a.set_label(&mut special)?;
@@ -653,7 +843,17 @@ fn record_hook(
     call_slow(a, thread_state::register_current_thread, slow_call)?;
     a.jmp(have_state)?;
     slow_call_pointer(a, &mut slow_call)?;
-    Ok(layout)
+    // The per-function data words (see `RecordTemplate`).
+    for (label, value) in [
+        (&mut words.entry_event, values.entry_event),
+        (&mut words.exit_event, values.exit_event),
+        (&mut words.shadow_function, values.shadow_function),
+        (&mut words.id, values.id),
+    ] {
+        a.set_label(label)?;
+        a.dq(&[value])?;
+    }
+    Ok((layout, words))
 }
 
 /// Calls `handler` with every register saved, then runs the function.
@@ -756,6 +956,32 @@ mod tests {
             inner.iter().any(|t| t.starts_with("call ")),
             "the body is called"
         );
+    }
+
+    #[test]
+    fn a_recording_hook_from_the_template_is_the_hook_assembled_for_its_function() {
+        for root in [false, true] {
+            for returns_to in [None, Some(0x7f00_1234_5678)] {
+                for id in [0, 5, 300, 70_000] {
+                    let kind = HookKind::Record { root };
+                    let assembled = assemble_hook(ASSEMBLY_BASE, id, kind, returns_to).unwrap();
+                    let template = RecordTemplate::get(root, returns_to.is_some()).unwrap();
+                    let instantiated = template.instantiate(id, returns_to);
+                    assert_eq!(
+                        instantiated.bytes, assembled.bytes,
+                        "{root} {returns_to:?} {id}"
+                    );
+                    assert_eq!(
+                        (
+                            instantiated.entry,
+                            instantiated.trap_entry,
+                            instantiated.body
+                        ),
+                        (assembled.entry, assembled.trap_entry, assembled.body)
+                    );
+                }
+            }
+        }
     }
 
     #[test]

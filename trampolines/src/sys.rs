@@ -55,6 +55,25 @@ pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32) {
     }
 }
 
+/// Waits while `*word == expected`, at most `timeout_ns` (spurious wake-ups possible).
+pub fn futex_wait_timeout(word: &std::sync::atomic::AtomicU32, expected: u32, timeout_ns: u64) {
+    let timeout = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a valid, aligned u32 that outlives the call, with a
+    // relative timeout that lives on this stack for the call's duration.
+    unsafe {
+        syscall4(
+            libc::SYS_futex,
+            word.as_ptr() as u64,
+            (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64,
+            expected as u64,
+            &timeout as *const libc::timespec as u64,
+        );
+    }
+}
+
 /// Wakes every thread waiting on `word`.
 pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
     // SAFETY: FUTEX_WAKE on a valid, aligned u32.

@@ -59,7 +59,8 @@ pub mod header {
     pub const OUTER_TICKS: usize = 64;
     /// Calls that found their function's direct callees unpatchable (not instrumented).
     pub const REFUSED_CALLEES: usize = 72;
-    /// Discovery pauses measured (count and total ticks, for the pause statistics).
+    /// Discoveries (first invocations that instrumented their callees) and their total
+    /// pause in ticks.
     pub const DISCOVERIES: usize = 80;
     pub const DISCOVERY_TICKS: usize = 88;
     /// Calls whose return could not be hooked because the shadow stack was full.
@@ -68,6 +69,14 @@ pub mod header {
     /// [`DISCOVERY_SAMPLES`] words from [`DISCOVERY_SAMPLE_WORDS`], the next index
     /// (monotonic) at [`DISCOVERY_SAMPLE_NEXT`].
     pub const DISCOVERY_SAMPLE_NEXT: usize = 104;
+    /// The TSC when the recording stopped (0 while it runs): the code is restored one
+    /// function after another after it, so an event later than it belongs to no
+    /// consistent cut of the threads and is not part of the recording.
+    pub const STOPPED_AT_TICKS: usize = 112;
+    /// Threads that reached a function while another thread was discovering it (or
+    /// discovering another function), and waited (count and total ticks).
+    pub const DISCOVERY_WAITS: usize = 120;
+    pub const DISCOVERY_WAIT_TICKS: usize = 128;
     pub const DISCOVERY_SAMPLE_WORDS: usize = 512;
     pub const DISCOVERY_SAMPLES: usize = (super::HEADER_BYTES - DISCOVERY_SAMPLE_WORDS) / 8;
 }
