@@ -9,7 +9,8 @@
 //! * An instrumented function called outside the call graph: `tightcall` recorded with
 //!   Scheme A from `main`, which is already running and never entered again, so
 //!   `root`, `mid` and `leaf` are all instrumented but never inside the graph.
-//! * Discovery pauses: `calltree` recorded from `work_round` (median over discoveries).
+//! * Discovery pauses: `calltree` (1 and 4 worker threads) recorded from `work_round`
+//!   (median over discoveries).
 //! * `--gross-only`: `timed`'s `parent` (about 155 us per call) timed gross-only.
 
 #[path = "../tests/common/mod.rs"]
@@ -111,8 +112,8 @@ fn recording_hook_cost() {
     );
 }
 
-fn discovery_pauses() {
-    let mut target = Target::spawn("calltree", &["4"]);
+fn discovery_pauses(threads: usize) {
+    let mut target = Target::spawn("calltree", &[&threads.to_string()]);
     target.checksum_lines(2, LINE_TIMEOUT);
     let mut recorder = record(target.pid(), &["work_round"], Scheme::B, false);
     for _ in 0..200 {
@@ -122,7 +123,7 @@ fn discovery_pauses() {
     let profile = recorder.finish(false).unwrap().profile;
     let discovery = profile.discovery.unwrap();
     println!(
-        "discovery pauses (calltree from work_round, 4 threads): {} discoveries, median {:.1} us, \
+        "discovery pauses (calltree from work_round, {threads} threads): {} discoveries, median {:.1} us, \
          mean {:.1} us, {} functions instrumented; {} waits of other threads meanwhile, \
          mean {:.1} us",
         discovery.discoveries,
@@ -172,7 +173,11 @@ fn main() {
         recording_hook_cost();
     }
     if only.is_empty() || only == "discovery" {
-        discovery_pauses();
+        // One worker thread, then more busy threads than cores: each serialisation of
+        // the cores then interrupts a core running the target, and a stop waits for
+        // threads to get a core.
+        discovery_pauses(1);
+        discovery_pauses(4);
     }
     if only.is_empty() || only == "gross" {
         gross_only_cost();
