@@ -5,8 +5,11 @@
 //! entry event to its exit event minus the pauses tendril caused inside it, `t_I` (inner)
 //! is the part of one call's own hook cost that falls between those two timestamps, `t_O`
 //! (outer) is the whole cost one instrumented call adds to its caller, and `m` is the
-//! number of instrumented calls the invocation made directly. Everything here is in TSC
-//! ticks; nanoseconds appear only when a profile is produced.
+//! number of instrumented calls made inside the invocation — at any depth, since every
+//! hook below it runs inside its time (JFluid states the formula for a method's own
+//! time, with its direct calls; charged to totals, it takes all of them). The self time
+//! of a node, its total minus its children's totals, is then JFluid's. Everything here
+//! is in TSC ticks; nanoseconds appear only when a profile is produced.
 
 use super::model::Calibration;
 
@@ -49,11 +52,10 @@ impl Correction {
     }
 
     /// `t_exact` in ticks of one invocation that measured `measured_ticks` (pauses
-    /// already removed) and made `child_calls` instrumented calls directly.
+    /// already removed) and made `calls` instrumented calls inside it, at any depth.
     #[inline]
-    pub fn charge(&self, measured_ticks: u64, child_calls: u64) -> f64 {
-        let exact =
-            measured_ticks as f64 - self.inner_ticks - child_calls as f64 * self.outer_ticks;
+    pub fn charge(&self, measured_ticks: u64, calls: u64) -> f64 {
+        let exact = measured_ticks as f64 - self.inner_ticks - calls as f64 * self.outer_ticks;
         exact.max(0.0)
     }
 
@@ -151,8 +153,27 @@ mod tests {
         assert_eq!((leaf.calls, leaf.total_ns, leaf.self_ns), (2, 7, 7));
         // mid: (30 − 2 − 2·5) + (10 − 2) = 18 + 8 = 26; self = 26 − 7 = 19
         assert_eq!((mid.calls, mid.total_ns, mid.self_ns), (2, 26, 19));
-        // root: 100 − 2 − 2·5 = 88; self = 88 − 26 = 62
-        assert_eq!((root.calls, root.total_ns, root.self_ns), (1, 88, 62));
+        // root: 100 − 2 − 4·5 = 78 (two mids and two leaves ran inside it); self = 52
+        assert_eq!((root.calls, root.total_ns, root.self_ns), (1, 78, 52));
+    }
+
+    #[test]
+    fn a_frame_still_open_counts_every_call_made_inside_it() {
+        // root [0, ..) calls mid [10, ..), which has called leaf twice ([15,20], [25,31]).
+        let events = [
+            entry(0, 0),
+            entry(1, 10),
+            entry(2, 15),
+            exit(2, 20),
+            entry(2, 25),
+            exit(2, 31),
+        ];
+        let roots = merged(&events);
+        let (root, mid) = (&roots[0], &roots[0].children[0]);
+        // Up to the latest event (31). mid: 21 − 2 − 2·5 = 9.
+        assert_eq!(mid.total_ns, 9);
+        // root: 31 − 2 − 3·5 = 14 (mid and both leaves ran inside it); self = 5.
+        assert_eq!((root.total_ns, root.self_ns), (14, 5));
     }
 
     #[test]
@@ -190,6 +211,6 @@ mod tests {
         let (root, mid) = (&roots[0], &roots[0].children[0]);
         assert_eq!(mid.children[0].total_ns, 8); // 10 − 2
         assert_eq!(mid.total_ns, 18); // 25 − 2 − 5
-        assert_eq!(root.total_ns, 43); // 50 − 2 − 5
+        assert_eq!(root.total_ns, 38); // 50 − 2 − 2·5
     }
 }

@@ -24,8 +24,9 @@ struct Frame {
     entry_ts: u64,
     /// The thread's [`ThreadTree::paused_ticks`] when the frame was entered.
     paused_at_entry: u64,
-    /// Instrumented calls this invocation made directly (`m` in the correction).
-    child_calls: u64,
+    /// Instrumented calls made inside this invocation, at any depth, that have returned
+    /// (`m` in the correction, with the frames still open above it).
+    descendant_calls: u64,
 }
 
 /// What one thread's stream contained, beyond the tree.
@@ -104,13 +105,7 @@ impl ThreadTree {
     #[inline]
     fn enter(&mut self, function: u32, ts: u64) {
         self.latest_ts = ts;
-        let parent = match self.frames.last_mut() {
-            Some(caller) => {
-                caller.child_calls += 1;
-                caller.node
-            }
-            None => TOP,
-        };
+        let parent = self.frames.last().map_or(TOP, |caller| caller.node);
         let node = self.arena.child(parent, function);
         self.arena.node_mut(node).calls += 1;
         match self.open_per_function.get_mut(function as usize) {
@@ -122,7 +117,7 @@ impl ThreadTree {
             function,
             entry_ts: ts,
             paused_at_entry: self.paused_ticks,
-            child_calls: 0,
+            descendant_calls: 0,
         });
     }
 
@@ -166,18 +161,23 @@ impl ThreadTree {
         let Some(frame) = self.frames.pop() else {
             return;
         };
-        let charged = self.charge_at(&frame, ts, correction);
+        let charged = self.charge_at(&frame, ts, frame.descendant_calls, correction);
         self.arena.node_mut(frame.node).total_ticks += charged;
+        if let Some(caller) = self.frames.last_mut() {
+            // Every hook below a frame ran inside its time.
+            caller.descendant_calls += 1 + frame.descendant_calls;
+        }
         self.open_per_function[frame.function as usize] -= 1;
         self.counters.unwound_exits += u64::from(unwound);
     }
 
-    /// The corrected time of `frame` if it ended at `ts`.
+    /// The corrected time of `frame` if it ended at `ts`, with `calls` instrumented
+    /// calls made inside it.
     #[inline]
-    fn charge_at(&self, frame: &Frame, ts: u64, correction: &Correction) -> f64 {
+    fn charge_at(&self, frame: &Frame, ts: u64, calls: u64, correction: &Correction) -> f64 {
         let paused = self.paused_ticks - frame.paused_at_entry;
         let measured = ts.saturating_sub(frame.entry_ts).saturating_sub(paused);
-        correction.charge(measured, frame.child_calls)
+        correction.charge(measured, calls)
     }
 
     /// Closes every open frame as unwound at `at_ts` (the thread exited, or recording
@@ -193,8 +193,12 @@ impl ThreadTree {
     /// still open counted up to the latest event. Read-only.
     pub fn totals_now(&self, correction: &Correction) -> Vec<f64> {
         let mut totals: Vec<f64> = self.arena.nodes().iter().map(|n| n.total_ticks).collect();
-        for frame in &self.frames {
-            totals[frame.node as usize] += self.charge_at(frame, self.latest_ts, correction);
+        // The frames open above a frame are calls made inside it too.
+        let mut open_above = 0;
+        for frame in self.frames.iter().rev() {
+            let calls = frame.descendant_calls + open_above;
+            totals[frame.node as usize] += self.charge_at(frame, self.latest_ts, calls, correction);
+            open_above += 1 + frame.descendant_calls;
         }
         totals
     }

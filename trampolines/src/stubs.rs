@@ -803,6 +803,9 @@ fn record_hook(
     call_slow(a, recording::ring_space, slow_call)?;
     a.test(rdx, rdx)?;
     a.jnz(exit_done)?;
+    // The wait for room (an Adjust event now in the ring) must lie inside the frame it
+    // is removed from: the exit is timed again, after it.
+    read_tsc(a)?;
     a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
     a.jmp(exit_room)?;
 
@@ -951,7 +954,8 @@ mod tests {
             "outside the graph: steps aside"
         );
         assert!(!root.contains(&depth_check), "a root starts the graph");
-        assert_eq!(inner.iter().filter(|t| *t == "rdtsc").count(), 2);
+        // The entry, the exit, and the exit again after a wait for ring space.
+        assert_eq!(inner.iter().filter(|t| *t == "rdtsc").count(), 3);
         assert!(
             inner.iter().any(|t| t.starts_with("call ")),
             "the body is called"
