@@ -104,6 +104,8 @@ enum Command {
         /// A root function (repeat for several); default `main`.
         #[arg(long = "root", value_name = "SYM")]
         roots: Vec<String>,
+        /// How the graph below the roots is instrumented: b (lazily, as functions first
+        /// run) or a (the whole static call graph, up front).
         #[arg(long, default_value = "b", value_parser = ["a", "b"])]
         scheme: String,
         /// Stop recording after this many seconds (the program goes on).
@@ -112,6 +114,8 @@ enum Command {
         /// Write the profile here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Only time the roots themselves: a distribution of their gross times, at
+        /// almost no cost.
         #[arg(long)]
         gross_only: bool,
         /// The program and its arguments, after `--`.
