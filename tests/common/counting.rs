@@ -4,11 +4,10 @@
 //! (its `tendril: counting ...` line on stderr), makes the fixture do a known amount of
 //! work, then ends the count with Ctrl-C (SIGINT) as a user would and reads the report.
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::Stdio;
 use std::time::Duration;
 
+use super::running::RunningTendril;
 use super::tendril;
 
 /// How long tendril may take to attach and patch.
@@ -16,9 +15,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A `tendril count` in progress.
 pub struct Counting {
-    child: Child,
-    stderr_lines: Receiver<String>,
-    stderr_seen: Vec<String>,
+    running: RunningTendril,
 }
 
 /// One row of the report: calls, returns (with `--returns`), and the function's name.
@@ -43,84 +40,36 @@ pub struct CountReport {
 impl Counting {
     /// Starts `tendril count <pid> <args...>` and waits until it counts.
     pub fn start(pid: i32, args: &[&str]) -> Counting {
-        let mut child = tendril()
+        let mut command = tendril();
+        command
             .arg("count")
             .arg(pid.to_string())
             .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot run tendril count");
-        let stderr = child.stderr.take().unwrap();
-        let (sender, stderr_lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if sender.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut counting = Counting {
-            child,
-            stderr_lines,
-            stderr_seen: Vec::new(),
-        };
-        loop {
-            match counting.stderr_lines.recv_timeout(START_TIMEOUT) {
-                Ok(line) => {
-                    let started = line.starts_with("tendril: counting calls");
-                    counting.stderr_seen.push(line);
-                    if started {
-                        return counting;
-                    }
-                }
-                Err(_) => {
-                    let _ = counting.child.kill();
-                    let output = counting.finish_output();
-                    panic!(
-                        "tendril count did not start counting: {}\n{}",
-                        output.stderr, output.stdout
-                    );
-                }
-            }
+            .stdout(Stdio::piped());
+        Counting {
+            running: RunningTendril::start(command, "tendril: counting calls", START_TIMEOUT),
         }
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.running.pid()
     }
 
     /// Ends the count with SIGINT, as Ctrl-C does, and parses the report.
     pub fn finish(self) -> CountReport {
-        // SAFETY: kill only sends a signal; the child has not been reaped.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let report = self.finish_output();
+        self.running.interrupt();
+        let (status, stdout, stderr) = self.running.wait();
+        assert!(status.success(), "tendril count failed: {stderr}\n{stdout}");
         assert!(
-            report.stdout.lines().count() >= 2,
-            "tendril count printed no report: {}\n{}",
-            report.stderr,
-            report.stdout
+            stdout.lines().count() >= 2,
+            "tendril count printed no report: {stderr}\n{stdout}"
         );
-        report
+        parse_report(stdout, stderr)
     }
 
     /// Kills tendril with SIGKILL: it gets no chance to restore anything itself.
-    pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn finish_output(mut self) -> CountReport {
-        let mut stdout = String::new();
-        if let Some(mut out) = self.child.stdout.take() {
-            let _ = out.read_to_string(&mut stdout);
-        }
-        let status = self.child.wait().expect("cannot wait for tendril count");
-        std::thread::sleep(Duration::from_millis(50));
-        self.stderr_seen.extend(self.stderr_lines.try_iter());
-        let stderr = self.stderr_seen.join("\n");
-        assert!(status.success(), "tendril count failed: {stderr}\n{stdout}");
-        parse_report(stdout, stderr)
+    pub fn kill(self) {
+        self.running.kill();
     }
 }
 

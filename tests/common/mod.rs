@@ -11,6 +11,7 @@ mod code_check;
 mod counting;
 mod fixture_build;
 mod recording;
+mod running;
 mod target;
 
 pub use code_check::code_bytes_match_file;

@@ -496,19 +496,28 @@ fn pop_shadow_entry(
     a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), rdx)
 }
 
-/// Pushes/pops the four registers the return hook uses, in a fixed order.
+/// Pushes `registers` in order.
+fn push_registers(a: &mut CodeAssembler, registers: &[AsmRegister64]) -> Result<(), IcedError> {
+    registers.iter().try_for_each(|&register| a.push(register))
+}
+
+/// Pops what [`push_registers`] pushed (in reverse order).
+fn pop_registers(a: &mut CodeAssembler, registers: &[AsmRegister64]) -> Result<(), IcedError> {
+    registers
+        .iter()
+        .rev()
+        .try_for_each(|&register| a.pop(register))
+}
+
+/// The registers the return hook saves ([`RETURN_HOOK_PUSHES`] of them).
+const RETURN_HOOK_REGISTERS: [AsmRegister64; RETURN_HOOK_PUSHES as usize] = [rax, rcx, rdx, r11];
+
 fn push_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.push(rax)?;
-    a.push(rcx)?;
-    a.push(rdx)?;
-    a.push(r11)
+    push_registers(a, &RETURN_HOOK_REGISTERS)
 }
 
 fn pop_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.pop(r11)?;
-    a.pop(rdx)?;
-    a.pop(rcx)?;
-    a.pop(rax)
+    pop_registers(a, &RETURN_HOOK_REGISTERS)
 }
 
 /// `after_call`: the hook runs from a call thunk, so the thunk's own return address is
@@ -627,25 +636,20 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     Ok(layout)
 }
 
-/// Pushes/pops the five registers the recording hook uses.
+/// Registers the recording hook pushes below the return-address slot.
+pub const RECORD_HOOK_PUSHES: u64 = 5;
+
+/// The registers the recording hook saves.
+const RECORD_HOOK_REGISTERS: [AsmRegister64; RECORD_HOOK_PUSHES as usize] =
+    [rax, rcx, rdx, r10, r11];
+
 fn push_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.push(rax)?;
-    a.push(rcx)?;
-    a.push(rdx)?;
-    a.push(r10)?;
-    a.push(r11)
+    push_registers(a, &RECORD_HOOK_REGISTERS)
 }
 
 fn pop_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.pop(r11)?;
-    a.pop(r10)?;
-    a.pop(rdx)?;
-    a.pop(rcx)?;
-    a.pop(rax)
+    pop_registers(a, &RECORD_HOOK_REGISTERS)
 }
-
-/// Registers the recording hook pushes below the return-address slot.
-pub const RECORD_HOOK_PUSHES: u64 = 5;
 
 /// `rdtsc` into `rax` as one 64-bit value (clobbers rdx and the flags).
 fn read_tsc(a: &mut CodeAssembler) -> Result<(), IcedError> {

@@ -1,0 +1,88 @@
+//! `RunningTendril`: a tendril command started by a test, whose stderr is read line by
+//! line as it comes, and which the test ends with SIGINT as Ctrl-C would.
+//!
+//! The one idea: commands like `count` and `record` say on stderr when their hooks are
+//! in (`tendril: counting ...`, `tendril: recording ...`); a test waits for that line
+//! before it makes the fixture work, so the work is measured whole.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
+
+/// A tendril process started by a test.
+pub struct RunningTendril {
+    child: Child,
+    stderr_lines: Receiver<String>,
+    stderr_seen: Vec<String>,
+}
+
+impl RunningTendril {
+    /// Runs `command` (its stderr piped here) and waits up to `timeout` for a stderr
+    /// line starting with `started`; panics with what it printed if none comes.
+    pub fn start(mut command: Command, started: &str, timeout: Duration) -> RunningTendril {
+        let mut child = command
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot run tendril");
+        let stderr = child.stderr.take().unwrap();
+        let (sender, stderr_lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut running = RunningTendril {
+            child,
+            stderr_lines,
+            stderr_seen: Vec::new(),
+        };
+        loop {
+            match running.stderr_lines.recv_timeout(timeout) {
+                Ok(line) => {
+                    let is_start = line.starts_with(started);
+                    running.stderr_seen.push(line);
+                    if is_start {
+                        return running;
+                    }
+                }
+                Err(_) => {
+                    let _ = running.child.kill();
+                    let (_, stdout, stderr) = running.wait();
+                    panic!("tendril did not print '{started}...':\n{stderr}\n{stdout}");
+                }
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT, as Ctrl-C does.
+    pub fn interrupt(&self) {
+        // SAFETY: kill only sends a signal; the child has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    }
+
+    /// Kills tendril with SIGKILL: it gets no chance to restore anything itself.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for tendril to exit; returns its status, stdout (if piped) and stderr.
+    pub fn wait(mut self) -> (ExitStatus, String, String) {
+        let mut stdout = String::new();
+        if let Some(mut out) = self.child.stdout.take() {
+            let _ = out.read_to_string(&mut stdout);
+        }
+        let status = self.child.wait().expect("cannot wait for tendril");
+        // The reader thread may still be passing on the last lines.
+        std::thread::sleep(Duration::from_millis(50));
+        self.stderr_seen.extend(self.stderr_lines.try_iter());
+        (status, stdout, self.stderr_seen.join("\n"))
+    }
+}
