@@ -20,7 +20,8 @@ pub enum Action {
     /// Profile exactly these functions as roots, replacing the current ones. The UI has
     /// switched to the live view and waits for snapshots.
     SetRoots(Vec<FunctionEntry>),
-    /// Stop collecting events (the instrumentation stays); the data stays browsable.
+    /// Stop collecting events: the target's code is restored (it runs its own code
+    /// again) and the roots are kept for [`Action::Resume`]; the data stays browsable.
     Pause,
     /// Collect again after [`Action::Pause`].
     Resume,

@@ -138,6 +138,20 @@ impl App {
         self.help_visible = false;
     }
 
+    /// Starts over at the process picker with `processes` (the chosen process is gone
+    /// before any root was profiled): its filter, its functions and any data shown are
+    /// forgotten.
+    pub fn show_process_picker(&mut self, processes: Vec<ProcessEntry>) {
+        self.process_picker = ProcessPicker::default();
+        self.process_picker.set_processes(processes);
+        self.root_picker = RootPicker::default();
+        self.live = LiveView::default();
+        self.snapshot = ProfileSnapshot::default();
+        self.session_started = false;
+        self.screen = ScreenKind::ProcessPicker;
+        self.help_visible = false;
+    }
+
     /// Supplies the function list the root picker asked for with [`Action::LoadFunctions`].
     pub fn set_functions(&mut self, functions: Vec<FunctionEntry>) {
         self.root_picker

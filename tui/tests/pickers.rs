@@ -286,6 +286,31 @@ fn attach_then_root_picker_then_live_is_the_whole_flow() {
 }
 
 #[test]
+fn a_process_gone_at_the_root_picker_leads_back_to_the_process_list() {
+    let mut app = App::new(Screen::ProcessPicker(processes()));
+    type_text(&mut app, "4242");
+    assert_eq!(press(&mut app, KeyCode::Enter), Some(Action::Attach(4242)));
+    app.show_root_picker(functions());
+    // The controller notices that 4242 exited and starts over.
+    let mut remaining = processes();
+    remaining.retain(|process| process.pid != 4242);
+    app.show_process_picker(remaining);
+    app.set_message("pid 4242 calltree exited; choose another process");
+    assert_eq!(app.screen(), ScreenKind::ProcessPicker);
+    let text = screen_text(&mut app, 80, 24);
+    assert!(
+        text.contains("choose another process") && text.contains("3 of 3 processes"),
+        "{text}"
+    );
+    type_text(&mut app, "python");
+    assert_eq!(press(&mut app, KeyCode::Enter), Some(Action::Attach(5150)));
+    // The next process's root picker starts afresh: Esc does not lead to a live view.
+    app.show_root_picker(functions());
+    assert_eq!(press(&mut app, KeyCode::Esc), None);
+    assert_eq!(app.screen(), ScreenKind::RootPicker);
+}
+
+#[test]
 fn f1_shows_picker_help_and_pickers_survive_tiny_screens() {
     let mut app = App::new(Screen::RootPicker(functions()));
     press(&mut app, KeyCode::F(1));
