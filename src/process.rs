@@ -78,22 +78,49 @@ impl TargetProcess {
     }
 }
 
-/// Reads `/proc/PID/status` into (key, value) pairs.
-fn read_status(pid: i32) -> Result<Vec<(String, String)>, AttachError> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| io_to_attach_error(pid, &e))?;
-    Ok(text
+/// The value of `key` in the text of `/proc/PID/status` (`Threads:\t9` gives `9`).
+pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status
         .lines()
-        .filter_map(|line| line.split_once(':'))
-        .map(|(k, v)| (k.to_string(), v.trim().to_string()))
-        .collect())
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+        .map(str::trim)
 }
 
-fn status_field<'a>(status: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    status
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
+/// The fields of `/proc/PID/stat` (or `/proc/PID/task/TID/stat`) that tendril reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatLine<'a> {
+    /// The command name, without its parentheses.
+    pub comm: &'a str,
+    /// `R`, `S`, `D`, `Z`…
+    pub state: char,
+    /// The per-process flags (`PF_*`).
+    pub flags: u64,
+}
+
+/// The `PF_KTHREAD` bit of the per-process flags in `/proc/PID/stat`.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+impl<'a> StatLine<'a> {
+    /// Parses a stat line. The command name may itself contain spaces and parentheses,
+    /// so the fields are counted from its last `)`.
+    pub fn parse(stat: &'a str) -> Option<StatLine<'a>> {
+        let (before, after) = stat.rsplit_once(')')?;
+        let comm = before.split_once('(').map_or("", |(_, comm)| comm);
+        let mut fields = after.split_whitespace();
+        // After the name: state is the first field, flags the seventh.
+        let state = fields.next()?.chars().next()?;
+        let flags = fields.nth(5)?.parse().ok()?;
+        Some(StatLine { comm, state, flags })
+    }
+
+    pub fn is_kernel_thread(&self) -> bool {
+        self.flags & PF_KTHREAD != 0
+    }
+
+    /// A zombie or a dead process: it has exited.
+    pub fn has_exited(&self) -> bool {
+        matches!(self.state, 'Z' | 'X' | 'x')
+    }
 }
 
 /// Maps an I/O error on `/proc/PID/...` to the attach error a user should see.
@@ -109,9 +136,6 @@ pub fn io_to_attach_error(pid: i32, error: &std::io::Error) -> AttachError {
     }
 }
 
-/// The `PF_KTHREAD` bit of the per-process flags in `/proc/PID/stat`.
-const PF_KTHREAD: u64 = 0x0020_0000;
-
 /// Checks everything that can be checked without touching the target.
 pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
     if pid <= 0 {
@@ -120,7 +144,8 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
     if pid == std::process::id() as i32 {
         return Err(AttachError::OwnProcess(pid));
     }
-    let status = read_status(pid)?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map_err(|e| io_to_attach_error(pid, &e))?;
     let field_i32 = |key: &str| -> i32 {
         status_field(&status, key)
             .and_then(|v| v.split_whitespace().next())
@@ -136,14 +161,7 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
     }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|e| io_to_attach_error(pid, &e))?;
-    // Fields after the parenthesised command name, which may itself contain spaces.
-    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let flags: u64 = after_comm
-        .split_whitespace()
-        .nth(6)
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0);
-    if flags & PF_KTHREAD != 0 {
+    if StatLine::parse(&stat).is_some_and(|stat| stat.is_kernel_thread()) {
         return Err(AttachError::KernelThread(pid));
     }
     let tracer = field_i32("TracerPid");
@@ -295,10 +313,7 @@ pub fn thread_is_in_syscall(pid: i32, tid: i32) -> bool {
 pub fn thread_is_running(pid: i32, tid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
         .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('R'))
-        })
+        .and_then(|stat| StatLine::parse(&stat).map(|stat| stat.state == 'R'))
         .unwrap_or(false)
 }
 
@@ -306,8 +321,43 @@ pub fn thread_is_running(pid: i32, tid: i32) -> bool {
 pub fn is_gone_or_exiting(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
-        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| {
-            matches!(rest.trim_start().chars().next(), Some('Z' | 'X' | 'x'))
-        }),
+        Ok(stat) => StatLine::parse(&stat).is_some_and(|stat| stat.has_exited()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_are_read_after_the_last_parenthesis() {
+        // A command name with spaces and a parenthesis of its own; flags of kthreadd.
+        let line = "2 (a) b (c) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0";
+        let stat = StatLine::parse(line).expect("parses");
+        assert_eq!(stat.comm, "a) b (c");
+        assert_eq!(stat.state, 'S');
+        assert!(stat.is_kernel_thread());
+        assert!(!stat.has_exited());
+        let zombie = StatLine::parse("7 (x) Z 1 7 7 0 -1 4194308 0").expect("parses");
+        assert!(zombie.has_exited() && !zombie.is_kernel_thread());
+        assert_eq!(StatLine::parse("7 (x) Z 1"), None);
+    }
+
+    #[test]
+    fn this_process_is_a_running_user_space_process() {
+        // This very thread is running; the main thread may be asleep.
+        let text = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+        let this_thread = StatLine::parse(&text).unwrap();
+        assert_eq!(this_thread.state, 'R');
+        let text = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let stat = StatLine::parse(&text).unwrap();
+        assert!(!stat.is_kernel_thread() && !stat.has_exited());
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert_eq!(status_field(&status, "Name"), Some(stat.comm));
+        assert_eq!(
+            status_field(&status, "Tgid"),
+            Some(std::process::id().to_string().as_str())
+        );
+        assert_eq!(status_field(&status, "NoSuchField"), None);
     }
 }

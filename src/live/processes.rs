@@ -5,11 +5,9 @@
 //! of processes that exit mid-scan (they are skipped); kernel threads, zombies and tendril
 //! itself are left out because nobody can attach to them.
 
+use crate::process::{StatLine, status_field};
 use std::collections::HashMap;
 use tendril_tui::ProcessEntry;
-
-/// `PF_KTHREAD` in `/proc/PID/stat`'s flags field.
-const PF_KTHREAD: u64 = 0x0020_0000;
 
 /// The running user-space processes, by pid, tendril itself excluded.
 pub fn list_processes() -> Vec<ProcessEntry> {
@@ -27,27 +25,28 @@ pub fn list_processes() -> Vec<ProcessEntry> {
     processes
 }
 
+/// The process picker's entry for one process, or `None` if it is gone, a kernel
+/// thread or a zombie.
+pub fn process_entry(pid: u32) -> Option<ProcessEntry> {
+    read_process(pid, &mut UserNames::default())
+}
+
 /// One process, or `None` if it is gone, a kernel thread or a zombie.
 fn read_process(pid: u32, users: &mut UserNames) -> Option<ProcessEntry> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (before, after) = stat.rsplit_once(')')?;
-    let comm = before.split_once('(').map_or("", |(_, comm)| comm);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // Fields after the command name: state is the first, flags the seventh.
-    let state = fields.first()?;
-    let flags: u64 = fields.get(6)?.parse().ok()?;
-    if flags & PF_KTHREAD != 0 || matches!(*state, "Z" | "X" | "x") {
+    let stat_text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = StatLine::parse(&stat_text)?;
+    if stat.is_kernel_thread() || stat.has_exited() {
         return None;
     }
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |key: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
-            .map(str::trim)
-    };
-    let uid: u32 = field("Uid")?.split_whitespace().next()?.parse().ok()?;
-    let threads = field("Threads").and_then(|t| t.parse().ok()).unwrap_or(1);
+    let uid: u32 = status_field(&status, "Uid")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let threads = status_field(&status, "Threads")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1);
     let command_line = std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|bytes| command_line(&bytes))
         .unwrap_or_default();
@@ -56,7 +55,7 @@ fn read_process(pid: u32, users: &mut UserNames) -> Option<ProcessEntry> {
         user: users.name(uid),
         threads,
         command_line: if command_line.is_empty() {
-            format!("[{comm}]")
+            format!("[{}]", stat.comm)
         } else {
             command_line
         },
@@ -112,6 +111,23 @@ mod tests {
             .unwrap()
             .map_or_else(|| nix::unistd::getuid().to_string(), |u| u.name);
         assert_eq!(entry.user, my_user);
+    }
+
+    #[test]
+    fn one_process_reads_like_its_row_in_the_list() {
+        let parent = nix::unistd::getppid().as_raw() as u32;
+        let entry = process_entry(parent).expect("our parent is a user-space process");
+        let listed = list_processes()
+            .into_iter()
+            .find(|p| p.pid == parent)
+            .expect("our parent is listed");
+        // The thread count may change between the two reads; the rest cannot.
+        assert_eq!(
+            (&entry.user, &entry.command_line),
+            (&listed.user, &listed.command_line)
+        );
+        // pid 2 is kthreadd, a kernel thread.
+        assert_eq!(process_entry(2), None);
     }
 
     #[test]
