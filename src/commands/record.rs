@@ -76,14 +76,7 @@ pub fn record_until_done(
 
 fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, String)]) {
     let stats = &profile.stats;
-    let calls = stats.events / 2;
-    let overhead_ns = calls as f64 * profile.calibration.outer_ns;
-    let measured = profile.merged_total_ns() as f64 + overhead_ns;
-    let overhead = if measured > 0.0 {
-        100.0 * overhead_ns / measured
-    } else {
-        0.0
-    };
+    let overhead = profile.estimated_overhead_percent();
     eprintln!(
         "tendril: {} events from {} thread{} in {:.1} s; {} functions instrumented, {} invoked; \
          {} lost events; estimated overhead {overhead:.1}% (removed from the times)",

@@ -45,20 +45,6 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
     out
 }
 
-/// The estimated slowdown of the instrumented code, in percent: the calibrated outer cost
-/// of every recorded call, against the corrected time plus that cost (the same estimate
-/// `tendril record` prints).
-pub fn estimated_overhead_percent(profile: &Profile) -> f64 {
-    let calls = profile.stats.events / 2;
-    let overhead_ns = calls as f64 * profile.calibration.outer_ns;
-    let measured = profile.merged_total_ns() as f64 + overhead_ns;
-    if measured > 0.0 && overhead_ns.is_finite() {
-        100.0 * overhead_ns / measured
-    } else {
-        0.0
-    }
-}
-
 /// "pid 4242 calltree": the target as the status bar names it.
 pub fn target_label(pid: u32, exe: &str) -> String {
     let name = Path::new(exe)
@@ -79,7 +65,7 @@ pub fn fill_counters(profile: &Profile, status: &mut Status) {
     status.invoked_functions = profile.stats.invoked_functions;
     status.indirect_call_sites = profile.stats.indirect_call_sites;
     status.lost_events = profile.stats.lost_events;
-    status.estimated_overhead_percent = estimated_overhead_percent(profile);
+    status.estimated_overhead_percent = profile.estimated_overhead_percent();
 }
 
 /// The whole view-model for `profile`, with `status` (its counters are filled in here).

@@ -27,9 +27,6 @@ use std::path::Path;
 use stderr::StderrCapture;
 use tendril_tui::{App, ProcessEntry, ProfileSnapshot, Screen, Status, TerminalGuard};
 
-pub use actions::snapshot_path;
-pub use convert::estimated_overhead_percent;
-
 /// Where the UI starts.
 pub enum Start<'a> {
     /// `tendril` without arguments: choose a process.

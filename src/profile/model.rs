@@ -87,6 +87,20 @@ impl Profile {
     pub fn merged_total_ns(&self) -> u64 {
         self.merged.roots.iter().map(|root| root.total_ns).sum()
     }
+
+    /// The estimated slowdown of the instrumented code, in percent: the calibrated outer
+    /// cost `t_O` of every recorded call, against the corrected time plus that cost.
+    /// `tendril record` prints it and the live view's status bar shows it.
+    pub fn estimated_overhead_percent(&self) -> f64 {
+        let calls = self.stats.events / 2;
+        let overhead_ns = calls as f64 * self.calibration.outer_ns;
+        let measured = self.merged_total_ns() as f64 + overhead_ns;
+        if measured > 0.0 && overhead_ns.is_finite() {
+            100.0 * overhead_ns / measured
+        } else {
+            0.0
+        }
+    }
 }
 
 /// The cost of tendril's own hooks, measured in the target at attach (JFluid §5.3).
