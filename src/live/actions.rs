@@ -118,29 +118,31 @@ impl Session {
         }
     }
 
-    /// Records from other roots, keeping the target attached.
+    /// Records from other roots, keeping the target attached. The caller refreshes the
+    /// snapshot, so the status bar shows the roots the recorder has now.
     pub(super) fn change_roots(&mut self, patterns: &[String], names: &[String], app: &mut App) {
         let Recording::Live(recorder) = &mut self.recording else {
             return;
         };
-        match recorder.set_roots(patterns) {
-            Ok(()) => {
-                self.rate.clear();
-                let state = if recorder.is_recording() {
-                    ""
-                } else {
-                    " (paused: p resumes)"
-                };
-                app.set_message(format!(
-                    "profiling {} from now on{state}",
-                    recorder.roots().join(", ")
-                ));
+        let message = match recorder.set_roots(patterns) {
+            Ok(()) if recorder.is_recording() => {
+                format!("profiling {} from now on", recorder.roots().join(", "))
             }
-            Err(error) => app.set_message(format!(
-                "cannot profile {}: {error} — r chooses other roots",
-                names.join(", ")
-            )),
-        }
+            Ok(()) => format!("paused: p starts profiling {}", recorder.roots().join(", ")),
+            // The recorder kept the previous roots and the data.
+            Err(error) if recorder.is_recording() => format!(
+                "cannot profile {}: {error} — still profiling {}",
+                names.join(", "),
+                recorder.roots().join(", ")
+            ),
+            Err(error) => format!(
+                "cannot profile {}: {error} — paused; p resumes {}, r chooses other roots",
+                names.join(", "),
+                recorder.roots().join(", ")
+            ),
+        };
+        self.rate.clear();
+        app.set_message(message);
     }
 
     /// Pause, resume or reset.

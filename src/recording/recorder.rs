@@ -343,16 +343,33 @@ impl Recorder {
     }
 
     /// Records from other roots from now on (patterns as for `--root`); the data so
-    /// far is forgotten. The target stays attached throughout.
+    /// far is forgotten. The target stays attached throughout. While paused, the new
+    /// roots are kept for [`Recorder::resume`] and named at once.
+    ///
+    /// If the new roots cannot be instrumented, the previous roots and the data stay,
+    /// and the recording is left paused (the code restored): `resume` records the
+    /// previous roots again.
     pub fn set_roots(&mut self, patterns: &[String]) -> Result<(), RecordError> {
-        targets::match_patterns(&self.symbols, patterns)?;
-        let resume = self.recording;
-        self.end()?;
-        self.root_patterns = patterns.to_vec();
-        self.reset();
-        if resume {
-            self.begin()?;
+        let mut names: Vec<String> = Vec::new();
+        for function in targets::match_patterns(&self.symbols, patterns)? {
+            if !names.contains(&function.name) {
+                names.push(function.name.clone());
+            }
         }
+        if !self.recording {
+            self.root_patterns = patterns.to_vec();
+            self.root_names = names;
+            self.reset();
+            return Ok(());
+        }
+        self.end()?;
+        let previous = std::mem::replace(&mut self.root_patterns, patterns.to_vec());
+        if let Err(error) = self.begin() {
+            self.root_patterns = previous;
+            return Err(error);
+        }
+        // The events of the new roots are still in the rings: they go to fresh trees.
+        self.reset();
         Ok(())
     }
 
