@@ -4,23 +4,25 @@
 //! reported in the UI's message line and the session stays usable; only `Quit` leaves
 //! the loop (and [`Session::shutdown`] then detaches).
 
+use super::job::Job;
 use super::roots::{function_entries, pattern_for};
-use super::session::{Flow, Recording, Session, Symbols, WhenLoaded};
+use super::save_path::snapshot_path;
+use super::session::{DETACHING_NOTE, Flow, Recording, Session, Symbols, WhenLoaded};
 use crate::process;
-use std::path::PathBuf;
 use tendril_tui::{Action, App, FunctionEntry};
 
 impl Session {
-    /// A note to show (and draw) before an action that may take a moment.
+    /// A note to show (and draw) before an action that blocks the UI for a moment (the
+    /// agent restores or patches code, and answers when it is done).
     pub fn progress_note(&self, action: &Action) -> Option<&'static str> {
         let live = self.is_live();
         match action {
             Action::Pause if live => Some("pausing: restoring the target's code…"),
             Action::Resume if live => Some("resuming: instrumenting the roots again…"),
             Action::SetRoots(_) if live => Some("changing the roots…"),
-            Action::Detach if live => Some("detaching: restoring the target's code…"),
+            Action::Detach if live => Some(DETACHING_NOTE),
             Action::Quit if live || matches!(self.recording, Recording::Starting(_)) => {
-                Some("detaching: restoring the target's code…")
+                Some(DETACHING_NOTE)
             }
             _ => None,
         }
@@ -171,21 +173,35 @@ impl Session {
         self.refresh(app);
     }
 
+    /// Takes the profile as it stands and writes it on a background thread, so the
+    /// rings keep being drained while the file is written.
     fn save(&mut self, app: &mut App) {
         let Some(pid) = self.pid else {
             return;
         };
-        let path = snapshot_path(pid);
-        let saved = match &mut self.recording {
-            Recording::Live(recorder) => recorder.snapshot().save(&path),
-            Recording::Ended(profile) => profile.save(&path),
+        if self.saving.is_some() {
+            app.set_message("still saving the previous profile; w again in a moment");
+            return;
+        }
+        let profile = match &mut self.recording {
+            Recording::Live(recorder) => recorder.snapshot(),
+            Recording::Ended(profile) => (**profile).clone(),
             _ => {
                 app.set_message("nothing recorded yet");
                 return;
             }
         };
-        match saved {
-            Ok(()) => app.set_message(format!("saved the profile to {}", path.display())),
+        let path = snapshot_path(pid);
+        let message = format!("saving the profile to {}…", path.display());
+        let job = Job::spawn("tendril-save", move || {
+            let saved = profile.save(&path);
+            (path, saved)
+        });
+        match job {
+            Ok(job) => {
+                self.saving = Some(job);
+                app.set_message(message);
+            }
             Err(error) => app.set_message(format!("cannot save the profile: {error}")),
         }
     }
@@ -205,62 +221,5 @@ impl Session {
             }
             other => self.recording = other,
         }
-    }
-}
-
-/// `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in the current directory (with `-2`, `-3`…
-/// added if that file exists).
-pub fn snapshot_path(pid: i32) -> PathBuf {
-    let stem = format!("tendril-{pid}-{}", local_timestamp());
-    let mut path = PathBuf::from(format!("{stem}.json"));
-    let mut next = 2;
-    while path.exists() {
-        path = PathBuf::from(format!("{stem}-{next}.json"));
-        next += 1;
-    }
-    path
-}
-
-/// The local time as `YYYYmmdd-HHMMSS`.
-fn local_timestamp() -> String {
-    // SAFETY: time(NULL) has no preconditions.
-    let now = unsafe { libc::time(std::ptr::null_mut()) };
-    // SAFETY: an all-zero `tm` is a valid value of this plain C struct (its pointer
-    // field `tm_zone` may be null).
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: both pointers are valid for the call; localtime_r is the thread-safe form.
-    if unsafe { libc::localtime_r(&now, &mut tm) }.is_null() {
-        return now.to_string();
-    }
-    format!(
-        "{:04}{:02}{:02}-{:02}{:02}{:02}",
-        tm.tm_year + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn snapshot_files_are_named_after_the_pid_and_the_time() {
-        let name = snapshot_path(4242).display().to_string();
-        let stamp = name
-            .strip_prefix("tendril-4242-")
-            .and_then(|rest| rest.strip_suffix(".json"))
-            .unwrap_or_else(|| panic!("{name}"));
-        let (date, time) = stamp.split_once('-').unwrap_or_else(|| panic!("{name}"));
-        assert_eq!(date.len(), 8, "{name}");
-        assert!(date.starts_with("20"), "{name}");
-        assert_eq!(time.len(), 6, "{name}");
-        assert!(
-            stamp.chars().all(|c| c.is_ascii_digit() || c == '-'),
-            "{name}"
-        );
     }
 }

@@ -41,7 +41,7 @@ pub fn event_loop(
             return Ok(());
         }
         let now = Instant::now();
-        let wait = if session.is_live() {
+        let wait = if session.is_collecting() {
             POLL_INTERVAL
         } else {
             IDLE_WAIT
@@ -80,7 +80,7 @@ pub fn event_loop(
                 dirty = true;
             }
         }
-        if session.is_live() && Instant::now() >= next_snapshot {
+        if session.is_collecting() && Instant::now() >= next_snapshot {
             let began = Instant::now();
             session.refresh(app);
             // A large profile is converted less often, so draining keeps up.
@@ -102,7 +102,8 @@ pub fn event_loop(
     }
 }
 
-fn draw(guard: &mut TerminalGuard, app: &mut App) -> std::io::Result<()> {
+/// Draws one frame of `app`.
+pub fn draw(guard: &mut TerminalGuard, app: &mut App) -> std::io::Result<()> {
     guard.terminal().draw(|frame| app.draw(frame))?;
     Ok(())
 }

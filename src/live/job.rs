@@ -1,9 +1,10 @@
 //! Background jobs: slow calls (loading a process's symbols, attaching and starting a
-//! recording) run on a thread of their own while the UI keeps drawing and reading keys.
+//! recording, writing a profile file) run on a thread of their own while the UI keeps drawing and reading keys.
 //!
 //! The one idea: a job is a thread plus a one-shot channel; the event loop asks "done
 //! yet?" on every turn and never waits, except when the session ends and the result must
-//! be cleaned up (a recorder that finished starting must still be detached).
+//! be cleaned up (a recorder that finished starting must still be detached, a file
+//! being written must be complete).
 
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::time::Duration;
@@ -42,6 +43,12 @@ impl<T: Send + 'static> Job<T> {
         }
     }
 
+    /// Waits for the result however long it takes (the thread has then done its work);
+    /// `None` if the thread died first.
+    pub fn wait_done(self) -> Option<T> {
+        self.result.recv().ok()
+    }
+
     /// Waits up to `timeout` for the result.
     pub fn wait(&self, timeout: Duration) -> JobState<T> {
         match self.result.recv_timeout(timeout) {
@@ -70,6 +77,20 @@ mod tests {
             job.wait(Duration::from_secs(10)),
             JobState::Done(42)
         ));
+    }
+
+    #[test]
+    fn waiting_for_a_job_to_be_done_gives_its_result() {
+        let (go, wait) = mpsc::channel::<()>();
+        let job = Job::spawn("test-job-done", move || {
+            let _ = wait.recv();
+            "done"
+        })
+        .unwrap();
+        go.send(()).unwrap();
+        assert_eq!(job.wait_done(), Some("done"));
+        let died = Job::spawn("test-job-dies", || -> u32 { panic!("on purpose") }).unwrap();
+        assert_eq!(died.wait_done(), None);
     }
 
     #[test]

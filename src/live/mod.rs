@@ -6,8 +6,9 @@
 //! and the conversion of profiles into the UI's view-model ([`convert`]).
 //!
 //! The one idea: whatever ends the UI — `q`, Ctrl-C, SIGTERM or SIGHUP, an error, a
-//! panic — the target is detached first (its code restored, the process left running),
-//! then the terminal is given back, then one line says what happened.
+//! panic — the target is detached first (its code restored, the process left running;
+//! an attach in progress is waited for), then the terminal is given back, then one line
+//! says what happened. And nothing touches the target before the terminal is the UI's.
 
 mod actions;
 pub mod controller;
@@ -15,6 +16,7 @@ pub mod convert;
 pub mod job;
 pub mod processes;
 pub mod roots;
+mod save_path;
 pub mod session;
 pub mod stderr;
 
@@ -59,20 +61,30 @@ pub fn require_terminal(instead: &str) -> anyhow::Result<()> {
 /// and keeps running), if anything.
 pub fn run(start: Start) -> anyhow::Result<Option<String>> {
     crate::interrupt::install();
-    let (mut session, mut app) = prepare(start)?;
+    // The terminal first: if it cannot be had, no job has touched the target yet.
     let mut guard = TerminalGuard::enter()?;
     // Without a capture, stray stderr lines would land on the UI: not worth failing for.
     let capture = StderrCapture::start().ok().flatten();
     let mut captured = Vec::new();
-    let outcome = controller::event_loop(
-        &mut guard,
-        &mut app,
-        &mut session,
-        capture.as_ref(),
-        &mut captured,
-    );
-    // Detach first, whatever happened, then give the terminal back.
-    let detached = session.shutdown();
+    let (outcome, detached) = match prepare(start) {
+        Ok((mut session, mut app)) => {
+            let outcome = controller::event_loop(
+                &mut guard,
+                &mut app,
+                &mut session,
+                capture.as_ref(),
+                &mut captured,
+            );
+            // Detach first, whatever happened (a signal, an error), saying so on screen
+            // while it takes, then give the terminal back.
+            let detached = session.shutdown(&mut |note| {
+                app.set_message(note);
+                let _ = controller::draw(&mut guard, &mut app);
+            });
+            (outcome, detached)
+        }
+        Err(error) => (Err(error), Ok(None)),
+    };
     if let Some(capture) = capture {
         captured.extend(capture.stop());
     }
@@ -87,7 +99,8 @@ pub fn run(start: Start) -> anyhow::Result<Option<String>> {
 }
 
 /// The session and the UI's first screen for `start`. Slow steps start in the
-/// background here; what can fail at once (a bad pid) fails before the UI appears.
+/// background here (the terminal is the UI's by then); a bad pid has been refused by
+/// the command before the UI appeared.
 fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
     match start {
         Start::ProcessPicker => Ok((
@@ -99,10 +112,8 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
             session.load_symbols(session::WhenLoaded::ShowRootPicker)?;
             // The process picker, narrowed to this process, says what is happening
             // until the root picker can open (reading the symbols takes a moment).
-            let entry = processes::list_processes()
-                .into_iter()
-                .find(|p| p.pid == target.pid as u32)
-                .unwrap_or_else(|| ProcessEntry {
+            let entry =
+                processes::process_entry(target.pid as u32).unwrap_or_else(|| ProcessEntry {
                     pid: target.pid as u32,
                     user: String::new(),
                     threads: 0,

@@ -5,24 +5,34 @@
 //! machine, and every way out of it — quit, detach, the target exiting, an error, a
 //! panic unwinding through it — ends in [`crate::recording::Recorder::finish`], so the
 //! target is always left running its original code. Slow steps (loading symbols,
-//! attaching) run as background [`Job`]s; `tick` picks up their results.
+//! attaching, writing a saved profile) run as background [`Job`]s; `tick` picks up
+//! their results, and an attach in progress is always waited for — never abandoned
+//! halfway through its ptrace calls — so that the recorder it makes can be finished.
 //! The UI's [`tendril_tui::Action`]s are carried out in `actions.rs`.
 
 use super::convert::{EventRate, snapshot_of, target_label};
 use super::job::{Job, JobState};
+use super::processes::list_processes;
 use super::roots::function_entries;
 use crate::process::{self, TargetProcess};
-use crate::profile::Profile;
+use crate::profile::{Profile, ProfileError};
 use crate::recording::{Finished, RecordError, RecordOptions, Recorder, Scheme};
 use crate::symbols::{ProcessSymbols, SymbolError};
 use anyhow::anyhow;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tendril_tui::{App, FunctionEntry, ProfileSnapshot, Status};
 
 /// How often the session checks that the target still exists.
 const ALIVE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
-/// How long quitting waits for an attach in progress, so it can detach afterwards.
-const ATTACH_WAIT: Duration = Duration::from_secs(30);
+/// While quitting waits for an attach in progress (to detach afterwards), its note is
+/// updated this often.
+const ATTACH_NOTE_INTERVAL: Duration = Duration::from_secs(1);
+/// The note shown while the target is being detached.
+pub(super) const DETACHING_NOTE: &str = "detaching: restoring the target's code…";
+
+/// A profile being written to a file: the file, and how the write went.
+pub(super) type SaveJob = Job<(PathBuf, Result<(), ProfileError>)>;
 
 /// The recording's stage.
 pub(super) enum Recording {
@@ -77,6 +87,8 @@ pub struct Session {
     /// (patterns, names).
     pub(super) pending_roots: Option<(Vec<String>, Vec<String>)>,
     pub(super) rate: EventRate,
+    /// A profile being written (`w`); one at a time.
+    pub(super) saving: Option<SaveJob>,
     next_alive_check: Instant,
     /// The target has exited: nothing more to check or detach.
     pub(super) target_gone: bool,
@@ -94,6 +106,7 @@ impl Session {
             recording,
             pending_roots: None,
             rate: EventRate::default(),
+            saving: None,
             next_alive_check: Instant::now(),
             target_gone: false,
         }
@@ -121,9 +134,27 @@ impl Session {
         self.target = target_label(target.pid as u32, &target.exe.to_string_lossy());
     }
 
-    /// Whether events are flowing in (the loop then polls every few milliseconds).
+    /// Whether the target is attached with a recorder (recording or paused).
     pub fn is_live(&self) -> bool {
         matches!(self.recording, Recording::Live(_))
+    }
+
+    /// Whether events are flowing in: the loop then drains the rings every few
+    /// milliseconds and takes snapshots. Paused, nothing changes.
+    pub fn is_collecting(&self) -> bool {
+        matches!(&self.recording, Recording::Live(recorder) if recorder.is_recording())
+    }
+
+    /// Forgets the chosen process (it exited before a root was profiled), so another
+    /// can be chosen.
+    fn forget_target(&mut self) {
+        self.pid = None;
+        self.target.clear();
+        self.symbols = Symbols::NotLoaded;
+        self.when_loaded = WhenLoaded::Nothing;
+        self.entries = None;
+        self.pending_roots = None;
+        self.target_gone = false;
     }
 
     /// Starts loading the target's functions in the background.
@@ -183,6 +214,7 @@ impl Session {
     pub fn tick(&mut self, app: &mut App, now: Instant) -> anyhow::Result<()> {
         self.check_symbols(app)?;
         self.check_start(app)?;
+        self.check_save(app);
         if now >= self.next_alive_check {
             self.next_alive_check = now + ALIVE_CHECK_INTERVAL;
             self.check_alive(app)?;
@@ -302,16 +334,32 @@ impl Session {
             // Attaching to a process that exits fails by itself; check_start reports it.
             starting @ Recording::Starting(_) => self.recording = starting,
             Recording::NotStarted => {
-                self.target_gone = true;
                 let message = format!("{} exited", self.target);
                 if self.errors_are_fatal {
+                    self.target_gone = true;
                     return Err(anyhow!(message));
                 }
-                app.set_message(message);
+                // Back to the process list: there is nothing left to choose a root in.
+                self.forget_target();
+                app.show_process_picker(list_processes());
+                app.set_message(format!("{message}; choose another process"));
             }
             other => self.recording = other,
         }
         Ok(())
+    }
+
+    fn check_save(&mut self, app: &mut App) {
+        let Some(job) = &self.saving else {
+            return;
+        };
+        let message = match job.poll() {
+            JobState::Running => return,
+            JobState::Done(saved) => save_message(saved),
+            JobState::Died => "saving the profile crashed".to_string(),
+        };
+        self.saving = None;
+        app.set_message(message);
     }
 
     /// The state after `finish`: the final profile, shown as detached, with `message`.
@@ -379,27 +427,42 @@ impl Session {
         app.update_snapshot(snapshot_of(&profile, status));
     }
 
-    /// Ends the session: waits for an attach in progress and detaches from the target
-    /// (restoring its code). Returns a line for the user, if there is something to say.
-    pub fn shutdown(&mut self) -> anyhow::Result<Option<String>> {
+    /// Ends the session: waits for an attach in progress, however long it takes, and
+    /// detaches from the target (restoring its code); then waits for a profile being
+    /// saved. `progress` is told what is being waited for (the UI draws it as a note).
+    /// Returns a line for the user, if there is something to say.
+    pub fn shutdown(&mut self, progress: &mut dyn FnMut(&str)) -> anyhow::Result<Option<String>> {
+        let detached = self.detach_for_good(progress);
+        let saved = self.saving.take().map(|job| {
+            progress("finishing the profile being saved…");
+            match job.wait_done() {
+                Some(saved) => save_message(saved),
+                None => "saving the profile crashed".to_string(),
+            }
+        });
+        let detached = detached?;
+        Ok(match (detached, saved) {
+            (Some(detached), Some(saved)) => Some(format!("{detached}; {saved}")),
+            (detached, saved) => detached.or(saved),
+        })
+    }
+
+    fn detach_for_good(
+        &mut self,
+        progress: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<Option<String>> {
         let recorder = match std::mem::replace(&mut self.recording, Recording::NotStarted) {
             Recording::Live(recorder) => *recorder,
-            Recording::Starting(job) => match job.wait(ATTACH_WAIT) {
-                JobState::Done(Ok(recorder)) => recorder,
-                JobState::Done(Err(_)) | JobState::Died => return Ok(None),
-                JobState::Running => {
-                    return Err(anyhow!(
-                        "the attach to {} did not finish within {} s; if it completes, the agent restores the code when it notices tendril is gone",
-                        self.target,
-                        ATTACH_WAIT.as_secs()
-                    ));
-                }
+            Recording::Starting(job) => match self.wait_for_attach(job, progress) {
+                Ok(recorder) => recorder,
+                Err(note) => return Ok(Some(note)),
             },
             other => {
                 self.recording = other;
                 return Ok(None);
             }
         };
+        progress(DETACHING_NOTE);
         let target_gone = self.target_gone || self.pid.is_some_and(process::is_gone_or_exiting);
         recorder.finish(target_gone)?;
         Ok((!target_gone).then(|| {
@@ -409,13 +472,58 @@ impl Session {
             )
         }))
     }
+
+    /// Waits until the attach job is done: an attach is ptrace calls and a remote
+    /// `dlopen` on one of the target's threads, and ending tendril in the middle would
+    /// leave that thread with borrowed registers. The attach has time limits of its own.
+    /// A failed attach gives the line to tell the user instead.
+    fn wait_for_attach(
+        &self,
+        job: Job<Result<Recorder, RecordError>>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Recorder, String> {
+        let began = Instant::now();
+        loop {
+            progress(&format!(
+                "waiting for the attach to {} to finish, to detach from it ({} s)…",
+                self.target,
+                began.elapsed().as_secs()
+            ));
+            match job.wait(ATTACH_NOTE_INTERVAL) {
+                JobState::Running => {}
+                JobState::Done(Ok(recorder)) => return Ok(recorder),
+                // A failed attach leaves the target as it was.
+                JobState::Done(Err(error)) => {
+                    return Err(format!("{} was not profiled: {error}", self.target));
+                }
+                JobState::Died => return Err(format!("attaching to {} crashed", self.target)),
+            }
+        }
+    }
+}
+
+/// The message for a finished save.
+fn save_message((path, saved): (PathBuf, Result<(), ProfileError>)) -> String {
+    match saved {
+        Ok(()) => format!("saved the profile to {}", path.display()),
+        Err(error) => format!("cannot save the profile: {error}"),
+    }
 }
 
 impl Drop for Session {
-    /// The last resort (a panic unwinding through the UI): detach all the same.
+    /// The last resort (a panic unwinding through the UI, or an early return): wait for
+    /// an attach in progress and detach all the same. The terminal is given back by
+    /// then, so the first note goes to stderr.
     fn drop(&mut self) {
-        if matches!(self.recording, Recording::Live(_)) {
-            let _ = self.shutdown();
+        if matches!(self.recording, Recording::Live(_) | Recording::Starting(_))
+            || self.saving.is_some()
+        {
+            let mut told = false;
+            let _ = self.shutdown(&mut |note| {
+                if !std::mem::replace(&mut told, true) {
+                    eprintln!("tendril: {note}");
+                }
+            });
         }
     }
 }

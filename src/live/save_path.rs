@@ -1,0 +1,64 @@
+//! Where the live UI's `w` saves a profile: `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in
+//! the current directory.
+//!
+//! The one idea: the name says which process and when, in local time, and never
+//! overwrites a file that is there (a second save in the same second gets `-2`).
+
+use std::path::PathBuf;
+
+/// `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in the current directory (with `-2`, `-3`…
+/// added if that file exists).
+pub fn snapshot_path(pid: i32) -> PathBuf {
+    let stem = format!("tendril-{pid}-{}", local_timestamp());
+    let mut path = PathBuf::from(format!("{stem}.json"));
+    let mut next = 2;
+    while path.exists() {
+        path = PathBuf::from(format!("{stem}-{next}.json"));
+        next += 1;
+    }
+    path
+}
+
+/// The local time as `YYYYmmdd-HHMMSS`.
+fn local_timestamp() -> String {
+    // SAFETY: time(NULL) has no preconditions.
+    let now = unsafe { libc::time(std::ptr::null_mut()) };
+    // SAFETY: an all-zero `tm` is a valid value of this plain C struct (its pointer
+    // field `tm_zone` may be null).
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the call; localtime_r is the thread-safe form.
+    if unsafe { libc::localtime_r(&now, &mut tm) }.is_null() {
+        return now.to_string();
+    }
+    format!(
+        "{:04}{:02}{:02}-{:02}{:02}{:02}",
+        tm.tm_year + 1900,
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_files_are_named_after_the_pid_and_the_time() {
+        let name = snapshot_path(4242).display().to_string();
+        let stamp = name
+            .strip_prefix("tendril-4242-")
+            .and_then(|rest| rest.strip_suffix(".json"))
+            .unwrap_or_else(|| panic!("{name}"));
+        let (date, time) = stamp.split_once('-').unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(date.len(), 8, "{name}");
+        assert!(date.starts_with("20"), "{name}");
+        assert_eq!(time.len(), 6, "{name}");
+        assert!(
+            stamp.chars().all(|c| c.is_ascii_digit() || c == '-'),
+            "{name}"
+        );
+    }
+}
