@@ -137,6 +137,34 @@ impl Tmux {
         text.trim().parse().ok()
     }
 
+    /// The pid of the `tendril` the session's shell started (a child of the pane's shell).
+    fn tendril_pid(&self) -> i32 {
+        let shell: i32 = self
+            .run(&["display-message", "-p", "-t", "ui", "#{pane_pid}"])
+            .trim()
+            .parse()
+            .expect("tmux names the pane's pid");
+        let ppid = format!("{shell}");
+        let children = std::fs::read_dir("/proc")
+            .expect("/proc is readable")
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
+                status.is_ok_and(|status| {
+                    status.lines().any(|line| {
+                        line.strip_prefix("PPid:").map(str::trim) == Some(ppid.as_str())
+                    }) && status.lines().next() == Some("Name:\ttendril")
+                })
+            });
+        let found: Vec<i32> = children.collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "tendril processes under the pane's shell {shell}"
+        );
+        found[0]
+    }
+
     /// Waits for tendril to exit; returns its exit status.
     fn wait_exit(&self) -> i32 {
         let deadline = Instant::now() + EXIT_TIMEOUT;
@@ -167,6 +195,68 @@ impl Drop for Tmux {
 /// `text` in single quotes for sh.
 fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// Checks that process `pid` is exactly as before tendril looked at it: not traced, no
+/// agent loaded (so nothing can have been patched either).
+fn assert_untouched(pid: i32) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status.lines().any(|line| line == "TracerPid:\t0"),
+        "process {pid} is traced:\n{status}"
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(
+        !maps.contains("libtendril_agent"),
+        "the agent was loaded into process {pid}:\n{maps}"
+    );
+}
+
+/// Waits for the live view to show `root` with calls, and `child` below it with calls.
+fn wait_for_rows(ui: &Tmux, root: &str, child: &str) -> String {
+    ui.wait_for(&format!("{root} and {child} rows with calls"), |screen| {
+        let root_calls = calls_of(screen, root)?;
+        let child_calls = calls_of(screen, child)?;
+        (root_calls > 0.0 && child_calls > 0.0).then(|| screen.to_string())
+    })
+}
+
+/// The root picker's highlighted (first) row: whether it is selected, and its name.
+fn first_picker_row(screen: &str) -> Option<(bool, String)> {
+    let mut lines = screen.lines();
+    lines.find(|line| line.contains("FUNCTION") && line.contains("MODULE"))?;
+    let mut words = lines.next()?.split_whitespace();
+    let first = words.next()?;
+    Some(match first {
+        "✓" => (true, words.next()?.to_string()),
+        name => (false, name.to_string()),
+    })
+}
+
+/// The calltree fixture's steady checksum (read twice, and checked equal).
+fn steady_checksum(target: &mut Target) -> u64 {
+    let expected = target.checksum_lines(2, LINES_TIMEOUT);
+    assert_eq!(
+        expected[0], expected[1],
+        "the fixture's checksum is not stable"
+    );
+    expected[0]
+}
+
+/// The target computes `expected` on its next three rounds, and runs its files' code.
+fn assert_target_intact(target: &mut Target, expected: u64) {
+    target.drain();
+    let after = target.checksum_lines(3, LINES_TIMEOUT);
+    assert!(
+        after.iter().all(|&c| c == expected),
+        "checksums changed: {expected} then {after:?}"
+    );
+    code_bytes_match_file(target.pid()).expect("the target's code equals its files");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", target.pid())).unwrap();
+    assert!(
+        status.lines().any(|line| line == "TracerPid:\t0"),
+        "the target is still traced:\n{status}"
+    );
 }
 
 /// A count as the UI prints it: exact, or with a k/M/G suffix.
@@ -451,5 +541,169 @@ fn attach_without_a_terminal_is_one_clear_error() {
         stderr.starts_with("tendril: ") && stderr.contains("tendril record"),
         "{stderr}"
     );
-    code_bytes_match_file(target.pid()).unwrap();
+    // The error came before anything was done to the target.
+    assert_untouched(target.pid());
+}
+
+#[test]
+fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    let expected = steady_checksum(&mut target);
+
+    let ui = Tmux::tendril(
+        "ctrl-c",
+        &["attach", &pid.to_string(), "--root", "work_round"],
+    );
+    wait_for_rows(&ui, "work_round", "compute_block");
+
+    // Paused, the roots change at once on the status bar, and the data is reset.
+    ui.press("p");
+    ui.wait_for_text("PAUSED");
+    ui.press("r");
+    ui.type_text("work_round");
+    ui.wait_for("work_round selected in the root picker", |screen| {
+        (first_picker_row(screen)? == (true, "work_round".to_string())).then_some(())
+    });
+    ui.press("Tab"); // off
+    ui.press("Escape"); // clears the query
+    // Typed at once, the next letter would make an Alt key of the Escape.
+    ui.wait_for_text("root: ▏");
+    ui.type_text("compute_block");
+    ui.wait_for("compute_block first in the root picker", |screen| {
+        (first_picker_row(screen)? == (false, "compute_block".to_string())).then_some(())
+    });
+    ui.press("Tab"); // on
+    ui.press("Enter");
+    let screen = ui.wait_for("the paused status bar naming the new root", |screen| {
+        screen
+            .lines()
+            .any(|line| line.contains("PAUSED") && line.contains("root: compute_block"))
+            .then(|| screen.to_string())
+    });
+    assert_eq!(calls_of(&screen, "work_round"), None, "{screen}");
+    assert!(
+        screen.contains("p starts profiling compute_block"),
+        "{screen}"
+    );
+
+    // Resumed: compute_block is the root now.
+    ui.press("p");
+    let screen = wait_for_rows(&ui, "compute_block", "leaf_add");
+    assert!(screen.contains("RUNNING"), "{screen}");
+    assert_eq!(calls_of(&screen, "work_round"), None, "{screen}");
+
+    // Ctrl-C is a key in raw mode: it quits like q, detaching first.
+    ui.press("C-c");
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    let screen = ui.screen();
+    assert!(
+        screen.contains(&format!("detached from pid {pid} calltree")),
+        "{screen}"
+    );
+    assert_target_intact(&mut target, expected);
+}
+
+#[test]
+fn sigterm_detaches_and_quits() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    let expected = steady_checksum(&mut target);
+
+    let ui = Tmux::tendril(
+        "sigterm",
+        &["attach", &pid.to_string(), "--root", "work_round"],
+    );
+    wait_for_rows(&ui, "work_round", "compute_block");
+    // SAFETY: kill has no memory-safety preconditions; tendril_pid is a live child of
+    // the pane's shell, which has not reaped it.
+    assert_eq!(unsafe { libc::kill(ui.tendril_pid(), libc::SIGTERM) }, 0);
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    let screen = ui.screen();
+    assert!(
+        screen.contains(&format!("detached from pid {pid} calltree")),
+        "{screen}"
+    );
+    assert_target_intact(&mut target, expected);
+}
+
+#[test]
+fn sigterm_while_attaching_waits_for_the_attach_then_detaches() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    let expected = steady_checksum(&mut target);
+
+    let ui = Tmux::tendril(
+        "sigterm-attaching",
+        &["attach", &pid.to_string(), "--root", "work_round"],
+    );
+    // The attach runs in the background from the moment the UI is up; whether it is
+    // still running when the signal arrives or has just finished, tendril must finish
+    // it and detach before it exits.
+    ui.wait_for_text("attaching to");
+    // SAFETY: as in `sigterm_detaches_and_quits`.
+    assert_eq!(unsafe { libc::kill(ui.tendril_pid(), libc::SIGTERM) }, 0);
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    let screen = ui.screen();
+    assert!(
+        screen.contains(&format!("detached from pid {pid} calltree")),
+        "{screen}"
+    );
+    assert_target_intact(&mut target, expected);
+}
+
+#[test]
+fn a_target_that_exits_leaves_its_data_to_browse_and_save() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    let expected = steady_checksum(&mut target);
+
+    let ui = Tmux::tendril(
+        "target-exits",
+        &["attach", &pid.to_string(), "--root", "work_round"],
+    );
+    wait_for_rows(&ui, "work_round", "compute_block");
+    // Rounds computed while profiled are right.
+    target.drain();
+    let profiled = target.checksum_lines(2, LINES_TIMEOUT);
+    assert!(
+        profiled.iter().all(|&c| c == expected),
+        "checksums changed while profiled: {expected} then {profiled:?}"
+    );
+
+    target.signal(libc::SIGTERM);
+    assert!(
+        target.wait_exit(EXIT_TIMEOUT).is_some(),
+        "the target did not exit"
+    );
+    let screen = ui.wait_for_text("exited; the data stays");
+    assert!(screen.contains("DETACHED"), "{screen}");
+    let rounds = calls_of(&screen, "work_round");
+    assert!(rounds.is_some_and(|calls| calls > 0.0), "{screen}");
+
+    ui.press("w");
+    let saved = ui.wait_for("the saved file's name", |screen| {
+        let at = screen.find("saved the profile to ")?;
+        let name = screen[at..].split_whitespace().nth(4)?;
+        Some(name.to_string())
+    });
+    let profile =
+        tendril::profile::Profile::load(&ui.dir.join(&saved)).expect("the saved profile loads");
+    assert_eq!(profile.pid, pid as u32);
+    assert!(
+        profile
+            .merged
+            .roots
+            .iter()
+            .any(|root| root.name == "work_round" && root.calls > 0),
+        "{:?}",
+        profile.merged.roots
+    );
+
+    ui.press("q");
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
 }
