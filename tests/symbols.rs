@@ -279,6 +279,25 @@ fn plt_layouts_of_other_linkers_and_options() {
 }
 
 #[test]
+fn a_stripped_library_is_named_from_its_separate_debug_file() {
+    // Debian's libc.so.6 has no .symtab; libc6-dbg (installed by .ci/run) puts its
+    // debug file under /usr/lib/debug/.build-id. Without it, glibc's internal functions
+    // (the memcpy variants an IFUNC picks, say) would be `libc.so.6+0x...`.
+    let target = Target::spawn("calltree", &["1"]);
+    let symbols = ProcessSymbols::load(target.pid()).unwrap();
+    let (_, libc) = module_functions(&symbols, "libc.so.6");
+    let internal = libc
+        .iter()
+        .find(|f| f.name == "__memmove_avx_unaligned_erms")
+        .expect("glibc's internal functions are named");
+    assert_eq!(internal.source, SymbolSource::DebugFile);
+    assert!(internal.size > 0);
+    // Exported functions keep one row per address and name.
+    let mallocs = libc.iter().filter(|f| f.name == "malloc").count();
+    assert_eq!(mallocs, 1);
+}
+
+#[test]
 fn lookup_finds_the_containing_function_in_every_module() {
     let target = Target::spawn("calltree", &["1"]);
     let symbols = ProcessSymbols::load(target.pid()).unwrap();

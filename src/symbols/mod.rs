@@ -79,6 +79,9 @@ impl Function {
 pub enum SymbolSource {
     /// The full symbol table (absent from stripped files).
     Symtab,
+    /// The full symbol table of a stripped file's separate debug file (found by build
+    /// id under `/usr/lib/debug`, where `-dbg`/`-debuginfo` packages install them).
+    DebugFile,
     /// The dynamic symbol table (exported and imported symbols).
     Dynsym,
     /// A PLT stub, named `target@plt`.
@@ -88,10 +91,11 @@ pub enum SymbolSource {
 }
 
 impl SymbolSource {
-    /// Lowercase name, as in JSON output: `symtab`, `dynsym`, `plt`, `fde`.
+    /// Lowercase name, as in JSON output: `symtab`, `debug`, `dynsym`, `plt`, `fde`.
     pub fn as_str(self) -> &'static str {
         match self {
             SymbolSource::Symtab => "symtab",
+            SymbolSource::DebugFile => "debug",
             SymbolSource::Dynsym => "dynsym",
             SymbolSource::Plt => "plt",
             SymbolSource::Fde => "fde",

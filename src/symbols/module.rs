@@ -1,9 +1,10 @@
 //! The functions of one ELF module, at the addresses it runs at.
 //!
-//! Four sources, merged in order of trust: `.symtab`, `.dynsym` (an entry with the same
-//! address and name as a `.symtab` one is the same function; an alias with another name
-//! stays a row of its own, as `nm` shows it), PLT stubs, and finally the `.eh_frame` FDEs
-//! that no symbol overlaps, named `<file>+0x<offset>`. All addresses are ELF virtual
+//! Five sources, merged in order of trust: `.symtab` (or, for a stripped file, the
+//! `.symtab` of its separate debug file, found by build id), `.dynsym` (an entry with
+//! the same address and name as a `.symtab` one is the same function; an alias with
+//! another name stays a row of its own, as `nm` shows it), PLT stubs, and finally the
+//! `.eh_frame` FDEs that no symbol overlaps, named `<file>+0x<offset>`. All addresses are ELF virtual
 //! addresses plus the load bias, which [`load_bias`] derives from `PT_LOAD` headers and
 //! where the kernel mapped the file.
 
@@ -80,11 +81,22 @@ impl ModuleSymbols {
             functions: Vec::new(),
             demangler: Demangler::default(),
         };
+        let debug_image = if elf.syms.is_empty() {
+            separate_debug_file(elf, image, Path::new(DEBUG_ROOT))
+        } else {
+            None
+        };
+        let debug_elf = debug_image
+            .as_ref()
+            .and_then(|debug| parse_elf(debug, path).ok());
         let mut seen: HashSet<(u64, &str)> = HashSet::new();
-        let tables = [
+        let mut tables = vec![
             (&elf.syms, &elf.strtab, SymbolSource::Symtab),
             (&elf.dynsyms, &elf.dynstrtab, SymbolSource::Dynsym),
         ];
+        if let Some(debug) = &debug_elf {
+            tables.insert(0, (&debug.syms, &debug.strtab, SymbolSource::DebugFile));
+        }
         for (syms, strtab, source) in tables {
             for sym in syms.iter() {
                 let kind = sym.st_type();
@@ -202,6 +214,49 @@ impl Builder<'_> {
 /// Address order. At one address: symbol-table names before synthetic ones, then the
 /// plainest name first (fewest leading underscores: `malloc` before `__libc_malloc`),
 /// so that the first row at an address is the best name for it.
+/// Where distributions install separate debug files (`.build-id/xx/yyyy.debug`).
+const DEBUG_ROOT: &str = "/usr/lib/debug";
+
+/// The separate debug file of a stripped module, mapped: `<root>/.build-id/<first byte
+/// of the build id>/<the rest>.debug`, if the module has a GNU build id and the file
+/// exists, is an ELF file and carries the same build id.
+fn separate_debug_file(elf: &Elf, image: &[u8], root: &Path) -> Option<Mmap> {
+    let id = build_id(elf, image)?;
+    let path = build_id_path(root, &id)?;
+    let file = File::open(&path).ok()?;
+    let debug = map_file(&file, &path).ok()?;
+    let same = parse_elf(&debug, &path)
+        .ok()
+        .and_then(|debug_elf| build_id(&debug_elf, &debug))
+        .is_some_and(|debug_id| debug_id == id);
+    same.then_some(debug)
+}
+
+/// The module's GNU build id (`NT_GNU_BUILD_ID` note), if it has one.
+fn build_id(elf: &Elf, image: &[u8]) -> Option<Vec<u8>> {
+    use goblin::elf::note::NT_GNU_BUILD_ID;
+    let notes = elf
+        .iter_note_headers(image)
+        .into_iter()
+        .flatten()
+        .chain(elf.iter_note_sections(image, None).into_iter().flatten());
+    notes
+        .filter_map(Result::ok)
+        .find(|note| note.n_type == NT_GNU_BUILD_ID && note.name == "GNU")
+        .map(|note| note.desc.to_vec())
+}
+
+/// `<root>/.build-id/ab/cdef....debug` for build id `abcdef...`.
+fn build_id_path(root: &Path, id: &[u8]) -> Option<PathBuf> {
+    let (first, rest) = id.split_first()?;
+    let rest: String = rest.iter().map(|byte| format!("{byte:02x}")).collect();
+    Some(
+        root.join(".build-id")
+            .join(format!("{first:02x}"))
+            .join(format!("{rest}.debug")),
+    )
+}
+
 pub(super) fn sort_functions(functions: &mut [Function]) {
     let underscores = |f: &Function| f.raw_name.bytes().take_while(|&b| b == b'_').count();
     functions.sort_unstable_by(|a, b| {
@@ -278,4 +333,19 @@ pub fn load_bias(elf: &Elf, mappings: &[(u64, u64)]) -> Option<u64> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_id_names_its_debug_file() {
+        let path = build_id_path(Path::new("/usr/lib/debug"), &[0x93, 0xac, 0x61, 0x0e]);
+        assert_eq!(
+            path,
+            Some(PathBuf::from("/usr/lib/debug/.build-id/93/ac610e.debug"))
+        );
+        assert_eq!(build_id_path(Path::new("/x"), &[]), None);
+    }
 }
