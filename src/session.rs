@@ -1,6 +1,6 @@
 //! The controller's side of the control connection to a resident agent.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -16,6 +16,13 @@ pub enum SessionError {
     Io(#[from] std::io::Error),
     #[error("the agent sent a message this tendril does not understand: {0}")]
     Protocol(String),
+    #[error(
+        "the agent did not answer within {} s (is the target stopped?); the connection is closed, and the agent restores the target's code when it runs again",
+        REPLY_TIMEOUT.as_secs()
+    )]
+    NoAnswer,
+    #[error("the connection to the agent was closed after an earlier failure")]
+    Closed,
     #[error("{0}")]
     Refused(String),
 }
@@ -29,9 +36,14 @@ pub struct AgentStatus {
 }
 
 /// An open, greeted control connection.
+///
+/// A request that fails on the connection (no answer in time, a broken socket) closes
+/// it for good: a late answer would otherwise be read as the next request's. The agent
+/// takes a closed connection as the controller gone and restores everything it patched.
 pub struct AgentSession {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    closed: bool,
     pub status: AgentStatus,
 }
 
@@ -44,6 +56,7 @@ impl AgentSession {
         let mut session = AgentSession {
             reader: BufReader::new(stream),
             writer,
+            closed: false,
             status: AgentStatus {
                 version: String::new(),
                 threads: 0,
@@ -72,15 +85,31 @@ impl AgentSession {
 
     /// Sends one request and waits for its response; an agent's refusal is an error.
     pub fn request(&mut self, request: &Request) -> Result<Response, SessionError> {
-        self.writer.write_all(&tendril_wire::encode(request))?;
-        let mut line = Vec::new();
-        if self.reader.read_until(b'\n', &mut line)? == 0 {
-            return Err(SessionError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        if self.closed {
+            return Err(SessionError::Closed);
         }
+        let line = self.exchange(request).inspect_err(|_| {
+            self.closed = true;
+            let _ = self.writer.shutdown(std::net::Shutdown::Both);
+        })?;
         match tendril_wire::decode::<Response>(&line) {
             Ok(Response::Error { message }) => Err(SessionError::Refused(message)),
             Ok(response) => Ok(response),
             Err(e) => Err(SessionError::Protocol(e.to_string())),
+        }
+    }
+
+    /// Writes `request` and reads one line of answer.
+    fn exchange(&mut self, request: &Request) -> Result<Vec<u8>, SessionError> {
+        self.writer.write_all(&tendril_wire::encode(request))?;
+        let mut line = Vec::new();
+        match self.reader.read_until(b'\n', &mut line) {
+            Ok(0) => Err(SessionError::Io(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(_) => Ok(line),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                Err(SessionError::NoAnswer)
+            }
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -606,6 +606,49 @@ fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
 }
 
 #[test]
+fn a_stopped_target_does_not_freeze_the_ui() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    let expected = steady_checksum(&mut target);
+
+    let ui = Tmux::tendril(
+        "stopped-target",
+        &["attach", &pid.to_string(), "--root", "work_round"],
+    );
+    wait_for_rows(&ui, "work_round", "compute_block");
+
+    // Stopped, the target's agent cannot answer: pausing waits for it in the
+    // background while the UI goes on reading keys and drawing.
+    target.signal(libc::SIGSTOP);
+    ui.press("p");
+    ui.wait_for_text("pausing: restoring the target's code");
+    ui.press("?");
+    ui.wait_for_text("keys · Esc closes");
+    ui.press("Escape");
+    // Typed at once, the next letter would make an Alt key of the Escape.
+    ui.wait_for("the keys closed", |screen| {
+        (!screen.contains("keys · Esc closes")).then_some(())
+    });
+    ui.press("p");
+    let screen = ui.wait_for_text("still pausing; try again in a moment");
+    assert!(!screen.contains("PAUSED"), "{screen}");
+
+    // Continued, the agent answers and the pause completes.
+    target.signal(libc::SIGCONT);
+    ui.wait_for_text("PAUSED");
+    ui.press("q");
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    assert!(
+        ui.screen()
+            .contains(&format!("detached from pid {pid} calltree")),
+        "{}",
+        ui.screen()
+    );
+    assert_target_intact(&mut target, expected);
+}
+
+#[test]
 fn sigterm_detaches_and_quits() {
     let _turn = one_at_a_time();
     let mut target = Target::spawn("calltree", &["2"]);

@@ -2,30 +2,29 @@
 //!
 //! The one idea: an action never ends the program by failing — whatever goes wrong is
 //! reported in the UI's message line and the session stays usable; only `Quit` leaves
-//! the loop (and [`Session::shutdown`] then detaches).
+//! the loop (and [`Session::shutdown`] then detaches). Actions that wait for the agent
+//! (pause, resume, new roots, detach) run in the background (`busy.rs`).
 
 use super::job::Job;
 use super::roots::{function_entries, pattern_for};
 use super::save_path::snapshot_path;
 use super::session::{DETACHING_NOTE, Flow, Recording, Session, Symbols, WhenLoaded};
 use crate::process;
+use crate::recording::Recorder;
 use tendril_tui::{Action, App, FunctionEntry};
 
 impl Session {
-    /// A note to show (and draw) before an action that blocks the UI for a moment (the
-    /// agent restores or patches code, and answers when it is done).
+    /// A note to show (and draw) before an action that blocks the UI: quitting waits
+    /// for the target to be detached.
     pub fn progress_note(&self, action: &Action) -> Option<&'static str> {
-        let live = self.is_live();
-        match action {
-            Action::Pause if live => Some("pausing: restoring the target's code…"),
-            Action::Resume if live => Some("resuming: instrumenting the roots again…"),
-            Action::SetRoots(_) if live => Some("changing the roots…"),
-            Action::Detach if live => Some(DETACHING_NOTE),
-            Action::Quit if live || matches!(self.recording, Recording::Starting(_)) => {
-                Some(DETACHING_NOTE)
-            }
-            _ => None,
-        }
+        let attached = matches!(
+            self.recording,
+            Recording::Live(_)
+                | Recording::Starting(_)
+                | Recording::Busy(_)
+                | Recording::Detaching(_)
+        );
+        (matches!(action, Action::Quit) && attached).then_some(DETACHING_NOTE)
     }
 
     /// Carries out `action`, reporting the outcome through `app`.
@@ -110,9 +109,9 @@ impl Session {
                 ));
                 self.pending_roots = Some((patterns, names));
             }
-            Recording::Live(_) => {
-                self.change_roots(&patterns, &names, app);
-                self.refresh(app);
+            Recording::Live(_) => self.change_roots(patterns, names, app),
+            other @ (Recording::Busy(_) | Recording::Detaching(_)) => {
+                app.set_message(other.not_live_note());
             }
             Recording::Ended(_) | Recording::Saved => {
                 app.set_message("the target is detached: there is nothing to instrument");
@@ -120,57 +119,58 @@ impl Session {
         }
     }
 
-    /// Records from other roots, keeping the target attached. The caller refreshes the
-    /// snapshot, so the status bar shows the roots the recorder has now.
-    pub(super) fn change_roots(&mut self, patterns: &[String], names: &[String], app: &mut App) {
-        let Recording::Live(recorder) = &mut self.recording else {
-            return;
-        };
-        let message = match recorder.set_roots(patterns) {
-            Ok(()) if recorder.is_recording() => {
-                format!("profiling {} from now on", recorder.roots().join(", "))
-            }
-            Ok(()) => format!("paused: p starts profiling {}", recorder.roots().join(", ")),
-            // The recorder kept the previous roots and the data.
-            Err(error) if recorder.is_recording() => format!(
-                "cannot profile {}: {error} — still profiling {}",
-                names.join(", "),
-                recorder.roots().join(", ")
-            ),
-            Err(error) => format!(
-                "cannot profile {}: {error} — paused; p resumes {}, r chooses other roots",
-                names.join(", "),
-                recorder.roots().join(", ")
-            ),
-        };
-        self.rate.clear();
-        app.set_message(message);
+    /// Records from other roots, keeping the target attached (in the background: the
+    /// agent restores the old roots and patches the new ones).
+    pub(super) fn change_roots(
+        &mut self,
+        patterns: Vec<String>,
+        names: Vec<String>,
+        app: &mut App,
+    ) {
+        let note = format!("changing the roots to {}…", names.join(", "));
+        self.run_on_recorder(
+            "changing the roots",
+            note,
+            move |recorder| new_roots_message(recorder, &patterns, &names),
+            app,
+        );
     }
 
     /// Pause, resume or reset.
     fn collection(&mut self, action: &Action, app: &mut App) {
-        let Recording::Live(recorder) = &mut self.recording else {
-            app.set_message("nothing is being recorded yet");
-            return;
-        };
-        let outcome = match action {
-            Action::Pause => recorder.pause().map(|()| {
-                "paused: the target runs its own code again; p resumes, the data stays".to_string()
-            }),
-            Action::Resume => recorder
-                .resume()
-                .map(|()| format!("recording {} again", recorder.roots().join(", "))),
+        match action {
+            Action::Pause => self.run_on_recorder(
+                "pausing",
+                "pausing: restoring the target's code…".into(),
+                |recorder| match recorder.pause() {
+                    Ok(()) => {
+                        "paused: the target runs its own code again; p resumes, the data stays"
+                            .to_string()
+                    }
+                    Err(error) => error.to_string(),
+                },
+                app,
+            ),
+            Action::Resume => self.run_on_recorder(
+                "resuming",
+                "resuming: instrumenting the roots again…".into(),
+                |recorder| match recorder.resume() {
+                    Ok(()) => format!("recording {} again", recorder.roots().join(", ")),
+                    Err(error) => error.to_string(),
+                },
+                app,
+            ),
             _ => {
+                let Recording::Live(recorder) = &mut self.recording else {
+                    app.set_message(self.recording.not_live_note());
+                    return;
+                };
                 recorder.reset();
                 self.rate.clear();
-                Ok("data reset: counting from zero".to_string())
+                app.set_message("data reset: counting from zero");
+                self.refresh(app);
             }
-        };
-        match outcome {
-            Ok(message) => app.set_message(message),
-            Err(error) => app.set_message(error.to_string()),
         }
-        self.refresh(app);
     }
 
     /// Takes the profile as it stands and writes it on a background thread, so the
@@ -186,6 +186,10 @@ impl Session {
         let profile = match &mut self.recording {
             Recording::Live(recorder) => recorder.snapshot(),
             Recording::Ended(profile) => (**profile).clone(),
+            busy @ (Recording::Busy(_) | Recording::Detaching(_)) => {
+                app.set_message(busy.not_live_note());
+                return;
+            }
             _ => {
                 app.set_message("nothing recorded yet");
                 return;
@@ -207,19 +211,31 @@ impl Session {
     }
 
     fn detach(&mut self, app: &mut App) {
-        match std::mem::replace(&mut self.recording, Recording::NotStarted) {
-            Recording::Live(recorder) => {
-                let message = format!(
-                    "detached from {}: its code is restored and it keeps running; the data stays",
-                    self.target
-                );
-                self.end_with(recorder.finish(false), message, app);
-            }
-            starting @ Recording::Starting(_) => {
-                self.recording = starting;
-                app.set_message("still attaching; detach again in a moment");
-            }
-            other => self.recording = other,
+        let message = format!(
+            "detached from {}: its code is restored and it keeps running; the data stays",
+            self.target
+        );
+        self.detach_in_background(DETACHING_NOTE, message, app);
+    }
+}
+
+/// Sets new roots on `recorder` and says how it went.
+fn new_roots_message(recorder: &mut Recorder, patterns: &[String], names: &[String]) -> String {
+    match recorder.set_roots(patterns) {
+        Ok(()) if recorder.is_recording() => {
+            format!("profiling {} from now on", recorder.roots().join(", "))
         }
+        Ok(()) => format!("paused: p starts profiling {}", recorder.roots().join(", ")),
+        // The recorder kept the previous roots and the data.
+        Err(error) if recorder.is_recording() => format!(
+            "cannot profile {}: {error} — still profiling {}",
+            names.join(", "),
+            recorder.roots().join(", ")
+        ),
+        Err(error) => format!(
+            "cannot profile {}: {error} — paused; p resumes {}, r chooses other roots",
+            names.join(", "),
+            recorder.roots().join(", ")
+        ),
     }
 }

@@ -11,6 +11,7 @@
 //! says what happened. And nothing touches the target before the terminal is the UI's.
 
 mod actions;
+mod busy;
 pub mod controller;
 pub mod convert;
 pub mod job;

@@ -10,6 +10,7 @@
 //! halfway through its ptrace calls — so that the recorder it makes can be finished.
 //! The UI's [`tendril_tui::Action`]s are carried out in `actions.rs`.
 
+use super::busy::{BusyJob, DetachJob};
 use super::convert::{EventRate, snapshot_of, target_label};
 use super::job::{Job, JobState};
 use super::processes::list_processes;
@@ -41,6 +42,10 @@ pub(super) enum Recording {
     /// Attaching and instrumenting the roots, on a background thread.
     Starting(Job<Result<Recorder, RecordError>>),
     Live(Box<Recorder>),
+    /// Pausing, resuming or changing the roots, on a background thread.
+    Busy(BusyJob),
+    /// Detaching (the code being restored), on a background thread.
+    Detaching(DetachJob),
     /// Detached, or the target exited: the final profile stays browsable and saveable.
     Ended(Box<Profile>),
     /// A saved profile (`tendril view`).
@@ -134,11 +139,6 @@ impl Session {
         self.target = target_label(target.pid as u32, &target.exe.to_string_lossy());
     }
 
-    /// Whether the target is attached with a recorder (recording or paused).
-    pub fn is_live(&self) -> bool {
-        matches!(self.recording, Recording::Live(_))
-    }
-
     /// Whether events are flowing in: the loop then drains the rings every few
     /// milliseconds and takes snapshots. Paused, nothing changes.
     pub fn is_collecting(&self) -> bool {
@@ -214,6 +214,7 @@ impl Session {
     pub fn tick(&mut self, app: &mut App, now: Instant) -> anyhow::Result<()> {
         self.check_symbols(app)?;
         self.check_start(app)?;
+        self.check_busy(app);
         self.check_save(app);
         if now >= self.next_alive_check {
             self.next_alive_check = now + ALIVE_CHECK_INTERVAL;
@@ -276,10 +277,10 @@ impl Session {
                 ));
                 self.recording = Recording::Live(Box::new(recorder));
                 self.rate.clear();
-                if let Some((patterns, names)) = self.pending_roots.take() {
-                    self.change_roots(&patterns, &names, app);
-                }
                 self.refresh(app);
+                if let Some((patterns, names)) = self.pending_roots.take() {
+                    self.change_roots(patterns, names, app);
+                }
                 return Ok(());
             }
             JobState::Done(Err(error)) => error,
@@ -457,6 +458,22 @@ impl Session {
                 Ok(recorder) => recorder,
                 Err(note) => return Ok(Some(note)),
             },
+            Recording::Busy(busy) => match Session::wait_for_recorder(busy, progress) {
+                Some(recorder) => *recorder,
+                None => return Ok(None),
+            },
+            Recording::Detaching(job) => {
+                progress(DETACHING_NOTE);
+                return match job.wait_done() {
+                    Some((Ok(_), _)) => Ok(Some(self.detached_note())),
+                    // A target that exited meanwhile has nothing left to restore.
+                    Some((Err(_), _)) if self.pid.is_some_and(process::is_gone_or_exiting) => {
+                        Ok(None)
+                    }
+                    Some((Err(error), _)) => Err(error.into()),
+                    None => Ok(None),
+                };
+            }
             other => {
                 self.recording = other;
                 return Ok(None);
@@ -465,12 +482,14 @@ impl Session {
         progress(DETACHING_NOTE);
         let target_gone = self.target_gone || self.pid.is_some_and(process::is_gone_or_exiting);
         recorder.finish(target_gone)?;
-        Ok((!target_gone).then(|| {
-            format!(
-                "detached from {}: its code is restored and it keeps running",
-                self.target
-            )
-        }))
+        Ok((!target_gone).then(|| self.detached_note()))
+    }
+
+    fn detached_note(&self) -> String {
+        format!(
+            "detached from {}: its code is restored and it keeps running",
+            self.target
+        )
     }
 
     /// Waits until the attach job is done: an attach is ptrace calls and a remote
@@ -515,8 +534,13 @@ impl Drop for Session {
     /// an attach in progress and detach all the same. The terminal is given back by
     /// then, so the first note goes to stderr.
     fn drop(&mut self) {
-        if matches!(self.recording, Recording::Live(_) | Recording::Starting(_))
-            || self.saving.is_some()
+        if matches!(
+            self.recording,
+            Recording::Live(_)
+                | Recording::Starting(_)
+                | Recording::Busy(_)
+                | Recording::Detaching(_)
+        ) || self.saving.is_some()
         {
             let mut told = false;
             let _ = self.shutdown(&mut |note| {

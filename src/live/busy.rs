@@ -1,0 +1,149 @@
+//! Operations on a live recorder that wait for the agent — pause, resume, new roots,
+//! detach — run on a background thread, so the UI keeps drawing and reading keys while
+//! the agent patches or restores code (and if the target is stopped, the agent cannot
+//! answer at all until its reply times out).
+//!
+//! The one idea: the recorder is *moved* into the job and comes back with the line to
+//! show; until then the session is [`Recording::Busy`] (or [`Recording::Detaching`]) and
+//! says so to any key that needs the recorder. A job that dies takes the recorder with
+//! it: its connection closes, and the agent restores the code by itself.
+
+use super::job::{Job, JobState};
+use super::session::{Recording, Session};
+use crate::recording::{Finished, RecordError, Recorder};
+use tendril_tui::App;
+
+/// An operation on the recorder in the background: the recorder comes back with the
+/// line to show.
+pub(super) struct BusyJob {
+    pub(super) job: Job<(Box<Recorder>, String)>,
+    /// What is being done ("pausing"), for keys pressed meanwhile.
+    pub(super) doing: &'static str,
+}
+
+/// A detach in the background: the final profile (or why there is none), and the
+/// line to show.
+pub(super) type DetachJob = Job<(Result<Finished, RecordError>, String)>;
+
+impl Session {
+    /// Runs `operation` on the live recorder in the background, showing `note`
+    /// meanwhile; `operation` returns the line to show when it is done. Without a live
+    /// recorder, says why nothing happens.
+    pub(super) fn run_on_recorder(
+        &mut self,
+        doing: &'static str,
+        note: String,
+        operation: impl FnOnce(&mut Recorder) -> String + Send + 'static,
+        app: &mut App,
+    ) {
+        // The snapshot on screen stays until the recorder comes back: the newest one.
+        self.refresh(app);
+        let recorder = match std::mem::replace(&mut self.recording, Recording::NotStarted) {
+            Recording::Live(recorder) => recorder,
+            other => {
+                app.set_message(other.not_live_note());
+                self.recording = other;
+                return;
+            }
+        };
+        let job = Job::spawn("tendril-recorder", move || {
+            let mut recorder = recorder;
+            let message = operation(&mut recorder);
+            (recorder, message)
+        });
+        match job {
+            Ok(job) => {
+                self.recording = Recording::Busy(BusyJob { job, doing });
+                app.set_message(note);
+            }
+            // No thread to be had (the recorder went with the closure): the agent
+            // restores the code by itself when the connection closes.
+            Err(error) => self.lost_recorder(format!("cannot go on: {error}"), app),
+        }
+    }
+
+    /// Detaches in the background: restores the target's code, then shows the final
+    /// profile with `message`.
+    pub(super) fn detach_in_background(&mut self, note: &str, message: String, app: &mut App) {
+        let recorder = match std::mem::replace(&mut self.recording, Recording::NotStarted) {
+            Recording::Live(recorder) => recorder,
+            other => {
+                app.set_message(other.not_live_note());
+                self.recording = other;
+                return;
+            }
+        };
+        let job = Job::spawn("tendril-detach", move || (recorder.finish(false), message));
+        match job {
+            Ok(job) => {
+                self.recording = Recording::Detaching(job);
+                app.set_message(note);
+            }
+            Err(error) => self.lost_recorder(format!("cannot detach cleanly: {error}"), app),
+        }
+    }
+
+    /// Picks up a finished background operation on the recorder.
+    pub(super) fn check_busy(&mut self, app: &mut App) {
+        match &self.recording {
+            Recording::Busy(busy) => match busy.job.poll() {
+                JobState::Running => {}
+                JobState::Done((recorder, message)) => {
+                    self.recording = Recording::Live(recorder);
+                    self.rate.clear();
+                    app.set_message(message);
+                    self.refresh(app);
+                }
+                JobState::Died => {
+                    let doing = busy.doing;
+                    self.lost_recorder(format!("{doing} crashed"), app);
+                }
+            },
+            Recording::Detaching(job) => match job.poll() {
+                JobState::Running => {}
+                JobState::Done((finished, message)) => self.end_with(finished, message, app),
+                JobState::Died => self.lost_recorder("detaching crashed".into(), app),
+            },
+            _ => {}
+        }
+    }
+
+    /// The recorder is gone with a job that died: its connection closed, so the agent
+    /// restores the code by itself. The last snapshot stays on screen.
+    fn lost_recorder(&mut self, what: String, app: &mut App) {
+        let mut snapshot = app.snapshot().clone();
+        snapshot.status.detached = true;
+        app.update_snapshot(snapshot);
+        app.set_message(format!(
+            "{what}; the agent restores the target's code by itself"
+        ));
+        self.recording = Recording::NotStarted;
+        self.target_gone = true;
+    }
+
+    /// Waits for a background operation on the recorder, however long it takes (the
+    /// agent's replies have time limits), and gives the recorder back; `None` if the
+    /// job died with it (the agent then restores the code by itself).
+    pub(super) fn wait_for_recorder(
+        busy: BusyJob,
+        progress: &mut dyn FnMut(&str),
+    ) -> Option<Box<Recorder>> {
+        progress(&format!("waiting for {} to finish…", busy.doing));
+        busy.job.wait_done().map(|(recorder, _)| recorder)
+    }
+}
+
+impl Recording {
+    /// Why an action that needs the live recorder cannot run now.
+    pub(super) fn not_live_note(&self) -> String {
+        match self {
+            Recording::Busy(busy) => format!("still {}; try again in a moment", busy.doing),
+            Recording::Detaching(_) => "still detaching; the data stays once it is done".into(),
+            Recording::Starting(_) => "still attaching; try again in a moment".into(),
+            Recording::Ended(_) | Recording::Saved => {
+                "the target is detached: there is nothing to change".into()
+            }
+            Recording::NotStarted | Recording::Live(_) => "nothing is being recorded yet".into(),
+        }
+    }
+}
