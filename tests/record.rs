@@ -318,3 +318,55 @@ fn bad_input_is_one_clear_line() {
         "{no_program}"
     );
 }
+
+#[test]
+fn roots_change_without_detaching_and_a_refused_root_keeps_the_old_ones() {
+    use tendril::recording::{RecordOptions, Recorder, Scheme};
+    let mut target = Target::spawn("calltree", &["2"]);
+    let expected = target.checksum_lines(2, LINE_TIMEOUT)[1];
+    let calls_of = |recorder: &mut Recorder, root: &str| {
+        std::thread::sleep(Duration::from_millis(300));
+        recorder.poll();
+        let profile = recorder.snapshot();
+        node_at(&profile.merged.roots, &[root]).map_or(0, |node| node.calls)
+    };
+    let mut recorder = Recorder::start(&RecordOptions {
+        pid: target.pid(),
+        roots: vec!["counted_outer".into()],
+        scheme: Scheme::B,
+        gross_only: false,
+    })
+    .unwrap();
+
+    recorder.set_roots(&["work_round".into()]).unwrap();
+    assert!(recorder.is_recording());
+    assert_eq!(recorder.roots(), ["work_round"]);
+    let rounds = calls_of(&mut recorder, "work_round");
+    assert!(rounds > 0, "work_round not recorded");
+
+    // `_fini` has no size to patch by: the recorder keeps work_round and its data,
+    // paused with the code restored.
+    let refused = recorder.set_roots(&["calltree:_fini".into()]).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("no root could be instrumented"),
+        "{refused}"
+    );
+    assert!(!recorder.is_recording());
+    assert_eq!(recorder.roots(), ["work_round"]);
+    code_bytes_match_file(target.pid()).unwrap();
+    assert!(calls_of(&mut recorder, "work_round") >= rounds);
+
+    recorder.resume().unwrap();
+    assert!(recorder.is_recording());
+    assert!(calls_of(&mut recorder, "work_round") > rounds);
+    let finished = recorder.finish(false).unwrap();
+    assert_eq!(finished.profile.roots, ["work_round"]);
+    code_bytes_match_file(target.pid()).unwrap();
+    let after = target.checksum_lines(2, LINE_TIMEOUT);
+    assert!(
+        after.iter().all(|&c| c == expected),
+        "checksums changed: {expected} then {after:?}"
+    );
+}
