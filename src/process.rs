@@ -42,18 +42,30 @@ pub enum AttachError {
         tracer: i32,
         tracer_name: String,
     },
-    #[error(
-        "cannot attach to {0}: operation not permitted — run as the same user or as root, or set kernel.yama.ptrace_scope=0"
-    )]
+    #[error("cannot attach to {0}: operation not permitted — {advice}", advice = permission_advice())]
     PermissionDenied(i32),
     #[error("process {0} exited during the attach")]
     Exited(i32),
+    #[error(
+        "process {0} is stopped (SIGSTOP or job control), so it cannot answer; continue it with `kill -CONT {0}` and try again"
+    )]
+    Stopped(i32),
     #[error(
         "process {pid} runs with CET shadow stacks, which tendril's return hooks do not support yet"
     )]
     ShadowStack { pid: i32 },
     #[error("cannot attach to {pid}: {message}")]
     Other { pid: i32, message: String },
+}
+
+/// What to do about a refused attach: who may attach depends on who tendril runs as.
+fn permission_advice() -> &'static str {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        "even root is refused here (a security module, a container without CAP_SYS_PTRACE, or a protected process)"
+    } else {
+        "run as the same user or as root, or set kernel.yama.ptrace_scope=0"
+    }
 }
 
 /// A process tendril may attach to, with the facts the attach needs.
@@ -323,6 +335,16 @@ pub fn is_gone_or_exiting(pid: i32) -> bool {
         Err(_) => true,
         Ok(stat) => StatLine::parse(&stat).is_some_and(|stat| stat.has_exited()),
     }
+}
+
+/// True when the process is stopped by a signal (SIGSTOP, SIGTSTP...): its threads,
+/// the agent's among them, run nothing until it is continued. A tracing stop (`t`,
+/// as in a program `tendril run` holds at its first instruction) is not this.
+pub fn is_stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| StatLine::parse(&stat).map(|stat| stat.state == 'T'))
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

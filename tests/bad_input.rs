@@ -164,6 +164,52 @@ fn a_process_already_traced() {
 }
 
 #[test]
+fn a_stopped_process() {
+    let mut target = Target::spawn("calltree", &["1"]);
+    let pid = target.pid();
+    let state = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("State:")).unwrap();
+        line.to_string()
+    };
+    let stopped = |target: &Target| {
+        target.signal(libc::SIGSTOP);
+        while !state().contains("stopped") {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // Without an agent: nothing is loaded into it, and it stays stopped.
+    stopped(&target);
+    for command in ["status", "detach"] {
+        let line = error_line(tendril().args([command, &pid.to_string()]));
+        assert!(
+            line.contains(&format!("process {pid} is stopped")) && line.contains("kill -CONT"),
+            "{command}: {line}"
+        );
+        assert!(state().contains("stopped"), "{command}: {}", state());
+    }
+    target.signal(libc::SIGCONT);
+    assert_untouched(pid);
+
+    // With an agent resident: it cannot answer while stopped, so tendril says so at
+    // once instead of waiting for it.
+    let status = tendril()
+        .args(["status", &pid.to_string()])
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    stopped(&target);
+    for command in ["status", "detach"] {
+        let line = error_line(tendril().args([command, &pid.to_string()]));
+        assert!(line.contains("is stopped"), "{command}: {line}");
+    }
+    target.signal(libc::SIGCONT);
+    target.drain();
+    assert_eq!(target.checksum_lines(2, Duration::from_secs(30)).len(), 2);
+}
+
+#[test]
 fn a_process_of_another_user() {
     let target = Target::spawn("calltree", &["1"]);
     let line = error_line(status_of(target.pid()).uid(65534).gid(65534));

@@ -51,6 +51,7 @@ pub fn control_socket(target: &TargetProcess) -> PathBuf {
 /// Connects to the agent resident in `pid`, if there is one; never injects.
 pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
     let target = process::inspect(pid)?;
+    refuse_stopped(pid)?;
     match AgentSession::open(&control_socket(&target)) {
         Ok(session) => Ok(Some((target, session))),
         Err(SessionError::Io(_)) => Ok(None),
@@ -73,6 +74,7 @@ pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
 
 fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
     let target = process::inspect(pid)?;
+    refuse_stopped(pid)?;
     let socket = control_socket(&target);
     match AgentSession::open(&socket) {
         Ok(session) => return Ok((target, session)),
@@ -82,6 +84,15 @@ fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> 
     load_agent(&target)?;
     let session = wait_for_agent(&target, &socket)?;
     Ok((target, session))
+}
+
+/// A stopped process can neither run a remote `dlopen` nor let its agent answer: both
+/// would wait for a `kill -CONT` that may never come.
+fn refuse_stopped(pid: i32) -> Result<(), AttachError> {
+    if process::is_stopped(pid) {
+        return Err(AttachError::Stopped(pid));
+    }
+    Ok(())
 }
 
 /// Loads the agent into the target (or restarts a resident agent's control thread, as
