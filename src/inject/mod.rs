@@ -10,6 +10,7 @@ mod loader;
 mod remote_call;
 mod safe_point;
 mod stack_walk;
+mod stale_files;
 pub mod tracee;
 
 pub use tracee::Tracee;
@@ -75,6 +76,7 @@ pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
 fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
     let target = process::inspect(pid)?;
     refuse_stopped(pid)?;
+    stale_files::sweep(&target);
     let socket = control_socket(&target);
     match AgentSession::open(&socket) {
         Ok(session) => return Ok((target, session)),

@@ -179,7 +179,6 @@ impl Recorder {
             let rings_path = self
                 .target
                 .path_in_target(std::path::Path::new(&rings_file));
-            super::rings::remove_stale_files(&rings_path, self.target.ns_pid == self.target.pid);
             let rings = Rings::open(&rings_path).map_err(|e| RecordError::Refused {
                 pid,
                 message: format!("cannot map {}: {e}", rings_path.display()),

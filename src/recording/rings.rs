@@ -27,36 +27,6 @@ pub struct AgentCounters {
     pub discovery_wait_ticks: u64,
 }
 
-/// Removes the rings files of processes that no longer exist from the directory that
-/// holds `rings_path` (as tendril sees it): a process killed outright cannot remove
-/// its own. Only processes of tendril's own pid namespace (`same_namespace`) can be
-/// checked.
-pub fn remove_stale_files(rings_path: &Path, same_namespace: bool) {
-    let Some(dir) = rings_path.parent() else {
-        return;
-    };
-    if !same_namespace {
-        return;
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("rings-"))
-            .and_then(|n| n.split('-').next())
-            .and_then(|pid| pid.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_file(entry.path());
-        }
-    }
-}
-
 /// A mapped rings file.
 pub struct Rings {
     map: MmapMut,
