@@ -337,6 +337,22 @@ pub fn is_gone_or_exiting(pid: i32) -> bool {
     }
 }
 
+/// Whether the process is gone or exiting, or becomes so within `grace`: a process
+/// closes its files (its agent's connection among them) a moment before it shows as
+/// exiting.
+pub fn exits_within(pid: i32, grace: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + grace;
+    loop {
+        if is_gone_or_exiting(pid) {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// True when the process is stopped by a signal (SIGSTOP, SIGTSTP...): its threads,
 /// the agent's among them, run nothing until it is continued. A tracing stop (`t`,
 /// as in a program `tendril run` holds at its first instruction) is not this.

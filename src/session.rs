@@ -1,6 +1,8 @@
 //! The controller's side of the control connection to a resident agent.
 
+use nix::sys::socket::MsgFlags;
 use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -96,6 +98,27 @@ impl AgentSession {
             Ok(Response::Error { message }) => Err(SessionError::Refused(message)),
             Ok(response) => Ok(response),
             Err(e) => Err(SessionError::Protocol(e.to_string())),
+        }
+    }
+
+    /// Whether the agent has closed the connection (another tendril's `detach` ended
+    /// this session, or the process is gone), without waiting. A connection this side
+    /// closed after a failed request is not: that failure was reported already.
+    pub fn closed_by_agent(&self) -> bool {
+        if self.closed {
+            return false;
+        }
+        let mut byte = [0u8; 1];
+        // An answer never arrives unasked, so anything readable now is the end of the
+        // stream, or an error.
+        match nix::sys::socket::recv(
+            self.writer.as_raw_fd(),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(errno) => errno != nix::errno::Errno::EAGAIN,
         }
     }
 

@@ -255,3 +255,58 @@ fn a_bad_duration_is_one_clear_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("--duration"), "{stderr}");
 }
+
+#[test]
+fn a_detach_from_another_tendril_ends_a_count_and_a_recording_with_a_note() {
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid().to_string();
+    let expected = steady_checksum(&mut target, 2);
+    let detach = || {
+        let output = tendril().args(["detach", &pid]).output().unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let started = |args: &[&str], line: &str| {
+        let mut command = tendril();
+        command.args(args).stdout(std::process::Stdio::piped());
+        common::RunningTendril::start(command, line, Duration::from_secs(60))
+    };
+
+    // A count for a long time: the detach ends it, and it prints what it counted.
+    let count = started(
+        &["count", &pid, "mix", "--duration", "600"],
+        "tendril: counting",
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(detach().contains("restored=1 functions"));
+    let (status, stdout, stderr) = count.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("another tendril detached process {pid}")),
+        "{stderr}"
+    );
+    assert!(stdout.contains(" mix"), "{stdout}");
+    code_bytes_match_file(target.pid()).unwrap();
+
+    // A recording likewise: it writes the profile of the time before the detach.
+    let record = started(
+        &["record", &pid, "--root", "work_round", "--duration", "600"],
+        "tendril: recording",
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    detach();
+    let (status, stdout, stderr) = record.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("another tendril detached process {pid}")),
+        "{stderr}"
+    );
+    let profile: tendril::profile::Profile = serde_json::from_str(&stdout).unwrap();
+    assert!(
+        common::node_at(&profile.merged.roots, &["work_round"]).is_some_and(|n| n.calls > 0),
+        "{stdout}"
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+    let after = target.checksum_lines(2, ROUND_TIMEOUT);
+    assert!(after.iter().all(|&c| c == expected), "{after:?}");
+}

@@ -21,6 +21,8 @@ use tendril_wire::{Hook, PatchOutcome, Request, Response, ThreadCounters};
 /// How often counters are read while waiting, so a target that exits still gets a
 /// report of what it did up to its last reading.
 const READ_INTERVAL: Duration = Duration::from_millis(250);
+/// How long an agent that stopped answering waits to be explained by the process exiting.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
 /// Frames the agent's per-thread return stack holds (`trampolines/src/thread_state.rs`).
 const SHADOW_FRAMES: u64 = 32 * 1024;
 
@@ -150,9 +152,14 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     if !lost_target {
         unpatch_all(&mut session, &outcomes)?;
         latest = read_counters(&mut session, &ids)?;
-    } else {
+    } else if crate::process::exits_within(pid, EXIT_GRACE) {
         eprintln!(
             "tendril: process {pid} ended after {:.1} s; counts are from its last reading",
+            elapsed.as_secs_f64()
+        );
+    } else {
+        eprintln!(
+            "tendril: another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
             elapsed.as_secs_f64()
         );
     }

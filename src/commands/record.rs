@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 /// How often the rings are drained.
 const POLL_INTERVAL: Duration = Duration::from_millis(2);
+/// How long a closed connection waits to be explained by the process exiting.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
 /// Most refused callees listed on stderr.
 const REFUSALS_SHOWN: usize = 10;
 
@@ -60,16 +62,32 @@ pub fn record_until_done(
     let deadline = duration.map(|d| Instant::now() + d);
     let pid = recorder.pid();
     let mut target_gone = false;
+    let mut detached = false;
     interrupt::wait(deadline, POLL_INTERVAL, || {
         recorder.poll();
         target_gone = gone();
-        !target_gone
+        if !target_gone && recorder.agent_gone() {
+            // An exiting process closes the connection a moment before it shows as
+            // gone: only one still there was detached.
+            let deadline = Instant::now() + EXIT_GRACE;
+            while !target_gone && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+                target_gone = gone();
+            }
+            detached = !target_gone;
+        }
+        !target_gone && !detached
     });
+    let elapsed = recorder.elapsed();
     if target_gone {
         eprintln!("tendril: process {pid} ended; the profile covers it up to its end");
+    } else if detached {
+        eprintln!(
+            "tendril: another tendril detached process {pid} after {:.1} s; the profile covers only that time",
+            elapsed.as_secs_f64()
+        );
     }
-    let elapsed = recorder.elapsed();
-    let Finished { profile, refused } = recorder.finish(target_gone)?;
+    let Finished { profile, refused } = recorder.finish(target_gone || detached)?;
     print_summary(&profile, elapsed, &refused);
     Ok(profile)
 }

@@ -29,6 +29,9 @@ const ALIVE_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// While quitting waits for an attach in progress (to detach afterwards), its note is
 /// updated this often.
 const ATTACH_NOTE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long an agent that closed the connection waits to be explained by the target
+/// exiting.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
 /// The note shown while the target is being detached.
 pub(super) const DETACHING_NOTE: &str = "detaching: restoring the target's code…";
 
@@ -320,7 +323,11 @@ impl Session {
         let Some(pid) = self.pid else {
             return Ok(());
         };
-        if self.target_gone || !process::is_gone_or_exiting(pid) {
+        if self.target_gone {
+            return Ok(());
+        }
+        if !process::is_gone_or_exiting(pid) {
+            self.check_detached_elsewhere(pid, app);
             return Ok(());
         }
         match std::mem::replace(&mut self.recording, Recording::NotStarted) {
@@ -348,6 +355,28 @@ impl Session {
             other => self.recording = other,
         }
         Ok(())
+    }
+
+    /// A live recording whose agent ended the session while the process lives on was
+    /// detached by another tendril: the data stays, as when the target exits.
+    fn check_detached_elsewhere(&mut self, pid: i32, app: &mut App) {
+        let Recording::Live(recorder) = &self.recording else {
+            return;
+        };
+        if !recorder.agent_gone() || process::exits_within(pid, EXIT_GRACE) {
+            return;
+        }
+        let Recording::Live(recorder) =
+            std::mem::replace(&mut self.recording, Recording::NotStarted)
+        else {
+            return;
+        };
+        self.target_gone = true;
+        let message = format!(
+            "another tendril detached {}; the data stays — w saves it, q quits",
+            self.target
+        );
+        self.end_with(recorder.finish(true), message, app);
     }
 
     fn check_save(&mut self, app: &mut App) {

@@ -320,6 +320,13 @@ impl Recorder {
         self.begin()
     }
 
+    /// Whether the agent has ended this recording's session by itself: another
+    /// tendril detached the process (or it is gone). The rings still hold everything
+    /// it wrote; [`Recorder::finish`] with `agent_gone` reads them.
+    pub fn agent_gone(&self) -> bool {
+        self.session.closed_by_agent()
+    }
+
     /// Whether events are being collected now.
     pub fn is_recording(&self) -> bool {
         self.recording
@@ -473,11 +480,14 @@ impl Recorder {
     }
 
     /// Ends the recording: restores the code, reads the last events and returns the
-    /// profile. With `target_gone`, the process has exited: there is no agent left to
-    /// ask, and the rings hold everything it wrote.
-    pub fn finish(mut self, target_gone: bool) -> Result<Finished, RecordError> {
-        if target_gone {
+    /// profile. With `agent_gone`, the process has exited or its agent has ended the
+    /// session ([`Recorder::agent_gone`]): there is no agent left to ask, and the rings
+    /// hold everything it wrote.
+    pub fn finish(mut self, agent_gone: bool) -> Result<Finished, RecordError> {
+        if agent_gone {
             self.recording = false;
+            // Set if another tendril's detach stopped the recording.
+            self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
             self.poll();
         } else {
             self.end()?;

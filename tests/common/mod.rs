@@ -18,6 +18,7 @@ pub use code_check::code_bytes_match_file;
 pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};
 pub use recording::{Recorded, Recording, all_nodes, node_at};
+pub use running::RunningTendril;
 pub use target::{READY_TIMEOUT, Round, Target};
 
 use std::process::Command;

@@ -4,7 +4,9 @@
 //! must be a real directory owned by this process's uid with mode 0700; the agent refuses
 //! to listen anywhere else. Every connection is checked with `SO_PEERCRED`: only this uid
 //! and root may talk to the agent. Each connection is a session; when it ends — cleanly
-//! or because the controller died — every patch it made is restored.
+//! or because the controller died — every patch it made is restored. A `detach` from
+//! one session ends every other (a count or recording in progress), closing their
+//! connections so their controllers learn of it, and restores everything.
 
 use crate::patcher::{self, PatchRequest};
 use crate::stubs::HookKind;
@@ -12,7 +14,9 @@ use crate::{calibration, counting, discovery, recording, shadow, threads};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tendril_wire::{Hook, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
 
 /// Identity of this process as the agent sees it.
@@ -65,6 +69,10 @@ fn serve(listener: UnixListener) {
             continue;
         }
         let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+        let Ok(handle) = stream.try_clone() else {
+            continue;
+        };
+        open_sessions().push((session, handle));
         let spawned = threads::spawn_agent_thread("session", move || {
             let _ = std::panic::catch_unwind(move || run_session(session, stream));
             // However the session ended, nothing it patched stays patched.
@@ -72,8 +80,11 @@ fn serve(listener: UnixListener) {
                 stop_recording(session);
             }
             patcher::restore(Some(session));
+            open_sessions().retain(|(open, _)| *open != session);
         });
-        drop(spawned);
+        if spawned.is_err() {
+            open_sessions().retain(|(open, _)| *open != session);
+        }
     }
 }
 
@@ -131,9 +142,7 @@ fn run_session(session: u64, stream: UnixStream) {
             Ok(_) if !greeted => Response::Error {
                 message: "say hello first".into(),
             },
-            Ok(Request::Detach) => Response::Detached {
-                restored: patcher::restore(None),
-            },
+            Ok(Request::Detach) => detach(session),
             Ok(Request::Patch {
                 targets,
                 code_ranges,
@@ -157,6 +166,43 @@ fn run_session(session: u64, stream: UnixStream) {
             return;
         }
     }
+}
+
+/// The open sessions, each with a handle on its connection (to end it).
+static OPEN_SESSIONS: Mutex<Vec<(u64, UnixStream)>> = Mutex::new(Vec::new());
+
+/// How long a detach waits for the sessions it ended to restore their code themselves.
+const SESSION_END_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn open_sessions() -> std::sync::MutexGuard<'static, Vec<(u64, UnixStream)>> {
+    OPEN_SESSIONS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Ends every other session — their controllers see their connections close — lets
+/// each restore what it patched (and stop its recording), then restores whatever is
+/// left. Answers with the number of functions that were patched.
+fn detach(session: u64) -> Response {
+    let patched = patcher::patched_count();
+    let others: Vec<u64> = open_sessions()
+        .iter()
+        .filter(|(open, _)| *open != session)
+        .map(|(open, stream)| {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            *open
+        })
+        .collect();
+    let deadline = Instant::now() + SESSION_END_TIMEOUT;
+    while Instant::now() < deadline
+        && open_sessions()
+            .iter()
+            .any(|(open, _)| others.contains(open))
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    patcher::restore(None);
+    Response::Detached { restored: patched }
 }
 
 fn ready() -> Response {
