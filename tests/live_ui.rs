@@ -649,6 +649,44 @@ fn a_stopped_target_does_not_freeze_the_ui() {
 }
 
 #[test]
+fn a_terminal_that_goes_away_detaches_and_quits() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["2"]);
+    let expected = steady_checksum(&mut target);
+
+    let ui = Tmux::tendril(
+        "terminal-gone",
+        &["attach", &target.pid().to_string(), "--root", "work_round"],
+    );
+    wait_for_rows(&ui, "work_round", "compute_block");
+    let tendril_pid = ui.tendril_pid();
+    // Pausing a stopped target keeps a request waiting when the terminal goes.
+    target.signal(libc::SIGSTOP);
+    ui.press("p");
+    ui.wait_for_text("pausing: restoring the target's code");
+    ui.run(&["kill-server"]);
+    std::thread::sleep(Duration::from_millis(300));
+    target.signal(libc::SIGCONT);
+
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    let exited = || {
+        std::fs::read_to_string(format!("/proc/{tendril_pid}/stat")).map_or(true, |stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        })
+    };
+    while !exited() {
+        assert!(
+            Instant::now() < deadline,
+            "tendril went on without its terminal"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_target_intact(&mut target, expected);
+}
+
+#[test]
 fn sigterm_detaches_and_quits() {
     let _turn = one_at_a_time();
     let mut target = Target::spawn("calltree", &["2"]);

@@ -6,11 +6,12 @@
 //! the target wait for us), so the screen stays responsive and the rings stay drained
 //! whether or not anybody presses a key.
 
+use super::input::{self, Input};
 use super::session::{Flow, Session};
 use super::stderr::StderrCapture;
 use crate::interrupt;
 use std::time::{Duration, Instant};
-use tendril_tui::crossterm::event::{self, Event, KeyCode, KeyEvent};
+use tendril_tui::crossterm::event::{Event, KeyCode, KeyEvent};
 use tendril_tui::{Action, App, ScreenKind, TerminalGuard};
 
 /// How long the loop waits for input while events are flowing (the rings' drain rate).
@@ -31,13 +32,16 @@ pub fn event_loop(
     capture: Option<&StderrCapture>,
     captured: &mut Vec<String>,
 ) -> anyhow::Result<()> {
+    let input = Input::start()?;
     let mut next_draw = Instant::now();
     let mut next_snapshot = Instant::now();
     // Once data first arrives after roots are chosen, the hottest path is expanded — as
     // if the user had pressed `h` — unless the user pressed a key first.
     let mut expand_hottest_path = true;
     loop {
-        if interrupt::requested() {
+        // A terminal that hung up (its window closed, the tmux server killed) does not
+        // always send SIGHUP, and reads as endless end-of-file: quit as if asked to.
+        if interrupt::requested() || input::terminal_hung_up() {
             return Ok(());
         }
         let now = Instant::now();
@@ -47,29 +51,26 @@ pub fn event_loop(
             IDLE_WAIT
         };
         let mut dirty = false;
-        if event::poll(wait.min(next_draw.saturating_duration_since(now)))? {
-            loop {
-                let event = event::read()?;
-                dirty = true;
-                if matches!(event, Event::Key(_)) {
-                    expand_hottest_path = false;
+        let mut next_event = input.next(wait.min(next_draw.saturating_duration_since(now)));
+        while let Some(event) = next_event {
+            let event = event?;
+            dirty = true;
+            if matches!(event, Event::Key(_)) {
+                expand_hottest_path = false;
+            }
+            if let Some(action) = app.handle_event(event) {
+                if matches!(action, Action::SetRoots(_)) {
+                    expand_hottest_path = true;
                 }
-                if let Some(action) = app.handle_event(event) {
-                    if matches!(action, Action::SetRoots(_)) {
-                        expand_hottest_path = true;
-                    }
-                    if let Some(note) = session.progress_note(&action) {
-                        app.set_message(note);
-                        draw(guard, app)?;
-                    }
-                    if session.handle(action, app) == Flow::Quit {
-                        return Ok(());
-                    }
+                if let Some(note) = session.progress_note(&action) {
+                    app.set_message(note);
+                    draw(guard, app)?;
                 }
-                if !event::poll(Duration::ZERO)? {
-                    break;
+                if session.handle(action, app) == Flow::Quit {
+                    return Ok(());
                 }
             }
+            next_event = input.try_next();
         }
         session.poll();
         session.tick(app, Instant::now())?;

@@ -14,6 +14,7 @@ mod actions;
 mod busy;
 pub mod controller;
 pub mod convert;
+mod input;
 pub mod job;
 pub mod processes;
 pub mod roots;
