@@ -7,6 +7,7 @@
 //! profile is written; a one-line summary goes to stderr so the profile itself can go
 //! to stdout.
 
+use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::interrupt;
 use crate::profile::Profile;
 use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
@@ -40,7 +41,7 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
             (false, Scheme::B) => "B".to_string(),
         },
         match command.duration {
-            Some(d) => format!("for {:.1} s (Ctrl-C ends early)", d.as_secs_f64()),
+            Some(d) => format!("for {} s (Ctrl-C ends early)", format_seconds(d)),
             None => "until Ctrl-C".to_string(),
         }
     );
@@ -78,12 +79,12 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
     let stats = &profile.stats;
     let overhead = profile.estimated_overhead_percent();
     eprintln!(
-        "tendril: {} events from {} thread{} in {:.1} s; {} functions instrumented, {} invoked; \
+        "tendril: {} events from {} thread{} in {} s; {} functions instrumented, {} invoked; \
          {} lost events; estimated overhead {overhead:.1}% (removed from the times)",
         stats.events,
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
-        elapsed.as_secs_f64(),
+        format_elapsed(elapsed),
         stats.instrumented_functions,
         stats.invoked_functions,
         stats.lost_events,
