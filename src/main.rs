@@ -101,7 +101,7 @@ enum Command {
         gross_only: bool,
     },
     /// Start a program and record it from its first instruction (roots: `main` unless
-    /// given); exits with the program's status.
+    /// given); exits with the program's status (128 + N if signal N killed it).
     Run {
         /// A root function (repeat for several); default `main`.
         #[arg(long = "root", value_name = "SYM")]

@@ -8,10 +8,10 @@
 //! to stdout.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
+use crate::commands::output::ProfileOutput;
 use crate::interrupt;
 use crate::profile::Profile;
 use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,8 @@ pub struct RecordCommand {
 }
 
 pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
+    // Checked before the target is touched; nothing is written unless a profile is.
+    let output = ProfileOutput::open(command.output.as_deref())?;
     interrupt::install();
     let recorder = Recorder::start(&command.options)?;
     eprintln!(
@@ -48,7 +50,7 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     let pid = recorder.pid();
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
-    write_profile(&profile, command.output.as_deref())
+    output.write(&profile)
 }
 
 /// Drains the rings until the duration ends, Ctrl-C, or the target exits (`gone`
@@ -98,17 +100,4 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
             refused.len() - REFUSALS_SHOWN
         );
     }
-}
-
-/// Writes the profile JSON to `output`, or to stdout.
-pub fn write_profile(profile: &Profile, output: Option<&std::path::Path>) -> anyhow::Result<()> {
-    match output {
-        Some(path) => profile.save(path)?,
-        None => {
-            let mut out = std::io::stdout().lock();
-            profile.write_json(&mut out)?;
-            out.flush()?;
-        }
-    }
-    Ok(())
 }
