@@ -238,6 +238,67 @@ fn run_records_a_program_from_its_start_and_returns_its_status() {
 }
 
 #[test]
+fn roots_never_called_are_noted_and_many_roots_are_summarised() {
+    let target = Target::spawn("calltree", &["1"]);
+    // calltree never sorts: the profile is empty, and tendril says why.
+    let recording = Recording::start(target.pid(), &["--root", "qsort"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let recorded = recording.finish();
+    assert!(recorded.profile.merged.roots.is_empty());
+    assert!(
+        recorded.stderr.contains(
+            "tendril: qsort was never called during the recording, so the profile is empty"
+        ),
+        "{}",
+        recorded.stderr
+    );
+    // With another root that runs, only the one that did not is named.
+    let recording = Recording::start(target.pid(), &["--root", "qsort", "--root", "work_round"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let recorded = recording.finish();
+    assert!(
+        recorded
+            .stderr
+            .lines()
+            .any(|line| line == "tendril: qsort was never called during the recording"),
+        "{}",
+        recorded.stderr
+    );
+    // A hundred roots: the first few are named, the rest counted, on short lines.
+    let recording = Recording::start(target.pid(), &["--root", "libc.so.6:str*"]);
+    std::thread::sleep(Duration::from_millis(300));
+    let recorded = recording.finish();
+    let stderr = &recorded.stderr;
+    assert!(recorded.profile.roots.len() > 20, "{stderr}");
+    assert!(stderr.lines().all(|line| line.len() < 400), "{stderr}");
+    let started = stderr
+        .lines()
+        .find(|l| l.starts_with("tendril: recording "))
+        .unwrap();
+    assert!(
+        started.contains(&format!("{} roots: ", recorded.profile.roots.len()))
+            && started.contains(" more in process "),
+        "{started}"
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+    drop(target);
+
+    // `run` says the same when the program ends without calling the root.
+    let output = tendril()
+        .args(["run", "--root", "qsort", "-o", "/dev/null", "--"])
+        .arg(common::fixture("calltree"))
+        .args(["1", "2"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("qsort was never called during the recording"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn reports_print_the_tree_hot_spots_folded_stacks_and_json() {
     let mut target = Target::spawn("calltree", &["1"]);
     let recording = Recording::start(target.pid(), &["--root", "counted_outer"]);

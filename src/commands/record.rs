@@ -10,13 +10,16 @@
 use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::commands::output::ProfileOutput;
 use crate::interrupt;
-use crate::profile::Profile;
+use crate::profile::{Node, Profile};
 use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// How often the rings are drained.
 const POLL_INTERVAL: Duration = Duration::from_millis(2);
+/// Most root names listed in one line.
+const NAMES_SHOWN: usize = 5;
 /// Most refused callees listed on stderr.
 const REFUSALS_SHOWN: usize = 10;
 
@@ -35,7 +38,7 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     let recorder = Recorder::start(&command.options)?;
     eprintln!(
         "tendril: recording {} in process {} (scheme {}) {}",
-        recorder.roots().join(", "),
+        names_summary(recorder.roots()),
         recorder.pid(),
         match (command.options.gross_only, command.options.scheme) {
             (true, _) => "gross times only".to_string(),
@@ -74,7 +77,73 @@ pub fn record_until_done(
     let elapsed = recorder.elapsed();
     let Finished { profile, refused } = recorder.finish(target_gone)?;
     print_summary(&profile, elapsed, &refused);
+    note_roots_never_called(&profile);
     Ok(profile)
+}
+
+/// Root names for a one-line message: all of them up to [`NAMES_SHOWN`], else their
+/// count and the first few.
+pub fn names_summary(names: &[String]) -> String {
+    if names.len() <= NAMES_SHOWN {
+        names.join(", ")
+    } else {
+        format!("{} roots: {}", names.len(), first_names(names))
+    }
+}
+
+/// The first [`NAMES_SHOWN`] names, and "and N more" for the rest.
+fn first_names(names: &[String]) -> String {
+    if names.len() <= NAMES_SHOWN {
+        return names.join(", ");
+    }
+    format!(
+        "{} and {} more",
+        names[..NAMES_SHOWN].join(", "),
+        names.len() - NAMES_SHOWN
+    )
+}
+
+/// Says which roots never ran while recording (their profile is empty), so an empty
+/// profile is not taken for a broken one.
+fn note_roots_never_called(profile: &Profile) {
+    let mut reached: HashSet<&str> = HashSet::new();
+    let mut pending: Vec<&Node> = profile.merged.roots.iter().collect();
+    while let Some(node) = pending.pop() {
+        reached.insert(&node.name);
+        pending.extend(&node.children);
+    }
+    reached.extend(
+        profile
+            .gross
+            .iter()
+            .filter(|g| g.calls > 0)
+            .map(|g| g.root.as_str()),
+    );
+    let never: Vec<String> = profile
+        .roots
+        .iter()
+        .filter(|root| !reached.contains(root.as_str()))
+        .cloned()
+        .collect();
+    if profile.stats.events == 0 && !profile.roots.is_empty() {
+        let all = match profile.roots.as_slice() {
+            [one] => format!("{one} was"),
+            many => format!("{} were", names_summary(many)),
+        };
+        eprintln!(
+            "tendril: {all} never called during the recording, so the profile is empty \
+             (record longer, or choose a root the program runs)"
+        );
+    } else if let [one] = never.as_slice() {
+        eprintln!("tendril: {one} was never called during the recording");
+    } else if !never.is_empty() && never.len() < profile.roots.len() {
+        eprintln!(
+            "tendril: {} of the {} roots were never called during the recording: {}",
+            never.len(),
+            profile.roots.len(),
+            first_names(&never)
+        );
+    }
 }
 
 fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, String)]) {

@@ -135,7 +135,7 @@ fn prepare(command: &RunCommand, program: &str, child: Pid) -> anyhow::Result<Re
     };
     eprintln!(
         "tendril: running {program} (pid {pid}) and recording {}",
-        recorder.roots().join(", ")
+        super::record::names_summary(recorder.roots())
     );
     drop(held);
     Ok(recorder)
