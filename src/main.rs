@@ -65,8 +65,12 @@ enum Command {
         #[arg(required = true)]
         patterns: Vec<String>,
         /// Stop after this many seconds (default: until Ctrl-C).
-        #[arg(long, value_name = "SECS", allow_negative_numbers = true,
-              value_parser = tendril::commands::duration::parse_seconds)]
+        #[arg(
+            long,
+            value_name = "SECS",
+            allow_negative_numbers = true,
+            value_parser = tendril::commands::duration::parse_seconds
+        )]
         duration: Option<Duration>,
         /// Print JSON, with counts per thread.
         #[arg(long)]
@@ -89,8 +93,12 @@ enum Command {
         #[arg(long, default_value = "b", value_parser = ["a", "b"])]
         scheme: String,
         /// Stop after this many seconds (default: until Ctrl-C).
-        #[arg(long, value_name = "SECS", allow_negative_numbers = true,
-              value_parser = tendril::commands::duration::parse_seconds)]
+        #[arg(
+            long,
+            value_name = "SECS",
+            allow_negative_numbers = true,
+            value_parser = tendril::commands::duration::parse_seconds
+        )]
         duration: Option<Duration>,
         /// Write the profile here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
@@ -111,8 +119,12 @@ enum Command {
         #[arg(long, default_value = "b", value_parser = ["a", "b"])]
         scheme: String,
         /// Stop recording after this many seconds (the program goes on).
-        #[arg(long, value_name = "SECS", allow_negative_numbers = true,
-              value_parser = tendril::commands::duration::parse_seconds)]
+        #[arg(
+            long,
+            value_name = "SECS",
+            allow_negative_numbers = true,
+            value_parser = tendril::commands::duration::parse_seconds
+        )]
         duration: Option<Duration>,
         /// Write the profile here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
