@@ -65,8 +65,13 @@ enum Command {
         #[arg(required = true)]
         patterns: Vec<String>,
         /// Stop after this many seconds (default: until Ctrl-C).
-        #[arg(long, value_name = "SECS")]
-        duration: Option<f64>,
+        #[arg(
+            long,
+            value_name = "SECS",
+            allow_negative_numbers = true,
+            value_parser = tendril::commands::duration::parse_seconds
+        )]
+        duration: Option<Duration>,
         /// Print JSON, with counts per thread.
         #[arg(long)]
         json: bool,
@@ -88,8 +93,13 @@ enum Command {
         #[arg(long, default_value = "b", value_parser = ["a", "b"])]
         scheme: String,
         /// Stop after this many seconds (default: until Ctrl-C).
-        #[arg(long, value_name = "SECS")]
-        duration: Option<f64>,
+        #[arg(
+            long,
+            value_name = "SECS",
+            allow_negative_numbers = true,
+            value_parser = tendril::commands::duration::parse_seconds
+        )]
+        duration: Option<Duration>,
         /// Write the profile here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -99,7 +109,7 @@ enum Command {
         gross_only: bool,
     },
     /// Start a program and record it from its first instruction (roots: `main` unless
-    /// given); exits with the program's status.
+    /// given); exits with the program's status (128 + N if signal N killed it).
     Run {
         /// A root function (repeat for several); default `main`.
         #[arg(long = "root", value_name = "SYM")]
@@ -109,8 +119,13 @@ enum Command {
         #[arg(long, default_value = "b", value_parser = ["a", "b"])]
         scheme: String,
         /// Stop recording after this many seconds (the program goes on).
-        #[arg(long, value_name = "SECS")]
-        duration: Option<f64>,
+        #[arg(
+            long,
+            value_name = "SECS",
+            allow_negative_numbers = true,
+            value_parser = tendril::commands::duration::parse_seconds
+        )]
+        duration: Option<Duration>,
         /// Write the profile here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
@@ -140,15 +155,6 @@ fn scheme_from(name: &str) -> tendril::recording::Scheme {
         tendril::recording::Scheme::A
     } else {
         tendril::recording::Scheme::B
-    }
-}
-
-/// A `--duration` in seconds, checked.
-fn duration_from_seconds(seconds: Option<f64>) -> anyhow::Result<Option<Duration>> {
-    match seconds {
-        None => Ok(None),
-        Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => anyhow::bail!("--duration must be a positive number of seconds, not {s}"),
     }
 }
 
@@ -215,14 +221,12 @@ fn main() -> ExitCode {
             duration,
             json,
             returns,
-        } => duration_from_seconds(duration).and_then(|duration| {
-            tendril::commands::count::run(&tendril::commands::count::CountOptions {
-                pid,
-                patterns,
-                duration,
-                json,
-                returns,
-            })
+        } => tendril::commands::count::run(&tendril::commands::count::CountOptions {
+            pid,
+            patterns,
+            duration,
+            json,
+            returns,
         }),
         Command::Record {
             pid,
@@ -231,17 +235,15 @@ fn main() -> ExitCode {
             duration,
             output,
             gross_only,
-        } => duration_from_seconds(duration).and_then(|duration| {
-            tendril::commands::record::run(&tendril::commands::record::RecordCommand {
-                options: tendril::recording::RecordOptions {
-                    pid,
-                    roots,
-                    scheme: scheme_from(&scheme),
-                    gross_only,
-                },
-                duration,
-                output,
-            })
+        } => tendril::commands::record::run(&tendril::commands::record::RecordCommand {
+            options: tendril::recording::RecordOptions {
+                pid,
+                roots,
+                scheme: scheme_from(&scheme),
+                gross_only,
+            },
+            duration,
+            output,
         }),
         Command::Run {
             roots,
@@ -251,17 +253,15 @@ fn main() -> ExitCode {
             gross_only,
             program,
         } => {
-            let command = duration_from_seconds(duration).map(|duration| {
-                tendril::commands::run::RunCommand {
-                    program,
-                    roots,
-                    scheme: scheme_from(&scheme),
-                    gross_only,
-                    duration,
-                    output,
-                }
-            });
-            return match command.and_then(|c| tendril::commands::run::run(&c)) {
+            let command = tendril::commands::run::RunCommand {
+                program,
+                roots,
+                scheme: scheme_from(&scheme),
+                gross_only,
+                duration,
+                output,
+            };
+            return match tendril::commands::run::run(&command) {
                 Ok(status) => ExitCode::from(status),
                 Err(error) => {
                     eprintln!("tendril: {error}");

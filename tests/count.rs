@@ -192,6 +192,43 @@ fn a_pattern_matching_nothing_fails_before_touching_the_target() {
 }
 
 #[test]
+fn durations_out_of_range_are_one_line_with_the_limit_and_a_millisecond_prints_as_one() {
+    let target = Target::spawn("calltree", &["1"]);
+    let pid = target.pid().to_string();
+    for (duration, expected) in [
+        ("1e300", "must be at most 1000000000 seconds"),
+        ("99999999999", "must be at most 1000000000 seconds"),
+        ("-1", "must be a positive number of seconds"),
+        ("0", "must be a positive number of seconds"),
+        ("0.0001", "must be at least 0.001 seconds"),
+        ("soon", "must be a number of seconds"),
+    ] {
+        let output = tendril()
+            .args(["count", &pid, "counted_leaf", "--duration", duration])
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{duration} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!("tendril: invalid value '{duration}'"))
+                && stderr.contains(expected),
+            "{duration}: {stderr}"
+        );
+        // The value alone is echoed, never a 301-digit rendering of it.
+        assert!(stderr.len() < 200, "{stderr}");
+    }
+    let output = tendril()
+        .args(["count", &pid, "counted_leaf", "--duration", "0.001"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains(" for 0.001 s "), "{stderr}");
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
 fn counting_the_allocator_of_a_program_hammering_it_never_deadlocks() {
     let mut target = Target::spawn("mallocs", &["4"]);
     for attempt in 0..5 {

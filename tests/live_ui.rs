@@ -546,6 +546,41 @@ fn attach_without_a_terminal_is_one_clear_error() {
 }
 
 #[test]
+fn arguments_are_checked_before_the_terminal() {
+    let target = Target::spawn("calltree", &["1"]);
+    let pid = target.pid().to_string();
+    let missing = i32::MAX.to_string();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["view", "/no/such/profile.json"],
+            "cannot read /no/such/profile.json",
+        ),
+        (
+            &["view", "/etc/passwd"],
+            "/etc/passwd is not a tendril profile",
+        ),
+        (&["attach", &missing], "no process with pid"),
+        (
+            &["attach", &pid, "--root", "no_such_function"],
+            "no function matches 'no_such_function'",
+        ),
+        // Good arguments: only then is the missing terminal the error.
+        (
+            &["attach", &pid, "--root", "work_round"],
+            "--root work_round --duration SECS",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = tendril().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    assert_untouched(target.pid());
+}
+
+#[test]
 fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
     let _turn = one_at_a_time();
     let mut target = Target::spawn("calltree", &["2"]);

@@ -670,4 +670,49 @@ fn tendril_symbols_cli() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("did you mean: compute_block"), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+
+    let error = |args: &[&str], stdout: std::process::Stdio| {
+        let out = tendril()
+            .arg("symbols")
+            .args(args)
+            .stdout(stdout)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        stderr
+    };
+    let piped = std::process::Stdio::piped;
+    let stderr = error(&[&pid, "["], piped());
+    assert!(
+        stderr.starts_with("tendril: invalid glob '[': the `[` at character 1"),
+        "{stderr}"
+    );
+    let stderr = error(&[&pid, "nosuchmod:malloc"], piped());
+    assert!(
+        stderr.starts_with(&format!(
+            "tendril: no module matches 'nosuchmod' in pid {pid} — "
+        )),
+        "{stderr}"
+    );
+    let stderr = error(&[&pid, "libc:malloc"], piped());
+    assert!(stderr.contains("did you mean: libc.so.6"), "{stderr}");
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let stderr = error(&[&pid], full.into());
+    assert!(
+        stderr.starts_with("tendril: cannot write the listing: No space left on device"),
+        "{stderr}"
+    );
+
+    // A 32-bit program is refused as `status` refuses it, not listed as empty.
+    let i386 = Target::spawn_no_ready("i386_loop", &[]);
+    let stderr = error(&[&i386.pid().to_string()], piped());
+    assert!(
+        stderr.contains("not an x86-64 program (32-bit)"),
+        "{stderr}"
+    );
 }

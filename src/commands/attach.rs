@@ -1,16 +1,27 @@
 //! `tendril attach <PID> [--root SYM]...`: the live terminal UI on a running process.
 //!
 //! The one idea: everything that can be checked without touching the target (the pid,
-//! permissions, the executable) is checked before the UI appears, so a bad pid is one
-//! line on the normal screen; attaching itself happens when the roots are chosen.
+//! permissions, the executable, the root patterns) is checked before the UI appears —
+//! and before asking for a terminal, so a bad pid is reported as such even in a script;
+//! attaching itself happens when the roots are chosen.
 
 use crate::live::{self, Start};
+use crate::symbols::ProcessSymbols;
 
 pub fn run(pid: i32, roots: Vec<String>) -> anyhow::Result<()> {
-    live::require_terminal(&format!(
-        "record without it: `tendril record {pid} --root SYM --duration SECS`"
-    ))?;
     let target = crate::process::inspect(pid)?;
+    if !roots.is_empty() {
+        let symbols = ProcessSymbols::load(pid)?;
+        crate::targets::match_patterns(&symbols, &roots)?;
+    }
+    let root_arguments = if roots.is_empty() {
+        " --root SYM".to_string()
+    } else {
+        roots.iter().map(|root| format!(" --root {root}")).collect()
+    };
+    live::require_terminal(&format!(
+        "record without it: `tendril record {pid}{root_arguments} --duration SECS`"
+    ))?;
     let note = live::run(Start::Attach {
         target: &target,
         roots,

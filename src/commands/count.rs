@@ -7,6 +7,7 @@
 //! so a function counted by an earlier session starts from zero again. Whatever ends
 //! the wait — the duration, Ctrl-C, the target exiting — the code is restored first.
 
+use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::ProcessSymbols;
 use crate::targets::{self, Chosen};
@@ -127,7 +128,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
         counted.len(),
         if counted.len() == 1 { "" } else { "s" },
         match options.duration {
-            Some(d) => format!("for {:.1} s (Ctrl-C ends early)", d.as_secs_f64()),
+            Some(d) => format!("for {} s (Ctrl-C ends early)", format_seconds(d)),
             None => "until Ctrl-C".to_string(),
         }
     );
@@ -154,8 +155,8 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
         latest = read_counters(&mut session, &ids)?;
     } else if crate::process::exits_within(pid, EXIT_GRACE) {
         eprintln!(
-            "tendril: process {pid} ended after {:.1} s; counts are from its last reading",
-            elapsed.as_secs_f64()
+            "tendril: process {pid} ended after {} s; counts are from its last reading",
+            format_elapsed(elapsed)
         );
     } else {
         eprintln!(
@@ -264,10 +265,10 @@ fn write_text(
         }
     }
     let summary = format!(
-        "total ({} function{}, {:.1} s)",
+        "total ({} function{}, {} s)",
         counted.len(),
         if counted.len() == 1 { "" } else { "s" },
-        elapsed.as_secs_f64()
+        format_elapsed(elapsed)
     );
     if returns {
         let total_returns: u64 = counted.iter().map(|c| c.returns).sum();

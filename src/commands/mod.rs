@@ -5,6 +5,8 @@ pub mod attach;
 pub mod count;
 pub mod demo;
 pub mod detach;
+pub mod duration;
+pub mod output;
 pub mod picker;
 pub mod record;
 pub mod report;

@@ -7,10 +7,12 @@
 //! profile is written; a one-line summary goes to stderr so the profile itself can go
 //! to stdout.
 
+use crate::commands::duration::{format_elapsed, format_seconds};
+use crate::commands::output::ProfileOutput;
 use crate::interrupt;
-use crate::profile::Profile;
+use crate::profile::{Node, Profile};
 use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
-use std::io::Write;
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -18,6 +20,8 @@ use std::time::{Duration, Instant};
 const POLL_INTERVAL: Duration = Duration::from_millis(2);
 /// How long a closed connection waits to be explained by the process exiting.
 const EXIT_GRACE: Duration = Duration::from_millis(100);
+/// Most root names listed in one line.
+const NAMES_SHOWN: usize = 5;
 /// Most refused callees listed on stderr.
 const REFUSALS_SHOWN: usize = 10;
 
@@ -30,11 +34,13 @@ pub struct RecordCommand {
 }
 
 pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
+    // Checked before the target is touched; nothing is written unless a profile is.
+    let output = ProfileOutput::open(command.output.as_deref())?;
     interrupt::install();
     let recorder = Recorder::start(&command.options)?;
     eprintln!(
         "tendril: recording {} in process {} (scheme {}) {}",
-        recorder.roots().join(", "),
+        names_summary(recorder.roots()),
         recorder.pid(),
         match (command.options.gross_only, command.options.scheme) {
             (true, _) => "gross times only".to_string(),
@@ -42,14 +48,14 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
             (false, Scheme::B) => "B".to_string(),
         },
         match command.duration {
-            Some(d) => format!("for {:.1} s (Ctrl-C ends early)", d.as_secs_f64()),
+            Some(d) => format!("for {} s (Ctrl-C ends early)", format_seconds(d)),
             None => "until Ctrl-C".to_string(),
         }
     );
     let pid = recorder.pid();
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
-    write_profile(&profile, command.output.as_deref())
+    output.write(&profile)
 }
 
 /// Drains the rings until the duration ends, Ctrl-C, or the target exits (`gone`
@@ -89,19 +95,85 @@ pub fn record_until_done(
     }
     let Finished { profile, refused } = recorder.finish(target_gone || detached)?;
     print_summary(&profile, elapsed, &refused);
+    note_roots_never_called(&profile);
     Ok(profile)
+}
+
+/// Root names for a one-line message: all of them up to [`NAMES_SHOWN`], else their
+/// count and the first few.
+pub fn names_summary(names: &[String]) -> String {
+    if names.len() <= NAMES_SHOWN {
+        names.join(", ")
+    } else {
+        format!("{} roots: {}", names.len(), first_names(names))
+    }
+}
+
+/// The first [`NAMES_SHOWN`] names, and "and N more" for the rest.
+fn first_names(names: &[String]) -> String {
+    if names.len() <= NAMES_SHOWN {
+        return names.join(", ");
+    }
+    format!(
+        "{} and {} more",
+        names[..NAMES_SHOWN].join(", "),
+        names.len() - NAMES_SHOWN
+    )
+}
+
+/// Says which roots never ran while recording (their profile is empty), so an empty
+/// profile is not taken for a broken one.
+fn note_roots_never_called(profile: &Profile) {
+    let mut reached: HashSet<&str> = HashSet::new();
+    let mut pending: Vec<&Node> = profile.merged.roots.iter().collect();
+    while let Some(node) = pending.pop() {
+        reached.insert(&node.name);
+        pending.extend(&node.children);
+    }
+    reached.extend(
+        profile
+            .gross
+            .iter()
+            .filter(|g| g.calls > 0)
+            .map(|g| g.root.as_str()),
+    );
+    let never: Vec<String> = profile
+        .roots
+        .iter()
+        .filter(|root| !reached.contains(root.as_str()))
+        .cloned()
+        .collect();
+    if profile.stats.events == 0 && !profile.roots.is_empty() {
+        let all = match profile.roots.as_slice() {
+            [one] => format!("{one} was"),
+            many => format!("{} were", names_summary(many)),
+        };
+        eprintln!(
+            "tendril: {all} never called during the recording, so the profile is empty \
+             (record longer, or choose a root the program runs)"
+        );
+    } else if let [one] = never.as_slice() {
+        eprintln!("tendril: {one} was never called during the recording");
+    } else if !never.is_empty() && never.len() < profile.roots.len() {
+        eprintln!(
+            "tendril: {} of the {} roots were never called during the recording: {}",
+            never.len(),
+            profile.roots.len(),
+            first_names(&never)
+        );
+    }
 }
 
 fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, String)]) {
     let stats = &profile.stats;
     let overhead = profile.estimated_overhead_percent();
     eprintln!(
-        "tendril: {} events from {} thread{} in {:.1} s; {} functions instrumented, {} invoked; \
+        "tendril: {} events from {} thread{} in {} s; {} functions instrumented, {} invoked; \
          {} lost events; estimated overhead {overhead:.1}% (removed from the times)",
         stats.events,
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
-        elapsed.as_secs_f64(),
+        format_elapsed(elapsed),
         stats.instrumented_functions,
         stats.invoked_functions,
         stats.lost_events,
@@ -115,17 +187,4 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
             refused.len() - REFUSALS_SHOWN
         );
     }
-}
-
-/// Writes the profile JSON to `output`, or to stdout.
-pub fn write_profile(profile: &Profile, output: Option<&std::path::Path>) -> anyhow::Result<()> {
-    match output {
-        Some(path) => profile.save(path)?,
-        None => {
-            let mut out = std::io::stdout().lock();
-            profile.write_json(&mut out)?;
-            out.flush()?;
-        }
-    }
-    Ok(())
 }

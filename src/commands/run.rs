@@ -5,18 +5,25 @@
 //! auxiliary vector's `AT_ENTRY`) — the dynamic loader has mapped its libraries by
 //! then, but none of the program's own code has run. There tendril loads its agent on
 //! the held thread, connects to it, patches the roots, and only then lets the program
-//! run. tendril exits with the program's exit status.
+//! run. If anything before that fails, tendril kills the program it started (it has not
+//! run) and says so. tendril exits with the program's exit status, or 128 + the signal
+//! that killed it, as a shell does.
 
-use crate::commands::record::{record_until_done, write_profile};
+use crate::commands::output::ProfileOutput;
+use crate::commands::record::record_until_done;
 use crate::interrupt;
-use crate::recording::{RecordOptions, Recorder, Scheme};
-use anyhow::{Context, bail};
+use crate::process::AttachError;
+use crate::recording::{RecordError, RecordOptions, Recorder, Scheme};
+use crate::targets::SelectError;
+use anyhow::{Context, anyhow, bail};
 use nix::sys::ptrace;
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
+use std::io::ErrorKind;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// `AT_ENTRY` in the auxiliary vector: the program's entry point.
@@ -35,21 +42,78 @@ pub struct RunCommand {
     pub output: Option<PathBuf>,
 }
 
-/// Runs the program under recording; returns its exit status (128 + signal when a
-/// signal ended it).
+/// How the program ended.
+#[derive(Debug, Clone, Copy)]
+enum Ended {
+    Exited(i32),
+    Killed { signal: Signal, core_dumped: bool },
+}
+
+impl Ended {
+    /// The exit status a shell would give: the program's, or 128 + the signal number.
+    fn exit_code(self) -> u8 {
+        match self {
+            Ended::Exited(code) => code as u8,
+            Ended::Killed { signal, .. } => 128u8.wrapping_add(signal as u8),
+        }
+    }
+}
+
+/// Runs the program under recording; returns the exit status to exit with.
 pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
     let Some((program, arguments)) = command.program.split_first() else {
         bail!("no program to run — give one after `--`, e.g. `tendril run -- ./server`");
     };
+    // Checked before the program starts; nothing is written unless a profile is.
+    let output = ProfileOutput::open(command.output.as_deref())?;
     interrupt::install();
-    let child = start_stopped_at_entry(program, arguments)?;
+    let child = start_traced(program, arguments)?;
     let pid = child.as_raw();
+    let recorder = match prepare(command, program, child) {
+        Ok(recorder) => recorder,
+        Err(reason) => {
+            // Held at its start (or still in the exec): it has not run its own code.
+            kill_and_reap(child);
+            bail!("{reason:#}; killed {program} (pid {pid}) before it started");
+        }
+    };
+    let mut ended = None;
+    let profile = record_until_done(recorder, command.duration, || {
+        ended = ended.or_else(|| ended_status(child));
+        ended.is_some()
+    })?;
+    output.write(&profile)?;
+    let ended = ended.or_else(|| ended_status(child));
+    match ended {
+        Some(Ended::Exited(code)) => eprintln!("tendril: {program} exited with status {code}"),
+        Some(Ended::Killed {
+            signal,
+            core_dumped,
+        }) => eprintln!(
+            "tendril: {program} was killed by signal {} ({}){}",
+            signal as i32,
+            signal.as_str(),
+            if core_dumped { " (core dumped)" } else { "" }
+        ),
+        None => {}
+    }
+    Ok(ended.map_or(0, Ended::exit_code))
+}
+
+/// Everything between the exec and the program's first instruction: stop at the entry
+/// point, check the program, load the agent, patch the roots; then let it run. On an
+/// error the program is still held (traced, stopped), for the caller to kill.
+fn prepare(command: &RunCommand, program: &str, child: Pid) -> anyhow::Result<Recorder> {
+    let pid = child.as_raw();
+    // The first stop is the exec's SIGTRAP; the executable is mapped, nothing ran.
+    expect_trap(child, program)?;
+    let exe = check_program(pid, program)?;
+    stop_at_entry(child, program)?;
     // The agent starts while the program is held at its entry point; the program runs
     // once the roots are patched (dropping the held thread lets it go).
-    let held = crate::inject::load_agent_before_start(pid).inspect_err(|_| {
-        let _ = kill(child, Signal::SIGKILL);
-    })?;
-    let roots = if command.roots.is_empty() {
+    let held = crate::inject::load_agent_before_start(pid)?;
+    let default_root = command.roots.is_empty();
+    let roots = if default_root {
         vec!["main".to_string()]
     } else {
         command.roots.clone()
@@ -63,32 +127,23 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
     let recorder = match recorder {
         Ok(recorder) => recorder,
         Err(error) => {
-            // Nothing is patched: let the program go, without us.
+            // Killed before the held thread is let go, so the program never runs.
+            let _ = kill(child, Signal::SIGKILL);
             drop(held);
-            return Err(error.into());
+            return Err(root_error(error, program, &exe, default_root));
         }
     };
     eprintln!(
         "tendril: running {program} (pid {pid}) and recording {}",
-        recorder.roots().join(", ")
+        super::record::names_summary(recorder.roots())
     );
     drop(held);
-    let mut status = None;
-    let profile = record_until_done(recorder, command.duration, || {
-        status = status.or_else(|| exit_status(child));
-        status.is_some()
-    })?;
-    write_profile(&profile, command.output.as_deref())?;
-    let status = status.or_else(|| exit_status(child));
-    if let Some(status) = status {
-        eprintln!("tendril: {program} exited with status {status}");
-    }
-    Ok(status.unwrap_or(0))
+    Ok(recorder)
 }
 
-/// Starts `program` traced and leaves it stopped (traced by tendril) at its entry
-/// point, with no instruction of its own executed.
-fn start_stopped_at_entry(program: &str, arguments: &[String]) -> anyhow::Result<Pid> {
+/// Starts `program` with `PTRACE_TRACEME`: it stops, traced by tendril, right after
+/// its exec. A program that cannot be started is one line with the reason.
+fn start_traced(program: &str, arguments: &[String]) -> anyhow::Result<Pid> {
     let mut command = std::process::Command::new(program);
     command.args(arguments);
     // SAFETY: runs in the child between fork and exec; ptrace(TRACEME) is a single
@@ -98,10 +153,107 @@ fn start_stopped_at_entry(program: &str, arguments: &[String]) -> anyhow::Result
     }
     let child = command
         .spawn()
-        .with_context(|| format!("cannot start {program}"))?;
+        .map_err(|e| anyhow!("cannot start {program}: {}", why_not_started(program, &e)))?;
+    // `child` is only a handle: the process is reaped through its pid.
     let pid = Pid::from_raw(child.id() as i32);
-    // The first stop is the exec's SIGTRAP.
-    expect_trap(pid, program)?;
+    std::mem::forget(child);
+    Ok(pid)
+}
+
+/// Why `program` could not be executed, in words.
+fn why_not_started(program: &str, error: &std::io::Error) -> String {
+    let path = find_program(program);
+    let metadata = path.as_deref().and_then(|p| std::fs::metadata(p).ok());
+    match error.kind() {
+        ErrorKind::NotFound if !program.contains('/') && path.is_none() => {
+            "no such program in PATH".into()
+        }
+        ErrorKind::NotFound if metadata.is_some() => {
+            "the interpreter it names (its #! line or ELF loader) does not exist".into()
+        }
+        ErrorKind::NotFound => "no such file or directory".into(),
+        ErrorKind::PermissionDenied if metadata.as_ref().is_some_and(|m| m.is_dir()) => {
+            "it is a directory, not a program".into()
+        }
+        ErrorKind::PermissionDenied
+            if metadata
+                .as_ref()
+                .is_some_and(|m| m.permissions().mode() & 0o111 == 0) =>
+        {
+            "permission denied: it is not executable (no x permission)".into()
+        }
+        ErrorKind::PermissionDenied => "permission denied".into(),
+        _ if error.raw_os_error() == Some(libc::ENOEXEC) => {
+            "it is not a program this system can run (neither an x86-64 ELF nor a #! script)".into()
+        }
+        _ => error.to_string(),
+    }
+}
+
+/// Where `program` is: itself if it has a `/`, else the first match in `PATH`.
+fn find_program(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(PathBuf::from(program));
+    }
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Checks the executable the program runs (for a script, its interpreter) as `status`
+/// would; returns its path.
+fn check_program(pid: i32, program: &str) -> anyhow::Result<PathBuf> {
+    match crate::process::inspect(pid) {
+        Ok(target) => Ok(target.exe),
+        Err(AttachError::WrongArchitecture { exe, what, .. }) => bail!(
+            "{} is not an x86-64 program ({what}); tendril supports 64-bit x86-64 programs only",
+            runs(program, Path::new(&exe))
+        ),
+        Err(AttachError::StaticallyLinked { exe, .. }) => bail!(
+            "{} is statically linked: it has no dynamic loader, so tendril cannot load its agent into it",
+            runs(program, Path::new(&exe))
+        ),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// `program`, or `program runs EXE, which` when the program is a script whose
+/// interpreter is `exe` — the subject of a sentence about `exe`.
+fn runs(program: &str, exe: &Path) -> String {
+    let same = find_program(program)
+        .and_then(|p| p.canonicalize().ok())
+        .is_none_or(|p| p == exe);
+    if same {
+        program.to_string()
+    } else {
+        format!("{program} runs {}, which", exe.display())
+    }
+}
+
+/// The error for roots that could not be set up; the default root `main` missing is
+/// said as such (a stripped program), and no pid is named (the process is killed).
+fn root_error(error: RecordError, program: &str, exe: &Path, default_root: bool) -> anyhow::Error {
+    match error {
+        RecordError::Select(SelectError::NoMatch { .. }) if default_root => anyhow!(
+            "{} has no `main` symbol (stripped?) — name the function to record with --root SYM",
+            runs(program, exe)
+        ),
+        RecordError::Select(SelectError::NoMatch { pattern, hint, .. }) => {
+            let hint = if hint.starts_with("did you mean") {
+                hint
+            } else {
+                format!("`nm -C {program}` lists the program's own functions")
+            };
+            anyhow!("no function matches '{pattern}' in {program} or its libraries — {hint}")
+        }
+        other => other.into(),
+    }
+}
+
+/// Lets the exec-stopped program run up to its entry point, and stops it there
+/// (restoring the byte the breakpoint took).
+fn stop_at_entry(pid: Pid, program: &str) -> anyhow::Result<()> {
     let entry = entry_point(pid)?;
     let memory = format!("/proc/{pid}/mem");
     let mem = std::fs::OpenOptions::new()
@@ -119,9 +271,7 @@ fn start_stopped_at_entry(program: &str, arguments: &[String]) -> anyhow::Result
     let mut registers = ptrace::getregs(pid)?;
     registers.rip = entry;
     ptrace::setregs(pid, registers)?;
-    // `child` is only a handle: the process is reaped by `exit_status`.
-    std::mem::forget(child);
-    Ok(pid)
+    Ok(())
 }
 
 /// Waits for the traced child's next stop, which must be a SIGTRAP.
@@ -134,10 +284,7 @@ fn expect_trap(pid: Pid, program: &str) -> anyhow::Result<()> {
         WaitStatus::Signaled(_, signal, _) => {
             bail!("{program} was killed by {signal} before it started")
         }
-        other => {
-            let _ = kill(pid, Signal::SIGKILL);
-            bail!("{program} stopped unexpectedly while starting ({other:?})")
-        }
+        other => bail!("{program} stopped unexpectedly while starting ({other:?})"),
     }
 }
 
@@ -154,13 +301,26 @@ fn entry_point(pid: Pid) -> anyhow::Result<u64> {
         .context("the program has no entry point in its auxiliary vector")
 }
 
-/// Reaps the child if it has exited; its exit status (128 + signal number if a signal
-/// ended it), or `None` while it runs (if the recording ends first, it goes on alone).
-fn exit_status(pid: Pid) -> Option<u8> {
+/// Kills the held child and waits until it is gone.
+fn kill_and_reap(pid: Pid) {
+    let _ = kill(pid, Signal::SIGKILL);
+    while let Ok(status) = waitpid(pid, None) {
+        if matches!(status, WaitStatus::Exited(..) | WaitStatus::Signaled(..)) {
+            break;
+        }
+    }
+}
+
+/// Reaps the child if it has ended; how, or `None` while it runs (if the recording
+/// ends first, it goes on alone).
+fn ended_status(pid: Pid) -> Option<Ended> {
     use nix::sys::wait::WaitPidFlag;
     match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-        Ok(WaitStatus::Exited(_, code)) => Some(code as u8),
-        Ok(WaitStatus::Signaled(_, signal, _)) => Some(128 + signal as u8),
+        Ok(WaitStatus::Exited(_, code)) => Some(Ended::Exited(code)),
+        Ok(WaitStatus::Signaled(_, signal, core_dumped)) => Some(Ended::Killed {
+            signal,
+            core_dumped,
+        }),
         _ => None,
     }
 }

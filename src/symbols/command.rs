@@ -10,17 +10,21 @@ use std::io::{self, BufWriter, Write};
 use anyhow::anyhow;
 use serde_json::json;
 
+use super::error::module_hint;
 use super::{Function, ProcessSymbols, SymbolError};
+use crate::process::{AttachError, TargetProcess};
 
 /// Loads the symbols of `pid`, selects those matching `pattern` (all if `None`) and
 /// writes them to `out`. A pattern that matches nothing is an error whose one-line
-/// message names the pid and suggests close names.
+/// message names the pid and suggests close names; a process that is not x86-64 is
+/// refused as `status` refuses it.
 pub fn run_symbols_command(
     pid: i32,
     pattern: Option<&str>,
     json: bool,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
+    refuse_other_architectures(pid)?;
     let symbols = ProcessSymbols::load(pid)?;
     let functions: Vec<&Function> = match pattern {
         None => symbols.functions().iter().collect(),
@@ -34,7 +38,29 @@ pub fn run_symbols_command(
     };
     match written.and_then(|()| out.flush()) {
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
+        Err(e) => Err(anyhow!("cannot write the listing: {e}")),
+        Ok(()) => Ok(()),
+    }
+}
+
+/// A 32-bit (or other non-x86-64) program is refused with the message `status` gives,
+/// rather than listed as having no functions. Everything else about the process (gone,
+/// not readable) is left to the symbol loader to say.
+fn refuse_other_architectures(pid: i32) -> anyhow::Result<()> {
+    let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+        return Ok(());
+    };
+    // Only the pid and the executable are read by the check.
+    let target = TargetProcess {
+        pid,
+        ns_pid: pid,
+        uid: 0,
+        gid: 0,
+        exe,
+    };
+    match crate::process::check_executable(&target) {
+        Err(error @ AttachError::WrongArchitecture { .. }) => Err(error.into()),
+        _ => Ok(()),
     }
 }
 
@@ -52,6 +78,14 @@ fn no_match_error(e: SymbolError, pid: i32) -> anyhow::Error {
         } => anyhow!(
             "no function matches '{pattern}' in pid {pid} — did you mean: {}?",
             suggestions.join(", ")
+        ),
+        SymbolError::NoModule {
+            module,
+            suggestions,
+            modules,
+        } => anyhow!(
+            "no module matches '{module}' in pid {pid} — {}",
+            module_hint(&suggestions, &modules)
         ),
         other => other.into(),
     }

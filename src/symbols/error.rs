@@ -45,6 +45,20 @@ pub enum SymbolError {
     #[error("{} is not an x86-64 ELF file (machine {machine}); only x86-64 is supported", path.display())]
     WrongArch { path: PathBuf, machine: u16 },
 
+    /// The pattern has glob characters but is not a valid glob (and matches nothing
+    /// literally either).
+    #[error("invalid glob '{pattern}': {problem}")]
+    InvalidGlob { pattern: String, problem: String },
+
+    /// A `module:name` pattern whose module is none of the process's modules.
+    /// `suggestions` holds up to five close module names, `modules` all of them.
+    #[error("{}", no_module_message(module, suggestions, modules))]
+    NoModule {
+        module: String,
+        suggestions: Vec<String>,
+        modules: Vec<String>,
+    },
+
     /// `find` found nothing. `suggestions` holds up to five close names.
     #[error("{}", no_match_message(pattern, suggestions))]
     NoMatch {
@@ -88,5 +102,32 @@ fn no_match_message(pattern: &str, suggestions: &[String]) -> String {
             "no function matches '{pattern}' — did you mean: {}?",
             suggestions.join(", ")
         )
+    }
+}
+
+/// Most module names listed when none is close to the one asked for.
+const MODULES_LISTED: usize = 5;
+
+fn no_module_message(module: &str, suggestions: &[String], modules: &[String]) -> String {
+    format!(
+        "no module matches '{module}' — {}",
+        module_hint(suggestions, modules)
+    )
+}
+
+/// "did you mean: ...?" with close module names, else the first few modules.
+pub(crate) fn module_hint(suggestions: &[String], modules: &[String]) -> String {
+    if !suggestions.is_empty() {
+        return format!("did you mean: {}?", suggestions.join(", "));
+    }
+    let listed = modules[..modules.len().min(MODULES_LISTED)].join(", ");
+    if modules.len() > MODULES_LISTED {
+        format!(
+            "its {} modules include {listed} and {} more",
+            modules.len(),
+            modules.len() - MODULES_LISTED
+        )
+    } else {
+        format!("its modules are {listed}")
     }
 }

@@ -19,18 +19,25 @@ use super::{Function, SymbolSource};
 struct Matcher {
     text: String,
     glob: Option<Pattern>,
+    /// Why the text is not a valid glob although it has glob characters: it still
+    /// matches literally (`operator[]`), and the reason is given if nothing does.
+    invalid_glob: Option<String>,
 }
 
 impl Matcher {
     fn new(text: &str) -> Matcher {
-        let glob = if text.contains(['*', '?', '[']) {
-            Pattern::new(text).ok()
+        let (glob, invalid_glob) = if text.contains(['*', '?', '[']) {
+            match Pattern::new(text) {
+                Ok(glob) => (Some(glob), None),
+                Err(error) => (None, Some(glob_problem(&error))),
+            }
         } else {
-            None
+            (None, None)
         };
         Matcher {
             text: text.to_string(),
             glob,
+            invalid_glob,
         }
     }
 
@@ -51,15 +58,36 @@ impl Matcher {
     }
 }
 
+/// Why `glob` rejected a pattern, in words, with what to write instead.
+fn glob_problem(error: &glob::PatternError) -> String {
+    let at = error.pos + 1;
+    if error.msg.contains("range") {
+        format!(
+            "the `[` at character {at} opens a character class (like [abc]) that is not closed — write [[] to match a `[` itself"
+        )
+    } else if error.msg.contains("wildcard") {
+        format!(
+            "the `*`s at character {at} are a path wildcard — a single `*` already matches any characters"
+        )
+    } else {
+        format!("{} (at character {at})", error.msg)
+    }
+}
+
 /// A parsed pattern.
 #[derive(Debug)]
 struct Query {
     module: Option<Matcher>,
     name: Matcher,
+    /// The text before a lone colon, when it looks like a module name but names none of
+    /// the process's modules (`nosuchmod:malloc`); reported if the whole pattern, taken
+    /// as a name, matches nothing either.
+    unknown_module: Option<String>,
 }
 
 impl Query {
     fn parse(pattern: &str, modules: &[Module]) -> Query {
+        let mut unknown_module = None;
         if let Some(colon) = lone_colon(pattern) {
             let module = Matcher::new(&pattern[..colon]);
             let names_a_module = !module.text.is_empty()
@@ -71,13 +99,24 @@ impl Query {
                 return Query {
                     module: Some(module),
                     name: Matcher::new(if name.is_empty() { "*" } else { name }),
+                    unknown_module: None,
                 };
+            }
+            if looks_like_a_module(&module.text) {
+                unknown_module = Some(module.text);
             }
         }
         Query {
             module: None,
             name: Matcher::new(pattern),
+            unknown_module,
         }
+    }
+
+    /// Why the pattern is not a valid glob, if it is not.
+    fn invalid_glob(&self) -> Option<&str> {
+        let module = self.module.as_ref().and_then(|m| m.invalid_glob.as_deref());
+        module.or(self.name.invalid_glob.as_deref())
     }
 
     fn module_matches(&self, f: &Function) -> bool {
@@ -85,6 +124,15 @@ impl Query {
             .as_ref()
             .is_none_or(|m| m.matches(&f.module) || m.matches(&f.module_path.to_string_lossy()))
     }
+}
+
+/// Whether `text` could be meant as a module: a file name or path, maybe a glob
+/// (`libfoo.so.1`, `/usr/lib/x.so`, `libc*`) — not a piece of a C++ name (`f[abi`).
+fn looks_like_a_module(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-+/*?".contains(c))
 }
 
 /// Byte index of the first `:` that is not next to another `:`.
@@ -105,6 +153,19 @@ pub(super) fn find<'a>(
         .filter(|f| query.module_matches(f) && query.name.matches_function(f))
         .collect();
     if found.is_empty() {
+        if let Some(problem) = query.invalid_glob() {
+            return Err(SymbolError::InvalidGlob {
+                pattern: pattern.to_string(),
+                problem: problem.to_string(),
+            });
+        }
+        if let Some(module) = query.unknown_module {
+            return Err(SymbolError::NoModule {
+                suggestions: module_suggestions(modules, &module),
+                module,
+                modules: modules.iter().map(|m| m.name.clone()).collect(),
+            });
+        }
         return Err(SymbolError::NoMatch {
             pattern: pattern.to_string(),
             suggestions: suggestions(functions, &query),
@@ -115,6 +176,9 @@ pub(super) fn find<'a>(
 
 const MAX_SUGGESTIONS: usize = 5;
 const MIN_SIMILARITY: f64 = 0.75;
+/// Module names are short and share prefixes (`lib`): a looser bar finds `libc.so.6`
+/// for `libc` without finding every `lib*`.
+const MIN_MODULE_SIMILARITY: f64 = 0.7;
 
 /// Up to five distinct names close to the query's name (Jaro-Winkler, case-insensitive,
 /// glob characters ignored), best first, from the query's module if it has one.
@@ -145,6 +209,33 @@ fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
         }
     }
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    scored
+        .into_iter()
+        .take(MAX_SUGGESTIONS)
+        .map(|(_, name)| name.to_string())
+        .collect()
+}
+
+/// Up to five module names close to `module` (Jaro-Winkler, case-insensitive, glob
+/// characters ignored), best first.
+fn module_suggestions(modules: &[Module], module: &str) -> Vec<String> {
+    let needle: String = module
+        .chars()
+        .filter(|c| !matches!(c, '*' | '?'))
+        .flat_map(char::to_lowercase)
+        .collect();
+    let mut scored: Vec<(f64, &str)> = modules
+        .iter()
+        .map(|m| {
+            (
+                strsim::jaro_winkler(&needle, &m.name.to_lowercase()),
+                m.name.as_str(),
+            )
+        })
+        .filter(|&(score, _)| score >= MIN_MODULE_SIMILARITY)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    scored.dedup_by(|a, b| a.1 == b.1);
     scored
         .into_iter()
         .take(MAX_SUGGESTIONS)
@@ -187,6 +278,19 @@ mod tests {
             raw_name: raw.into(),
             source: SymbolSource::Symtab,
             ifunc: false,
+        }
+    }
+
+    #[test]
+    fn invalid_globs_still_match_literally() {
+        let modules = [module("app")];
+        let fs = [function("app", "_ZN1VixEm", 0x10)];
+        let found = find(&fs, &modules, "V::operator[]").unwrap();
+        assert_eq!(found[0].raw_name, "_ZN1VixEm");
+        // A C++ ABI tag is not taken for a module.
+        match find(&fs, &modules, "f[abi:cxx11]") {
+            Err(SymbolError::NoMatch { .. }) => {}
+            other => panic!("expected NoMatch, got {other:?}"),
         }
     }
 
@@ -242,6 +346,26 @@ mod tests {
                 assert_eq!(suggestions[..2], ["deep", "deeper"]);
             }
             other => panic!("expected NoMatch, got {other:?}"),
+        }
+        // Not a valid glob, and nothing matches literally: said as such.
+        match find(&fs, &modules, "[") {
+            Err(SymbolError::InvalidGlob { problem, .. }) => {
+                assert!(problem.contains("not closed"), "{problem}");
+            }
+            other => panic!("expected InvalidGlob, got {other:?}"),
+        }
+        // A module that is not loaded, with the close ones.
+        match find(&fs, &modules, "libc:malloc") {
+            Err(SymbolError::NoModule {
+                module,
+                suggestions,
+                modules,
+            }) => {
+                assert_eq!(module, "libc");
+                assert_eq!(suggestions, ["libc.so.6"]);
+                assert_eq!(modules, ["libc.so.6", "app"]);
+            }
+            other => panic!("expected NoModule, got {other:?}"),
         }
         match find(&fs, &modules, "app:malloc") {
             Err(SymbolError::NoMatch { suggestions, .. }) => {
