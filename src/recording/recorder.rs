@@ -249,7 +249,7 @@ impl Recorder {
             match (&outcome.refused, hook) {
                 (None, Hook::RecordRoot) => root_names.push(function.name.clone()),
                 (Some(reason), Hook::RecordRoot) => {
-                    refusals.push(format!("{}: {reason}", function.name))
+                    refusals.push((function.name.as_str(), reason.as_str()))
                 }
                 (Some(reason), Hook::UnwinderStarts | Hook::ExceptionCaught | Hook::Backtrace) => {
                     unwinder_refused = Some(format!(
@@ -261,16 +261,19 @@ impl Recorder {
             }
         }
         let failure = unwinder_refused.or_else(|| {
-            root_names
-                .is_empty()
-                .then(|| format!("no root could be instrumented — {}", refusals.join("; ")))
+            root_names.is_empty().then(|| {
+                format!(
+                    "no root could be instrumented — {}",
+                    targets::summarize_refusals(refusals.iter().copied())
+                )
+            })
         });
         if let Some(message) = failure {
             let _ = self.end();
             return Err(RecordError::Refused { pid, message });
         }
-        for refusal in &refusals {
-            eprintln!("tendril: root not instrumented: {refusal}");
+        for (name, reason) in &refusals {
+            eprintln!("tendril: root not instrumented: {name}: {reason}");
         }
         self.root_names = root_names;
         self.instrumented_up_front = recorded;

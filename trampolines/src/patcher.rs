@@ -16,7 +16,7 @@ use crate::padding::{self, PAD_LEN};
 use crate::patch_protocol::{self, Pad, Site};
 use crate::relocate::{self, EntryPlan, PatchStyle};
 use crate::stubs::{self, HookKind, TrampolineCode};
-use crate::{shadow, slow_call, stop_world, thread_state, traps};
+use crate::{calibration, shadow, slow_call, stop_world, thread_state, traps};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
@@ -245,6 +245,9 @@ impl Engine {
         batch: &[Site],
     ) -> Result<Site, String> {
         let address = request.address;
+        if let Some(reason) = own_code(owner, address, request.size) {
+            return Err(reason.into());
+        }
         if request.size == 0 {
             return Err("its size is unknown (no symbol size and no unwind information)".into());
         }
@@ -428,6 +431,24 @@ impl Engine {
             plan,
             instruction_map,
         })
+    }
+}
+
+/// Why a function at `address` (`size` bytes) is tendril's own code, which `owner` may
+/// not patch, if it is: the agent's library (its Rust code and everything linked into
+/// it) runs the patching and the hooks, and a hook in it would re-enter itself or patch
+/// the code doing the patching; trampolines and stubs are tendril's by construction.
+/// The calibration's own target, made to be hooked, is the one exception.
+fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
+    let last = address + size.saturating_sub(1);
+    if calibration::is_calibration_patch(owner, address) {
+        None
+    } else if crate::is_agent_code(address) || crate::is_agent_code(last) {
+        Some("part of tendril's agent, which never instruments itself")
+    } else if code_memory::is_trampoline_code(address) {
+        Some("part of tendril's trampolines, which are never instrumented")
+    } else {
+        None
     }
 }
 
