@@ -227,6 +227,8 @@ pub fn unwinder_symbols_after_attach(
 
 /// The unwinder's entry points and catch functions of every module, with the internal
 /// hook each needs so that return hooks survive exceptions, panics and thread exit.
+/// The agent's own copies (it is a Rust library) are left out: they unwind only the
+/// agent's threads, which never run hooked code, and the agent is never patched.
 pub fn unwinder_targets(symbols: &ProcessSymbols) -> Vec<(Function, Hook)> {
     const HOOKS: [(&str, Hook); 8] = [
         ("_Unwind_RaiseException", Hook::UnwinderStarts),
@@ -244,6 +246,7 @@ pub fn unwinder_targets(symbols: &ProcessSymbols) -> Vec<(Function, Hook)> {
         let is =
             |name: &str| function.raw_name == name || function.name.ends_with(&format!("::{name}"));
         if let Some(&(_, hook)) = HOOKS.iter().find(|(name, _)| is(name))
+            && !is_agent_module(&function.module)
             && !found.iter().any(|(f, _)| f.addr == function.addr)
         {
             found.push((function.clone(), hook));
