@@ -11,9 +11,18 @@ use std::path::PathBuf;
 
 include!(concat!(env!("OUT_DIR"), "/agent_bundle.rs"));
 
+/// The name every build of the agent library starts with.
+const AGENT_LIBRARY_PREFIX: &str = "libtendril_agent";
+
+/// Whether a module (by file name) is a tendril agent, of this build or another: its
+/// code is tendril's own, and is never instrumented.
+pub fn is_agent_module(file_name: &str) -> bool {
+    file_name.starts_with(AGENT_LIBRARY_PREFIX)
+}
+
 /// File name of the agent library built into this tendril.
 pub fn agent_file_name() -> String {
-    format!("libtendril_agent-{AGENT_DIGEST}.so")
+    format!("{AGENT_LIBRARY_PREFIX}-{AGENT_DIGEST}.so")
 }
 
 /// Creates (or checks) the target user's runtime directory; returns its path as tendril

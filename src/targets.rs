@@ -7,6 +7,7 @@
 //! finding nearby code that might jump into a function's first bytes, and finding the
 //! unwinder entry points that return hooks depend on.
 
+use crate::agent_bundle::is_agent_module;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols, SymbolError};
 use tendril_wire::{Hook, PatchTarget, Request, Response};
@@ -41,6 +42,10 @@ pub enum SelectError {
 
 /// The functions matching `patterns`, in pattern order (a function may appear twice).
 /// Needs no agent: a bad pattern is reported before anything touches the target.
+///
+/// tendril's own agent is left out unless a pattern names its module (`libtendril_agent*:
+/// name`), so that no glob picks it up; a function named that way reaches the agent,
+/// which refuses it with the reason.
 pub fn match_patterns<'a>(
     symbols: &'a ProcessSymbols,
     patterns: &[String],
@@ -48,24 +53,47 @@ pub fn match_patterns<'a>(
     let pid = symbols.pid();
     let mut matched: Vec<&Function> = Vec::new();
     for pattern in patterns {
-        let found = symbols.find(pattern).map_err(|error| match error {
-            SymbolError::NoMatch {
-                pattern,
-                suggestions,
-            } => SelectError::NoMatch {
-                pattern,
+        let mut found = find(symbols, pattern)?;
+        let agents_named: Vec<&str> = symbols
+            .modules()
+            .iter()
+            .filter(|m| is_agent_module(&m.name) && symbols.pattern_names_module(pattern, m))
+            .map(|m| m.name.as_str())
+            .collect();
+        let before = found.len();
+        found.retain(|f| !is_agent_module(&f.module) || agents_named.contains(&f.module.as_str()));
+        if found.is_empty() && before > 0 {
+            return Err(SelectError::NoMatch {
+                pattern: pattern.clone(),
                 pid,
-                hint: if suggestions.is_empty() {
-                    format!("list them with `tendril symbols {pid}`")
-                } else {
-                    format!("did you mean: {}?", suggestions.join(", "))
-                },
-            },
-            other => other.into(),
-        })?;
+                hint: "only tendril's own agent has such functions, and it never instruments \
+                       itself"
+                    .into(),
+            });
+        }
         matched.extend(found);
     }
     Ok(matched)
+}
+
+/// The functions matching one pattern, with a hint when there are none.
+fn find<'a>(symbols: &'a ProcessSymbols, pattern: &str) -> Result<Vec<&'a Function>, SelectError> {
+    let pid = symbols.pid();
+    symbols.find(pattern).map_err(|error| match error {
+        SymbolError::NoMatch {
+            pattern,
+            suggestions,
+        } => SelectError::NoMatch {
+            pattern,
+            pid,
+            hint: if suggestions.is_empty() {
+                format!("list them with `tendril symbols {pid}`")
+            } else {
+                format!("did you mean: {}?", suggestions.join(", "))
+            },
+        },
+        other => other.into(),
+    })
 }
 
 /// The functions to patch for `matched`, each once (by address). IFUNC symbols are
@@ -199,6 +227,8 @@ pub fn unwinder_symbols_after_attach(
 
 /// The unwinder's entry points and catch functions of every module, with the internal
 /// hook each needs so that return hooks survive exceptions, panics and thread exit.
+/// The agent's own copies (it is a Rust library) are left out: they unwind only the
+/// agent's threads, which never run hooked code, and the agent is never patched.
 pub fn unwinder_targets(symbols: &ProcessSymbols) -> Vec<(Function, Hook)> {
     const HOOKS: [(&str, Hook); 8] = [
         ("_Unwind_RaiseException", Hook::UnwinderStarts),
@@ -216,10 +246,61 @@ pub fn unwinder_targets(symbols: &ProcessSymbols) -> Vec<(Function, Hook)> {
         let is =
             |name: &str| function.raw_name == name || function.name.ends_with(&format!("::{name}"));
         if let Some(&(_, hook)) = HOOKS.iter().find(|(name, _)| is(name))
+            && !is_agent_module(&function.module)
             && !found.iter().any(|(f, _)| f.addr == function.addr)
         {
             found.push((function.clone(), hook));
         }
     }
     found
+}
+
+/// Most names listed for one reason in [`summarize_refusals`].
+const NAMES_PER_REASON: usize = 3;
+
+/// Refusals `(name, reason)` as one line, grouped by reason in order of first
+/// appearance: `a, b: reason` — with `… and N more` when many share one reason (every
+/// function of a module refused for the same reason would otherwise fill the screen).
+pub fn summarize_refusals<'a>(refusals: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (name, reason) in refusals {
+        match groups.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, names)) => names.push(name),
+            None => groups.push((reason, vec![name])),
+        }
+    }
+    let parts: Vec<String> = groups
+        .iter()
+        .map(|(reason, names)| {
+            let shown = names[..names.len().min(NAMES_PER_REASON)].join(", ");
+            match names.len().checked_sub(NAMES_PER_REASON) {
+                Some(more) if more > 0 => format!("{shown} and {more} more: {reason}"),
+                _ => format!("{shown}: {reason}"),
+            }
+        })
+        .collect();
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::summarize_refusals;
+
+    #[test]
+    fn refusals_are_grouped_by_reason() {
+        let refusals = [
+            ("a", "too short"),
+            ("b", "part of tendril's agent"),
+            ("c", "too short"),
+            ("d", "part of tendril's agent"),
+            ("e", "part of tendril's agent"),
+            ("f", "part of tendril's agent"),
+            ("g", "part of tendril's agent"),
+        ];
+        assert_eq!(
+            summarize_refusals(refusals),
+            "a, c: too short; b, d, e and 2 more: part of tendril's agent"
+        );
+        assert_eq!(summarize_refusals([("x", "r")]), "x: r");
+    }
 }

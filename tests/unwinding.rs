@@ -120,7 +120,7 @@ fn hooked_frames_still_running_when_the_hooks_come_out_return_correctly() {
     let fixture = parse_fixture_report(&target.expect_line("hold calls ", LINE_TIMEOUT));
     assert_eq!(
         fixture.returns["hold_outer"], 1,
-        "returned through the old trampolines"
+        "returned normally after the hooks came out"
     );
     assert_eq!(fixture.returns["hold_inner"], 1);
     target.write_stdin("hold 1\n");

@@ -110,14 +110,11 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     }
     if counted.is_empty() {
         unpatch_all(&mut session, &outcomes)?;
-        let reasons: Vec<String> = refused
-            .iter()
-            .map(|(c, r)| format!("{}: {r}", c.display_name))
-            .collect();
+        let reasons =
+            targets::summarize_refusals(refused.iter().map(|(c, r)| (c.display_name.as_str(), *r)));
         bail!(
-            "none of the {} matching functions could be patched — {}",
-            refused.len(),
-            reasons.join("; ")
+            "none of the {} matching functions could be patched — {reasons}",
+            refused.len()
         );
     }
     let ids: Vec<u32> = counted.iter().map(|c| c.id).collect();

@@ -29,8 +29,6 @@ const DLOPEN_TIMEOUT: Duration = Duration::from_secs(5);
 const LOADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a freshly loaded agent may take to open its socket.
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
-/// The name every build of the agent library starts with.
-const AGENT_LIBRARY_PREFIX: &str = "libtendril_agent";
 
 /// Why a session with the agent could not be had.
 #[derive(Debug, thiserror::Error)]
@@ -112,7 +110,7 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
         .iter()
         .filter(|m| {
             m.file_name()
-                .is_some_and(|n| n.starts_with(AGENT_LIBRARY_PREFIX))
+                .is_some_and(crate::agent_bundle::is_agent_module)
         })
         .collect();
     if let Some(other) = resident.iter().find(|m| m.file() != Some(&agent_path)) {

@@ -86,6 +86,6 @@ fn resolve<'a>(
     let excluded = function.size == 0
         || function.module.starts_with("ld-")
         || function.module == "[vdso]"
-        || function.module.starts_with("libtendril_agent");
+        || crate::agent_bundle::is_agent_module(&function.module);
     (!excluded).then_some(function)
 }

@@ -54,7 +54,7 @@ fn is_excluded(module: &str) -> bool {
     module.starts_with("ld-linux")
         || module.starts_with("ld-")
         || module == "[vdso]"
-        || module.starts_with("libtendril_agent")
+        || crate::agent_bundle::is_agent_module(module)
 }
 
 /// Writes the table into the target user's runtime directory; returns (the path as

@@ -102,16 +102,13 @@ pub struct Recorder {
     refused: Vec<(String, String)>,
 }
 
-/// At most this many refused roots are named; the rest are counted.
-const REFUSALS_SHOWN: usize = 5;
-
-/// The first [`REFUSALS_SHOWN`] refusals, and how many more there are.
-fn first_refusals(refusals: &[String]) -> String {
-    let shown = refusals[..refusals.len().min(REFUSALS_SHOWN)].join("; ");
-    match refusals.len().saturating_sub(REFUSALS_SHOWN) {
-        0 => shown,
-        more => format!("{shown}; and {more} more"),
-    }
+/// Refused roots `(name (module), reason)` as one line, grouped by reason.
+fn summarize(refusals: &[(String, &str)]) -> String {
+    targets::summarize_refusals(
+        refusals
+            .iter()
+            .map(|(name, reason)| (name.as_str(), *reason)),
+    )
 }
 
 /// A finished recording.
@@ -260,7 +257,8 @@ impl Recorder {
             match (&outcome.refused, hook) {
                 (None, Hook::RecordRoot) => root_names.push(function.name.clone()),
                 (Some(reason), Hook::RecordRoot) => {
-                    refusals.push(format!("{} ({}): {reason}", function.name, function.module))
+                    let name = format!("{} ({})", function.name, function.module);
+                    refusals.push((name, reason.as_str()))
                 }
                 (Some(reason), Hook::UnwinderStarts | Hook::ExceptionCaught | Hook::Backtrace) => {
                     unwinder_refused = Some(format!(
@@ -272,25 +270,16 @@ impl Recorder {
             }
         }
         let failure = unwinder_refused.or_else(|| {
-            root_names.is_empty().then(|| {
-                format!(
-                    "no root could be instrumented — {}",
-                    first_refusals(&refusals)
-                )
-            })
+            root_names
+                .is_empty()
+                .then(|| format!("no root could be instrumented — {}", summarize(&refusals)))
         });
         if let Some(message) = failure {
             let _ = self.end();
             return Err(RecordError::Refused { pid, message });
         }
-        for refusal in refusals.iter().take(REFUSALS_SHOWN) {
-            eprintln!("tendril: root not instrumented: {refusal}");
-        }
-        if refusals.len() > REFUSALS_SHOWN {
-            eprintln!(
-                "tendril: and {} more roots not instrumented",
-                refusals.len() - REFUSALS_SHOWN
-            );
+        if !refusals.is_empty() {
+            eprintln!("tendril: roots not instrumented: {}", summarize(&refusals));
         }
         self.root_names = root_names;
         self.instrumented_up_front = recorded;
@@ -614,22 +603,5 @@ impl FunctionNames for Names<'_> {
         self.0
             .get(id as usize)
             .map_or(Cow::Borrowed("?"), |n| Cow::Borrowed(n.module.as_str()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn many_refusals_are_named_up_to_a_few_and_counted() {
-        let refusals: Vec<String> = (0..8).map(|i| format!("f{i} (m): too short")).collect();
-        assert_eq!(
-            first_refusals(&refusals[..2]),
-            "f0 (m): too short; f1 (m): too short"
-        );
-        let many = first_refusals(&refusals);
-        assert!(many.starts_with("f0 (m): too short; "), "{many}");
-        assert!(many.ends_with("f4 (m): too short; and 3 more"), "{many}");
     }
 }

@@ -174,6 +174,14 @@ pub(super) fn find<'a>(
     Ok(found)
 }
 
+/// Whether `pattern` has a module part (`module:name`) and it matches `module`: the
+/// user named that module on purpose, rather than a glob reaching into it.
+pub(super) fn names_module(pattern: &str, modules: &[Module], module: &Module) -> bool {
+    Query::parse(pattern, modules)
+        .module
+        .is_some_and(|m| m.matches(&module.name) || m.matches(&module.path.to_string_lossy()))
+}
+
 const MAX_SUGGESTIONS: usize = 5;
 const MIN_SIMILARITY: f64 = 0.75;
 /// Module names are short and share prefixes (`lib`): a looser bar finds `libc.so.6`
@@ -367,6 +375,10 @@ mod tests {
             }
             other => panic!("expected NoModule, got {other:?}"),
         }
+        assert!(names_module("libc*:mall*", &modules, &modules[0]));
+        assert!(!names_module("libc*:mall*", &modules, &modules[1]));
+        assert!(!names_module("mall*", &modules, &modules[0]));
+        assert!(!names_module("*", &modules, &modules[1]));
         match find(&fs, &modules, "app:malloc") {
             Err(SymbolError::NoMatch { suggestions, .. }) => {
                 assert!(!suggestions.contains(&"malloc".to_string()));

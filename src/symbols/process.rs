@@ -189,6 +189,12 @@ impl ProcessSymbols {
     pub fn find(&self, pattern: &str) -> Result<Vec<&Function>, SymbolError> {
         pattern::find(&self.functions, &self.modules, pattern)
     }
+
+    /// Whether `pattern` names `module` in a module part (`libc*:mall*` names
+    /// `libc.so.6`; `mall*` and `*` name no module).
+    pub fn pattern_names_module(&self, pattern: &str, module: &Module) -> bool {
+        pattern::names_module(pattern, &self.modules, module)
+    }
 }
 
 /// Loads each object on a small pool of threads; results keep the order of `objects`.

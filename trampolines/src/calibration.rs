@@ -57,6 +57,13 @@ unsafe extern "C" {
     fn tendril_calibration_twin(value: u64) -> u64;
 }
 
+/// Whether this is the calibration patching its target: the one function of the agent
+/// made to be hooked, by the calibration and by nothing else (the patcher refuses the
+/// agent's code to everyone else).
+pub fn is_calibration_patch(owner: u64, address: u64) -> bool {
+    owner == CALIBRATION_OWNER && address == tendril_calibration_target as *const () as u64
+}
+
 /// The hooks' cost in TSC ticks: (inner, outer).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HookCost {

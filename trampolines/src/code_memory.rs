@@ -73,6 +73,25 @@ pub fn write_code(address: u64, bytes: &[u8]) -> std::io::Result<()> {
     }
 }
 
+/// Reads `buffer.len()` bytes at `address` in this process; false instead of a fault
+/// for an unmapped address. After [`prepare`], allocates nothing (safe while threads
+/// are parked).
+pub fn read_memory(address: u64, buffer: &mut [u8]) -> bool {
+    let Ok(fd) = proc_self_mem() else {
+        return false;
+    };
+    // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
+    let read = unsafe {
+        libc::pread(
+            fd,
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            address as libc::off_t,
+        )
+    };
+    read == buffer.len() as isize
+}
+
 /// Reads `buffer.len()` bytes at `address` in this process; fails instead of faulting
 /// on an unmapped or unreadable address.
 pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {

@@ -18,6 +18,7 @@ mod patch_protocol;
 mod patcher;
 mod recording;
 mod relocate;
+mod retire;
 mod shadow;
 mod slow_call;
 mod stop_world;

@@ -52,6 +52,9 @@ pub struct Site {
     pub trampoline: Trampoline,
     pub owner: u64,
     pub id: u32,
+    /// An internal hook on the unwinder (see `shadow`): it goes in before, and comes
+    /// out after, every return hook.
+    pub internal: bool,
     /// Where the lock-free record keeps the entry's and the pad's original bytes.
     pub recorded: [Option<usize>; 2],
 }

@@ -16,7 +16,7 @@ use crate::padding::{self, PAD_LEN};
 use crate::patch_protocol::{self, Pad, Site};
 use crate::relocate::{self, EntryPlan, PatchStyle};
 use crate::stubs::{self, HookKind, TrampolineCode};
-use crate::{shadow, slow_call, stop_world, thread_state, traps};
+use crate::{calibration, retire, shadow, slow_call, stop_world, thread_state, traps};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
@@ -159,6 +159,13 @@ pub fn patch(
     for request in requests {
         let result = match engine.sites.get(&request.address) {
             Some(site) if site.owner == owner => Ok(site.id),
+            Some(site) if site.owner == LINGERING && is_internal(request.kind) => {
+                let id = site.id;
+                if let Some(site) = engine.sites.get_mut(&request.address) {
+                    site.owner = owner;
+                }
+                Ok(id)
+            }
             Some(_) => Err("already instrumented by another tendril session".to_string()),
             None if batch.iter().any(|s| s.function() == request.address) => Ok(batch
                 .iter()
@@ -174,29 +181,48 @@ pub fn patch(
         };
         results.push(result);
     }
-    if batch.is_empty() {
-        return results;
-    }
-    if let Err(reason) = patch_protocol::install(&mut batch) {
-        let failed: Vec<u32> = batch.iter().map(|s| s.id).collect();
-        for result in results.iter_mut() {
-            if matches!(result, Ok(id) if failed.contains(id)) {
-                *result = Err(reason.clone());
+    // The unwinder's hooks go in first, completely: a return hook that runs before them
+    // leaves a trampoline address in a return slot that an unwinder starting in the
+    // meantime cannot step through (a Rust panic aborts with "failed to initiate
+    // panic, error 5"; a C++ exception terminates).
+    let (mut internal, mut others): (Vec<Site>, Vec<Site>) =
+        batch.into_iter().partition(|site| site.internal);
+    let batch_ids: Vec<u32> = internal.iter().chain(&others).map(|s| s.id).collect();
+    let mut installed: Vec<Site> = Vec::new();
+    for part in [&mut internal, &mut others] {
+        if part.is_empty() {
+            continue;
+        }
+        if let Err(reason) = patch_protocol::install(part) {
+            // Nothing after a failed part goes in either.
+            let done: Vec<u32> = installed.iter().map(|s| s.id).collect();
+            for result in results.iter_mut() {
+                if matches!(result, Ok(id) if batch_ids.contains(id) && !done.contains(id)) {
+                    *result = Err(reason.clone());
+                }
             }
+            break;
         }
-        return results;
+        installed.append(part);
     }
-    for site in batch {
-        engine.originals.insert(
-            site.patch_at,
-            site.original[..site.trampoline.plan.jump_len].to_vec(),
-        );
-        if let Some(pad) = &site.pad {
-            engine.originals.insert(pad.address, pad.original.to_vec());
-        }
-        engine.sites.insert(site.function(), site);
-    }
+    engine.register_installed(installed);
     results
+}
+
+impl Engine {
+    /// Records installed sites, and the bytes they replaced.
+    fn register_installed(&mut self, installed: Vec<Site>) {
+        for site in installed {
+            self.originals.insert(
+                site.patch_at,
+                site.original[..site.trampoline.plan.jump_len].to_vec(),
+            );
+            if let Some(pad) = &site.pad {
+                self.originals.insert(pad.address, pad.original.to_vec());
+            }
+            self.sites.insert(site.function(), site);
+        }
+    }
 }
 
 /// What is known of the code around a batch.
@@ -245,6 +271,9 @@ impl Engine {
         batch: &[Site],
     ) -> Result<Site, String> {
         let address = request.address;
+        if let Some(reason) = own_code(owner, address, request.size) {
+            return Err(reason.into());
+        }
         if request.size == 0 {
             return Err("its size is unknown (no symbol size and no unwind information)".into());
         }
@@ -292,6 +321,7 @@ impl Engine {
             trampoline,
             owner,
             id,
+            internal: is_internal(request.kind),
             recorded: [None, None],
         })
     }
@@ -413,6 +443,9 @@ impl Engine {
             instruction_map = relocated.instruction_map;
             Ok(relocated.bytes)
         })?;
+        if is_internal(kind) {
+            retire::note_internal_trampoline(memory, memory + stubs::TRAMPOLINE_BYTES);
+        }
         code_memory::write_code(memory, &bytes)
             .map_err(|e| format!("cannot write a trampoline: {e}"))?;
         if let HookKind::Replace(target) = kind
@@ -429,6 +462,30 @@ impl Engine {
             instruction_map,
         })
     }
+}
+
+/// Why a function at `address` (`size` bytes) is tendril's own code, which `owner` may
+/// not patch, if it is: the agent's library (its Rust code and everything linked into
+/// it) runs the patching and the hooks, and a hook in it would re-enter itself or patch
+/// the code doing the patching; trampolines and stubs are tendril's by construction.
+/// The calibration's own target, made to be hooked, is the one exception.
+fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
+    let last = address + size.saturating_sub(1);
+    if calibration::is_calibration_patch(owner, address) {
+        None
+    } else if crate::is_agent_code(address) || crate::is_agent_code(last) {
+        Some("part of tendril's agent, which never instruments itself")
+    } else if code_memory::is_trampoline_code(address) {
+        Some("part of tendril's trampolines, which are never instrumented")
+    } else {
+        None
+    }
+}
+
+/// Whether a hook is one of the unwinder's (see `shadow`), which must be in whenever a
+/// return hook is or a frame still holds one's exit.
+fn is_internal(kind: HookKind) -> bool {
+    matches!(kind, HookKind::Internal(_) | HookKind::Replace(_))
 }
 
 /// Which plan [`plan_checked`] makes.
@@ -510,9 +567,21 @@ pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
     restore_addresses(engine, &owned)
 }
 
+/// Owner of the unwinder's hooks while they cannot come out yet (some thread stayed
+/// inside tendril's code, see `retire`): every later restore tries again, and the next
+/// session that hooks returns takes them over.
+const LINGERING: u64 = u64::MAX - 1;
+
 fn restore_addresses(engine: &mut Engine, addresses: &[u64]) -> usize {
+    let lingering: Vec<u64> = engine
+        .sites
+        .iter()
+        .filter(|(_, site)| site.owner == LINGERING)
+        .map(|(&address, _)| address)
+        .collect();
     let sites: Vec<Site> = addresses
         .iter()
+        .chain(&lingering)
         .filter_map(|address| engine.sites.remove(address))
         .collect();
     for site in &sites {
@@ -521,6 +590,24 @@ fn restore_addresses(engine: &mut Engine, addresses: &[u64]) -> usize {
             engine.originals.remove(&pad.address);
         }
     }
-    patch_protocol::restore(&sites);
-    sites.len()
+    // The reverse of `patch`: the unwinder's hooks come out last, once no frame holds
+    // a return hook's exit any more.
+    let (mut internal, others): (Vec<Site>, Vec<Site>) =
+        sites.into_iter().partition(|site| site.internal);
+    if !others.is_empty() {
+        patch_protocol::restore(&others);
+    }
+    let mut restored = others.len();
+    if !internal.is_empty() {
+        if retire::retire_all_exits() {
+            patch_protocol::restore(&internal);
+            restored += internal.iter().filter(|s| s.owner != LINGERING).count();
+        } else {
+            for site in &mut internal {
+                site.owner = LINGERING;
+            }
+            engine.register_installed(internal);
+        }
+    }
+    restored
 }

@@ -18,16 +18,21 @@
 //!   (`__cxa_begin_catch`, Rust's `__rust_panic_cleanup`) is such a hook, so a frame
 //!   that catches an exception still has its return counted.
 //!
+//! The unwinder's hooks therefore go in before any return hook and come out only once
+//! `retire` has put the real address back in every slot that still holds an exit; a
+//! retired entry never gets its exit back.
+//!
 //! A return that finds no entry at all would have nowhere to go; dropped entries are
 //! kept in a small graveyard for that case, and if even that fails the process is
 //! stopped with a message rather than sent to a random address.
 
 use crate::slow_call::SavedRegisters;
 use crate::thread_state::{
-    self, ENTRY_RESTORED, FLAG_RECONCILE, GRAVEYARD_ENTRIES, MAX_NESTED_UNWINDERS, ShadowEntry,
-    ThreadState, with_own_state,
+    self, ENTRY_RESTORED, ENTRY_RETIRED, FLAG_RECONCILE, GRAVEYARD_ENTRIES, MAX_NESTED_UNWINDERS,
+    ShadowEntry, ThreadState, with_own_state,
 };
 use crate::{recording, sys};
+use std::sync::atomic::{AtomicU64, Ordering};
 use tendril_wire::events::{Event, EventKind};
 
 /// Reads the word at `address` of this thread's stack.
@@ -40,6 +45,22 @@ fn read_slot(address: u64) -> u64 {
 fn write_slot(address: u64, value: u64) {
     // SAFETY: as in `read_slot`; the slot belongs to a live frame of this thread.
     unsafe { std::ptr::write_volatile(address as *mut u64, value) }
+}
+
+/// Replaces the slot's word `current` by `new` unless it changed; whether it did.
+/// (`retire` changes slots of this thread from another thread, the same way.)
+fn swap_slot(address: u64, current: u64, new: u64) -> bool {
+    // SAFETY: as in `read_slot`; the slot is an aligned word.
+    let slot = unsafe { AtomicU64::from_ptr(address as *mut u64) };
+    slot.compare_exchange(current, new, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+}
+
+/// An entry's `function` word, which `retire` marks from another thread.
+fn flags_of(entry: &mut ShadowEntry) -> &AtomicU64 {
+    // SAFETY: the word is aligned and lives as long as the entry; every concurrent
+    // access to it (`retire`) is atomic.
+    unsafe { AtomicU64::from_ptr(&mut entry.function) }
 }
 
 /// Entry slow path of a hook with return hooking (a gone frame on top, or hooks to
@@ -100,13 +121,24 @@ fn drop_top(state: &mut ThreadState) {
 }
 
 /// Puts the exit back in the slots whose real return address was restored for an
-/// unwinder, where the frame is still there (the slot still holds that address).
+/// unwinder, where the frame is still there (the slot still holds that address) —
+/// unless the entry is retired: its hooks are coming out. The mark is checked again
+/// after the exit went in, and the exit taken out if the mark came meanwhile.
 fn reinstall_hooks(state: &mut ThreadState) {
     // SAFETY: the calling thread owns `state` and its hooks step aside.
     for entry in unsafe { state.shadow_entries() } {
-        if entry.function & ENTRY_RESTORED != 0 && read_slot(entry.slot) == entry.return_address {
-            write_slot(entry.slot, entry.exit);
-            entry.function &= !ENTRY_RESTORED;
+        let (slot, real, exit) = (entry.slot, entry.return_address, entry.exit);
+        let flags = flags_of(entry);
+        let marks = flags.load(Ordering::SeqCst);
+        if marks & ENTRY_RESTORED == 0 || marks & ENTRY_RETIRED != 0 {
+            continue;
+        }
+        if swap_slot(slot, real, exit) {
+            if flags.load(Ordering::SeqCst) & ENTRY_RETIRED != 0 {
+                swap_slot(slot, exit, real);
+            } else {
+                flags.fetch_and(!ENTRY_RESTORED, Ordering::SeqCst);
+            }
         }
     }
     state.flags &= !FLAG_RECONCILE;
@@ -193,9 +225,12 @@ fn begin_unwinding(state: &mut ThreadState, slot: u64) {
     }
     // SAFETY: the calling thread owns `state` and its hooks step aside.
     for entry in unsafe { state.shadow_entries() } {
-        if entry.function & ENTRY_RESTORED == 0 && read_slot(entry.slot) == entry.exit {
-            write_slot(entry.slot, entry.return_address);
-            entry.function |= ENTRY_RESTORED;
+        let (slot, real, exit) = (entry.slot, entry.return_address, entry.exit);
+        let flags = flags_of(entry);
+        if flags.load(Ordering::SeqCst) & (ENTRY_RESTORED | ENTRY_RETIRED) == 0
+            && swap_slot(slot, exit, real)
+        {
+            flags.fetch_or(ENTRY_RESTORED, Ordering::SeqCst);
         }
     }
     state.flags |= FLAG_RECONCILE;

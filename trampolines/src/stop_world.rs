@@ -55,9 +55,19 @@ static STOP_LOCK: Mutex<u32> = Mutex::new(0);
 /// A parked thread's interrupted context, which the patcher may edit.
 pub struct ParkedThread {
     context: *mut libc::ucontext_t,
+    tid: i32,
 }
 
 impl ParkedThread {
+    pub fn tid(&self) -> i32 {
+        self.tid
+    }
+
+    pub fn sp(&self) -> u64 {
+        // SAFETY: as in `pc`.
+        unsafe { (*self.context).uc_mcontext.gregs[libc::REG_RSP as usize] as u64 }
+    }
+
     pub fn pc(&self) -> u64 {
         // SAFETY: the context belongs to a thread parked in our handler until release;
         // the kernel-provided ucontext stays valid while that handler frame exists.
@@ -274,9 +284,15 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
     // arrivals to finish publishing (a few instructions, unless it was preempted).
     let ready = ready && all_published(arrived, deadline);
     let result = if ready {
-        parked.extend(PARKED_CONTEXTS[..arrived].iter().map(|c| ParkedThread {
-            context: c.load(Ordering::Acquire),
-        }));
+        parked.extend(
+            PARKED_CONTEXTS[..arrived]
+                .iter()
+                .zip(&PARKED_TIDS[..arrived])
+                .map(|(context, tid)| ParkedThread {
+                    context: context.load(Ordering::Acquire),
+                    tid: tid.load(Ordering::Acquire),
+                }),
+        );
         Ok(work(&mut parked))
     } else {
         Err(arrived)

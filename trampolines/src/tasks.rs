@@ -147,6 +147,31 @@ pub fn blocks_signal(tid: i32, signal: i32) -> bool {
     mask.is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
+/// Where thread `tid` is in user space while it sleeps in the kernel: (pc, sp), from
+/// `/proc/self/task/<tid>/syscall` ("NR ARGS... SP PC", or "-1 SP PC" outside a system
+/// call). `None` for a running thread (the kernel says "running") or one that is gone.
+pub fn user_position(tid: i32) -> Option<(u64, u64)> {
+    let mut buffer = [0u8; 256];
+    let text = read_task_file(tid, "syscall", &mut buffer)?;
+    let mut fields = text.trim_ascii().rsplit(|&b| b == b' ');
+    let pc = parse_hex(fields.next()?)?;
+    let sp = parse_hex(fields.next()?)?;
+    Some((pc, sp))
+}
+
+/// A `0x`-prefixed hexadecimal number.
+fn parse_hex(bytes: &[u8]) -> Option<u64> {
+    let digits = bytes.strip_prefix(b"0x")?;
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |value, &b| {
+        (b as char)
+            .to_digit(16)
+            .map(|digit| (value << 4) | digit as u64)
+    })
+}
+
 /// Thread `tid`'s name (`comm`, with its newline), read into `buffer`; `None` once the
 /// thread is gone.
 pub fn name(tid: i32, buffer: &mut [u8]) -> Option<&[u8]> {
@@ -190,7 +215,16 @@ mod tests {
         assert_eq!(state(tid), TaskState::Sleeping);
         assert!(blocks_signal(tid, libc::SIGUSR2));
         assert!(!blocks_signal(tid, libc::SIGUSR1));
+        let (pc, sp) = user_position(tid).expect("a sleeping thread's position");
+        assert!(pc != 0 && sp != 0);
         done_sender.send(()).unwrap();
         sleeper.join().unwrap();
+    }
+
+    #[test]
+    fn hexadecimal_fields() {
+        assert_eq!(parse_hex(b"0x7ffd1234"), Some(0x7ffd_1234));
+        assert_eq!(parse_hex(b"1234"), None);
+        assert_eq!(parse_hex(b"0x"), None);
     }
 }

@@ -50,6 +50,9 @@ pub struct ShadowEntry {
 
 /// `ShadowEntry::function` bit: the return address is back in its slot.
 pub const ENTRY_RESTORED: u64 = 1 << 63;
+/// `ShadowEntry::function` bit: the hooks came out and the real address went back in
+/// the slot for good (`retire`); nothing may put the exit back.
+pub const ENTRY_RETIRED: u64 = 1 << 62;
 /// `ShadowEntry::function` bit: pushed by a recording hook (its frame is in the graph
 /// and its exit is an event).
 pub const ENTRY_RECORDED: u64 = 1 << 30;
