@@ -9,8 +9,14 @@ use std::time::Duration;
 use tendril_wire::{PROTOCOL_VERSION, Request, Response};
 use thiserror::Error;
 
-/// How long the agent may take to answer one request.
+/// How long the agent may take to answer one request, plus [`PER_FUNCTION`] for each
+/// function a request patches or restores.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The time one function of a patch or restore request may add to [`REPLY_TIMEOUT`]:
+/// planning, building and writing a patch takes microseconds, but on a machine loaded
+/// by others the agent's thread may get a small share of a core, and a legitimate
+/// batch of thousands of functions (`libc.so.6:*`) must not be cut off.
+const PER_FUNCTION: Duration = Duration::from_millis(5);
 
 #[derive(Debug, Error)]
 pub enum SessionError {
@@ -20,9 +26,9 @@ pub enum SessionError {
     Protocol(String),
     #[error(
         "the agent did not answer within {} s (is the target stopped?); the connection is closed, and the agent restores the target's code when it runs again",
-        REPLY_TIMEOUT.as_secs()
+        .0.as_secs()
     )]
-    NoAnswer,
+    NoAnswer(Duration),
     #[error("the connection to the agent was closed after an earlier failure")]
     Closed,
     #[error("{0}")]
@@ -53,7 +59,6 @@ impl AgentSession {
     /// Connects to the socket at `path` and performs the version handshake.
     pub fn open(path: &Path) -> Result<AgentSession, SessionError> {
         let stream = UnixStream::connect(path)?;
-        stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
         let writer = stream.try_clone()?;
         let mut session = AgentSession {
             reader: BufReader::new(stream),
@@ -124,15 +129,58 @@ impl AgentSession {
 
     /// Writes `request` and reads one line of answer.
     fn exchange(&mut self, request: &Request) -> Result<Vec<u8>, SessionError> {
+        let timeout = reply_timeout(request);
+        self.reader.get_ref().set_read_timeout(Some(timeout))?;
         self.writer.write_all(&tendril_wire::encode(request))?;
         let mut line = Vec::new();
         match self.reader.read_until(b'\n', &mut line) {
             Ok(0) => Err(SessionError::Io(std::io::ErrorKind::UnexpectedEof.into())),
             Ok(_) => Ok(line),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                Err(SessionError::NoAnswer)
+                Err(SessionError::NoAnswer(timeout))
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// How long the agent may take to answer `request`: longer for a request that patches
+/// or restores many functions.
+fn reply_timeout(request: &Request) -> Duration {
+    let functions = match request {
+        Request::Patch { targets, .. } => targets.len(),
+        Request::Unpatch { addresses } => addresses.len(),
+        _ => 0,
+    };
+    REPLY_TIMEOUT + PER_FUNCTION * u32::try_from(functions).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tendril_wire::{Hook, PatchTarget};
+
+    #[test]
+    fn big_batches_get_more_time() {
+        let patch = |n: u64| Request::Patch {
+            targets: (0..n)
+                .map(|address| PatchTarget {
+                    address,
+                    size: 16,
+                    hook: Hook::Count,
+                })
+                .collect(),
+            code_ranges: Vec::new(),
+        };
+        assert_eq!(reply_timeout(&Request::StopRecording), REPLY_TIMEOUT);
+        assert_eq!(reply_timeout(&patch(1)), REPLY_TIMEOUT + PER_FUNCTION);
+        assert_eq!(
+            reply_timeout(&patch(4000)),
+            REPLY_TIMEOUT + Duration::from_secs(20)
+        );
+        let unpatch = Request::Unpatch {
+            addresses: vec![0; 4000],
+        };
+        assert_eq!(reply_timeout(&unpatch), reply_timeout(&patch(4000)));
     }
 }

@@ -12,7 +12,7 @@ use crate::session::{AgentSession, SessionError};
 use crate::symbols::ProcessSymbols;
 use crate::targets::{self, Chosen};
 use crate::{inject, interrupt};
-use anyhow::{Context, bail};
+use anyhow::bail;
 use serde_json::json;
 use std::collections::HashMap;
 use std::io::Write;
@@ -208,7 +208,7 @@ fn unpatch_all(session: &mut AgentSession, outcomes: &[PatchOutcome]) -> anyhow:
         .collect();
     match session
         .request(&Request::Unpatch { addresses })
-        .context("cannot restore the target's code")?
+        .map_err(|e| anyhow::anyhow!("cannot restore the target's code: {e}"))?
     {
         Response::Unpatched { .. } => Ok(()),
         other => bail!("unexpected answer from the agent: {other:?}"),

@@ -7,29 +7,39 @@
 //!
 //! The one idea: decoding every neighbour costs far more than the rest of a patch (and
 //! Scheme B patches while the target waits), yet almost no neighbour branches into a
-//! patch. So the raw bytes are scanned first for any branch opcode whose target would
-//! land in the range — a superset of the real branches, since data and the middle of
-//! instructions match too — and only a function with such a candidate is decoded, to
-//! keep the candidates that are real instructions. Each function is read and decoded
-//! at most once per batch.
+//! patch. So the raw bytes are scanned first for any branch opcode and where it would
+//! land — a superset of the real branches, since data and the middle of instructions
+//! match too — and only a function with such a candidate in the range asked about is
+//! decoded, to keep the candidates that are real instructions. The scan is done once
+//! per batch, into a list of candidates sorted by where they land, so each question
+//! costs a binary search however many functions the batch patches (scanning all the
+//! neighbours again for each of several thousand patches took seconds); each function
+//! is decoded at most once per batch.
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, OpKind};
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::collections::HashMap;
 
 /// Longest function looked at; longer ones are looked at up to this much.
 const MAX_FUNCTION_BYTES: u64 = 1 << 20;
-/// How far a `rel8` branch reaches (either way, with its own length).
-const REL8_REACH: u64 = 130;
 
-/// The code of the functions around a batch, read and decoded on demand.
+/// The code of the functions around a batch, scanned and decoded on demand.
 pub struct BranchIndex {
     /// (start, size) of the functions.
     functions: Vec<(u64, u64)>,
-    /// Function start → its bytes (empty if unreadable).
-    code: RefCell<HashMap<u64, Vec<u8>>>,
-    /// Function start → its decoded direct branches (source, target).
-    decoded: RefCell<HashMap<u64, Vec<(u64, u64)>>>,
+    /// Every candidate branch (where it lands, index of its function), sorted; made by
+    /// the first question.
+    candidates: OnceCell<Candidates>,
+    /// Function index → its decoded direct branches (source, target).
+    decoded: RefCell<HashMap<usize, Vec<(u64, u64)>>>,
+}
+
+/// The functions' bytes and their candidate branches.
+struct Candidates {
+    /// Function index → its bytes (empty if unreadable).
+    code: Vec<Vec<u8>>,
+    /// (target, function index), sorted.
+    landing: Vec<(u64, usize)>,
 }
 
 impl BranchIndex {
@@ -37,38 +47,38 @@ impl BranchIndex {
     pub fn new(functions: &[(u64, u64)]) -> BranchIndex {
         BranchIndex {
             functions: functions.to_vec(),
-            code: RefCell::new(HashMap::new()),
+            candidates: OnceCell::new(),
             decoded: RefCell::new(HashMap::new()),
         }
     }
 
     /// The direct branches (source, target) that land in `low..high`. `read` fetches
     /// code bytes and returns false for unreadable memory (such a function is skipped).
+    /// Every call must read the same code (the first call reads all of it).
     pub fn landing_in(
         &self,
         low: u64,
         high: u64,
         read: impl Fn(u64, &mut [u8]) -> bool,
     ) -> Vec<(u64, u64)> {
+        let candidates = self.candidates.get_or_init(|| self.scan(read));
+        let first = candidates
+            .landing
+            .partition_point(|&(target, _)| target < low);
+        let mut functions: Vec<usize> = candidates.landing[first..]
+            .iter()
+            .take_while(|&&(target, _)| target < high)
+            .map(|&(_, function)| function)
+            .collect();
+        functions.sort_unstable();
+        functions.dedup();
         let mut found = Vec::new();
-        for &(start, size) in &self.functions {
-            let size = size.min(MAX_FUNCTION_BYTES);
-            let near = start < high + REL8_REACH && start + size + REL8_REACH > low;
-            let mut code = self.code.borrow_mut();
-            let bytes = code.entry(start).or_insert_with(|| {
-                let mut bytes = vec![0u8; size as usize];
-                if !read(start, &mut bytes) {
-                    bytes.clear();
-                }
-                bytes
-            });
-            if !has_candidate(bytes, start, low, high, near) {
-                continue;
-            }
-            let mut decoded = self.decoded.borrow_mut();
+        let mut decoded = self.decoded.borrow_mut();
+        for function in functions {
+            let start = self.functions[function].0;
             let branches = decoded
-                .entry(start)
-                .or_insert_with(|| decode_branches(bytes, start));
+                .entry(function)
+                .or_insert_with(|| decode_branches(&candidates.code[function], start));
             found.extend(
                 branches
                     .iter()
@@ -77,30 +87,51 @@ impl BranchIndex {
         }
         found
     }
+
+    /// Reads every function and lists its candidate branches.
+    fn scan(&self, read: impl Fn(u64, &mut [u8]) -> bool) -> Candidates {
+        let mut code = Vec::with_capacity(self.functions.len());
+        let mut landing = Vec::new();
+        for (index, &(start, size)) in self.functions.iter().enumerate() {
+            let mut bytes = vec![0u8; size.min(MAX_FUNCTION_BYTES) as usize];
+            if !read(start, &mut bytes) {
+                bytes.clear();
+            }
+            for_each_candidate(&bytes, start, |target| landing.push((target, index)));
+            code.push(bytes);
+        }
+        landing.sort_unstable();
+        landing.dedup();
+        Candidates { code, landing }
+    }
 }
 
-/// Whether any byte of `code` (at `start`) begins a direct branch opcode whose target
-/// would lie in `low..high`: `jmp`/`call rel32`, `jcc rel32`, and, when `near`, the
+/// Calls `visit(target)` for every byte of `code` (at `start`) that begins a direct
+/// branch opcode, with where it would land: `jmp`/`call rel32`, `jcc rel32`, and the
 /// `rel8` forms (`jmp`, `jcc`, `loop*`, `jrcxz`).
-fn has_candidate(code: &[u8], start: u64, low: u64, high: u64, near: bool) -> bool {
-    let lands = |at: usize, len: usize, displacement: i64| {
-        let target = (start + (at + len) as u64).wrapping_add(displacement as u64);
-        (low..high).contains(&target)
+fn for_each_candidate(code: &[u8], start: u64, mut visit: impl FnMut(u64)) {
+    let target = |at: usize, len: usize, displacement: i64| {
+        (start + (at + len) as u64).wrapping_add(displacement as u64)
     };
     let rel32 = |at: usize| {
         code.get(at..at + 4)
             .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
     };
-    (0..code.len()).any(|at| match code[at] {
-        0xe8 | 0xe9 => rel32(at + 1).is_some_and(|d| lands(at, 5, d)),
-        0x0f if code.get(at + 1).is_some_and(|b| (0x80..=0x8f).contains(b)) => {
-            rel32(at + 2).is_some_and(|d| lands(at, 6, d))
+    for at in 0..code.len() {
+        let landing = match code[at] {
+            0xe8 | 0xe9 => rel32(at + 1).map(|d| target(at, 5, d)),
+            0x0f if code.get(at + 1).is_some_and(|b| (0x80..=0x8f).contains(b)) => {
+                rel32(at + 2).map(|d| target(at, 6, d))
+            }
+            0x70..=0x7f | 0xe0..=0xe3 | 0xeb => {
+                code.get(at + 1).map(|&d| target(at, 2, d as i8 as i64))
+            }
+            _ => None,
+        };
+        if let Some(landing) = landing {
+            visit(landing);
         }
-        0x70..=0x7f | 0xe0..=0xe3 | 0xeb if near => code
-            .get(at + 1)
-            .is_some_and(|&d| lands(at, 2, d as i8 as i64)),
-        _ => false,
-    })
+    }
 }
 
 /// Every direct branch of the function, decoded from its start.
