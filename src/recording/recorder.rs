@@ -20,9 +20,10 @@ use crate::process::{AttachError, TargetProcess};
 use crate::profile::{
     Calibration, CctBuilder, FunctionName, FunctionNames, Profile, RecordingInfo,
 };
+use crate::refusals::Refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
-use crate::targets::{self, SelectError};
+use crate::targets::{self, Chosen, SelectError};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -153,7 +154,11 @@ impl Recorder {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
         let matched = targets::match_patterns(&self.symbols, &self.root_patterns)?;
-        let chosen = targets::choose(&self.symbols, &matched, &mut self.session)?;
+        let by_name = Refusals::new(&self.symbols);
+        let (chosen, refused_roots): (Vec<Chosen>, Vec<Chosen>) =
+            targets::choose(&self.symbols, &matched, &mut self.session)?
+                .into_iter()
+                .partition(|c| by_name.reason(&c.function).is_none());
         let discover = self.scheme == Scheme::B && !self.gross_only;
         let token = u64::from(std::process::id()) << 20 ^ tsc::read() & 0xfffff;
         let (table_path, table_in_target) =
@@ -236,7 +241,13 @@ impl Recorder {
             other => return Err(session_error(SessionError::Protocol(format!("{other:?}")))),
         };
         let mut root_names = Vec::new();
-        let mut refusals = Vec::new();
+        let mut refusals: Vec<(&str, &str)> = refused_roots
+            .iter()
+            .filter_map(|c| {
+                let reason = by_name.reason(&c.function)?;
+                Some((c.function.name.as_str(), reason))
+            })
+            .collect();
         let mut unwinder_refused = None;
         let recorded = outcomes
             .iter()
