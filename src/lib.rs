@@ -14,6 +14,7 @@ pub mod live;
 pub mod process;
 pub mod profile;
 pub mod recording;
+pub mod refusals;
 pub mod sampler;
 pub mod session;
 pub mod symbols;

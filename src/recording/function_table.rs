@@ -5,10 +5,11 @@
 //! ends, and can follow a PLT stub only if something knows where it leads; the
 //! controller knows both from the symbols, so it hands them over in a file. Functions
 //! that must never be instrumented — the dynamic loader's (they run while the process
-//! is half set up, with their own calling conventions), the vDSO's, the agent's — are
-//! marked excluded.
+//! is half set up, with their own calling conventions), the vDSO's, the agent's, and
+//! those refused by name (`refusals`) — are marked excluded.
 
 use crate::process::{AttachError, TargetProcess};
+use crate::refusals::Refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ pub fn entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
         .filter(|f| f.source != SymbolSource::Plt && f.size > 0 && !f.ifunc)
         .map(|f| (f.raw_name.as_str(), f))
         .collect();
+    let refusals = Refusals::new(symbols);
     let mut entries: Vec<FunctionEntry> = Vec::with_capacity(symbols.functions().len());
     for function in symbols.functions() {
         if entries.last().is_some_and(|e| e.start == function.addr) {
@@ -36,7 +38,7 @@ pub fn entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
                 .filter(|f| f.module != function.module)
                 .map_or(0, |f| f.addr);
         }
-        if is_excluded(&function.module) {
+        if is_excluded(&function.module) || refusals.reason(function).is_some() {
             flags |= FLAG_EXCLUDED;
         }
         entries.push(FunctionEntry {

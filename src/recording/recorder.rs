@@ -20,9 +20,10 @@ use crate::process::{AttachError, TargetProcess};
 use crate::profile::{
     Calibration, CctBuilder, FunctionName, FunctionNames, Profile, RecordingInfo,
 };
+use crate::refusals::Refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
-use crate::targets::{self, SelectError};
+use crate::targets::{self, Chosen, SelectError};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -102,6 +103,11 @@ pub struct Recorder {
     refused: Vec<(String, String)>,
 }
 
+/// `name (module)`, for a refusal.
+fn module_qualified(function: &Function) -> String {
+    format!("{} ({})", function.name, function.module)
+}
+
 /// Refused roots `(name (module), reason)` as one line, grouped by reason.
 fn summarize(refusals: &[(String, &str)]) -> String {
     targets::summarize_refusals(
@@ -162,7 +168,11 @@ impl Recorder {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
         let matched = targets::match_patterns(&self.symbols, &self.root_patterns)?;
-        let chosen = targets::choose(&self.symbols, &matched, &mut self.session)?;
+        let by_name = Refusals::new(&self.symbols);
+        let (chosen, refused_roots): (Vec<Chosen>, Vec<Chosen>) =
+            targets::choose(&self.symbols, &matched, &mut self.session)?
+                .into_iter()
+                .partition(|c| by_name.reason(&c.function).is_none());
         let discover = self.scheme == Scheme::B && !self.gross_only;
         let token = u64::from(std::process::id()) << 20 ^ tsc::read() & 0xfffff;
         let (table_path, table_in_target) =
@@ -244,7 +254,10 @@ impl Recorder {
             other => return Err(session_error(SessionError::Protocol(format!("{other:?}")))),
         };
         let mut root_names = Vec::new();
-        let mut refusals = Vec::new();
+        let mut refusals: Vec<(String, &str)> = refused_roots
+            .iter()
+            .filter_map(|c| Some((module_qualified(&c.function), by_name.reason(&c.function)?)))
+            .collect();
         let mut unwinder_refused = None;
         let recorded = outcomes
             .iter()
@@ -257,8 +270,7 @@ impl Recorder {
             match (&outcome.refused, hook) {
                 (None, Hook::RecordRoot) => root_names.push(function.name.clone()),
                 (Some(reason), Hook::RecordRoot) => {
-                    let name = format!("{} ({})", function.name, function.module);
-                    refusals.push((name, reason.as_str()))
+                    refusals.push((module_qualified(function), reason.as_str()))
                 }
                 (Some(reason), Hook::UnwinderStarts | Hook::ExceptionCaught | Hook::Backtrace) => {
                     unwinder_refused = Some(format!(

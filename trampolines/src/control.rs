@@ -10,7 +10,7 @@
 
 use crate::patcher::{self, PatchRequest};
 use crate::stubs::HookKind;
-use crate::{calibration, counting, discovery, recording, shadow, threads};
+use crate::{calibration, counting, discovery, recording, session_threads, shadow, threads};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -29,8 +29,10 @@ fn identity() -> (u32, i32) {
 pub fn spawn_control_thread() -> Result<(), String> {
     crate::register_fork_handler();
     let listener = bind_control_socket()?;
-    threads::spawn_agent_thread("control", move || serve(listener))
-        .map_err(|e| format!("cannot start the agent's control thread: {e}"))
+    threads::spawn_agent_thread("control", threads::Start::Immediately, move || {
+        serve(listener)
+    })
+    .map_err(|e| format!("cannot start the agent's control thread: {e}"))
 }
 
 /// Records why the agent could not start, for the controller to show.
@@ -73,7 +75,7 @@ fn serve(listener: UnixListener) {
             continue;
         };
         open_sessions().push((session, handle));
-        let spawned = threads::spawn_agent_thread("session", move || {
+        let spawned = session_threads::run(move || {
             let _ = std::panic::catch_unwind(move || run_session(session, stream));
             // However the session ended, nothing it patched stays patched.
             if RECORDING_SESSION.load(Ordering::Acquire) == session {

@@ -19,6 +19,7 @@ mod patcher;
 mod recording;
 mod relocate;
 mod retire;
+mod session_threads;
 mod shadow;
 mod slow_call;
 mod stop_world;

@@ -28,6 +28,7 @@ use crate::relocate::PatchStyle;
 /// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).
 pub const MAX_ENTRY_PATCH: usize = 6;
 use crate::stop_world::{self, ParkedThread};
+use crate::{threads, traps};
 use std::sync::Mutex;
 
 const INT3: u8 = 0xcc;
@@ -100,6 +101,8 @@ fn write(address: u64, bytes: &[u8]) -> Result<(), String> {
 
 /// Writes the jumps of a prepared batch (see the module comment).
 pub fn install(batch: &mut [Site]) -> Result<(), String> {
+    let _no_thread_start = threads::code_change();
+    traps::wait_until_deliverable(traps::INSTALL_WAIT)?;
     // The pads need no serialisation of their own: nothing can reach them before the
     // entry jumps are written, two serialisations later.
     for site in batch.iter() {
@@ -204,6 +207,10 @@ static PENDING_PADS: Mutex<Vec<PendingPad>> = Mutex::new(Vec::new());
 
 /// Puts back the original bytes of `sites` (see the module comment).
 pub fn restore(sites: &[Site]) {
+    let _no_thread_start = threads::code_change();
+    // The code must come back even if some thread keeps SIGTRAP blocked: after the
+    // wait, the restore goes ahead (its int3s last microseconds).
+    let _ = traps::wait_until_deliverable(traps::RESTORE_WAIT);
     for site in sites {
         let _ = write(site.patch_at, &[INT3]);
     }

@@ -98,7 +98,7 @@ fn retire_pass(states: &[&'static ThreadState], parked: &mut [ParkedThread]) -> 
     let mut seen = 0;
     tasks::for_each_thread(|tid| {
         seen += 1;
-        if tid == me || !clean || seen > MAX_THREADS || is_agent_thread(tid) {
+        if tid == me || !clean || seen > MAX_THREADS || threads::is_agent_thread(tid) {
             return;
         }
         let position = parked
@@ -198,10 +198,4 @@ fn stack_returns_into_hook(sp: u64) -> bool {
         .chunks_exact(8)
         .map(|bytes| u64::from_ne_bytes(bytes.try_into().unwrap_or_default()))
         .any(in_return_hook_code)
-}
-
-fn is_agent_thread(tid: i32) -> bool {
-    let mut buffer = [0u8; 64];
-    tasks::name(tid, &mut buffer)
-        .is_some_and(|name| name.starts_with(threads::AGENT_THREAD_PREFIX.as_bytes()))
 }

@@ -3,6 +3,8 @@
 //! The agent's own threads are named with the [`AGENT_THREAD_PREFIX`] so that anything
 //! counting or stopping the target's threads can leave them out.
 
+use std::sync::{Mutex, MutexGuard};
+
 /// Every thread the agent creates has a name starting with this prefix.
 pub const AGENT_THREAD_PREFIX: &str = "tendril-";
 
@@ -23,14 +25,52 @@ pub fn target_thread_count() -> usize {
         .count()
 }
 
-/// Runs `body` on a new named agent thread. Signals meant for the target are blocked
-/// there, so they never run the target's handlers on an agent thread — all but the
-/// synchronous ones (a trap or fault raised while blocked would kill the process). The
-/// thread's hooks step aside, so the agent never counts or hooks its own calls.
-pub fn spawn_agent_thread<F>(name: &str, body: F) -> std::io::Result<()>
+/// Whether thread `tid` is one of the agent's own (by its name).
+pub fn is_agent_thread(tid: i32) -> bool {
+    let mut buffer = [0u8; 64];
+    crate::tasks::name(tid, &mut buffer)
+        .is_some_and(|name| name.starts_with(AGENT_THREAD_PREFIX.as_bytes()))
+}
+
+/// Held while the target's code holds a transient `int3` (a patch going in or coming
+/// out), and while an agent thread starts.
+///
+/// glibc starts and ends a thread with every signal blocked, SIGTRAP included, and
+/// runs libc functions meanwhile (`__ctype_init`, `madvise`...). A thread that meets an
+/// `int3` with SIGTRAP blocked is not sent to tendril's handler: the kernel ends the
+/// whole process. So the agent starts threads only while no `int3` is in the code, and
+/// its threads never end (see `session_threads`).
+static CODE_CHANGE: Mutex<()> = Mutex::new(());
+
+/// Holds off agent thread starts while code changes (see [`CODE_CHANGE`]).
+pub fn code_change() -> MutexGuard<'static, ()> {
+    CODE_CHANGE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// When a new agent thread may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// At once: the agent's first thread, started inside `dlopen` (under the loader's
+    /// lock, which a starting thread may need) before anything is patched.
+    Immediately,
+    /// Once no code is changing; the spawn returns when the thread runs (glibc has
+    /// given it its signal mask back).
+    BetweenCodeChanges,
+}
+
+/// Runs `body` on a new named agent thread, started as `start` says. Signals meant for
+/// the target are blocked there, so they never run the target's handlers on an agent
+/// thread — all but the synchronous ones (a trap or fault raised while blocked would
+/// kill the process). The thread's hooks step aside, so the agent never counts or
+/// hooks its own calls.
+pub fn spawn_agent_thread<F>(name: &str, start: Start, body: F) -> std::io::Result<()>
 where
     F: FnOnce() + Send + 'static,
 {
+    let _no_code_change = (start == Start::BetweenCodeChanges).then(code_change);
+    let (started_sender, started) = std::sync::mpsc::channel::<()>();
     // SAFETY: sigset_t is plain data; sigfillset initialises it fully before use, and
     // pthread_sigmask only swaps the calling thread's mask, which is restored below.
     let previous_mask = unsafe {
@@ -48,11 +88,17 @@ where
         .name(format!("{AGENT_THREAD_PREFIX}{name}"))
         .spawn(move || {
             crate::thread_state::mark_current_thread_as_agent();
+            let _ = started_sender.send(());
             body()
         });
     // SAFETY: restores the mask saved above for the calling thread.
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &previous_mask, std::ptr::null_mut());
     }
-    spawned.map(|_| ())
+    let spawned = spawned.map(|_| ());
+    if spawned.is_ok() && start == Start::BetweenCodeChanges {
+        // An error means the thread ended before it said so: it runs no more code.
+        let _ = started.recv();
+    }
+    spawned
 }

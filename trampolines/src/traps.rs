@@ -10,8 +10,10 @@
 //! Entries are never removed: a thread may have trapped just before a patch completed
 //! and still be on its way into the handler. The trampolines they point to live forever.
 
+use crate::{sys, tasks, threads};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Open-addressing table capacity (a power of two); at most half of it is used.
 const CAPACITY: usize = 1 << 18;
@@ -61,6 +63,56 @@ fn redirect_for(site: u64) -> Option<u64> {
             _ => slot = (slot + 1) & (CAPACITY - 1),
         }
     }
+}
+
+/// How long a patch waits for every thread to take SIGTRAP again before it is refused.
+pub const INSTALL_WAIT: Duration = Duration::from_millis(200);
+/// How long a restore waits for the same before it goes ahead anyway.
+pub const RESTORE_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits until no thread of the target blocks SIGTRAP, for at most `timeout`.
+///
+/// A thread that runs into an `int3` with SIGTRAP blocked never reaches the handler
+/// below: the kernel ends the process. glibc blocks every signal for a moment while
+/// it starts or ends a thread, raises a signal or spawns a process; a program may block
+/// them for good in some thread (one that waits in `sigwait`, say). The transient
+/// `int3`s of a patch are written only once no thread does — the moments pass; a
+/// thread that keeps SIGTRAP blocked makes the patch impossible, and the error says
+/// which thread.
+pub fn wait_until_deliverable(timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let Some(tid) = thread_blocking_traps() else {
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            let mut buffer = [0u8; 64];
+            let name = tasks::name(tid, &mut buffer)
+                .map(|name| String::from_utf8_lossy(name.trim_ascii()).into_owned())
+                .unwrap_or_default();
+            return Err(format!(
+                "thread {tid} ({name}) blocks SIGTRAP, and the int3 that patching writes \
+                 for a moment would end the process if that thread ran into it"
+            ));
+        }
+        sys::sleep_microseconds(500);
+    }
+}
+
+/// A target thread (not the agent's) that blocks SIGTRAP now, if there is one.
+fn thread_blocking_traps() -> Option<i32> {
+    let me = sys::gettid();
+    let mut found = None;
+    tasks::for_each_thread(|tid| {
+        if found.is_none()
+            && tid != me
+            && tasks::blocks_signal(tid, libc::SIGTRAP)
+            && !threads::is_agent_thread(tid)
+        {
+            found = Some(tid);
+        }
+    });
+    found
 }
 
 /// Installs the `SIGTRAP` handler, remembering the previous one. Idempotent.
