@@ -25,11 +25,37 @@ pub fn target_thread_count() -> usize {
         .count()
 }
 
-/// Whether thread `tid` is one of the agent's own (by its name).
+/// The agent's threads that are running, by thread id (see [`spawn_agent_thread`]).
+static AGENT_THREADS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+fn agent_threads() -> MutexGuard<'static, Vec<i32>> {
+    AGENT_THREADS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The calling agent thread's entry in [`AGENT_THREADS`], removed when the thread ends
+/// (returning or unwinding), so a later thread given the same id is not taken for one.
+struct AgentThread(i32);
+
+impl AgentThread {
+    fn register() -> AgentThread {
+        let tid = crate::sys::gettid();
+        agent_threads().push(tid);
+        AgentThread(tid)
+    }
+}
+
+impl Drop for AgentThread {
+    fn drop(&mut self) {
+        agent_threads().retain(|&agent| agent != self.0);
+    }
+}
+
+/// Whether thread `tid` is one of the agent's own. Asked for every thread before each
+/// patch, so it is answered from memory rather than from `/proc`.
 pub fn is_agent_thread(tid: i32) -> bool {
-    let mut buffer = [0u8; 64];
-    crate::tasks::name(tid, &mut buffer)
-        .is_some_and(|name| name.starts_with(AGENT_THREAD_PREFIX.as_bytes()))
+    agent_threads().contains(&tid)
 }
 
 /// Held while the target's code holds a transient `int3` (a patch going in or coming
@@ -88,6 +114,7 @@ where
         .name(format!("{AGENT_THREAD_PREFIX}{name}"))
         .spawn(move || {
             crate::thread_state::mark_current_thread_as_agent();
+            let _registered = AgentThread::register();
             let _ = started_sender.send(());
             body()
         });

@@ -104,10 +104,12 @@ fn thread_blocking_traps() -> Option<i32> {
     let me = sys::gettid();
     let mut found = None;
     tasks::for_each_thread(|tid| {
+        // The agent's own threads first: they are many, and cheaper to rule out than
+        // a read of a thread's status.
         if found.is_none()
             && tid != me
-            && tasks::blocks_signal(tid, libc::SIGTRAP)
             && !threads::is_agent_thread(tid)
+            && tasks::blocks_signal(tid, libc::SIGTRAP)
         {
             found = Some(tid);
         }
