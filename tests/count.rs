@@ -9,15 +9,8 @@ use std::time::Duration;
 
 const ROUND_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The checksum a fixture prints on every round line, checked to be the same on
-/// `rounds` consecutive lines.
 fn steady_checksum(target: &mut Target, rounds: usize) -> u64 {
-    let checksums = target.checksum_lines(rounds, ROUND_TIMEOUT);
-    assert!(
-        checksums.windows(2).all(|w| w[0] == w[1]),
-        "checksums differ: {checksums:?}"
-    );
-    checksums[0]
+    target.steady_checksum(rounds, ROUND_TIMEOUT)
 }
 
 /// Runs calltree's counted workload (SIGUSR1) and returns its own report line.

@@ -38,13 +38,8 @@ impl Session {
     ) {
         // The snapshot on screen stays until the recorder comes back: the newest one.
         self.refresh(app);
-        let recorder = match std::mem::replace(&mut self.recording, Recording::NotStarted) {
-            Recording::Live(recorder) => recorder,
-            other => {
-                app.set_message(other.not_live_note());
-                self.recording = other;
-                return;
-            }
+        let Some(recorder) = self.take_live_recorder(app) else {
+            return;
         };
         let job = Job::spawn("tendril-recorder", move || {
             let mut recorder = recorder;
@@ -65,13 +60,8 @@ impl Session {
     /// Detaches in the background: restores the target's code, then shows the final
     /// profile with `message`.
     pub(super) fn detach_in_background(&mut self, note: &str, message: String, app: &mut App) {
-        let recorder = match std::mem::replace(&mut self.recording, Recording::NotStarted) {
-            Recording::Live(recorder) => recorder,
-            other => {
-                app.set_message(other.not_live_note());
-                self.recording = other;
-                return;
-            }
+        let Some(recorder) = self.take_live_recorder(app) else {
+            return;
         };
         let job = Job::spawn("tendril-detach", move || (recorder.finish(false), message));
         match job {
@@ -80,6 +70,19 @@ impl Session {
                 app.set_message(note);
             }
             Err(error) => self.lost_recorder(format!("cannot detach cleanly: {error}"), app),
+        }
+    }
+
+    /// Takes the live recorder out of the session, to hand to a job; without one, says
+    /// why nothing happens.
+    fn take_live_recorder(&mut self, app: &mut App) -> Option<Box<Recorder>> {
+        match std::mem::replace(&mut self.recording, Recording::NotStarted) {
+            Recording::Live(recorder) => Some(recorder),
+            other => {
+                app.set_message(other.not_live_note());
+                self.recording = other;
+                None
+            }
         }
     }
 

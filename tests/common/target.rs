@@ -250,6 +250,17 @@ impl Target {
             .collect()
     }
 
+    /// The checksum the fixture prints, checked to be the same on `rounds` consecutive
+    /// lines.
+    pub fn steady_checksum(&mut self, rounds: usize, timeout: Duration) -> u64 {
+        let checksums = self.checksum_lines(rounds, timeout);
+        assert!(
+            checksums.windows(2).all(|w| w[0] == w[1]),
+            "checksums differ: {checksums:?}"
+        );
+        checksums[0]
+    }
+
     /// Reads lines until `n` of them give a value through `pick`, or `timeout` passes;
     /// the lines that give none go back, in order, in front of the unread ones.
     fn take_matching<T>(
