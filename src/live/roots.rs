@@ -6,12 +6,19 @@
 //! picked function and nothing else (unless the module really has two functions of that
 //! symbol name, e.g. two `static` helpers from different files — then both are roots).
 
+use crate::agent_bundle::is_agent_module;
 use crate::symbols::{Function, ProcessSymbols};
 use tendril_tui::FunctionEntry;
 
-/// Every function of the target, in the symbol table's order, for the root picker.
+/// Every function of the target, in the symbol table's order, for the root picker —
+/// but tendril's own agent's, which are never instrumented.
 pub fn function_entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
-    symbols.functions().iter().map(entry_of).collect()
+    symbols
+        .functions()
+        .iter()
+        .filter(|function| !is_agent_module(&function.module))
+        .map(entry_of)
+        .collect()
 }
 
 fn entry_of(function: &Function) -> FunctionEntry {
