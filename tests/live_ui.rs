@@ -259,6 +259,30 @@ fn assert_target_intact(target: &mut Target, expected: u64) {
     );
 }
 
+/// The calltree fixture with two workers, its steady checksum, and `tendril attach` on
+/// it with `work_round` as the root, in a session named `session`.
+fn attach_to_calltree(session: &str) -> (Target, u64, Tmux) {
+    let mut target = Target::spawn("calltree", &["2"]);
+    let expected = steady_checksum(&mut target);
+    let ui = Tmux::tendril(
+        session,
+        &["attach", &target.pid().to_string(), "--root", "work_round"],
+    );
+    (target, expected, ui)
+}
+
+/// tendril exits with status 0, its last screen saying it detached from the calltree
+/// `target`, which computes `expected` and runs its files' code.
+fn assert_detached_and_intact(ui: &Tmux, target: &mut Target, expected: u64) {
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    let screen = ui.screen();
+    assert!(
+        screen.contains(&format!("detached from pid {} calltree", target.pid())),
+        "{screen}"
+    );
+    assert_target_intact(target, expected);
+}
+
 /// A count as the UI prints it: exact, or with a k/M/G suffix.
 fn parse_count(text: &str) -> Option<f64> {
     let (number, scale) = match text.char_indices().last()? {
@@ -583,14 +607,7 @@ fn arguments_are_checked_before_the_terminal() {
 #[test]
 fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
     let _turn = one_at_a_time();
-    let mut target = Target::spawn("calltree", &["2"]);
-    let pid = target.pid();
-    let expected = steady_checksum(&mut target);
-
-    let ui = Tmux::tendril(
-        "ctrl-c",
-        &["attach", &pid.to_string(), "--root", "work_round"],
-    );
+    let (mut target, expected, ui) = attach_to_calltree("ctrl-c");
     wait_for_rows(&ui, "work_round", "compute_block");
 
     // Paused, the roots change at once on the status bar, and the data is reset.
@@ -631,26 +648,13 @@ fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
 
     // Ctrl-C is a key in raw mode: it quits like q, detaching first.
     ui.press("C-c");
-    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
-    let screen = ui.screen();
-    assert!(
-        screen.contains(&format!("detached from pid {pid} calltree")),
-        "{screen}"
-    );
-    assert_target_intact(&mut target, expected);
+    assert_detached_and_intact(&ui, &mut target, expected);
 }
 
 #[test]
 fn a_stopped_target_does_not_freeze_the_ui() {
     let _turn = one_at_a_time();
-    let mut target = Target::spawn("calltree", &["2"]);
-    let pid = target.pid();
-    let expected = steady_checksum(&mut target);
-
-    let ui = Tmux::tendril(
-        "stopped-target",
-        &["attach", &pid.to_string(), "--root", "work_round"],
-    );
+    let (mut target, expected, ui) = attach_to_calltree("stopped-target");
     wait_for_rows(&ui, "work_round", "compute_block");
 
     // Stopped, the target's agent cannot answer: pausing waits for it in the
@@ -673,26 +677,13 @@ fn a_stopped_target_does_not_freeze_the_ui() {
     target.signal(libc::SIGCONT);
     ui.wait_for_text("PAUSED");
     ui.press("q");
-    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
-    assert!(
-        ui.screen()
-            .contains(&format!("detached from pid {pid} calltree")),
-        "{}",
-        ui.screen()
-    );
-    assert_target_intact(&mut target, expected);
+    assert_detached_and_intact(&ui, &mut target, expected);
 }
 
 #[test]
 fn a_terminal_that_goes_away_detaches_and_quits() {
     let _turn = one_at_a_time();
-    let mut target = Target::spawn("calltree", &["2"]);
-    let expected = steady_checksum(&mut target);
-
-    let ui = Tmux::tendril(
-        "terminal-gone",
-        &["attach", &target.pid().to_string(), "--root", "work_round"],
-    );
+    let (mut target, expected, ui) = attach_to_calltree("terminal-gone");
     wait_for_rows(&ui, "work_round", "compute_block");
     let tendril_pid = ui.tendril_pid();
     // Pausing a stopped target keeps a request waiting when the terminal goes.
@@ -724,64 +715,32 @@ fn a_terminal_that_goes_away_detaches_and_quits() {
 #[test]
 fn sigterm_detaches_and_quits() {
     let _turn = one_at_a_time();
-    let mut target = Target::spawn("calltree", &["2"]);
-    let pid = target.pid();
-    let expected = steady_checksum(&mut target);
-
-    let ui = Tmux::tendril(
-        "sigterm",
-        &["attach", &pid.to_string(), "--root", "work_round"],
-    );
+    let (mut target, expected, ui) = attach_to_calltree("sigterm");
     wait_for_rows(&ui, "work_round", "compute_block");
     // SAFETY: kill has no memory-safety preconditions; tendril_pid is a live child of
     // the pane's shell, which has not reaped it.
     assert_eq!(unsafe { libc::kill(ui.tendril_pid(), libc::SIGTERM) }, 0);
-    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
-    let screen = ui.screen();
-    assert!(
-        screen.contains(&format!("detached from pid {pid} calltree")),
-        "{screen}"
-    );
-    assert_target_intact(&mut target, expected);
+    assert_detached_and_intact(&ui, &mut target, expected);
 }
 
 #[test]
 fn sigterm_while_attaching_waits_for_the_attach_then_detaches() {
     let _turn = one_at_a_time();
-    let mut target = Target::spawn("calltree", &["2"]);
-    let pid = target.pid();
-    let expected = steady_checksum(&mut target);
-
-    let ui = Tmux::tendril(
-        "sigterm-attaching",
-        &["attach", &pid.to_string(), "--root", "work_round"],
-    );
+    let (mut target, expected, ui) = attach_to_calltree("sigterm-attaching");
     // The attach runs in the background from the moment the UI is up; whether it is
     // still running when the signal arrives or has just finished, tendril must finish
     // it and detach before it exits.
     ui.wait_for_text("attaching to");
     // SAFETY: as in `sigterm_detaches_and_quits`.
     assert_eq!(unsafe { libc::kill(ui.tendril_pid(), libc::SIGTERM) }, 0);
-    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
-    let screen = ui.screen();
-    assert!(
-        screen.contains(&format!("detached from pid {pid} calltree")),
-        "{screen}"
-    );
-    assert_target_intact(&mut target, expected);
+    assert_detached_and_intact(&ui, &mut target, expected);
 }
 
 #[test]
 fn a_target_that_exits_leaves_its_data_to_browse_and_save() {
     let _turn = one_at_a_time();
-    let mut target = Target::spawn("calltree", &["2"]);
+    let (mut target, expected, ui) = attach_to_calltree("target-exits");
     let pid = target.pid();
-    let expected = steady_checksum(&mut target);
-
-    let ui = Tmux::tendril(
-        "target-exits",
-        &["attach", &pid.to_string(), "--root", "work_round"],
-    );
     wait_for_rows(&ui, "work_round", "compute_block");
     // Rounds computed while profiled are right.
     target.drain();
