@@ -341,9 +341,14 @@ pub fn is_gone_or_exiting(pid: i32) -> bool {
 /// closes its files (its agent's connection among them) a moment before it shows as
 /// exiting.
 pub fn exits_within(pid: i32, grace: std::time::Duration) -> bool {
+    becomes_true_within(grace, || is_gone_or_exiting(pid))
+}
+
+/// Whether `check` holds now or comes to within `grace` (asked every few milliseconds).
+pub fn becomes_true_within(grace: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + grace;
     loop {
-        if is_gone_or_exiting(pid) {
+        if check() {
             return true;
         }
         if std::time::Instant::now() >= deadline {

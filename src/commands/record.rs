@@ -75,11 +75,7 @@ pub fn record_until_done(
         if !target_gone && recorder.agent_gone() {
             // An exiting process closes the connection a moment before it shows as
             // gone: only one still there was detached.
-            let deadline = Instant::now() + EXIT_GRACE;
-            while !target_gone && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-                target_gone = gone();
-            }
+            target_gone = crate::process::becomes_true_within(EXIT_GRACE, &mut gone);
             detached = !target_gone;
         }
         !target_gone && !detached
