@@ -41,6 +41,9 @@ pub struct AgentStatus {
     pub version: String,
     pub threads: usize,
     pub patched: usize,
+    /// tendril's own unwinder hooks still waiting to come out after a restore, and why.
+    pub pending_restore: usize,
+    pub pending_reason: Option<String>,
 }
 
 /// An open, greeted control connection.
@@ -68,6 +71,8 @@ impl AgentSession {
                 version: String::new(),
                 threads: 0,
                 patched: 0,
+                pending_restore: 0,
+                pending_reason: None,
             },
         };
         match session.request(&Request::Hello {
@@ -77,12 +82,16 @@ impl AgentSession {
                 version,
                 threads,
                 patched,
+                pending_restore,
+                pending_reason,
                 ..
             } => {
                 session.status = AgentStatus {
                     version,
                     threads,
                     patched,
+                    pending_restore,
+                    pending_reason,
                 };
                 Ok(session)
             }

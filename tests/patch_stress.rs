@@ -62,7 +62,7 @@ fn two_hundred_patch_and_restore_cycles_under_load() {
             std::thread::sleep(Duration::from_millis(20));
         }
         match session.request(&Request::Unpatch { addresses }).unwrap() {
-            Response::Unpatched { restored } => assert_eq!(restored, chosen.len()),
+            Response::Unpatched { restored, .. } => assert_eq!(restored, chosen.len()),
             other => panic!("cycle {cycle}: {other:?}"),
         }
     }

@@ -92,7 +92,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
         .zip(&unwinders)
         .find_map(|(o, (f, _))| o.refused.as_ref().map(|r| (f, r)))
     {
-        unpatch_all(&mut session, &outcomes)?;
+        unpatch_all(&mut session, &outcomes, pid)?;
         bail!(
             "cannot hook returns safely in {pid}: the unwinder function {} ({}) cannot be patched ({reason}); count without --returns",
             failed.name,
@@ -117,7 +117,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
         }
     }
     if counted.is_empty() {
-        unpatch_all(&mut session, &outcomes)?;
+        unpatch_all(&mut session, &outcomes, pid)?;
         let reasons =
             targets::summarize_refusals(refused.iter().map(|(c, r)| (c.display_name.as_str(), *r)));
         bail!(
@@ -156,7 +156,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     );
     let elapsed = started.elapsed();
     if !lost_target {
-        unpatch_all(&mut session, &outcomes)?;
+        unpatch_all(&mut session, &outcomes, pid)?;
         latest = read_counters(&mut session, &ids)?;
     } else if crate::process::exits_within(pid, EXIT_GRACE) {
         eprintln!(
@@ -208,7 +208,11 @@ fn read_counters(
     }
 }
 
-fn unpatch_all(session: &mut AgentSession, outcomes: &[PatchOutcome]) -> anyhow::Result<()> {
+fn unpatch_all(
+    session: &mut AgentSession,
+    outcomes: &[PatchOutcome],
+    pid: i32,
+) -> anyhow::Result<()> {
     let addresses: Vec<u64> = outcomes
         .iter()
         .filter(|o| o.id.is_some())
@@ -218,7 +222,23 @@ fn unpatch_all(session: &mut AgentSession, outcomes: &[PatchOutcome]) -> anyhow:
         .request(&Request::Unpatch { addresses })
         .map_err(|e| anyhow::anyhow!("cannot restore the target's code: {e}"))?
     {
-        Response::Unpatched { .. } => Ok(()),
+        Response::Unpatched {
+            pending,
+            pending_reason,
+            ..
+        } => {
+            if pending > 0 {
+                eprintln!(
+                    "tendril: the counted functions are restored; {pending} of tendril's own \
+                     hooks on the unwinder are still in ({}), and come out by themselves \
+                     once it leaves (`tendril status {pid}` shows them)",
+                    pending_reason
+                        .as_deref()
+                        .unwrap_or("a thread is inside tendril's hooks")
+                );
+            }
+            Ok(())
+        }
         other => bail!("unexpected answer from the agent: {other:?}"),
     }
 }

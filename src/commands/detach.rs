@@ -11,8 +11,27 @@ pub fn run(pid: i32) -> anyhow::Result<()> {
         return Ok(());
     };
     match session.request(&Request::Detach)? {
-        Response::Detached { restored } => {
+        Response::Detached {
+            restored,
+            pending: 0,
+            ..
+        } => {
             println!("detached: pid={pid} restored={restored} functions; the agent stays dormant");
+            Ok(())
+        }
+        Response::Detached {
+            restored,
+            pending,
+            pending_reason,
+        } => {
+            println!(
+                "detached: pid={pid} restored={restored} functions; {pending} of tendril's own \
+                 hooks on the unwinder are still in ({}), and come out by themselves once it \
+                 leaves (`tendril status {pid}` shows them)",
+                pending_reason
+                    .as_deref()
+                    .unwrap_or("a thread is inside tendril's hooks")
+            );
             Ok(())
         }
         other => anyhow::bail!("unexpected answer from the agent in {pid}: {other:?}"),

@@ -4,10 +4,21 @@ use crate::inject;
 
 /// The one-line report `status` prints for a target.
 pub fn status_line(pid: i32, status: &crate::session::AgentStatus) -> String {
-    format!(
+    let mut line = format!(
         "agent ready: pid={pid} version={} threads={} patched={}",
         status.version, status.threads, status.patched
-    )
+    );
+    if status.pending_restore > 0 {
+        line.push_str(&format!(
+            " pending_restore={} ({}; they come out by themselves once it leaves)",
+            status.pending_restore,
+            status
+                .pending_reason
+                .as_deref()
+                .unwrap_or("a thread is inside tendril's hooks")
+        ));
+    }
+    line
 }
 
 pub fn run(pid: i32) -> anyhow::Result<()> {

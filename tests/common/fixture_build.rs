@@ -39,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 12] = [
+const FIXTURES: [Fixture; 13] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -74,6 +74,11 @@ const FIXTURES: [Fixture; 12] = [
         name: "unwinding",
         source: "unwinding.c",
         recipe: Recipe::CExceptions,
+    },
+    Fixture {
+        name: "stale_exit",
+        source: "stale_exit.c",
+        recipe: Recipe::C,
     },
     Fixture {
         name: "tightcall",

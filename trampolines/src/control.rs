@@ -10,7 +10,9 @@
 
 use crate::patcher::{self, PatchRequest};
 use crate::stubs::HookKind;
-use crate::{calibration, counting, discovery, recording, session_threads, shadow, threads};
+use crate::{
+    calibration, counting, discovery, lingering, recording, session_threads, shadow, threads,
+};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -82,6 +84,7 @@ fn serve(listener: UnixListener) {
                 stop_recording(session);
             }
             patcher::restore(Some(session));
+            lingering::finish_in_background();
             open_sessions().retain(|(open, _)| *open != session);
         });
         if spawned.is_err() {
@@ -149,9 +152,7 @@ fn run_session(session: u64, stream: UnixStream) {
                 targets,
                 code_ranges,
             }) => patch(session, &targets, &code_ranges),
-            Ok(Request::Unpatch { addresses }) => Response::Unpatched {
-                restored: patcher::restore_functions(session, &addresses),
-            },
+            Ok(Request::Unpatch { addresses }) => unpatch(session, &addresses),
             Ok(Request::ReadCounters { ids }) => Response::Counters {
                 threads: counting::read_counters(&ids),
             },
@@ -184,9 +185,10 @@ fn open_sessions() -> std::sync::MutexGuard<'static, Vec<(u64, UnixStream)>> {
 
 /// Ends every other session — their controllers see their connections close — lets
 /// each restore what it patched (and stop its recording), then restores whatever is
-/// left. Answers with the number of functions that were patched.
+/// left. Answers with the number of functions that got their bytes back, in this
+/// call or in the ended sessions', and what still waits to come out.
 fn detach(session: u64) -> Response {
-    let patched = patcher::patched_count();
+    let patched = patcher::patched_count() + patcher::pending_restore().0;
     let others: Vec<u64> = open_sessions()
         .iter()
         .filter(|(open, _)| *open != session)
@@ -204,16 +206,36 @@ fn detach(session: u64) -> Response {
         std::thread::sleep(Duration::from_millis(1));
     }
     patcher::restore(None);
-    Response::Detached { restored: patched }
+    let (pending, reason) = patcher::pending_restore();
+    lingering::finish_in_background();
+    Response::Detached {
+        restored: patched.saturating_sub(patcher::patched_count() + pending),
+        pending,
+        pending_reason: reason.map(|r| r.to_string()),
+    }
+}
+
+fn unpatch(session: u64, addresses: &[u64]) -> Response {
+    let restored = patcher::restore_functions(session, addresses);
+    let (pending, reason) = patcher::pending_restore();
+    lingering::finish_in_background();
+    Response::Unpatched {
+        restored,
+        pending,
+        pending_reason: reason.map(|r| r.to_string()),
+    }
 }
 
 fn ready() -> Response {
     let (_, pid) = identity();
+    let (pending_restore, reason) = patcher::pending_restore();
     Response::Ready {
         version: PROTOCOL_VERSION.into(),
         pid,
         threads: threads::target_thread_count(),
         patched: patcher::patched_count(),
+        pending_restore,
+        pending_reason: reason.map(|r| r.to_string()),
     }
 }
 

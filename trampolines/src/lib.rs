@@ -13,6 +13,7 @@ mod code_memory;
 mod control;
 mod counting;
 mod discovery;
+mod lingering;
 mod padding;
 mod patch_protocol;
 mod patcher;

@@ -131,9 +131,42 @@ pub fn read_original_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()
     Ok(())
 }
 
-/// Number of functions patched now.
+/// Number of functions patched now, not counting the unwinder's hooks that wait to
+/// come out (see [`pending_restore`]).
 pub fn patched_count() -> usize {
-    engine().as_ref().map_or(0, |e| e.sites.len())
+    engine().as_ref().map_or(0, |e| {
+        e.sites.values().filter(|s| s.owner != LINGERING).count()
+    })
+}
+
+/// The unwinder's hooks that a restore had to leave in, and why (see `retire`): they
+/// come out by themselves once nothing holds them (`lingering`).
+pub fn pending_restore() -> (usize, Option<retire::Obstacle>) {
+    let guard = engine();
+    let pending = guard.as_ref().map_or(0, |e| {
+        e.sites.values().filter(|s| s.owner == LINGERING).count()
+    });
+    let obstacle = *LINGERING_BECAUSE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    (pending, obstacle.filter(|_| pending > 0))
+}
+
+/// Tries once more to take out the hooks a restore had to leave in; returns how many
+/// are still in.
+pub fn retry_pending_restore(attempts: usize) -> usize {
+    let mut guard = engine();
+    let Some(engine) = guard.as_mut() else {
+        return 0;
+    };
+    if engine.sites.values().any(|s| s.owner == LINGERING) {
+        restore_addresses(engine, &[], attempts);
+    }
+    engine
+        .sites
+        .values()
+        .filter(|s| s.owner == LINGERING)
+        .count()
 }
 
 /// Patches a batch of functions for session `owner`, all in one stop of the process.
@@ -550,7 +583,7 @@ pub fn restore(owner: Option<u64>) -> usize {
         .filter(|(_, site)| owner.is_none_or(|o| site.owner == o))
         .map(|(&address, _)| address)
         .collect();
-    restore_addresses(engine, &chosen)
+    restore_addresses(engine, &chosen, RETIRE_ATTEMPTS)
 }
 
 /// Restores the given functions of `owner`; returns how many were restored.
@@ -564,7 +597,7 @@ pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
         .copied()
         .filter(|address| engine.sites.get(address).is_some_and(|s| s.owner == owner))
         .collect();
-    restore_addresses(engine, &owned)
+    restore_addresses(engine, &owned, RETIRE_ATTEMPTS)
 }
 
 /// Owner of the unwinder's hooks while they cannot come out yet (some thread stayed
@@ -572,7 +605,15 @@ pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
 /// session that hooks returns takes them over.
 const LINGERING: u64 = u64::MAX - 1;
 
-fn restore_addresses(engine: &mut Engine, addresses: &[u64]) -> usize {
+/// Why the lingering hooks could not come out at the last try.
+static LINGERING_BECAUSE: Mutex<Option<retire::Obstacle>> = Mutex::new(None);
+
+/// Passes a restore tries before leaving the unwinder's hooks in for the background.
+const RETIRE_ATTEMPTS: usize = 40;
+
+/// Restores `addresses` and any lingering hooks; returns how many functions got their
+/// bytes back (lingering ones included).
+fn restore_addresses(engine: &mut Engine, addresses: &[u64], attempts: usize) -> usize {
     let lingering: Vec<u64> = engine
         .sites
         .iter()
@@ -599,9 +640,13 @@ fn restore_addresses(engine: &mut Engine, addresses: &[u64]) -> usize {
     }
     let mut restored = others.len();
     if !internal.is_empty() {
-        if retire::retire_all_exits() {
+        let retired = retire::retire_all_exits(attempts);
+        *LINGERING_BECAUSE
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = retired.err();
+        if retired.is_ok() {
             patch_protocol::restore(&internal);
-            restored += internal.iter().filter(|s| s.owner != LINGERING).count();
+            restored += internal.len();
         } else {
             for site in &mut internal {
                 site.owner = LINGERING;

@@ -14,12 +14,19 @@
 //! walked from the top, and every slot that still holds its exit gets its real return
 //! address back — with a compare-and-swap, so a slot that meanwhile changed is left
 //! alone — and every entry is marked retired, so nothing puts an exit back in its slot
-//! again (`shadow` skips retired entries). A thread caught inside a return hook's
-//! trampoline, or in agent code called from one (its stack holds a return into the
-//! trampoline), could still write an exit afterwards, so the pass only counts if no
-//! thread was: otherwise it is tried again a little later. Threads inside the
-//! unwinder's own hooks are no obstacle (they put real addresses back, and never an
+//! again (`shadow` skips retired entries). A thread inside a hook could still push a
+//! new entry and write an exit afterwards, so the pass only counts if no thread was, and
+//! that is known exactly, never guessed from stack memory (a sleeping thread's stack
+//! may hold a dead hook address for ever): a thread is inside a hook while its PC is in
+//! a return hook's trampoline or in the agent's code, while its slow-call depth
+//! (`slow_call`, counted by `tendril_slow_call` itself) is not zero, or while it
+//! registers (`thread_state::registration_progress`). Threads inside the unwinder's
+//! own hooks' trampolines are no obstacle (they put real addresses back, and never an
 //! exit in a retired entry's slot); their trampolines are told apart by address.
+//!
+//! A pass that cannot count (a thread stays inside a hook, or runs with the stop signal
+//! blocked) leaves the unwinder's hooks in; `patcher` keeps them as lingering and
+//! `lingering` tries again in the background until they are out.
 
 use crate::code_memory;
 use crate::stop_world::{self, ParkedThread};
@@ -28,14 +35,8 @@ use crate::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, ShadowEntry, Thre
 use crate::{sys, threads};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// How many passes are tried before giving up for now.
-const ATTEMPTS: usize = 40;
 /// The pause between two passes, for a thread inside tendril's code to leave it.
 const PAUSE_MICROSECONDS: u64 = 2_000;
-/// How much of a thread's stack above its stack pointer is searched for a return into
-/// a return hook's trampoline (its slow path saves every register, calls the agent,
-/// which may call libc).
-const STACK_WINDOW: usize = 8192;
 /// Most threads one pass looks at.
 const MAX_THREADS: usize = 4096;
 /// Most trampolines of the unwinder's hooks known.
@@ -59,16 +60,50 @@ pub fn note_internal_trampoline(start: u64, end: u64) {
 }
 
 /// Puts the real return address back in every frame that holds a trampoline exit, in
-/// every thread, so that the unwinder's hooks can come out. Returns false if some
-/// thread stayed inside tendril's code through every attempt (the hooks must stay).
-pub fn retire_all_exits() -> bool {
-    let states = live_states();
-    (0..ATTEMPTS).any(|attempt| {
+/// every thread, so that the unwinder's hooks can come out, trying up to `attempts`
+/// passes. Fails with what kept the last pass from counting (the hooks must stay).
+pub fn retire_all_exits(attempts: usize) -> Result<(), Obstacle> {
+    let mut obstacle = Obstacle::Unknown;
+    for attempt in 0..attempts {
         if attempt > 0 {
             sys::sleep_microseconds(PAUSE_MICROSECONDS);
         }
-        stop_world::with_world_stopped(|parked| retire_pass(&states, parked)).unwrap_or(false)
-    })
+        let registrations = thread_state::registration_progress();
+        let states = live_states();
+        match stop_world::with_world_stopped(|parked| retire_pass(&states, registrations, parked)) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(found)) => obstacle = found,
+            Err(_) => obstacle = Obstacle::Unknown,
+        }
+    }
+    Err(obstacle)
+}
+
+/// Why a pass did not count: what the unwinder's hooks are waiting for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Obstacle {
+    /// Thread `tid` is inside a hook (or tendril's code called from one).
+    InsideHook(i32),
+    /// Thread `tid` runs with tendril's stop signal blocked, so where it is is unknown.
+    Unstoppable(i32),
+    /// A thread was registering, or a frame got its exit back during the pass.
+    Moving,
+    /// The world could not be stopped.
+    Unknown,
+}
+
+impl std::fmt::Display for Obstacle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Obstacle::InsideHook(tid) => write!(f, "thread {tid} is inside tendril's hook code"),
+            Obstacle::Unstoppable(tid) => write!(
+                f,
+                "thread {tid} runs with tendril's stop signal blocked, so where it is is unknown"
+            ),
+            Obstacle::Moving => write!(f, "threads were entering tendril's hooks"),
+            Obstacle::Unknown => write!(f, "the process's threads could not be stopped"),
+        }
+    }
 }
 
 /// The state of every live target thread: the most recently registered one for each
@@ -88,32 +123,62 @@ fn live_states() -> Vec<&'static ThreadState> {
 }
 
 /// One pass with the world stopped: retires every live thread's entries, and says
-/// whether every target thread was outside tendril's code. Allocates nothing.
-fn retire_pass(states: &[&'static ThreadState], parked: &mut [ParkedThread]) -> bool {
+/// whether every target thread was outside tendril's hooks (or which was not).
+/// `registrations` is `thread_state::registration_progress` from before `states` was
+/// listed. Allocates nothing.
+fn retire_pass(
+    states: &[&'static ThreadState],
+    registrations: (usize, usize),
+    parked: &mut [ParkedThread],
+) -> Result<(), Obstacle> {
     for state in states {
         retire_entries(state);
     }
+    // A thread that registered since `states` was listed is not in it; one registering
+    // now is inside a hook.
+    let (registering, registered) = thread_state::registration_progress();
+    if registering != 0 || registered != registrations.1 {
+        return Err(Obstacle::Moving);
+    }
+    if let Some(state) = states.iter().find(|state| inside_slow_call(state)) {
+        return Err(Obstacle::InsideHook(state.tid));
+    }
     let me = sys::gettid();
-    let mut clean = true;
+    let mut verdict = Ok(());
     let mut seen = 0;
     tasks::for_each_thread(|tid| {
         seen += 1;
-        if tid == me || !clean || seen > MAX_THREADS || threads::is_agent_thread(tid) {
+        if tid == me || verdict.is_err() || seen > MAX_THREADS || threads::is_agent_thread(tid) {
             return;
         }
         let position = parked
             .iter()
             .find(|p| p.tid() == tid)
-            .map(|p| (p.pc(), p.sp()));
-        clean = match position.or_else(|| tasks::user_position(tid)) {
-            Some((pc, sp)) => !in_return_hook_code(pc) && !stack_returns_into_hook(sp),
-            // Running without having parked, or gone meanwhile: look again next pass.
-            None => !sys::thread_exists(tid),
+            .map(|p| p.pc())
+            .or_else(|| tasks::user_position(tid).map(|(pc, _)| pc));
+        verdict = match position {
+            Some(pc) if in_return_hook_code(pc) || crate::is_agent_code(pc) => {
+                Err(Obstacle::InsideHook(tid))
+            }
+            Some(_) => Ok(()),
+            // Running without having parked, or gone meanwhile.
+            None if sys::thread_exists(tid) => Err(Obstacle::Unstoppable(tid)),
+            None => Ok(()),
         };
     });
+    verdict?;
     // An exit written back while the pass ran (a hook that was already past its check
     // of the retired mark) shows up here.
-    clean && states.iter().all(|state| !holds_an_exit(state))
+    if states.iter().any(|state| holds_an_exit(state)) {
+        return Err(Obstacle::Moving);
+    }
+    Ok(())
+}
+
+/// Whether the thread of `state` is inside a slow call (a hook's slow path): read from
+/// its own thread-local depth, which stays mapped while the thread lives.
+fn inside_slow_call(state: &ThreadState) -> bool {
+    state.slow_depth_address != 0 && read_word(state.slow_depth_address).is_some_and(|d| d != 0)
 }
 
 /// Retires `state`'s entries, from the top: the newest entry for a slot claims it.
@@ -182,20 +247,4 @@ fn in_return_hook_code(address: u64) -> bool {
         && !INTERNAL_TRAMPOLINES[..count].iter().any(|(start, end)| {
             (start.load(Ordering::Acquire)..end.load(Ordering::Acquire)).contains(&address)
         })
-}
-
-/// Whether a word of the stack just above `sp` points into a return hook's trampoline:
-/// the thread may be in a call made from its slow path (the agent registering the
-/// thread, which calls libc's `mmap`, say).
-fn stack_returns_into_hook(sp: u64) -> bool {
-    let mut window = [0u8; STACK_WINDOW];
-    // The window may run past the top of the stack: read what is mapped.
-    let mut length = STACK_WINDOW;
-    while length > 0 && !code_memory::read_memory(sp, &mut window[..length]) {
-        length /= 2;
-    }
-    window[..length]
-        .chunks_exact(8)
-        .map(|bytes| u64::from_ne_bytes(bytes.try_into().unwrap_or_default()))
-        .any(in_return_hook_code)
 }

@@ -12,6 +12,11 @@
 //! The one idea: callers compiled with `-fipa-ra` keep live values in caller-saved
 //! registers across calls to functions they know leave them alone, so from the outside
 //! a hook must be invisible in every register but the ones it documents.
+//!
+//! It also counts, in the thread-local `tendril_slow_depth`, how many slow calls the
+//! thread is inside: a thread in a slow call is inside a hook, which may still write a
+//! return hook's exit once the handler returns (see `retire`, which must know exactly
+//! which threads are inside tendril's code before the unwinder's hooks come out).
 
 use std::sync::Once;
 
@@ -62,6 +67,9 @@ core::arch::global_asm!(
     "pushfq",
     "push rax", "push rbx", "push rcx", "push rdx", "push rsi", "push rdi",
     "push r8", "push r9", "push r10", "push r11", "push r12", "push r13", "push r14", "push r15",
+    // The flags are saved: `inc` may change them.
+    "mov rax, qword ptr [rip + tendril_slow_depth@GOTTPOFF]",
+    "inc qword ptr fs:[rax]",
     "mov rbx, rsp",
     "sub rsp, qword ptr [rip + {xsave_size}]",
     "and rsp, -64",
@@ -79,6 +87,8 @@ core::arch::global_asm!(
     "mov eax, -1",
     "mov edx, -1",
     "xrstor64 [rsp]",
+    "mov rax, qword ptr [rip + tendril_slow_depth@GOTTPOFF]",
+    "dec qword ptr fs:[rax]",
     "mov rsp, rbx",
     "pop r15", "pop r14", "pop r13", "pop r12", "pop r11", "pop r10", "pop r9", "pop r8",
     "pop rdi", "pop rsi", "pop rdx", "pop rcx", "pop rbx", "pop rax",
@@ -90,8 +100,39 @@ core::arch::global_asm!(
     xsave_size = sym XSAVE_AREA_BYTES,
 );
 
+core::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".balign 8",
+    ".globl tendril_slow_depth",
+    ".hidden tendril_slow_depth",
+    ".type tendril_slow_depth, @object",
+    ".size tendril_slow_depth, 8",
+    "tendril_slow_depth:",
+    ".zero 8",
+    ".popsection",
+);
+
 unsafe extern "C" {
     fn tendril_slow_call();
+}
+
+/// The address of the calling thread's `tendril_slow_depth`: how many slow calls it is
+/// inside. Other threads read it there (atomically, a whole aligned word) while this
+/// thread lives.
+pub fn current_depth_address() -> u64 {
+    let (thread_pointer, offset): (u64, i64);
+    // SAFETY: fs:0 holds the thread pointer itself (the x86-64 TLS ABI), and the GOT
+    // entry holds the variable's initial-exec offset from it; both are plain reads.
+    unsafe {
+        std::arch::asm!(
+            "mov {tp}, qword ptr fs:[0]",
+            "mov {offset}, qword ptr [rip + tendril_slow_depth@GOTTPOFF]",
+            tp = out(reg) thread_pointer,
+            offset = out(reg) offset,
+            options(nostack, readonly, preserves_flags)
+        );
+    }
+    thread_pointer.wrapping_add_signed(offset)
 }
 
 /// Bytes `tendril_slow_call` reserves for `xsave`: the size CPUID gives for the enabled
@@ -121,8 +162,13 @@ pub fn address() -> u64 {
 mod tests {
     use super::*;
 
+    static DEPTH_SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
     extern "C" fn double_rcx_and_set_xmm(registers: &mut SavedRegisters) {
         registers.rcx *= 2;
+        // SAFETY: the address is this thread's own live TLS word.
+        let depth = unsafe { *(current_depth_address() as *const u64) };
+        DEPTH_SEEN.store(depth, std::sync::atomic::Ordering::SeqCst);
         // Clobber a vector register and the flags: the caller must not see it.
         // SAFETY: writes xmm7 and flags, both caller-saved in the handler's ABI.
         unsafe {
@@ -153,6 +199,9 @@ mod tests {
             );
         }
         assert_eq!(rcx_after, 42);
+        assert_eq!(DEPTH_SEEN.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // SAFETY: the address is this thread's own live TLS word.
+        assert_eq!(unsafe { *(current_depth_address() as *const u64) }, 0);
         assert_eq!(rdx_after, 77);
         assert_eq!(xmm_low, 77, "xmm7 is restored");
     }

@@ -63,11 +63,6 @@ impl ParkedThread {
         self.tid
     }
 
-    pub fn sp(&self) -> u64 {
-        // SAFETY: as in `pc`.
-        unsafe { (*self.context).uc_mcontext.gregs[libc::REG_RSP as usize] as u64 }
-    }
-
     pub fn pc(&self) -> u64 {
         // SAFETY: the context belongs to a thread parked in our handler until release;
         // the kernel-provided ucontext stays valid while that handler frame exists.

@@ -105,6 +105,9 @@ pub struct ThreadState {
     /// was dropped (a frame thought gone that was not: another stack, a coroutine).
     pub graveyard: [ShadowEntry; GRAVEYARD_ENTRIES],
     pub graveyard_next: u64,
+    /// Address of the thread's `tendril_slow_depth` (see `slow_call`): nonzero while
+    /// the thread is inside a hook's slow path.
+    pub slow_depth_address: u64,
 }
 
 pub const GRAVEYARD_ENTRIES: usize = 64;
@@ -160,6 +163,8 @@ core::arch::global_asm!(
 static REGISTERED: [AtomicPtr<ThreadState>; MAX_THREADS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_THREADS];
 static REGISTERED_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Threads inside [`register_current_thread`]: inside a hook, but not yet listed.
+static REGISTERING: AtomicUsize = AtomicUsize::new(0);
 static AGENT_STATE: OnceLock<usize> = OnceLock::new();
 
 /// Maps a zeroed, lazily committed region with system calls only.
@@ -187,6 +192,7 @@ fn map_region() -> *mut ThreadState {
         (*state).shadow_top = base;
         (*state).shadow_limit = base + (SHADOW_ENTRIES * ENTRY_SIZE as usize) as u64;
         (*state).tid = libc::gettid();
+        (*state).slow_depth_address = crate::slow_call::current_depth_address();
         libc::prctl(libc::PR_GET_NAME, (*state).name.as_mut_ptr());
     }
     state
@@ -279,20 +285,32 @@ pub fn mark_current_thread_as_agent() {
 /// its state in the caller's `rcx`. Runs on a target thread that may hold any lock, so
 /// it only makes system calls.
 pub extern "C" fn register_current_thread(registers: &mut SavedRegisters) {
+    // Until the state is listed, only this count says the thread is inside a hook.
+    REGISTERING.fetch_add(1, Ordering::SeqCst);
     let passthrough = AGENT_STATE.get().copied().unwrap_or(0) as *mut ThreadState;
     // Hooks hit while registering (mmap may be patched) step aside.
     set_current_slot(passthrough);
     let state = map_region();
-    let index = REGISTERED_COUNT.fetch_add(1, Ordering::AcqRel);
+    let index = REGISTERED_COUNT.fetch_add(1, Ordering::SeqCst);
     if state.is_null() {
         registers.rcx = passthrough as u64;
-        return;
+    } else {
+        if index < MAX_THREADS {
+            REGISTERED[index].store(state, Ordering::SeqCst);
+        }
+        set_current_slot(state);
+        registers.rcx = state as u64;
     }
-    if index < MAX_THREADS {
-        REGISTERED[index].store(state, Ordering::Release);
-    }
-    set_current_slot(state);
-    registers.rcx = state as u64;
+    REGISTERING.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Threads registering now, and how many registrations were ever started: a pass that
+/// sees both unchanged from its start saw every thread that is inside a hook.
+pub fn registration_progress() -> (usize, usize) {
+    (
+        REGISTERING.load(Ordering::SeqCst),
+        REGISTERED_COUNT.load(Ordering::SeqCst),
+    )
 }
 
 /// Runs `body` on the calling thread's state with its hooks stepping aside (agent code

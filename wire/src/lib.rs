@@ -125,13 +125,34 @@ pub enum Response {
         threads: usize,
         /// Functions currently patched.
         patched: usize,
+        /// tendril's own hooks on the unwinder that a restore had to leave in: they
+        /// come out by themselves once `pending_reason` no longer holds.
+        #[serde(default)]
+        pending_restore: usize,
+        #[serde(default)]
+        pending_reason: Option<String>,
     },
-    /// Answer to [`Request::Detach`]: how many functions were restored.
-    Detached { restored: usize },
+    /// Answer to [`Request::Detach`]: how many functions got their original bytes back,
+    /// and how many of tendril's unwinder hooks still wait to come out (and why).
+    Detached {
+        restored: usize,
+        #[serde(default)]
+        pending: usize,
+        #[serde(default)]
+        pending_reason: Option<String>,
+    },
     /// Answer to [`Request::Patch`], one outcome per target, in order.
     Patched { outcomes: Vec<PatchOutcome> },
     /// Answer to [`Request::Unpatch`].
-    Unpatched { restored: usize },
+    Unpatched {
+        restored: usize,
+        /// tendril's own unwinder hooks that had to stay in for now (see
+        /// [`Response::Detached`]).
+        #[serde(default)]
+        pending: usize,
+        #[serde(default)]
+        pending_reason: Option<String>,
+    },
     /// Answer to [`Request::ReadCounters`].
     Counters { threads: Vec<ThreadCounters> },
     /// Answer to [`Request::ResolveSymbols`], one address (or none) per name.
@@ -201,6 +222,8 @@ mod tests {
             pid: 7,
             threads: 3,
             patched: 0,
+            pending_restore: 2,
+            pending_reason: Some("thread 9 is inside tendril's hook code".into()),
         };
         assert_eq!(decode::<Response>(&encode(&response)).unwrap(), response);
     }
