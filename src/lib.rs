@@ -15,7 +15,6 @@ pub mod process;
 pub mod profile;
 pub mod recording;
 pub mod refusals;
-pub mod sampler;
 pub mod session;
 pub mod symbols;
 pub mod targets;
