@@ -88,10 +88,8 @@ enum Command {
         /// A root function: exact name, glob or `module:name` (repeat for several).
         #[arg(long = "root", required = true, value_name = "SYM")]
         roots: Vec<String>,
-        /// How the graph below the roots is instrumented: b (lazily, as functions first
-        /// run) or a (the whole static call graph, up front).
-        #[arg(long, default_value = "b", value_parser = ["a", "b"])]
-        scheme: String,
+        #[command(flatten)]
+        profile: ProfileArgs,
         /// Stop after this many seconds (default: until Ctrl-C).
         #[arg(
             long,
@@ -100,13 +98,6 @@ enum Command {
             value_parser = tendril::commands::duration::parse_seconds
         )]
         duration: Option<Duration>,
-        /// Write the profile here instead of stdout.
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
-        /// Only time the roots themselves: a distribution of their gross times, at
-        /// almost no cost.
-        #[arg(long)]
-        gross_only: bool,
     },
     /// Start a program and record it from its first instruction (roots: `main` unless
     /// given); exits with the program's status (128 + N if signal N killed it).
@@ -114,10 +105,8 @@ enum Command {
         /// A root function (repeat for several); default `main`.
         #[arg(long = "root", value_name = "SYM")]
         roots: Vec<String>,
-        /// How the graph below the roots is instrumented: b (lazily, as functions first
-        /// run) or a (the whole static call graph, up front).
-        #[arg(long, default_value = "b", value_parser = ["a", "b"])]
-        scheme: String,
+        #[command(flatten)]
+        profile: ProfileArgs,
         /// Stop recording after this many seconds (the program goes on).
         #[arg(
             long,
@@ -126,13 +115,6 @@ enum Command {
             value_parser = tendril::commands::duration::parse_seconds
         )]
         duration: Option<Duration>,
-        /// Write the profile here instead of stdout.
-        #[arg(short, long, value_name = "FILE")]
-        output: Option<PathBuf>,
-        /// Only time the roots themselves: a distribution of their gross times, at
-        /// almost no cost.
-        #[arg(long)]
-        gross_only: bool,
         /// The program and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "CMD")]
         program: Vec<String>,
@@ -149,12 +131,38 @@ enum Command {
     DemoTarget,
 }
 
-/// The scheme named on the command line (clap allows only "a" and "b").
-fn scheme_from(name: &str) -> tendril::recording::Scheme {
-    if name == "a" {
-        tendril::recording::Scheme::A
-    } else {
-        tendril::recording::Scheme::B
+/// What `record` and `run` share: how the graph is instrumented and where the profile
+/// goes.
+#[derive(clap::Args, Debug)]
+struct ProfileArgs {
+    /// How the graph below the roots is instrumented: b (lazily, as functions first
+    /// run) or a (the whole static call graph, up front).
+    #[arg(long, value_enum, default_value_t = SchemeArg::B)]
+    scheme: SchemeArg,
+    /// Write the profile here instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Only time the roots themselves: a distribution of their gross times, at
+    /// almost no cost.
+    #[arg(long)]
+    gross_only: bool,
+}
+
+/// JFluid's instrumentation schemes, as named on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SchemeArg {
+    /// The whole static call graph of the roots, up front.
+    A,
+    /// A function's callees when it first runs in the graph.
+    B,
+}
+
+impl From<SchemeArg> for tendril::recording::Scheme {
+    fn from(scheme: SchemeArg) -> Self {
+        match scheme {
+            SchemeArg::A => tendril::recording::Scheme::A,
+            SchemeArg::B => tendril::recording::Scheme::B,
+        }
     }
 }
 
@@ -231,35 +239,31 @@ fn main() -> ExitCode {
         Command::Record {
             pid,
             roots,
-            scheme,
+            profile,
             duration,
-            output,
-            gross_only,
         } => tendril::commands::record::run(&tendril::commands::record::RecordCommand {
             options: tendril::recording::RecordOptions {
                 pid,
                 roots,
-                scheme: scheme_from(&scheme),
-                gross_only,
+                scheme: profile.scheme.into(),
+                gross_only: profile.gross_only,
             },
             duration,
-            output,
+            output: profile.output,
         }),
         Command::Run {
             roots,
-            scheme,
+            profile,
             duration,
-            output,
-            gross_only,
             program,
         } => {
             let command = tendril::commands::run::RunCommand {
                 program,
                 roots,
-                scheme: scheme_from(&scheme),
-                gross_only,
+                scheme: profile.scheme.into(),
+                gross_only: profile.gross_only,
                 duration,
-                output,
+                output: profile.output,
             };
             return match tendril::commands::run::run(&command) {
                 Ok(status) => ExitCode::from(status),
