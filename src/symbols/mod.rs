@@ -28,7 +28,22 @@ pub use command::run_symbols_command;
 pub use demangle::{cpp_short_name, demangle};
 pub use error::SymbolError;
 pub use module::{ModuleSymbols, PltStub, load_bias};
-pub use process::{Module, ProcessSymbols, SkippedModule};
+pub use process::{ProcessSymbols, SkippedModule};
+
+/// A module of the process: one ELF file (or the vDSO) and where it is mapped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Module {
+    /// File name (`libc.so.6`), or `[vdso]`.
+    pub name: String,
+    /// Path as seen inside the target.
+    pub path: PathBuf,
+    /// Runtime address minus ELF virtual address.
+    pub load_bias: u64,
+    /// Lowest mapped address.
+    pub start: u64,
+    /// One past the highest mapped address.
+    pub end: u64,
+}
 
 /// One function of the target, at its runtime address.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,8 +11,7 @@ use glob::Pattern;
 
 use super::demangle::cpp_short_name;
 use super::error::SymbolError;
-use super::process::Module;
-use super::{Function, SymbolSource};
+use super::{Function, Module, SymbolSource};
 
 /// One side of a pattern: a literal, or a glob (which also accepts its literal text).
 #[derive(Debug)]

@@ -12,22 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::error::SymbolError;
 use super::maps::{self, MappedObject, ObjectKind};
 use super::module::{self, ModuleSymbols, PltStub};
-use super::{Function, pattern};
-
-/// A module of the process: one ELF file (or the vDSO) and where it is mapped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Module {
-    /// File name (`libc.so.6`), or `[vdso]`.
-    pub name: String,
-    /// Path as seen inside the target.
-    pub path: PathBuf,
-    /// Runtime address minus ELF virtual address.
-    pub load_bias: u64,
-    /// Lowest mapped address.
-    pub start: u64,
-    /// One past the highest mapped address.
-    pub end: u64,
-}
+use super::{Function, Module, pattern};
 
 /// A code object that could not be read; the rest of the process still loads.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,200 @@
+//! The crates' modules form layers that point one way: no module imports, directly or
+//! through others, a module that imports it back.
+//!
+//! The one idea: a module's dependencies are the `crate::…` paths (and `super::…` paths)
+//! its source names outside its `#[cfg(test)]` part, mapped to the module files of the
+//! crate; a cycle is a strongly connected component of more than one module. This reads
+//! source as text, like a reviewer does, so it needs nothing but the files.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Every crate of the workspace, by its `src` folder.
+const CRATES: [&str; 4] = ["src", "trampolines/src", "tui/src", "wire/src"];
+
+#[test]
+fn no_crate_has_an_import_cycle() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cycles = Vec::new();
+    for folder in CRATES {
+        let graph = module_graph(&workspace.join(folder));
+        for cycle in strongly_connected_components(&graph) {
+            cycles.push(format!("{folder}: {}", cycle.join(" <-> ")));
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn a_cycle_is_found_and_a_chain_is_not() {
+    let graph: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec!["a"]),
+    ]
+    .into_iter()
+    .map(|(m, deps)| (m.to_string(), deps.into_iter().map(String::from).collect()))
+    .collect();
+    assert_eq!(strongly_connected_components(&graph), [["a", "b", "c"]]);
+    let names = |text: &str| {
+        dependencies("x::y", text, &["x::y", "x::z", "w"].map(String::from))
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names("use crate::w;\nuse super::z;"), ["w", "x::z"]);
+    assert_eq!(names("use crate::{w, x::z::Thing};"), ["w", "x::z"]);
+    assert!(names("#[cfg(test)]\nmod tests { use crate::w; }").is_empty());
+}
+
+/// Module name (`a::b`) → the modules it depends on.
+fn module_graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let files = rust_files(src);
+    let modules: Vec<String> = files.iter().map(|f| module_name(src, f)).collect();
+    files
+        .iter()
+        .zip(&modules)
+        .map(|(file, module)| {
+            let text = std::fs::read_to_string(file).unwrap();
+            (module.clone(), dependencies(module, &text, &modules))
+        })
+        .collect()
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `a/b.rs` and `a/b/mod.rs` are `a::b`; `lib.rs` and `main.rs` are the crate root ("").
+fn module_name(src: &Path, file: &Path) -> String {
+    let relative = file.strip_prefix(src).unwrap().with_extension("");
+    relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .filter(|part| !matches!(part.as_str(), "mod" | "lib" | "main"))
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
+/// The modules of `known` that `text` (module `module`) names, outside its tests.
+fn dependencies(module: &str, text: &str, known: &[String]) -> BTreeSet<String> {
+    let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut paths = Vec::new();
+    for (prefix, base) in [("crate::", String::new()), ("super::", parent(module))] {
+        for (index, _) in text.match_indices(prefix) {
+            let preceded_by_word = text[..index]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':');
+            if preceded_by_word {
+                continue;
+            }
+            let rest = &text[index + prefix.len()..];
+            let join = |path: &str| {
+                if base.is_empty() {
+                    path.to_string()
+                } else {
+                    format!("{base}::{path}")
+                }
+            };
+            if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                paths.extend(group.split(',').map(|p| join(p.trim())));
+            } else {
+                let end = rest
+                    .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                    .unwrap_or(rest.len());
+                paths.push(join(&rest[..end]));
+            }
+        }
+    }
+    let mut found = BTreeSet::new();
+    for path in paths {
+        let segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
+        // The longest prefix that is a module is the dependency.
+        if let Some(target) = (1..=segments.len())
+            .rev()
+            .map(|n| segments[..n].join("::"))
+            .find(|candidate| known.contains(candidate))
+            && target != module
+        {
+            found.insert(target);
+        }
+    }
+    found
+}
+
+fn parent(module: &str) -> String {
+    module
+        .rsplit_once("::")
+        .map_or(String::new(), |(p, _)| p.to_string())
+}
+
+/// Tarjan's algorithm; components of more than one module, each sorted.
+fn strongly_connected_components(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct Search<'a> {
+        graph: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        components: Vec<Vec<String>>,
+    }
+    impl<'a> Search<'a> {
+        fn visit(&mut self, node: &'a str) {
+            let number = self.index.len();
+            self.index.insert(node, number);
+            self.low.insert(node, number);
+            self.stack.push(node);
+            for next in self.graph.get(node).into_iter().flatten() {
+                let next = next.as_str();
+                if !self.graph.contains_key(next) {
+                    continue;
+                }
+                if !self.index.contains_key(next) {
+                    self.visit(next);
+                    let low = self.low[node].min(self.low[next]);
+                    self.low.insert(node, low);
+                } else if self.stack.contains(&next) {
+                    let low = self.low[node].min(self.index[next]);
+                    self.low.insert(node, low);
+                }
+            }
+            if self.low[node] == self.index[node] {
+                let mut component = Vec::new();
+                while let Some(member) = self.stack.pop() {
+                    component.push(member.to_string());
+                    if member == node {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.components.push(component);
+                }
+            }
+        }
+    }
+    let mut search = Search {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        components: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !search.index.contains_key(node.as_str()) {
+            search.visit(node);
+        }
+    }
+    search.components
+}
