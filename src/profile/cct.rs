@@ -82,6 +82,10 @@ pub struct BuildCounters {
     pub malformed_events: u64,
     /// All pauses tendril caused in the target, in ticks.
     pub pause_ticks: u64,
+    /// Returns to a stack a thread had left (coroutines), see `ThreadCounters`.
+    pub stack_switches: u64,
+    /// Frames closed when their stack was left that returned later.
+    pub dropped_frames: u64,
 }
 
 /// Builds calling context trees from per-thread event streams.
@@ -158,6 +162,8 @@ impl CctBuilder {
             sum.unwound_exits += counters.unwound_exits;
             sum.malformed_events += counters.malformed_events;
             sum.pause_ticks += counters.pause_ticks;
+            sum.stack_switches += counters.stack_switches;
+            sum.dropped_frames += counters.dropped_frames;
         }
         sum
     }
@@ -177,10 +183,13 @@ impl CctBuilder {
         for thread in &self.threads {
             let totals = thread.totals_now(correction);
             merged.merge(thread.arena(), &totals);
+            let counters = thread.counters();
             threads.push(ThreadProfile {
                 tid: thread.tid,
                 name: thread.name.clone(),
                 roots: thread.arena().to_nodes(&totals, correction, describe),
+                stack_switches: counters.stack_switches,
+                dropped_frames: counters.dropped_frames,
             });
         }
         let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
@@ -205,6 +214,8 @@ impl CctBuilder {
                 pause_ns: correction.ticks_to_ns(counters.pause_ticks as f64),
                 unwound_exits: counters.unwound_exits,
                 unmatched_exits: counters.unmatched_exits,
+                stack_switches: counters.stack_switches,
+                dropped_frames: counters.dropped_frames,
             },
             threads,
             merged: MergedProfile {

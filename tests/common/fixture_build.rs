@@ -39,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 12] = [
+const FIXTURES: [Fixture; 15] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -94,6 +94,21 @@ const FIXTURES: [Fixture; 12] = [
         name: "static_loop",
         source: "static_loop.c",
         recipe: Recipe::CStatic,
+    },
+    Fixture {
+        name: "coroutines",
+        source: "coroutines.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "forking",
+        source: "forking.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "hooked_threads",
+        source: "hooked_threads.c",
+        recipe: Recipe::C,
     },
     Fixture {
         name: "i386_loop",

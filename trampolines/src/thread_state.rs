@@ -105,9 +105,13 @@ pub struct ThreadState {
     /// was dropped (a frame thought gone that was not: another stack, a coroutine).
     pub graveyard: [ShadowEntry; GRAVEYARD_ENTRIES],
     pub graveyard_next: u64,
+    /// Returns through frames that had been dropped as gone: their stack was left and
+    /// resumed (coroutines).
+    pub resumed_frames: u64,
 }
 
-pub const GRAVEYARD_ENTRIES: usize = 64;
+/// Dropped entries kept: a coroutine's frames must still be here when it is resumed.
+pub const GRAVEYARD_ENTRIES: usize = 128;
 /// Unwinders active at once on one thread (an exception thrown while another unwinds).
 pub const MAX_NESTED_UNWINDERS: usize = 16;
 
