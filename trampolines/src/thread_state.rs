@@ -108,7 +108,13 @@ pub struct ThreadState {
     /// Returns through frames that had been dropped as gone: their stack was left and
     /// resumed (coroutines).
     pub resumed_frames: u64,
+    /// While this thread forks: `FORK_HOLD` and its `FLAG_PASSTHROUGH` bit from before.
+    pub flags_before_fork: u64,
 }
+
+/// `ThreadState::flags_before_fork`: the thread is between fork's prepare handler and
+/// its parent or child handler.
+const FORK_HOLD: u64 = 1 << 63;
 
 /// Dropped entries kept: a coroutine's frames must still be here when it is resumed.
 pub const GRAVEYARD_ENTRIES: usize = 128;
@@ -318,6 +324,40 @@ pub fn with_own_state<R>(body: impl FnOnce(&mut ThreadState) -> R) -> Option<R> 
     let result = body(state);
     state.flags = (state.flags & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH);
     Some(result)
+}
+
+/// `pthread_atfork` prepare handler: no hook of the forking thread records or counts
+/// anything until the parent or child handler ([`release_after_fork`]). In the child,
+/// the code that runs before the child handlers (glibc's own: unlocking malloc...)
+/// would otherwise write into rings that belong to the parent.
+pub fn hold_for_fork() {
+    let state = current();
+    if state.is_null() {
+        return;
+    }
+    // SAFETY: the calling thread's own state; only it writes its flags.
+    let state = unsafe { &mut *state };
+    if state.is_agent != 0 {
+        return;
+    }
+    state.flags_before_fork = FORK_HOLD | (state.flags & FLAG_PASSTHROUGH);
+    state.flags |= FLAG_PASSTHROUGH;
+}
+
+/// `pthread_atfork` parent and child handler (the child's after it let go of the
+/// rings): the hooks of the thread work as before the fork.
+pub fn release_after_fork() {
+    let state = current();
+    if state.is_null() {
+        return;
+    }
+    // SAFETY: as in `hold_for_fork`.
+    let state = unsafe { &mut *state };
+    if state.flags_before_fork & FORK_HOLD == 0 {
+        return;
+    }
+    state.flags = (state.flags & !FLAG_PASSTHROUGH) | (state.flags_before_fork & FLAG_PASSTHROUGH);
+    state.flags_before_fork = 0;
 }
 
 /// Every registered target thread's state, in registration order.
