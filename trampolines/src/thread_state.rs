@@ -383,6 +383,20 @@ impl ThreadState {
         self.counter(RETURNS_OFFSET, id)
     }
 
+    /// Sets function `id`'s call and return counters to zero (see
+    /// `counting::reset_before_patching` for when that is safe).
+    pub fn reset_counters(&self, id: u32) {
+        assert!((id as usize) < MAX_FUNCTION_IDS);
+        let base = self as *const ThreadState as *mut u8;
+        for offset in [CALLS_OFFSET, RETURNS_OFFSET] {
+            // SAFETY: the counter lies inside this thread's region, mapped for the life
+            // of the process; no hook of `id` runs now, so no thread writes it.
+            unsafe {
+                std::ptr::write_volatile(base.add(offset + id as usize * 8).cast::<u64>(), 0)
+            };
+        }
+    }
+
     fn counter(&self, offset: usize, id: u32) -> u64 {
         assert!((id as usize) < MAX_FUNCTION_IDS);
         let base = self as *const ThreadState as *const u8;
