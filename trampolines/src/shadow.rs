@@ -174,30 +174,25 @@ pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegi
                 ReturningFrame::Resumed(entry)
             }),
         };
-        let entry = entry.map(|returning| match returning {
-            ReturningFrame::Open(entry) => {
-                let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
-                if entry.function & thread_state::ENTRY_RECORDED != 0 {
-                    state.graph_depth = state.graph_depth.saturating_sub(1);
-                    recording::emit(state, Event::new(EventKind::Exit, id, timestamp));
-                } else {
-                    state.count_return(id);
-                }
-                entry
+        let entry = entry.map(|returning| {
+            let (entry, kind) = match returning {
+                ReturningFrame::Open(entry) => (entry, EventKind::Exit),
+                ReturningFrame::Resumed(entry) => (entry, EventKind::Resumed),
+            };
+            let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
+            if entry.function & thread_state::ENTRY_RECORDED == 0 {
+                state.count_return(id);
+            } else if kind == EventKind::Exit {
+                state.graph_depth = state.graph_depth.saturating_sub(1);
+                recording::emit(state, Event::new(kind, id, timestamp));
+            } else {
+                // Its Unwind closed the frame and took it out of the graph depth when
+                // it was dropped: only say that it came back.
+                recording::emit(state, Event::new(kind, id, timestamp));
             }
-            ReturningFrame::Resumed(entry) => {
-                let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
-                if entry.function & thread_state::ENTRY_RECORDED != 0 {
-                    // Its Unwind closed the frame and took it out of the graph depth
-                    // when it was dropped: only say that it came back.
-                    recording::emit(state, Event::new(EventKind::Resumed, id, timestamp));
-                } else {
-                    state.count_return(id);
-                }
-                entry
-            }
+            entry
         });
-        if let Some(entry) = entry {
+        if entry.is_some() {
             // The frame returned normally: anything below it is gone, and an unwinder
             // that ran below it is done.
             reconcile(state, slot);
