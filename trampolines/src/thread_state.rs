@@ -389,6 +389,11 @@ impl ThreadState {
         assert!((id as usize) < MAX_FUNCTION_IDS);
         let base = self as *const ThreadState as *mut u8;
         for offset in [CALLS_OFFSET, RETURNS_OFFSET] {
+            // Only counters that hold something are written: writing a zero would
+            // commit a page of the region that reading leaves uncommitted.
+            if self.counter(offset, id) == 0 {
+                continue;
+            }
             // SAFETY: the counter lies inside this thread's region, mapped for the life
             // of the process; no hook of `id` runs now, so no thread writes it.
             unsafe {
