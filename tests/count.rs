@@ -340,3 +340,89 @@ fn a_detach_from_another_tendril_ends_a_count_and_a_recording_with_a_note() {
     let after = target.checksum_lines(2, ROUND_TIMEOUT);
     assert!(after.iter().all(|&c| c == expected), "{after:?}");
 }
+
+/// The fixture's own `thread <TID> tick <T> park <P>` lines after a `pause`.
+fn pause_hooked_threads(target: &mut Target, threads: usize) -> Vec<(i64, u64, u64)> {
+    target.write_stdin("pause\n");
+    let mut counts = Vec::new();
+    for _ in 0..threads {
+        let line = target.expect_line("thread ", ROUND_TIMEOUT);
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            (words.len(), words[2], words[4]),
+            (6, "tick", "park"),
+            "{line}"
+        );
+        counts.push((
+            words[1].parse().unwrap(),
+            words[3].parse().unwrap(),
+            words[5].parse().unwrap(),
+        ));
+    }
+    target.expect_line("paused", ROUND_TIMEOUT);
+    counts
+}
+
+#[test]
+fn returns_and_calls_per_thread_are_exact_while_threads_call_through_the_patching() {
+    const THREADS: usize = 4;
+    let mut target = Target::spawn("hooked_threads", &[&THREADS.to_string()]);
+    // The threads call tick() without pause while the hooks go in and while the count
+    // starts: every call the hook saw is one the fixture saw, and the other way round.
+    let counting = Counting::start(target.pid(), &["tick", "park", "--returns", "--json"]);
+    let fixture_counts = pause_hooked_threads(&mut target, THREADS);
+    let report = counting.finish();
+    let json: serde_json::Value = serde_json::from_str(&report.stdout).unwrap();
+    let per_thread = |name: &str| -> Vec<(i64, u64, u64)> {
+        let function = json["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {json}"));
+        function["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["tid"].as_i64().unwrap(),
+                    t["calls"].as_u64().unwrap(),
+                    t["returns"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let (ticks, parks) = (per_thread("tick"), per_thread("park"));
+    for (tid, fixture_ticks, fixture_parks) in fixture_counts {
+        let counted = |rows: &[(i64, u64, u64)]| {
+            rows.iter()
+                .find(|row| row.0 == tid)
+                .map_or((0, 0), |row| (row.1, row.2))
+        };
+        // Every tick() returned before the pause: calls = returns = the fixture's own.
+        assert_eq!(
+            counted(&ticks),
+            (fixture_ticks, fixture_ticks),
+            "tick on thread {tid}:\n{}",
+            report.stdout
+        );
+        // park() is still open on every thread: one call, no return.
+        assert_eq!(
+            counted(&parks),
+            (fixture_parks, 0),
+            "park on thread {tid}:\n{}",
+            report.stdout
+        );
+        assert_eq!(fixture_parks, 1);
+    }
+    assert!(fixture_counts_len_ok(&ticks, THREADS), "{}", report.stdout);
+    target.write_stdin("resume\n");
+    target.expect_line("resumed", ROUND_TIMEOUT);
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+/// Counts come only from the fixture's worker threads.
+fn fixture_counts_len_ok(rows: &[(i64, u64, u64)], threads: usize) -> bool {
+    rows.len() == threads
+}

@@ -2,10 +2,12 @@
 //! counts of the matching functions, per function (and per thread in JSON).
 //!
 //! The one idea: patch, wait, restore, *then* read. Counters live in the target, per
-//! thread, and only grow; reading them after the code is restored gives numbers no hook
-//! can add to any more, and a reading taken when the patches went in is subtracted,
-//! so a function counted by an earlier session starts from zero again. Whatever ends
-//! the wait — the duration, Ctrl-C, the target exiting — the code is restored first.
+//! thread, and only grow; the agent sets a function's counters to zero just before its
+//! hooks go in (a function counted by an earlier session starts from zero again), and
+//! reading them after the code is restored gives numbers no hook can add to any more:
+//! every call since the hooks went in, and only the returns of those calls. Whatever
+//! ends the wait — the duration, Ctrl-C, the target exiting — the code is restored
+//! first.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::refusals::Refusals;
@@ -15,7 +17,6 @@ use crate::targets::{self, Chosen};
 use crate::{inject, interrupt};
 use anyhow::bail;
 use serde_json::json;
-use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 use tendril_wire::{Hook, PatchOutcome, Request, Response, ThreadCounters};
@@ -127,6 +128,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     }
     let ids: Vec<u32> = counted.iter().map(|c| c.id).collect();
     let started = Instant::now();
+    // Only the threads' overflow counters need a starting point.
     let baseline = read_counters(&mut session, &ids)?;
     eprintln!(
         "tendril: counting calls of {} function{} in process {pid} {}",
@@ -169,7 +171,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
             elapsed.as_secs_f64()
         );
     }
-    fill_counts(&mut counted, &baseline, &latest);
+    fill_counts(&mut counted, &latest);
     let overflows = latest
         .iter()
         .map(|t| t.shadow_overflows)
@@ -243,16 +245,11 @@ fn unpatch_all(
     }
 }
 
-/// Counts since the baseline, per function and per thread.
-fn fill_counts(counted: &mut [Counted], baseline: &[ThreadCounters], latest: &[ThreadCounters]) {
-    let before: HashMap<i32, &ThreadCounters> = baseline.iter().map(|t| (t.tid, t)).collect();
+/// Counts since the hooks went in, per function and per thread.
+fn fill_counts(counted: &mut [Counted], latest: &[ThreadCounters]) {
     for (index, function) in counted.iter_mut().enumerate() {
         for thread in latest {
-            let (calls_before, returns_before) = before
-                .get(&thread.tid)
-                .map_or((0, 0), |t| (t.calls[index], t.returns[index]));
-            let calls = thread.calls[index].saturating_sub(calls_before);
-            let returns = thread.returns[index].saturating_sub(returns_before);
+            let (calls, returns) = (thread.calls[index], thread.returns[index]);
             if calls > 0 || returns > 0 {
                 function
                     .per_thread

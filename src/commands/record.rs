@@ -174,6 +174,9 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
         stats.invoked_functions,
         stats.lost_events,
     );
+    if let Some(warning) = crate::profile::stack_switch_warning(profile) {
+        eprintln!("tendril: {warning}");
+    }
     for (name, reason) in refused.iter().take(REFUSALS_SHOWN) {
         eprintln!("tendril: not instrumented: {name} — {reason}");
     }

@@ -227,6 +227,7 @@ mod tests {
             tid: 7,
             name: "worker".into(),
             roots: vec![thread_root],
+            ..ThreadProfile::default()
         }];
         let merged = vec![Node::leaf("work_round", "calltree", 5, 80_000, 80_000)];
         let profile = profile(merged, threads);

@@ -82,6 +82,10 @@ pub struct BuildCounters {
     pub malformed_events: u64,
     /// All pauses tendril caused in the target, in ticks.
     pub pause_ticks: u64,
+    /// Returns to a stack a thread had left (coroutines), see `ThreadCounters`.
+    pub stack_switches: u64,
+    /// Frames closed when their stack was left that returned later.
+    pub dropped_frames: u64,
 }
 
 /// Builds calling context trees from per-thread event streams.
@@ -158,6 +162,8 @@ impl CctBuilder {
             sum.unwound_exits += counters.unwound_exits;
             sum.malformed_events += counters.malformed_events;
             sum.pause_ticks += counters.pause_ticks;
+            sum.stack_switches += counters.stack_switches;
+            sum.dropped_frames += counters.dropped_frames;
         }
         sum
     }
@@ -177,10 +183,13 @@ impl CctBuilder {
         for thread in &self.threads {
             let totals = thread.totals_now(correction);
             merged.merge(thread.arena(), &totals);
+            let counters = thread.counters();
             threads.push(ThreadProfile {
                 tid: thread.tid,
                 name: thread.name.clone(),
                 roots: thread.arena().to_nodes(&totals, correction, describe),
+                stack_switches: counters.stack_switches,
+                dropped_frames: counters.dropped_frames,
             });
         }
         let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
@@ -205,6 +214,8 @@ impl CctBuilder {
                 pause_ns: correction.ticks_to_ns(counters.pause_ticks as f64),
                 unwound_exits: counters.unwound_exits,
                 unmatched_exits: counters.unmatched_exits,
+                stack_switches: counters.stack_switches,
+                dropped_frames: counters.dropped_frames,
             },
             threads,
             merged: MergedProfile {
@@ -218,7 +229,7 @@ impl CctBuilder {
 mod tests {
     use super::*;
     use crate::profile::model::Node;
-    use crate::profile::tests_support::{entry, exit, info, names, pause, unwind};
+    use crate::profile::tests_support::{entry, exit, info, names, pause, resumed, unwind};
     use tendril_wire::events::EventKind;
 
     /// 1 tick = 1 ns and no overhead to remove, so times are the raw tick differences.
@@ -492,5 +503,44 @@ mod tests {
             exit(1, 5),
             "the helpers make real events"
         );
+    }
+
+    #[test]
+    fn frames_resumed_after_a_stack_switch_are_counted_never_matched() {
+        let mut builder = exact_builder();
+        // main -> work, which yields: its frame and fib's are dropped (unwound) when
+        // main's frame returns on the other stack; later both come back (one switch),
+        // then work is entered again from main.
+        builder.push_events(
+            1,
+            &[
+                entry(0, 0),
+                entry(2, 10),
+                entry(1, 20),
+                unwind(1, 30),
+                unwind(2, 30),
+                resumed(1, 40),
+                resumed(2, 45),
+                entry(2, 50),
+                exit(2, 60),
+                resumed(1, 70),
+                exit(0, 100),
+            ],
+        );
+        let profile = snapshot(&builder);
+        assert_eq!(profile.stats.stack_switches, 2);
+        assert_eq!(profile.stats.dropped_frames, 3);
+        assert_eq!(profile.stats.unmatched_exits, 0);
+        assert_eq!(profile.threads[0].stack_switches, 2);
+        assert_eq!(profile.threads[0].dropped_frames, 3);
+        let main = &profile.merged.roots[0];
+        assert_eq!(
+            (main.name.as_str(), main.calls, main.total_ns),
+            ("main", 1, 100)
+        );
+        assert_eq!(main.children[0].calls, 2);
+        let warning = crate::profile::stack_switch_warning(&profile).unwrap();
+        assert!(warning.contains("2 times"), "{warning}");
+        assert!(warning.contains("3 frames"), "{warning}");
     }
 }

@@ -286,17 +286,20 @@ mod tests {
                 pause_ns: 0,
                 unwound_exits: 0,
                 unmatched_exits: 0,
+                ..Stats::default()
             },
             threads: vec![
                 ThreadProfile {
                     tid: 7,
                     name: "worker".to_owned(),
                     roots: vec![root.clone()],
+                    ..ThreadProfile::default()
                 },
                 ThreadProfile {
                     tid: 8,
                     name: String::new(),
                     roots: Vec::new(),
+                    ..ThreadProfile::default()
                 },
             ],
             merged: MergedProfile { roots: vec![root] },

@@ -33,4 +33,4 @@ pub use model::{
     Calibration, DiscoveryStats, GrossTime, MergedProfile, Node, Profile, Stats, ThreadProfile,
     Visit, walk,
 };
-pub use report::{ReportFormat, UnknownReportFormat, write_report};
+pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

@@ -137,15 +137,31 @@ pub struct Stats {
     /// Exit events whose function was not open on that thread (ignored).
     #[serde(default)]
     pub unmatched_exits: u64,
+    /// Times a thread came back to a stack it had left (ucontext coroutines, green
+    /// threads), summed over threads. Non-zero means the trees are cut at the switches:
+    /// see `dropped_frames`.
+    #[serde(default)]
+    pub stack_switches: u64,
+    /// Frames closed (as unwound) when their thread left their stack, which returned
+    /// after it came back: their times stop at the switch, and calls they made after
+    /// it are charged to whatever frame was open then.
+    #[serde(default)]
+    pub dropped_frames: u64,
 }
 
 /// One thread's calling context tree.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ThreadProfile {
     pub tid: u32,
     /// The thread's name (`/proc/PID/task/TID/comm`), empty if unknown.
     pub name: String,
     pub roots: Vec<Node>,
+    /// This thread's share of [`Stats::stack_switches`].
+    #[serde(default)]
+    pub stack_switches: u64,
+    /// This thread's share of [`Stats::dropped_frames`].
+    #[serde(default)]
+    pub dropped_frames: u64,
 }
 
 /// The per-thread trees merged by call path (same functions along the path).

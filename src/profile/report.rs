@@ -98,6 +98,34 @@ fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
 
+/// The warning a profile whose threads switched stacks must carry (`None` if none
+/// did): how many switches and how many frames the trees cut short, per thread.
+pub fn stack_switch_warning(profile: &Profile) -> Option<String> {
+    let stats = &profile.stats;
+    if stats.stack_switches == 0 && stats.dropped_frames == 0 {
+        return None;
+    }
+    let threads: Vec<String> = profile
+        .threads
+        .iter()
+        .filter(|t| t.stack_switches > 0 || t.dropped_frames > 0)
+        .map(|t| {
+            format!(
+                "thread {}: {} switches, {} dropped",
+                t.tid, t.stack_switches, t.dropped_frames
+            )
+        })
+        .collect();
+    Some(format!(
+        "warning: threads switched stacks {} (coroutines?) and {} closed when their stack \
+         was left returned later ({}); their times stop at the switch, and what they did \
+         after it is charged to the frames open then",
+        plural(stats.stack_switches, "time", "times"),
+        plural(stats.dropped_frames, "frame", "frames"),
+        threads.join("; ")
+    ))
+}
+
 /// Who was profiled, how, and how complete the recording is.
 fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     let stats = &profile.stats;
@@ -127,6 +155,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         ),
         ms(stats.pause_ns)
     )?;
+    if let Some(warning) = stack_switch_warning(profile) {
+        writeln!(out, "{warning}")?;
+    }
     writeln!(
         out,
         "calibration: TSC {:.3} GHz, {:.1} ns inner and {:.1} ns outer removed per call",
@@ -320,11 +351,13 @@ mod tests {
                 pause_ns: 1_500_000,
                 unwound_exits: 2,
                 unmatched_exits: 0,
+                ..Stats::default()
             },
             threads: vec![ThreadProfile {
                 tid: 4243,
                 name: "worker".to_owned(),
                 roots: vec![main.clone()],
+                ..ThreadProfile::default()
             }],
             merged: MergedProfile { roots: vec![main] },
         }

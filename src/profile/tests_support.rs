@@ -15,6 +15,10 @@ pub fn unwind(function: u32, ts: u64) -> Event {
     Event::new(EventKind::Unwind, function, ts)
 }
 
+pub fn resumed(function: u32, ts: u64) -> Event {
+    Event::new(EventKind::Resumed, function, ts)
+}
+
 pub fn pause(ticks: u64) -> Event {
     Event::new(EventKind::Adjust, 0, ticks)
 }

@@ -15,6 +15,7 @@ const ENTRY: u32 = EventKind::Entry as u32;
 const EXIT: u32 = EventKind::Exit as u32;
 const UNWIND: u32 = EventKind::Unwind as u32;
 const ADJUST: u32 = EventKind::Adjust as u32;
+const RESUMED: u32 = EventKind::Resumed as u32;
 
 /// An invocation that has been entered and not yet left.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +42,12 @@ pub struct ThreadCounters {
     pub malformed_events: u64,
     /// The sum of all pauses.
     pub pause_ticks: u64,
+    /// Times the thread came back to a stack it had left (a coroutine resumed): the
+    /// runs of `Resumed` events.
+    pub stack_switches: u64,
+    /// Frames closed (by an unwind) when their stack was left, that returned later:
+    /// their times stop at the switch, and what they did after it is not theirs.
+    pub dropped_frames: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -55,6 +62,8 @@ pub struct ThreadTree {
     paused_ticks: u64,
     /// The timestamp of the latest entry/exit/unwind: open frames count up to here.
     latest_ts: u64,
+    /// Whether the latest event was `Resumed` (the next one continues the same switch).
+    resuming: bool,
     counters: ThreadCounters,
 }
 
@@ -68,6 +77,7 @@ impl ThreadTree {
             open_per_function: Vec::new(),
             paused_ticks: 0,
             latest_ts: 0,
+            resuming: false,
             counters: ThreadCounters::default(),
         }
     }
@@ -92,6 +102,11 @@ impl ThreadTree {
     pub fn push(&mut self, events: &[Event], correction: &Correction) {
         self.counters.events += events.len() as u64;
         for event in events {
+            if event.kind == RESUMED {
+                self.resumed(event.value);
+                continue;
+            }
+            self.resuming = false;
             match event.kind {
                 ENTRY => self.enter(event.function, event.value),
                 EXIT => self.exit(event.function, event.value, false, correction),
@@ -119,6 +134,16 @@ impl ThreadTree {
             paused_at_entry: self.paused_ticks,
             descendant_calls: 0,
         });
+    }
+
+    /// A frame closed earlier by an unwind returned after all: its stack had been left
+    /// and is running again. Consecutive ones are one switch back to that stack.
+    #[cold]
+    fn resumed(&mut self, ts: u64) {
+        self.latest_ts = self.latest_ts.max(ts);
+        self.counters.dropped_frames += 1;
+        self.counters.stack_switches += u64::from(!self.resuming);
+        self.resuming = true;
     }
 
     #[cold]

@@ -56,7 +56,7 @@ impl GrossTimes {
                     self.durations.entry(id).or_default().push(corrected);
                 }
                 Some(EventKind::Adjust) => *paused += event.value,
-                None => {}
+                Some(EventKind::Resumed) | None => {}
             }
         }
     }

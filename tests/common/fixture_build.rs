@@ -39,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 13] = [
+const FIXTURES: [Fixture; 16] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -99,6 +99,21 @@ const FIXTURES: [Fixture; 13] = [
         name: "static_loop",
         source: "static_loop.c",
         recipe: Recipe::CStatic,
+    },
+    Fixture {
+        name: "coroutines",
+        source: "coroutines.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "forking",
+        source: "forking.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "hooked_threads",
+        source: "hooked_threads.c",
+        recipe: Recipe::C,
     },
     Fixture {
         name: "i386_loop",

@@ -2,7 +2,10 @@
 //!
 //! The one idea: counters are plain per-thread words that only their thread writes, so
 //! reading them needs no coordination — a read gives a recent value, and a count taken
-//! after the hooks are gone is exact.
+//! after the hooks are gone is exact. A function's counters are set to zero just before
+//! its hooks go in ([`reset_before_patching`]): no hook of it runs then, so nothing is
+//! written to them concurrently, and every count from then on is this session's — the
+//! calls made while the hooks went in included.
 
 use crate::tasks;
 use crate::thread_state::{self, ThreadState};
@@ -33,6 +36,19 @@ pub fn read_counters(ids: &[u32]) -> Vec<ThreadCounters> {
             })
         })
         .collect()
+}
+
+/// Zeroes function `id`'s call and return counters on every registered thread. Call
+/// only while no hook of `id` is in the code (before it is patched): a function is
+/// patched again with the id it had, and its counters still hold the last session's
+/// counts.
+pub fn reset_before_patching(id: u32) {
+    if id as usize >= thread_state::MAX_FUNCTION_IDS {
+        return;
+    }
+    for state in thread_state::registered_threads() {
+        state.reset_counters(id);
+    }
 }
 
 /// The thread's current name if it still runs, else the name it had when it registered.

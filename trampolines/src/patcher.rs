@@ -218,6 +218,11 @@ pub fn patch(
     // leaves a trampoline address in a return slot that an unwinder starting in the
     // meantime cannot step through (a Rust panic aborts with "failed to initiate
     // panic, error 5"; a C++ exception terminates).
+    // Counters start from zero when the hooks go in (they may hold an earlier
+    // session's counts), so a count includes the calls made while they went in.
+    for site in &batch {
+        crate::counting::reset_before_patching(site.id);
+    }
     let (mut internal, mut others): (Vec<Site>, Vec<Site>) =
         batch.into_iter().partition(|site| site.internal);
     let batch_ids: Vec<u32> = internal.iter().chain(&others).map(|s| s.id).collect();

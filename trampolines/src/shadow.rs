@@ -24,7 +24,11 @@
 //!
 //! A return that finds no entry at all would have nowhere to go; dropped entries are
 //! kept in a small graveyard for that case, and if even that fails the process is
-//! stopped with a message rather than sent to a random address.
+//! stopped with a message rather than sent to a random address. A frame found in the
+//! graveyard was not gone: its stack was left and resumed (ucontext coroutines, green
+//! threads). Its Unwind already closed it in the profile, so its return is reported as
+//! `Resumed` — the profile then says how many frames it cut short — and never as an
+//! exit, which the controller could not match.
 
 use crate::slow_call::SavedRegisters;
 use crate::thread_state::{
@@ -152,6 +156,7 @@ fn reinstall_hooks(state: &mut ThreadState) {
 pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegisters) {
     let slot = registers.caller_stack_pointer() + PUSHES * 8;
     let timestamp = registers.rax;
+    let stub = registers.return_address;
     let found = with_own_state(|state| {
         // SAFETY: the calling thread owns `state` and its hooks step aside.
         let position = unsafe { state.shadow_entries() }
@@ -162,18 +167,32 @@ pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegi
                 while state.shadow_len() > index + 1 {
                     drop_top(state);
                 }
-                state.pop_entry()
+                state.pop_entry().map(ReturningFrame::Open)
             }
-            None => take_from_graveyard(state, slot),
+            None => take_from_graveyard(state, slot, stub).map(|entry| {
+                state.resumed_frames += 1;
+                ReturningFrame::Resumed(entry)
+            }),
         };
-        if let Some(entry) = entry {
+        let entry = entry.map(|returning| {
+            let (entry, kind) = match returning {
+                ReturningFrame::Open(entry) => (entry, EventKind::Exit),
+                ReturningFrame::Resumed(entry) => (entry, EventKind::Resumed),
+            };
             let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
-            if entry.function & thread_state::ENTRY_RECORDED != 0 {
-                state.graph_depth = state.graph_depth.saturating_sub(1);
-                recording::emit(state, Event::new(EventKind::Exit, id, timestamp));
-            } else {
+            if entry.function & thread_state::ENTRY_RECORDED == 0 {
                 state.count_return(id);
+            } else if kind == EventKind::Exit {
+                state.graph_depth = state.graph_depth.saturating_sub(1);
+                recording::emit(state, Event::new(kind, id, timestamp));
+            } else {
+                // Its Unwind closed the frame and took it out of the graph depth when
+                // it was dropped: only say that it came back.
+                recording::emit(state, Event::new(kind, id, timestamp));
             }
+            entry
+        });
+        if entry.is_some() {
             // The frame returned normally: anything below it is gone, and an unwinder
             // that ran below it is done.
             reconcile(state, slot);
@@ -189,19 +208,34 @@ pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegi
     }
 }
 
-/// The most recently dropped entry for `slot`, taken out of the graveyard.
-fn take_from_graveyard(state: &mut ThreadState, slot: u64) -> Option<ShadowEntry> {
+/// The frame a return came back through.
+enum ReturningFrame {
+    /// Still on the shadow stack.
+    Open(ShadowEntry),
+    /// Dropped earlier, as if gone, and found in the graveyard: the thread had left its
+    /// stack (a coroutine switched away) and came back to it.
+    Resumed(ShadowEntry),
+}
+
+/// The dropped entry for `slot` whose exit is the one the return came through, taken
+/// out of the graveyard. Frames that tail-called share a slot, so the slot alone does
+/// not say which one returns: the exit does. The exit stub's slow path (where `stub`
+/// points) lies after its exit in the same trampoline, so the exit nearest below
+/// `stub` is the one; the most recently dropped entry wins a tie.
+fn take_from_graveyard(state: &mut ThreadState, slot: u64, stub: u64) -> Option<ShadowEntry> {
     let newest = state.graveyard_next as usize;
-    (0..GRAVEYARD_ENTRIES.min(newest)).find_map(|age| {
-        let index = (newest - 1 - age) % GRAVEYARD_ENTRIES;
-        let entry = &mut state.graveyard[index];
-        if entry.slot != slot || entry.return_address == 0 {
-            return None;
-        }
-        let taken = *entry;
-        entry.return_address = 0;
-        Some(taken)
-    })
+    let distance = |entry: &ShadowEntry| stub.checked_sub(entry.exit).unwrap_or(u64::MAX);
+    let index = (0..GRAVEYARD_ENTRIES.min(newest))
+        .map(|age| (newest - 1 - age) % GRAVEYARD_ENTRIES)
+        .filter(|&index| {
+            let entry = &state.graveyard[index];
+            entry.slot == slot && entry.return_address != 0
+        })
+        .min_by_key(|&index| distance(&state.graveyard[index]))?;
+    let entry = &mut state.graveyard[index];
+    let taken = *entry;
+    entry.return_address = 0;
+    Some(taken)
 }
 
 /// Internal hook on the unwinder's entry points. The hooked function's return slot is

@@ -108,9 +108,19 @@ pub struct ThreadState {
     /// Address of the thread's `tendril_slow_depth` (see `slow_call`): nonzero while
     /// the thread is inside a hook's slow path.
     pub slow_depth_address: u64,
+    /// Returns through frames that had been dropped as gone: their stack was left and
+    /// resumed (coroutines).
+    pub resumed_frames: u64,
+    /// While this thread forks: `FORK_HOLD` and its `FLAG_PASSTHROUGH` bit from before.
+    pub flags_before_fork: u64,
 }
 
-pub const GRAVEYARD_ENTRIES: usize = 64;
+/// `ThreadState::flags_before_fork`: the thread is between fork's prepare handler and
+/// its parent or child handler.
+const FORK_HOLD: u64 = 1 << 63;
+
+/// Dropped entries kept: a coroutine's frames must still be here when it is resumed.
+pub const GRAVEYARD_ENTRIES: usize = 128;
 /// Unwinders active at once on one thread (an exception thrown while another unwinds).
 pub const MAX_NESTED_UNWINDERS: usize = 16;
 
@@ -334,6 +344,40 @@ pub fn with_own_state<R>(body: impl FnOnce(&mut ThreadState) -> R) -> Option<R> 
     Some(result)
 }
 
+/// `pthread_atfork` prepare handler: no hook of the forking thread records or counts
+/// anything until the parent or child handler ([`release_after_fork`]). In the child,
+/// the code that runs before the child handlers (glibc's own: unlocking malloc...)
+/// would otherwise write into rings that belong to the parent.
+pub fn hold_for_fork() {
+    let state = current();
+    if state.is_null() {
+        return;
+    }
+    // SAFETY: the calling thread's own state; only it writes its flags.
+    let state = unsafe { &mut *state };
+    if state.is_agent != 0 {
+        return;
+    }
+    state.flags_before_fork = FORK_HOLD | (state.flags & FLAG_PASSTHROUGH);
+    state.flags |= FLAG_PASSTHROUGH;
+}
+
+/// `pthread_atfork` parent and child handler (the child's after it let go of the
+/// rings): the hooks of the thread work as before the fork.
+pub fn release_after_fork() {
+    let state = current();
+    if state.is_null() {
+        return;
+    }
+    // SAFETY: as in `hold_for_fork`.
+    let state = unsafe { &mut *state };
+    if state.flags_before_fork & FORK_HOLD == 0 {
+        return;
+    }
+    state.flags = (state.flags & !FLAG_PASSTHROUGH) | (state.flags_before_fork & FLAG_PASSTHROUGH);
+    state.flags_before_fork = 0;
+}
+
 /// Every registered target thread's state, in registration order.
 pub fn registered_threads() -> Vec<&'static ThreadState> {
     let count = REGISTERED_COUNT.load(Ordering::Acquire).min(MAX_THREADS);
@@ -355,6 +399,25 @@ impl ThreadState {
     /// The return counter of function `id`.
     pub fn returns(&self, id: u32) -> u64 {
         self.counter(RETURNS_OFFSET, id)
+    }
+
+    /// Sets function `id`'s call and return counters to zero (see
+    /// `counting::reset_before_patching` for when that is safe).
+    pub fn reset_counters(&self, id: u32) {
+        assert!((id as usize) < MAX_FUNCTION_IDS);
+        let base = self as *const ThreadState as *mut u8;
+        for offset in [CALLS_OFFSET, RETURNS_OFFSET] {
+            // Only counters that hold something are written: writing a zero would
+            // commit a page of the region that reading leaves uncommitted.
+            if self.counter(offset, id) == 0 {
+                continue;
+            }
+            // SAFETY: the counter lies inside this thread's region, mapped for the life
+            // of the process; no hook of `id` runs now, so no thread writes it.
+            unsafe {
+                std::ptr::write_volatile(base.add(offset + id as usize * 8).cast::<u64>(), 0)
+            };
+        }
     }
 
     fn counter(&self, offset: usize, id: u32) -> u64 {

@@ -20,6 +20,10 @@ pub enum EventKind {
     /// tendril paused this thread for [`Event::value`] ticks (patching, discovery, a full
     /// ring): remove that time from every frame open on the thread.
     Adjust = 4,
+    /// A frame of [`Event::function`] that an earlier Unwind closed returned after all
+    /// at [`Event::value`]: its stack had been left (a coroutine switched away) and was
+    /// resumed. Its frame is not open again; the event only says that it was dropped.
+    Resumed = 5,
 }
 
 impl EventKind {
@@ -30,6 +34,7 @@ impl EventKind {
             2 => EventKind::Exit,
             3 => EventKind::Unwind,
             4 => EventKind::Adjust,
+            5 => EventKind::Resumed,
             _ => return None,
         })
     }
