@@ -15,6 +15,7 @@ mod counting;
 mod discovery;
 mod padding;
 mod patch_protocol;
+mod patch_targets;
 mod patcher;
 mod recording;
 mod relocate;
