@@ -81,12 +81,10 @@ impl AgentSession {
     /// listens on it, and performs the version handshake.
     pub fn open(path: &Path, pid: i32) -> Result<AgentSession, SessionError> {
         let stream = UnixStream::connect(path)?;
-        let listener = nix::sys::socket::getsockopt(
-            &stream,
-            nix::sys::socket::sockopt::PeerCredentials,
-        )
-        .map_err(std::io::Error::from)?
-        .pid();
+        let listener =
+            nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+                .map_err(std::io::Error::from)?
+                .pid();
         if listener != pid {
             return Err(SessionError::WrongPeer {
                 path: path.display().to_string(),

@@ -87,7 +87,10 @@ fn check(target: &TargetProcess, dir: &OwnedFd) -> Result<(), AttachError> {
     if !is_dir || stat.st_uid != target.uid || stat.st_mode & 0o777 != 0o700 {
         return Err(unusable(
             target,
-            format!("it is not a directory owned by uid {} with mode 0700", target.uid),
+            format!(
+                "it is not a directory owned by uid {} with mode 0700",
+                target.uid
+            ),
         ));
     }
     Ok(())

@@ -134,7 +134,10 @@ mod tests {
         assert_eq!(maps[1].name, "/usr/bin/my program");
         assert_eq!(refusal(&maps, 0x55d0c0a01010), None);
         let stack = refusal(&maps, 0x7ffc00000100).unwrap();
-        assert!(stack.contains("[stack], which is not executable"), "{stack}");
+        assert!(
+            stack.contains("[stack], which is not executable"),
+            "{stack}"
+        );
         let data = refusal(&maps, 0x55d0c0a00010).unwrap();
         assert!(data.contains("/usr/bin/my program, which is not executable"));
         let jit = refusal(&maps, 0x7f0000000010).unwrap();

@@ -84,7 +84,12 @@ pub fn open_rings() -> Result<std::os::fd::OwnedFd, String> {
             .try_clone()
             .map_err(|e| format!("cannot share the rings: {e}"));
     }
-    let fail = |what: &str| format!("cannot {what} the rings: {}", std::io::Error::last_os_error());
+    let fail = |what: &str| {
+        format!(
+            "cannot {what} the rings: {}",
+            std::io::Error::last_os_error()
+        )
+    };
     // SAFETY: memfd_create reads a valid NUL-terminated name and returns a new fd or -1.
     let raw = unsafe {
         libc::memfd_create(
