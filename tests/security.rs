@@ -308,7 +308,10 @@ fn a_recording_puts_no_file_in_the_users_directories() {
         if let Ok(entries) = std::fs::read_dir(&dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                if name != format!("agent-{}.sock", target.pid()) && !name.starts_with("agent-") {
+                // The agent's own socket aside, nothing of this process.
+                let ours = name.contains(&format!("-{}-", target.pid()))
+                    || name.contains(&format!("-{}.", target.pid()));
+                if ours && name != format!("agent-{}.sock", target.pid()) {
                     found.push(dir.join(name));
                 }
             }

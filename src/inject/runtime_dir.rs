@@ -64,9 +64,13 @@ pub fn prepare(target: &TargetProcess) -> Result<OwnedFd, AttachError> {
 
 /// The runtime directory of `target`'s user, held open, if it exists and is sound.
 pub fn open_existing(target: &TargetProcess) -> Option<OwnedFd> {
-    let dir = target
-        .open_dir_in_target(&tendril_wire::runtime_dir(target.uid))
-        .ok()?;
+    open_private_dir(target, &tendril_wire::runtime_dir(target.uid))
+}
+
+/// The directory `path` (inside the target's mount namespace), held open, if it is a
+/// private (0700) directory of `target`'s user.
+pub fn open_private_dir(target: &TargetProcess, path: &std::path::Path) -> Option<OwnedFd> {
+    let dir = target.open_dir_in_target(path).ok()?;
     check(target, &dir).ok()?;
     Some(dir)
 }

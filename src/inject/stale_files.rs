@@ -2,8 +2,8 @@
 //!
 //! Each file an agent makes belongs to one process, named by its pid: its control
 //! socket and startup-error note (`agent-PID.sock`, `agent-PID.err`). Older tendril
-//! builds also left function tables and rings files (`functions-PID-…`, `rings-PID-…`);
-//! they are swept the same way. A process killed outright, or one that simply exits,
+//! builds also left function tables and rings files (`functions-PID-…` there,
+//! `rings-PID-…` in `/dev/shm/tendril-UID`); they are swept the same way. A process killed outright, or one that simply exits,
 //! cannot remove them, so every attach removes those whose process no longer exists.
 //!
 //! The directory is the target user's: it is held open (see `runtime_dir`) and names
@@ -24,8 +24,11 @@ pub fn sweep(target: &TargetProcess) {
     if target.ns_pid != target.pid {
         return;
     }
-    if let Some(dir) = runtime_dir::open_existing(target) {
-        sweep_dir(&dir, process_exists);
+    let legacy_rings = std::path::PathBuf::from(format!("/dev/shm/tendril-{}", target.uid));
+    for path in [tendril_wire::runtime_dir(target.uid), legacy_rings] {
+        if let Some(dir) = runtime_dir::open_private_dir(target, &path) {
+            sweep_dir(&dir, process_exists);
+        }
     }
 }
 

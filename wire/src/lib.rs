@@ -25,10 +25,10 @@ use std::path::PathBuf;
 /// same version: a resident agent cannot be replaced inside a running process.
 pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire3");
 
-/// The longest request line the agent reads (newline included). A `Patch` of every
-/// function of libc (`libc.so.6:*`, ≈3,000 targets with their code ranges) is about
-/// 0.5 MiB; this leaves room for batches thirty times larger, and bounds what a
-/// connection can make the target allocate. A longer line is answered with an
+/// The longest request line the agent reads (newline included). A `Patch` target and
+/// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
+/// (`libc.so.6:*`, a few thousand) is well under 1 MiB; this leaves room for batches of
+/// about 170,000 functions, and bounds what a connection can make the target allocate. A longer line is answered with an
 /// [`Response::Error`] and the connection is closed, unread.
 pub const MAX_REQUEST_BYTES: usize = 16 << 20;
 
