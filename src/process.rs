@@ -88,6 +88,32 @@ impl TargetProcess {
         let relative = path.strip_prefix("/").unwrap_or(path);
         PathBuf::from(format!("/proc/{}/root", self.pid)).join(relative)
     }
+
+    /// Opens the directory `path` (absolute, inside the target's mount namespace) from
+    /// `/proc/PID/root`, one component at a time, following no symbolic link: what is
+    /// opened is the directory at that path, whoever controls a directory on the way.
+    /// Files made or removed relative to the returned descriptor stay in it.
+    pub fn open_dir_in_target(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<std::os::fd::OwnedFd> {
+        use nix::fcntl::{OFlag, open, openat};
+        use nix::sys::stat::Mode;
+        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+        // The root link itself is the kernel's (it leads into the target's mount
+        // namespace); the components under it are the target's.
+        let mut dir = open(
+            format!("/proc/{}/root", self.pid).as_str(),
+            flags,
+            Mode::empty(),
+        )?;
+        for component in path.components() {
+            if let std::path::Component::Normal(name) = component {
+                dir = openat(&dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty())?;
+            }
+        }
+        Ok(dir)
+    }
 }
 
 /// The value of `key` in the text of `/proc/PID/status` (`Threads:\t9` gives `9`).

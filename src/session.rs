@@ -1,8 +1,16 @@
 //! The controller's side of the control connection to a resident agent.
+//!
+//! The one idea: the agent answers for a process its user controls, so nothing it says
+//! is taken on trust. The socket's listener must be the target process itself
+//! (`SO_PEERCRED`, checked before a byte is sent: a user could leave a link to another
+//! service's socket at the agent's name); an answer line is at most
+//! [`MAX_RESPONSE_BYTES`]; a file descriptor that comes with an answer (the rings, see
+//! `tendril_wire`) is handed to the caller to check, never used as it is. Answers are
+//! read with `recvmsg`, because a plain read would drop the descriptors.
 
-use nix::sys::socket::MsgFlags;
-use std::io::{BufRead, BufReader, ErrorKind, Write};
-use std::os::fd::AsRawFd;
+use nix::sys::socket::{ControlMessageOwned, MsgFlags};
+use std::io::{ErrorKind, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -17,6 +25,8 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// by others the agent's thread may get a small share of a core, and a legitimate
 /// batch of thousands of functions (`libc.so.6:*`) must not be cut off.
 const PER_FUNCTION: Duration = Duration::from_millis(5);
+/// The longest answer line read from an agent (counters of many threads are the largest).
+pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, Error)]
 pub enum SessionError {
@@ -33,6 +43,14 @@ pub enum SessionError {
     Closed,
     #[error("{0}")]
     Refused(String),
+    #[error(
+        "the agent's socket {path} is served by pid {found}, not by process {expected}: it is not this process's agent; remove it and try again"
+    )]
+    WrongPeer {
+        path: String,
+        expected: i32,
+        found: i32,
+    },
 }
 
 /// What the agent reported when the session opened.
@@ -52,20 +70,35 @@ pub struct AgentStatus {
 /// it for good: a late answer would otherwise be read as the next request's. The agent
 /// takes a closed connection as the controller gone and restores everything it patched.
 pub struct AgentSession {
-    reader: BufReader<UnixStream>,
-    writer: UnixStream,
+    stream: UnixStream,
+    /// Bytes received after the last answer line (none, from a well-behaved agent).
+    pending: Vec<u8>,
+    /// Descriptors that came with the last answer.
+    received: Vec<OwnedFd>,
     closed: bool,
     pub status: AgentStatus,
 }
 
 impl AgentSession {
-    /// Connects to the socket at `path` and performs the version handshake.
-    pub fn open(path: &Path) -> Result<AgentSession, SessionError> {
+    /// Connects to the socket at `path`, checks that process `pid` (as tendril sees it)
+    /// listens on it, and performs the version handshake.
+    pub fn open(path: &Path, pid: i32) -> Result<AgentSession, SessionError> {
         let stream = UnixStream::connect(path)?;
-        let writer = stream.try_clone()?;
+        let listener =
+            nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+                .map_err(std::io::Error::from)?
+                .pid();
+        if listener != pid {
+            return Err(SessionError::WrongPeer {
+                path: path.display().to_string(),
+                expected: pid,
+                found: listener,
+            });
+        }
         let mut session = AgentSession {
-            reader: BufReader::new(stream),
-            writer,
+            stream,
+            pending: Vec::new(),
+            received: Vec::new(),
             closed: false,
             status: AgentStatus {
                 version: String::new(),
@@ -101,18 +134,34 @@ impl AgentSession {
 
     /// Sends one request and waits for its response; an agent's refusal is an error.
     pub fn request(&mut self, request: &Request) -> Result<Response, SessionError> {
+        self.request_with_payload(request, &[])
+    }
+
+    /// Sends one request followed by `payload` (the bytes a request says follow it, as
+    /// `StartRecording`'s table), and waits for its response.
+    pub fn request_with_payload(
+        &mut self,
+        request: &Request,
+        payload: &[u8],
+    ) -> Result<Response, SessionError> {
         if self.closed {
             return Err(SessionError::Closed);
         }
-        let line = self.exchange(request).inspect_err(|_| {
+        self.received.clear();
+        let line = self.exchange(request, payload).inspect_err(|_| {
             self.closed = true;
-            let _ = self.writer.shutdown(std::net::Shutdown::Both);
+            let _ = self.stream.shutdown(std::net::Shutdown::Both);
         })?;
         match tendril_wire::decode::<Response>(&line) {
             Ok(Response::Error { message }) => Err(SessionError::Refused(message)),
             Ok(response) => Ok(response),
             Err(e) => Err(SessionError::Protocol(e.to_string())),
         }
+    }
+
+    /// Takes the file descriptor that came with the last answer, if one did.
+    pub fn take_received_descriptor(&mut self) -> Option<OwnedFd> {
+        self.received.pop()
     }
 
     /// Whether the agent has closed the connection (another tendril's `detach` ended
@@ -126,7 +175,7 @@ impl AgentSession {
         // An answer never arrives unasked, so anything readable now is the end of the
         // stream, or an error.
         match nix::sys::socket::recv(
-            self.writer.as_raw_fd(),
+            self.stream.as_raw_fd(),
             &mut byte,
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
         ) {
@@ -136,20 +185,60 @@ impl AgentSession {
         }
     }
 
-    /// Writes `request` and reads one line of answer.
-    fn exchange(&mut self, request: &Request) -> Result<Vec<u8>, SessionError> {
+    /// Writes `request` and its payload and reads one line of answer.
+    fn exchange(&mut self, request: &Request, payload: &[u8]) -> Result<Vec<u8>, SessionError> {
         let timeout = reply_timeout(request);
-        self.reader.get_ref().set_read_timeout(Some(timeout))?;
-        self.writer.write_all(&tendril_wire::encode(request))?;
-        let mut line = Vec::new();
-        match self.reader.read_until(b'\n', &mut line) {
-            Ok(0) => Err(SessionError::Io(std::io::ErrorKind::UnexpectedEof.into())),
-            Ok(_) => Ok(line),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                Err(SessionError::NoAnswer(timeout))
+        self.stream.set_read_timeout(Some(timeout))?;
+        let mut message = tendril_wire::encode(request);
+        message.extend_from_slice(payload);
+        (&self.stream).write_all(&message)?;
+        loop {
+            if let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+                let rest = self.pending.split_off(end + 1);
+                return Ok(std::mem::replace(&mut self.pending, rest));
             }
-            Err(e) => Err(e.into()),
+            if self.pending.len() > MAX_RESPONSE_BYTES {
+                return Err(SessionError::Protocol(format!(
+                    "an answer longer than {} MiB",
+                    MAX_RESPONSE_BYTES >> 20
+                )));
+            }
+            match self.receive() {
+                Ok(0) => return Err(SessionError::Io(ErrorKind::UnexpectedEof.into())),
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Err(SessionError::NoAnswer(timeout));
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+    }
+
+    /// Receives what is there (waiting up to the read timeout) into `pending`, and the
+    /// descriptors that come with it into `received`; returns the bytes received.
+    fn receive(&mut self) -> std::io::Result<usize> {
+        let mut chunk = [0u8; 64 * 1024];
+        let mut control = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+        let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
+        let message = nix::sys::socket::recvmsg::<()>(
+            self.stream.as_raw_fd(),
+            &mut iov,
+            Some(&mut control),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )?;
+        let bytes = message.bytes;
+        for cmsg in message.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(fds) = cmsg {
+                for fd in fds {
+                    // SAFETY: the kernel just installed `fd` in this process for this
+                    // message; nothing else owns it.
+                    self.received.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                }
+            }
+        }
+        self.pending.extend_from_slice(&chunk[..bytes]);
+        Ok(bytes)
     }
 }
 

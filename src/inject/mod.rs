@@ -1,13 +1,16 @@
 //! Getting a greeted control session with the agent inside a target process.
 //!
-//! If an agent is already resident and listening, [`attach`] just connects to it. If not,
-//! the agent library is installed in the target user's runtime directory and loaded with
+//! If an agent is already resident and listening, [`attach`] just connects to it (and
+//! checks that the socket's listener is the target itself). If not, the agent library
+//! is installed (see `agent_bundle`), the target user's runtime directory prepared for
+//! its socket (see `runtime_dir`), and the library loaded with
 //! a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread and the
 //! moment are chosen); the thread's registers are restored afterwards, so an interrupted
 //! system call restarts. The agent's constructor opens the control socket.
 
 mod loader;
 mod remote_call;
+mod runtime_dir;
 mod safe_point;
 mod stack_walk;
 mod stale_files;
@@ -51,7 +54,7 @@ pub fn control_socket(target: &TargetProcess) -> PathBuf {
 pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
     let target = process::inspect(pid)?;
     refuse_stopped(pid)?;
-    match AgentSession::open(&control_socket(&target)) {
+    match AgentSession::open(&control_socket(&target), target.pid) {
         Ok(session) => Ok(Some((target, session))),
         Err(SessionError::Io(_)) => Ok(None),
         Err(source) => Err(InjectError::Session { pid, source }),
@@ -76,7 +79,7 @@ fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> 
     refuse_stopped(pid)?;
     stale_files::sweep(&target);
     let socket = control_socket(&target);
-    match AgentSession::open(&socket) {
+    match AgentSession::open(&socket, target.pid) {
         Ok(session) => return Ok((target, session)),
         Err(SessionError::Io(_)) => {}
         Err(source) => return Err(InjectError::Session { pid, source }),
@@ -100,11 +103,9 @@ fn refuse_stopped(pid: i32) -> Result<(), AttachError> {
 fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
     let pid = target.pid;
     process::check_executable(target)?;
-    let runtime_dir = agent_bundle::prepare_runtime_dir(target)?;
-    let agent_path = agent_bundle::install_agent(target, &runtime_dir)?;
-    let _ = std::fs::remove_file(
-        target.path_in_target(&tendril_wire::agent_error_path(target.uid, target.ns_pid)),
-    );
+    let agent_path = agent_bundle::install_agent(target)?;
+    let runtime_dir = runtime_dir::prepare(target)?;
+    runtime_dir::remove_startup_error(target, &runtime_dir);
     let (maps, entry_points) = wait_for_loader(target)?;
     let resident: Vec<&Mapping> = maps
         .iter()
@@ -113,7 +114,11 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
                 .is_some_and(crate::agent_bundle::is_agent_module)
         })
         .collect();
-    if let Some(other) = resident.iter().find(|m| m.file() != Some(&agent_path)) {
+    // Another user's tendril installs the same build elsewhere: the build is in the name.
+    if let Some(other) = resident
+        .iter()
+        .find(|m| m.file().and_then(|f| f.file_name()) != agent_path.file_name())
+    {
         return Err(AttachError::Other {
             pid,
             message: format!(
@@ -133,8 +138,8 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
 /// can set up the recording before the program runs.
 pub fn load_agent_before_start(pid: i32) -> Result<Tracee, AttachError> {
     let target = process::inspect(pid)?;
-    let runtime_dir = agent_bundle::prepare_runtime_dir(&target)?;
-    let agent_path = agent_bundle::install_agent(&target, &runtime_dir)?;
+    let agent_path = agent_bundle::install_agent(&target)?;
+    runtime_dir::prepare(&target)?;
     let (_, entry_points) = wait_for_loader(&target)?;
     let mut tracee = Tracee::adopt_stopped(pid, pid);
     tracee.save_registers()?;
@@ -238,15 +243,17 @@ fn agent_start_function(target: &TargetProcess, resident: &[&Mapping]) -> Result
 /// Waits until the freshly started agent accepts connections on its socket.
 fn wait_for_agent(target: &TargetProcess, socket: &Path) -> Result<AgentSession, InjectError> {
     let pid = target.pid;
-    let error_file =
-        target.path_in_target(&tendril_wire::agent_error_path(target.uid, target.ns_pid));
+    let startup_error = || {
+        runtime_dir::open_existing(target)
+            .and_then(|dir| runtime_dir::read_startup_error(target, &dir))
+    };
     let deadline = Instant::now() + SOCKET_TIMEOUT;
     loop {
-        match AgentSession::open(socket) {
+        match AgentSession::open(socket, pid) {
             Ok(session) => return Ok(session),
             Err(SessionError::Io(_)) if Instant::now() < deadline => {}
             Err(SessionError::Io(e)) => {
-                let reason = std::fs::read_to_string(&error_file).unwrap_or_else(|_| e.to_string());
+                let reason = startup_error().unwrap_or_else(|| e.to_string());
                 return Err(AttachError::Other {
                     pid,
                     message: format!("the agent was loaded but did not start: {reason}"),
@@ -255,7 +262,7 @@ fn wait_for_agent(target: &TargetProcess, socket: &Path) -> Result<AgentSession,
             }
             Err(source) => return Err(InjectError::Session { pid, source }),
         }
-        if let Ok(reason) = std::fs::read_to_string(&error_file) {
+        if let Some(reason) = startup_error() {
             return Err(AttachError::Other {
                 pid,
                 message: format!("the agent was loaded but did not start: {reason}"),

@@ -1,28 +1,34 @@
-//! Removing the files of processes that are gone from a user's runtime directories.
+//! Removing the files of processes that are gone from a user's runtime directory.
 //!
 //! Each file an agent makes belongs to one process, named by its pid: its control
-//! socket and startup-error note (`agent-PID.sock`, `agent-PID.err`), a function table
-//! being handed over (`functions-PID-TOKEN.bin`) and its event rings
-//! (`rings-PID-SESSION.shm`, in memory). A process killed outright, or one that simply
-//! exits, cannot remove them, so every attach removes those whose process no longer
-//! exists. The agent library itself is shared and stays.
+//! socket and startup-error note (`agent-PID.sock`, `agent-PID.err`). Older tendril
+//! builds also left function tables and rings files (`functions-PID-…` there,
+//! `rings-PID-…` in `/dev/shm/tendril-UID`); they are swept the same way. A process killed outright, or one that simply exits,
+//! cannot remove them, so every attach removes those whose process no longer exists.
+//!
+//! The directory is the target user's: it is held open (see `runtime_dir`) and names
+//! are removed with `unlinkat` relative to it, which removes a link itself and never
+//! follows one, so nothing outside the directory can be removed through it.
 
+use super::runtime_dir;
 use crate::process::TargetProcess;
+use nix::unistd::{UnlinkatFlags, unlinkat};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
-/// Removes, from the runtime directories of `target`'s user, the files of processes
-/// that no longer exist. The pids in the names are those of the target's pid
-/// namespace: they can only be checked from inside it, so for a target in another
-/// namespace nothing is removed.
+/// Removes, from the runtime directory of `target`'s user, the files of processes that
+/// no longer exist. The pids in the names are those of the target's pid namespace:
+/// they can only be checked from inside it, so for a target in another namespace
+/// nothing is removed.
 pub fn sweep(target: &TargetProcess) {
     if target.ns_pid != target.pid {
         return;
     }
-    for dir in [
-        tendril_wire::runtime_dir(target.uid),
-        tendril_wire::rings::shm_dir(target.uid),
-    ] {
-        sweep_dir(&target.path_in_target(&dir), process_exists);
+    let legacy_rings = std::path::PathBuf::from(format!("/dev/shm/tendril-{}", target.uid));
+    for path in [tendril_wire::runtime_dir(target.uid), legacy_rings] {
+        if let Some(dir) = runtime_dir::open_private_dir(target, &path) {
+            sweep_dir(&dir, process_exists);
+        }
     }
 }
 
@@ -30,9 +36,12 @@ fn process_exists(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Removes the files in `dir` whose owner, by `exists`, is gone.
-fn sweep_dir(dir: &Path, exists: impl Fn(i32) -> bool) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// Removes the files in the held directory `dir` whose owner, by `exists`, is gone.
+fn sweep_dir(dir: &OwnedFd, exists: impl Fn(i32) -> bool) {
+    use std::os::fd::AsRawFd;
+    // The held descriptor's own entry in /proc names the directory that was opened,
+    // not the path it was opened by.
+    let Ok(entries) = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())) else {
         return;
     };
     for entry in entries.flatten() {
@@ -40,7 +49,7 @@ fn sweep_dir(dir: &Path, exists: impl Fn(i32) -> bool) {
         if let Some(pid) = name.to_str().and_then(owner_pid)
             && !exists(pid)
         {
-            let _ = std::fs::remove_file(entry.path());
+            let _ = unlinkat(dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir);
         }
     }
 }
@@ -68,9 +77,12 @@ mod tests {
     }
 
     #[test]
-    fn only_files_of_gone_processes_are_removed() {
-        let dir = std::env::temp_dir().join(format!("tendril-sweep-test-{}", std::process::id()));
+    fn only_files_of_gone_processes_are_removed_and_links_are_not_followed() {
+        let base = std::env::temp_dir().join(format!("tendril-sweep-test-{}", std::process::id()));
+        let dir = base.join("dir");
+        let outside = base.join("outside");
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&outside, b"keep").unwrap();
         let names = [
             "agent-10.sock",
             "agent-10.err",
@@ -83,7 +95,9 @@ mod tests {
         for name in names {
             std::fs::write(dir.join(name), b"").unwrap();
         }
-        sweep_dir(&dir, |pid| pid == 20);
+        std::os::unix::fs::symlink(&outside, dir.join("agent-30.err")).unwrap();
+        let held: OwnedFd = std::fs::File::open(&dir).unwrap().into();
+        sweep_dir(&held, |pid| pid == 20);
         let mut left: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .flatten()
@@ -94,6 +108,7 @@ mod tests {
             left,
             ["agent-20.sock", "libtendril_agent-abc.so", "rings-20-2.shm"]
         );
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }

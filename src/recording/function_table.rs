@@ -3,16 +3,16 @@
 //!
 //! The one idea: the agent can decode a function only if it knows where the function
 //! ends, and can follow a PLT stub only if something knows where it leads; the
-//! controller knows both from the symbols, so it hands them over in a file. Functions
+//! controller knows both from the symbols, so it hands them over — as bytes right after
+//! the `StartRecording` request on the control connection, never as a file in a
+//! directory the target's user could tamper with. Functions
 //! that must never be instrumented — the dynamic loader's (they run while the process
 //! is half set up, with their own calling conventions), the vDSO's, the agent's, and
 //! those refused by name (`refusals`) — are marked excluded.
 
-use crate::process::{AttachError, TargetProcess};
 use crate::refusals::Refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use tendril_wire::function_table::{self, FLAG_EXCLUDED, FLAG_PLT, FunctionEntry};
 
 /// The table for `symbols`.
@@ -59,41 +59,7 @@ fn is_excluded(module: &str) -> bool {
         || crate::agent_bundle::is_agent_module(module)
 }
 
-/// Writes the table into the target user's runtime directory; returns (the path as
-/// tendril sees it, the path inside the target's mount namespace).
-pub fn write(
-    target: &TargetProcess,
-    symbols: &ProcessSymbols,
-    token: u64,
-) -> Result<(PathBuf, String), AttachError> {
-    let fail = |message: String| AttachError::Other {
-        pid: target.pid,
-        message,
-    };
-    crate::agent_bundle::prepare_runtime_dir(target)?;
-    let in_target = function_table::table_path(target.uid, target.ns_pid, token);
-    let path = target.path_in_target(&in_target);
-    let bytes = function_table::encode(&entries(symbols));
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::remove_file(&path);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .and_then(|mut file| file.write_all(&bytes).map(|()| file))
-            .map_err(|e| fail(format!("cannot write {}: {e}", path.display())))?;
-        file.flush()
-            .map_err(|e| fail(format!("cannot write {}: {e}", path.display())))?;
-    }
-    std::os::unix::fs::chown(&path, Some(target.uid), Some(target.gid)).map_err(|e| {
-        fail(format!(
-            "cannot give {} to uid {}: {e}",
-            path.display(),
-            target.uid
-        ))
-    })?;
-    Ok((path, in_target.display().to_string()))
+/// The encoded table for `symbols`, as `StartRecording` carries it.
+pub fn encode(symbols: &ProcessSymbols) -> Vec<u8> {
+    function_table::encode(&entries(symbols))
 }

@@ -174,34 +174,32 @@ impl Recorder {
                 .into_iter()
                 .partition(|c| by_name.reason(&c.function).is_none());
         let discover = self.scheme == Scheme::B && !self.gross_only;
-        let token = u64::from(std::process::id()) << 20 ^ tsc::read() & 0xfffff;
-        let (table_path, table_in_target) =
-            function_table::write(&self.target, &self.symbols, token)?;
-        let started = self.session.request(&Request::StartRecording {
-            functions_file: table_in_target,
-            discover,
-        });
-        let _ = std::fs::remove_file(&table_path);
-        let (rings_file, inner_ticks, outer_ticks) = match started.map_err(session_error)? {
+        let table = function_table::encode(&self.symbols);
+        let started = self.session.request_with_payload(
+            &Request::StartRecording {
+                table_bytes: table.len() as u64,
+                discover,
+            },
+            &table,
+        );
+        let (inner_ticks, outer_ticks) = match started.map_err(session_error)? {
             Response::RecordingStarted {
-                rings_file,
                 inner_ticks,
                 outer_ticks,
-            } => (rings_file, inner_ticks, outer_ticks),
+            } => (inner_ticks, outer_ticks),
             other => {
                 return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
             }
         };
+        let rings_memory = self.session.take_received_descriptor();
         self.recording = true;
         self.stopped_at = None;
         if self.rings.is_none() {
-            let rings_path = self
-                .target
-                .path_in_target(std::path::Path::new(&rings_file));
-            let rings = Rings::open(&rings_path).map_err(|e| RecordError::Refused {
-                pid,
-                message: format!("cannot map {}: {e}", rings_path.display()),
-            })?;
+            let refused = |message: String| RecordError::Refused { pid, message };
+            let memory = rings_memory
+                .ok_or_else(|| refused("the agent sent no rings with its answer".into()))?;
+            let rings = Rings::from_descriptor(memory)
+                .map_err(|e| refused(format!("cannot map the rings: {e}")))?;
             self.rings = Some(rings);
         }
         self.rings().skip_to_now();

@@ -1,4 +1,4 @@
-//! Reading a recording's rings file: the agent's counters, the function registry, and
+//! Reading a recording's rings: the agent's counters, the function registry, and
 //! the events of every thread's ring (layout in `tendril_wire::rings`).
 //!
 //! The one idea: the controller is each ring's only consumer. It reads the producer's
@@ -7,7 +7,7 @@
 //! as long as the controller keeps draining.
 
 use memmap2::MmapMut;
-use std::path::Path;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use tendril_wire::events::Event;
 use tendril_wire::rings::{self, header, ring};
@@ -33,22 +33,31 @@ pub struct Rings {
 }
 
 impl Rings {
-    /// Maps the file at `path` (as tendril sees it).
-    pub fn open(path: &Path) -> std::io::Result<Rings> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)?;
-        if file.metadata()?.len() < rings::FILE_BYTES as u64 {
-            return Err(std::io::Error::other("the rings file is too short"));
+    /// Checks and maps the rings' memory the agent handed over.
+    pub fn from_descriptor(fd: OwnedFd) -> std::io::Result<Rings> {
+        let refuse = |why: String| std::io::Error::other(format!("the agent's rings {why}"));
+        let seals = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GET_SEALS)
+            .map_err(|e| refuse(format!("are not sealed memory ({e})")))?;
+        let required = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        if seals & required != required {
+            return Err(refuse("may change size (not sealed)".into()));
         }
-        // SAFETY: a shared mapping of a file the agent keeps at its full size for the
-        // life of the process; all shared words are accessed as atomics, events with
+        let file = std::fs::File::from(fd);
+        let metadata = file.metadata()?;
+        if !metadata.is_file() || metadata.len() != rings::FILE_BYTES as u64 {
+            return Err(refuse(format!(
+                "are {} bytes, not {}",
+                metadata.len(),
+                rings::FILE_BYTES
+            )));
+        }
+        // SAFETY: a shared mapping of memory sealed at its full size, so no page can
+        // disappear under it; all shared words are accessed as atomics, events with
         // volatile reads behind the producer's published head.
         let map = unsafe { MmapMut::map_mut(&file)? };
         let rings = Rings { map };
         if rings.word(header::MAGIC).load(Ordering::Acquire) != rings::MAGIC {
-            return Err(std::io::Error::other("not a tendril rings file"));
+            return Err(refuse("are not tendril rings".into()));
         }
         Ok(rings)
     }

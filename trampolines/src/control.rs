@@ -13,7 +13,7 @@ use crate::stubs::HookKind;
 use crate::{
     calibration, counting, discovery, lingering, recording, session_threads, shadow, threads,
 };
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Mutex;
@@ -37,10 +37,22 @@ pub fn spawn_control_thread() -> Result<(), String> {
     .map_err(|e| format!("cannot start the agent's control thread: {e}"))
 }
 
-/// Records why the agent could not start, for the controller to show.
+/// Records why the agent could not start, for the controller to show. The note is a
+/// new file of this process's user (a link planted at its name is not followed).
 pub fn report_startup_error(message: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
     let (uid, pid) = identity();
-    let _ = std::fs::write(tendril_wire::agent_error_path(uid, pid), message);
+    let path = tendril_wire::agent_error_path(uid, pid);
+    let _ = std::fs::remove_file(&path);
+    if let Ok(mut note) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+    {
+        let _ = note.write_all(message.as_bytes());
+    }
 }
 
 fn bind_control_socket() -> Result<UnixListener, String> {
@@ -126,11 +138,39 @@ fn run_session(session: u64, stream: UnixStream) {
     let mut greeted = false;
     loop {
         line.clear();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        match read_request_line(&mut reader, &mut line) {
+            Ok(RequestLine::Complete) => {}
+            Ok(RequestLine::Ended) | Err(_) => return,
+            Ok(RequestLine::TooLong) => {
+                // The rest of the line stays unread: the connection is closed on it.
+                let refusal = Response::Error {
+                    message: format!(
+                        "request longer than {} MiB refused; the connection is closed",
+                        tendril_wire::MAX_REQUEST_BYTES >> 20
+                    ),
+                };
+                let _ = writer.write_all(&tendril_wire::encode(&refusal));
+                return;
+            }
         }
-        let response = match tendril_wire::decode::<Request>(&line) {
+        let request = tendril_wire::decode::<Request>(&line);
+        // A table follows its request on the connection: take it before anything else,
+        // so the next line is a request again (or end a connection that lies about it).
+        let table = match &request {
+            Ok(Request::StartRecording { table_bytes, .. }) => {
+                match read_table(&mut reader, *table_bytes) {
+                    Ok(table) => Some(table),
+                    Err(message) => {
+                        let refusal = Response::Error { message };
+                        let _ = writer.write_all(&tendril_wire::encode(&refusal));
+                        return;
+                    }
+                }
+            }
+            _ => None,
+        };
+        let mut rings = None;
+        let response = match request {
             Err(e) => Response::Error {
                 message: format!("malformed request: {e}"),
             },
@@ -159,16 +199,110 @@ fn run_session(session: u64, stream: UnixStream) {
             Ok(Request::ResolveSymbols { names }) => Response::Resolved {
                 addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
             },
-            Ok(Request::StartRecording {
-                functions_file,
-                discover,
-            }) => start_recording(session, &functions_file, discover),
+            Ok(Request::StartRecording { discover, .. }) => {
+                match start_recording(session, table.unwrap_or_default(), discover) {
+                    Ok((response, fd)) => {
+                        rings = Some(fd);
+                        response
+                    }
+                    Err(message) => Response::Error { message },
+                }
+            }
             Ok(Request::StopRecording) => stop_recording(session),
         };
-        if writer.write_all(&tendril_wire::encode(&response)).is_err() {
+        let answer = tendril_wire::encode(&response);
+        let sent = match &rings {
+            Some(fd) => send_with_descriptor(&writer, &answer, fd),
+            None => writer.write_all(&answer),
+        };
+        if sent.is_err() {
             return;
         }
     }
+}
+
+/// How reading one request line ended.
+enum RequestLine {
+    Complete,
+    /// The controller closed the connection.
+    Ended,
+    /// No newline within [`tendril_wire::MAX_REQUEST_BYTES`].
+    TooLong,
+}
+
+/// Reads one request line into `line`, never more than
+/// [`tendril_wire::MAX_REQUEST_BYTES`] of it.
+fn read_request_line(
+    reader: &mut BufReader<UnixStream>,
+    line: &mut Vec<u8>,
+) -> std::io::Result<RequestLine> {
+    let limit = tendril_wire::MAX_REQUEST_BYTES as u64;
+    reader.by_ref().take(limit).read_until(b'\n', line)?;
+    Ok(if line.last() == Some(&b'\n') {
+        RequestLine::Complete
+    } else if line.len() as u64 >= limit {
+        RequestLine::TooLong
+    } else {
+        RequestLine::Ended
+    })
+}
+
+/// Reads the `bytes` of function table that follow a `StartRecording` line.
+fn read_table(reader: &mut BufReader<UnixStream>, bytes: u64) -> Result<Vec<u8>, String> {
+    if bytes > tendril_wire::MAX_TABLE_BYTES {
+        return Err(format!(
+            "function table of {bytes} bytes refused (at most {} MiB); the connection is closed",
+            tendril_wire::MAX_TABLE_BYTES >> 20
+        ));
+    }
+    let mut table = vec![0u8; bytes as usize];
+    reader
+        .read_exact(&mut table)
+        .map_err(|e| format!("the function table did not arrive whole: {e}"))?;
+    Ok(table)
+}
+
+/// Writes `bytes` with `fd` attached (`SCM_RIGHTS`), the rest of them plainly.
+fn send_with_descriptor(
+    stream: &UnixStream,
+    bytes: &[u8],
+    fd: &std::os::fd::OwnedFd,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let raw = fd.as_raw_fd();
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty message.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.as_mut_ptr().cast();
+    message.msg_controllen = space;
+    // SAFETY: `message` points at `control`, which has room for one cmsg holding one
+    // int (CMSG_SPACE above), so CMSG_FIRSTHDR is non-null and CMSG_DATA is in bounds.
+    unsafe {
+        let header = libc::CMSG_FIRSTHDR(&message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as usize;
+        std::ptr::copy_nonoverlapping(
+            (&raw as *const libc::c_int).cast::<u8>(),
+            libc::CMSG_DATA(header),
+            std::mem::size_of::<libc::c_int>(),
+        );
+    }
+    // SAFETY: `message` and everything it points at live across the call.
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &message, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut writer = stream;
+    writer.write_all(&bytes[sent as usize..])
 }
 
 /// The open sessions, each with a handle on its connection (to end it).
@@ -242,21 +376,21 @@ fn ready() -> Response {
 /// The session recording now (0: none).
 static RECORDING_SESSION: AtomicU64 = AtomicU64::new(0);
 
-fn start_recording(session: u64, functions_file: &str, discover: bool) -> Response {
+/// Starts a recording with `table` (see `tendril_wire::function_table`); answers with
+/// the response and the rings' descriptor for the controller.
+fn start_recording(
+    session: u64,
+    table: Vec<u8>,
+    discover: bool,
+) -> Result<(Response, std::os::fd::OwnedFd), String> {
     if RECORDING_SESSION
         .compare_exchange(0, session, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
-        return Response::Error {
-            message: "another tendril is recording this process; stop it first".into(),
-        };
+        return Err("another tendril is recording this process; stop it first".into());
     }
-    let started = (|| -> Result<Response, String> {
-        let (uid, pid) = identity();
-        let rings = recording::open_rings(uid, pid, session)?;
-        let table = std::fs::read(functions_file)
-            .map_err(|e| format!("cannot read the function table {functions_file}: {e}"))?;
-        let _ = std::fs::remove_file(functions_file);
+    let started = (|| -> Result<(Response, std::os::fd::OwnedFd), String> {
+        let rings = recording::open_rings()?;
         discovery::start(session, table, discover)?;
         recording::start();
         let cost = calibration::calibrate()?;
@@ -268,15 +402,14 @@ fn start_recording(session: u64, functions_file: &str, discover: bool) -> Respon
             tendril_wire::rings::header::OUTER_TICKS,
             cost.outer_ticks as u64,
         );
-        Ok(Response::RecordingStarted {
-            rings_file: rings.display().to_string(),
+        let response = Response::RecordingStarted {
             inner_ticks: cost.inner_ticks,
             outer_ticks: cost.outer_ticks,
-        })
+        };
+        Ok((response, rings))
     })();
-    started.unwrap_or_else(|message| {
+    started.inspect_err(|_| {
         stop_recording(session);
-        Response::Error { message }
     })
 }
 
@@ -312,7 +445,7 @@ fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> R
             kind: hook_kind(target.hook),
         })
         .collect();
-    let results = patcher::patch(session, &requests, code_ranges);
+    let results = crate::patch_targets::patch_mapped(session, &requests, code_ranges);
     let outcomes = targets
         .iter()
         .zip(results)

@@ -16,6 +16,7 @@ mod discovery;
 mod lingering;
 mod padding;
 mod patch_protocol;
+mod patch_targets;
 mod patcher;
 mod recording;
 mod relocate;

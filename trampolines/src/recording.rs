@@ -1,8 +1,8 @@
 //! The recording's shared memory: the rings file (`tendril_wire::rings`), a ring per
 //! recording thread, and the events agent code writes itself.
 //!
-//! The agent creates the file once, in the target user's private runtime directory,
-//! and keeps it mapped for the life of the process: a hook still running after a
+//! The agent creates the memory once (a sealed memfd, handed to the controller over the
+//! control socket) and keeps it mapped for the life of the process: a hook still running after a
 //! recording ended may write one more event, and must find memory there. A thread
 //! claims a ring the first time it records and keeps it; a new recording simply starts
 //! reading every ring from where its producer is (stale events left by frames of an
@@ -66,102 +66,77 @@ pub fn set_header(field: usize, value: u64) {
     }
 }
 
-/// Creates (once) and maps the rings file; returns its path inside this process's
-/// mount namespace.
-pub fn open_rings(uid: u32, pid: i32, session: u64) -> Result<std::path::PathBuf, String> {
-    static PATH: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
-    let mut path = PATH.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(existing) = path.as_ref()
+/// The rings' memory (a sealed memfd), kept open to hand to each recording's controller.
+static RINGS_FD: std::sync::Mutex<Option<std::os::fd::OwnedFd>> = std::sync::Mutex::new(None);
+
+/// Creates (once per process) and maps the rings' memory; returns a descriptor of it for
+/// the controller. The memory is a memfd, not a file: nothing of it appears in a
+/// directory, so nothing there can be swapped for something else, and nothing is left
+/// behind when the process ends. It is sealed against shrinking and growing, so the
+/// controller's mapping can never lose its pages under it (no `SIGBUS`).
+pub fn open_rings() -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let mut held = RINGS_FD.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(fd) = held.as_ref()
         && base().is_some()
     {
-        return Ok(existing.clone());
+        return fd
+            .try_clone()
+            .map_err(|e| format!("cannot share the rings: {e}"));
     }
-    let dir = private_memory_dir(uid)?;
-    let file_path = rings::rings_path(&dir, pid, session);
-    let file = {
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::remove_file(&file_path);
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&file_path)
-            .map_err(|e| format!("cannot create {}: {e}", file_path.display()))?
+    let fail = |what: &str| {
+        format!(
+            "cannot {what} the rings: {}",
+            std::io::Error::last_os_error()
+        )
     };
-    file.set_len(rings::FILE_BYTES as u64)
-        .map_err(|e| format!("cannot size {}: {e}", file_path.display()))?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: maps the whole file, which has just been sized; shared, so the controller
-    // sees the writes. Never unmapped (see the module comment).
+    // SAFETY: memfd_create reads a valid NUL-terminated name and returns a new fd or -1.
+    let raw = unsafe {
+        libc::memfd_create(
+            c"tendril-rings".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if raw < 0 {
+        return Err(fail("create"));
+    }
+    // SAFETY: `raw` is a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: plain system calls on the descriptor owned by `fd`.
+    let sized = unsafe { libc::ftruncate(fd.as_raw_fd(), rings::FILE_BYTES as libc::off_t) };
+    if sized != 0 {
+        return Err(fail("size"));
+    }
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(fail("seal"));
+    }
+    // SAFETY: maps the whole memfd, which has just been sized (and can no longer
+    // shrink); shared, so the controller sees the writes. Never unmapped (see the
+    // module comment).
     let mapped = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
             rings::FILE_BYTES,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
-            file.as_raw_fd(),
+            fd.as_raw_fd(),
             0,
         )
     };
     if mapped == libc::MAP_FAILED {
-        return Err(format!(
-            "cannot map {}: {}",
-            file_path.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(fail("map"));
     }
     RINGS.store(mapped.cast(), Ordering::Release);
     set_header(header::MAGIC, rings::MAGIC);
-    remember_for_exit(&file_path);
     crate::patcher::for_each_id(register_function);
-    *path = Some(file_path.clone());
-    Ok(file_path)
-}
-
-/// The rings file's path as a C string, removed when the process exits normally (it
-/// would otherwise hold its memory in `/dev/shm` after the process is gone).
-static FILE_TO_REMOVE: std::sync::OnceLock<std::ffi::CString> = std::sync::OnceLock::new();
-
-fn remember_for_exit(path: &std::path::Path) {
-    use std::os::unix::ffi::OsStrExt;
-    if let Ok(path) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
-        let _ = FILE_TO_REMOVE.set(path);
-    }
-}
-
-/// Runs at process exit (`.fini_array`): removes the rings file.
-extern "C" fn remove_rings_file_at_exit() {
-    if let Some(path) = FILE_TO_REMOVE.get() {
-        // SAFETY: unlink reads a valid NUL-terminated path.
-        unsafe { libc::unlink(path.as_ptr()) };
-    }
-}
-
-// SAFETY: a function pointer in .fini_array is the ELF mechanism for a destructor run at
-// normal process exit; it only makes one system call.
-#[used]
-#[unsafe(link_section = ".fini_array")]
-static REMOVE_RINGS_AT_EXIT: extern "C" fn() = remove_rings_file_at_exit;
-
-/// The user's private directory in `/dev/shm` (created 0700 if needed), or the runtime
-/// directory where there is no `/dev/shm`.
-fn private_memory_dir(uid: u32) -> Result<std::path::PathBuf, String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
-    if !std::path::Path::new("/dev/shm").is_dir() {
-        return Ok(tendril_wire::runtime_dir(uid));
-    }
-    let dir = rings::shm_dir(uid);
-    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
-    let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| format!("cannot use {}: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o777 != 0o700 {
-        return Err(format!(
-            "{} must be a directory owned by uid {uid} with mode 0700; remove it and try again",
-            dir.display()
-        ));
-    }
-    Ok(dir)
+    let shared = fd
+        .try_clone()
+        .map_err(|e| format!("cannot share the rings: {e}"))?;
+    // In a forked child this drops the parent's descriptor inherited by the fork.
+    *held = Some(fd);
+    Ok(shared)
 }
 
 /// Starts a recording: clears the statistics and the invoked flags, and lets threads

@@ -3,8 +3,8 @@
 //! knows where a PLT stub really goes.
 //!
 //! The one idea: the agent has no symbol reader of its own; the controller writes the
-//! table it already built into a file in the target user's runtime directory, sorted by
-//! address, and the agent maps it and binary-searches it. Fixed-size little-endian
+//! table it already built over the control connection, right after the
+//! `StartRecording` line, sorted by address, and the agent binary-searches it. Fixed-size little-endian
 //! records keep both sides trivial.
 
 /// The file's first word.
@@ -108,12 +108,6 @@ impl<'a> FunctionTable<'a> {
             .then(|| self.get(low))
             .filter(|entry| entry.start == address)
     }
-}
-
-/// The table file for a recording of process `pid` (its own pid namespace), as a path
-/// inside the target's mount namespace; `token` tells recordings apart.
-pub fn table_path(uid: u32, pid: i32, token: u64) -> std::path::PathBuf {
-    crate::runtime_dir(uid).join(format!("functions-{pid}-{token}.bin"))
 }
 
 #[cfg(test)]

@@ -4,7 +4,14 @@
 //! runtime-directory conventions are written exactly once. The control channel is a Unix
 //! stream socket carrying one JSON message per line: the controller sends a [`Request`],
 //! the agent answers with exactly one [`Response`]. Control traffic is rare and small;
-//! the hot event path (later) goes through shared-memory rings, not through here.
+//! the hot event path goes through shared-memory rings, not through here.
+//!
+//! Two requests carry more than their line: [`Request::StartRecording`] is followed by
+//! the function table's bytes (`table_bytes` of them), and its answer
+//! [`Response::RecordingStarted`] carries the rings' memory as a file descriptor
+//! (`SCM_RIGHTS`). So no file of a recording ever lies in a directory the target's user
+//! controls. Neither side trusts the other's sizes: a request line is at most
+//! [`MAX_REQUEST_BYTES`], a table at most [`MAX_TABLE_BYTES`].
 
 pub mod callees;
 pub mod events;
@@ -16,7 +23,17 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire2");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire3");
+
+/// The longest request line the agent reads (newline included). A `Patch` target and
+/// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
+/// (`libc.so.6:*`, a few thousand) is well under 1 MiB; this leaves room for batches of
+/// about 170,000 functions, and bounds what a connection can make the target allocate. A longer line is answered with an
+/// [`Response::Error`] and the connection is closed, unread.
+pub const MAX_REQUEST_BYTES: usize = 16 << 20;
+
+/// The largest function table a `StartRecording` may carry: 2 million functions.
+pub const MAX_TABLE_BYTES: u64 = 64 << 20;
 
 /// A message from the controller to the agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,15 +58,13 @@ pub enum Request {
     /// Where the dynamic loader resolves these symbol names in the target (for an
     /// IFUNC, the implementation it chose).
     ResolveSymbols { names: Vec<String> },
-    /// Start a recording: open the rings file, load the function table (a file written
-    /// by the controller, path inside the target's mount namespace), calibrate the
-    /// hooks. With `discover`, a function's callees are instrumented when it first
-    /// runs in the call graph (Scheme B); otherwise only what is patched is recorded.
-    /// The roots are patched afterwards, with [`Hook::RecordRoot`].
-    StartRecording {
-        functions_file: String,
-        discover: bool,
-    },
+    /// Start a recording: create (once) the rings, take the function table (the
+    /// `table_bytes` bytes that follow this line on the connection, at most
+    /// [`MAX_TABLE_BYTES`]; see [`function_table`]), calibrate the hooks. With
+    /// `discover`, a function's callees are instrumented when it first runs in the call
+    /// graph (Scheme B); otherwise only what is patched is recorded. The roots are
+    /// patched afterwards, with [`Hook::RecordRoot`].
+    StartRecording { table_bytes: u64, discover: bool },
     /// End the recording: restore every function this session patched.
     StopRecording,
 }
@@ -157,13 +172,10 @@ pub enum Response {
     Counters { threads: Vec<ThreadCounters> },
     /// Answer to [`Request::ResolveSymbols`], one address (or none) per name.
     Resolved { addresses: Vec<Option<u64>> },
-    /// Answer to [`Request::StartRecording`]: the rings file (path inside the target's
-    /// mount namespace) and the hooks' calibrated cost in TSC ticks.
-    RecordingStarted {
-        rings_file: String,
-        inner_ticks: f64,
-        outer_ticks: f64,
-    },
+    /// Answer to [`Request::StartRecording`]: the hooks' calibrated cost in TSC ticks.
+    /// The line comes with one file descriptor (`SCM_RIGHTS`): the rings' memory, a
+    /// memfd of [`rings::FILE_BYTES`] sealed against shrinking and growing.
+    RecordingStarted { inner_ticks: f64, outer_ticks: f64 },
     /// Answer to [`Request::StopRecording`]: functions restored, and the callees that
     /// could not be instrumented, with the reason.
     RecordingStopped {
@@ -176,7 +188,8 @@ pub enum Response {
 
 /// The per-user private runtime directory, as a path inside the target's mount
 /// namespace. The directory is created with mode 0700 and owned by `uid`; the agent
-/// refuses to listen in it otherwise.
+/// refuses to listen in it otherwise. It holds only what the agent (running as `uid`)
+/// makes: its control socket and its startup-error note.
 pub fn runtime_dir(uid: u32) -> PathBuf {
     PathBuf::from(format!("/tmp/tendril-{uid}"))
 }

@@ -1,16 +1,15 @@
-//! The shared-memory file a recording travels through: a header the agent fills in, the
+//! The shared memory a recording travels through: a header the agent fills in, the
 //! function registry (id → address), and one single-producer ring of [`Event`]s per
 //! recording thread.
 //!
 //! The one idea: the agent's hook stubs write events with plain stores and publish a
 //! ring's `head` after each event; the controller reads up to `head`, then publishes
 //! `tail`. Each index has a cache line of its own, so producer and consumer never
-//! write the same line. The agent creates the file (in the target user's private
-//! runtime directory) and the controller maps it; both use the offsets below.
+//! write the same line. The agent creates the memory (a sealed memfd, never a file in a
+//! directory) and hands its descriptor to the controller over the control socket; both
+//! map it and use the offsets below.
 //!
 //! [`Event`]: crate::events::Event
-
-use std::path::PathBuf;
 
 /// The file's first word.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"tendrlr1");
@@ -99,18 +98,6 @@ pub const RING_ACTIVE: u32 = 1;
 /// Offset of ring `index` in the file.
 pub const fn ring_offset(index: usize) -> usize {
     RINGS_OFFSET + index * RING_BYTES
-}
-
-/// Where the rings files of user `uid` go: a private (0700) directory in `/dev/shm`,
-/// so the rings live in memory (a file on disk would allocate blocks as threads write).
-pub fn shm_dir(uid: u32) -> PathBuf {
-    PathBuf::from(format!("/dev/shm/tendril-{uid}"))
-}
-
-/// The recording file of session `session` in process `pid` (its own pid namespace),
-/// in `dir` (see [`shm_dir`]), as a path inside the target's mount namespace.
-pub fn rings_path(dir: &std::path::Path, pid: i32, session: u64) -> PathBuf {
-    dir.join(format!("rings-{pid}-{session}.shm"))
 }
 
 const _: () = assert!(RING_EVENTS.is_power_of_two());
