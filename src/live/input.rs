@@ -1,14 +1,16 @@
 //! The terminal's input, read on a thread of its own, which never spins.
 //!
 //! The one idea: crossterm is only asked to read when the terminal has something to
-//! read. crossterm's reader loops forever, at full speed, on a terminal that went away
+//! read, or for the events it has read already. crossterm's reader loops forever, at full speed, on a terminal that went away
 //! (its reads return end-of-file or EIO, and it retries them), and it holds its lock
 //! while it does. So the input thread first waits with `poll(2)` for the terminal to be
 //! readable; when poll reports a hang-up (the window closed, the tmux server killed, the
 //! pty's other end closed — with or without a SIGHUP reaching tendril), the thread
 //! notes it and ends instead of calling crossterm. The event loop only waits on a
 //! channel with a timeout, sees [`Input::terminal_gone`], and ends the session as if the
-//! user quit — detaching from the target.
+//! user quit — detaching from the target. (What remains: a hang-up in the microseconds
+//! between poll's answer and crossterm's read still sets crossterm spinning, on this
+//! thread only; the event loop notices the terminal is gone all the same.)
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use std::fs::File;
@@ -47,16 +49,30 @@ impl Input {
         std::thread::Builder::new()
             .name("tendril-input".into())
             .spawn(move || {
+                // crossterm reads all the bytes there are and hands out one event at a
+                // time: after a read, more events may wait in crossterm, not in the fd.
+                let mut maybe_buffered = false;
                 while !thread_stop.load(Ordering::SeqCst) {
-                    match wait_readable(thread_terminal.fd()) {
-                        Readiness::Idle => continue,
+                    let wait = if maybe_buffered { 0 } else { IDLE_POLL_MS };
+                    let event = match wait_readable(thread_terminal.fd(), wait) {
                         Readiness::HungUp => {
                             thread_hung_up.store(true, Ordering::SeqCst);
                             return;
                         }
-                        Readiness::Readable => {}
-                    }
-                    let event = event::read();
+                        Readiness::Readable => event::read(),
+                        // Nothing in the fd (and no hang-up): crossterm only looks at
+                        // what it holds already.
+                        Readiness::Idle if maybe_buffered => match event::poll(Duration::ZERO) {
+                            Ok(true) => event::read(),
+                            Ok(false) => {
+                                maybe_buffered = false;
+                                continue;
+                            }
+                            Err(error) => Err(error),
+                        },
+                        Readiness::Idle => continue,
+                    };
+                    maybe_buffered = true;
                     let failed = event.is_err();
                     if sender.send(event).is_err() || failed {
                         return;
@@ -147,10 +163,10 @@ enum Readiness {
     Idle,
 }
 
-/// Waits up to [`IDLE_POLL_MS`] for `fd` to have input.
-fn wait_readable(fd: BorrowedFd) -> Readiness {
+/// Waits up to `milliseconds` for `fd` to have input.
+fn wait_readable(fd: BorrowedFd, milliseconds: u16) -> Readiness {
     let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-    match poll(&mut fds, PollTimeout::from(IDLE_POLL_MS)) {
+    match poll(&mut fds, PollTimeout::from(milliseconds)) {
         Ok(0) | Err(nix::errno::Errno::EINTR) => Readiness::Idle,
         Ok(_) => {
             let revents = fds[0].revents().unwrap_or(PollFlags::empty());
