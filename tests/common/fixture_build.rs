@@ -39,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 12] = [
+const FIXTURES: [Fixture; 13] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -88,6 +88,11 @@ const FIXTURES: [Fixture; 12] = [
     Fixture {
         name: "manyfuncs",
         source: "manyfuncs.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "departing",
+        source: "departing.c",
         recipe: Recipe::C,
     },
     Fixture {
