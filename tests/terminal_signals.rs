@@ -79,6 +79,8 @@ impl PtyTendril {
                 Ok(())
             });
         }
+        // Reaped with wait4 (for its CPU time) in `try_wait`, or in Drop.
+        #[allow(clippy::zombie_processes)]
         let child = command.spawn().expect("cannot start tendril");
         let output = Arc::new(Mutex::new(Vec::new()));
         let close_master = Arc::new(AtomicBool::new(false));
