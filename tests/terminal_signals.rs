@@ -196,6 +196,9 @@ impl PtyTendril {
 impl Drop for PtyTendril {
     fn drop(&mut self) {
         if self.try_wait().is_none() {
+            // SAFETY: as in `signal`: the child leads a session and a process group of
+            // its own (setsid), so this names only what the test started.
+            unsafe { libc::kill(-self.pid, libc::SIGKILL) };
             self.signal(libc::SIGKILL);
             // SAFETY: as in try_wait; a blocking reap of our own child.
             unsafe { libc::waitpid(self.pid, std::ptr::null_mut(), 0) };
@@ -404,7 +407,10 @@ fn the_ui_in_the_background_of_its_terminal_is_refused() {
         file.display()
     );
     let mut shell = Command::new("sh");
-    shell.args(["-c", &format!("timeout -s INT 20 {script}; echo exit=$?")]);
+    shell.args([
+        "-c",
+        &format!("timeout -s INT -k 5 20 {script}; echo exit=$?"),
+    ]);
     let mut ui = PtyTendril::start_command(shell);
     ui.wait_for("exit=");
     let output = ui.output();
