@@ -8,6 +8,7 @@
 pub mod agent_bundle;
 pub mod commands;
 pub mod demo_workload;
+pub mod departure;
 pub mod inject;
 pub mod interrupt;
 pub mod live;

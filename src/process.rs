@@ -42,6 +42,16 @@ pub enum AttachError {
         tracer: i32,
         tracer_name: String,
     },
+    #[error(
+        "process {pid} is being traced by pid {tracer} ({tracer_name}): {who}; try again when it is done"
+    )]
+    BeingTraced {
+        pid: i32,
+        tracer: i32,
+        tracer_name: String,
+        /// Who that is likely to be: another tendril attaching, or a debugger.
+        who: &'static str,
+    },
     #[error("cannot attach to {0}: operation not permitted — {advice}", advice = permission_advice())]
     PermissionDenied(i32),
     #[error("process {0} exited during the attach")]
@@ -66,6 +76,48 @@ fn permission_advice() -> &'static str {
     } else {
         "run as the same user or as root, or set kernel.yama.ptrace_scope=0"
     }
+}
+
+/// Who a tracer that is a tendril is (its process is named so).
+const ANOTHER_TENDRIL: &str = "another tendril is attaching to it";
+/// Who any other tracer may be.
+const ANOTHER_TRACER: &str = "another tendril or a debugger is attached";
+
+impl AttachError {
+    /// Process `pid` is traced by thread `tracer` (a `TracerPid`): names the tracer's
+    /// process, and says whether it is another tendril.
+    pub fn traced_by(pid: i32, tracer: i32) -> AttachError {
+        let status = std::fs::read_to_string(format!("/proc/{tracer}/status")).unwrap_or_default();
+        let tracer = status_field(&status, "Tgid")
+            .and_then(|tgid| tgid.parse().ok())
+            .unwrap_or(tracer);
+        let tracer_name = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into());
+        AttachError::BeingTraced {
+            pid,
+            tracer,
+            who: if tracer_name == "tendril" {
+                ANOTHER_TENDRIL
+            } else {
+                ANOTHER_TRACER
+            },
+            tracer_name,
+        }
+    }
+}
+
+/// The tracer (`TracerPid`) of thread `tid` of process `pid`, or else of any of its
+/// threads: ptrace holds threads one by one. `None` if nothing traces it.
+pub fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
+    let tracer_of_thread = |tid: i32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+        status_field(&status, "TracerPid")?
+            .parse::<i32>()
+            .ok()
+            .filter(|&tracer| tracer != 0)
+    };
+    tracer_of_thread(tid).or_else(|| thread_ids(pid).ok()?.into_iter().find_map(tracer_of_thread))
 }
 
 /// A process tendril may attach to, with the facts the attach needs.
@@ -205,6 +257,11 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
     let tracer = field_i32("TracerPid");
     // tendril itself traces a program it started (`tendril run`) until it is set up.
     if tracer != 0 && tracer != std::process::id() as i32 {
+        let error = AttachError::traced_by(pid, tracer);
+        // Another tendril holds it only for a moment: it is attaching.
+        if matches!(error, AttachError::BeingTraced { who, .. } if who == ANOTHER_TENDRIL) {
+            return Err(error);
+        }
         let tracer_name = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "unknown".into());

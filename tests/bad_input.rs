@@ -244,3 +244,53 @@ fn a_process_that_exits_during_the_attach() {
         child.wait().unwrap();
     }
 }
+
+#[test]
+fn two_tendrils_attaching_at_once_the_loser_names_the_other() {
+    // Each round, two `tendril status` start together on a fresh single-threaded
+    // fixture: one loads the agent, the other finds the thread held by the first.
+    const ROUNDS: usize = 10;
+    let mut losers = 0;
+    for _ in 0..ROUNDS {
+        let mut target = Target::spawn("departing", &["exec"]);
+        let pid = target.pid();
+        let start = || {
+            status_of(pid)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("cannot run tendril")
+        };
+        let (first, second) = (start(), start());
+        let pids = [first.id(), second.id()];
+        let outputs = [first, second].map(|child| child.wait_with_output().unwrap());
+        for (index, output) in outputs.iter().enumerate() {
+            if output.status.success() {
+                continue;
+            }
+            losers += 1;
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            let other = pids[1 - index];
+            assert_eq!(
+                stderr.trim_end(),
+                format!(
+                    "tendril: process {pid} is being traced by pid {other} (tendril): another \
+                     tendril is attaching to it; try again when it is done"
+                ),
+                "the loser's message"
+            );
+        }
+        assert!(
+            outputs.iter().any(|output| output.status.success()),
+            "one of the two attached"
+        );
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.contains("TracerPid:\t0\n"), "left traced:\n{status}");
+        target.drain();
+        target.expect_line("round ", Duration::from_secs(10));
+        if losers >= 3 {
+            break;
+        }
+    }
+    assert!(losers > 0, "in {ROUNDS} rounds, the two never met");
+}

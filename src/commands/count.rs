@@ -10,6 +10,7 @@
 //! first.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
+use crate::departure::Departure;
 use crate::refusals::Refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::ProcessSymbols;
@@ -160,16 +161,23 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     if !lost_target {
         unpatch_all(&mut session, &outcomes, pid)?;
         latest = read_counters(&mut session, &ids)?;
-    } else if crate::process::exits_within(pid, EXIT_GRACE) {
-        eprintln!(
-            "tendril: process {pid} ended after {} s; counts are from its last reading",
-            format_elapsed(elapsed)
-        );
     } else {
-        eprintln!(
-            "tendril: another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
-            elapsed.as_secs_f64()
-        );
+        match crate::departure::agent_departure(pid, EXIT_GRACE, || false) {
+            Departure::Detached => eprintln!(
+                "tendril: another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
+                elapsed.as_secs_f64()
+            ),
+            execed @ Departure::Execed { .. } => eprintln!(
+                "tendril: {}; counts are from the last reading before the exec, {} s in",
+                execed.headline(pid),
+                format_elapsed(elapsed)
+            ),
+            exited => eprintln!(
+                "tendril: {} after {} s; counts are from its last reading",
+                exited.headline(pid),
+                format_elapsed(elapsed)
+            ),
+        }
     }
     fill_counts(&mut counted, &latest);
     let overflows = latest

@@ -3,12 +3,13 @@
 //! write the profile.
 //!
 //! The one idea: whatever ends the recording — the duration, Ctrl-C, the target
-//! exiting — the code is restored first, then the last events are read, then the
+//! exiting or exec'ing — the code is restored first, then the last events are read, then the
 //! profile is written; a one-line summary goes to stderr so the profile itself can go
 //! to stdout.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::commands::output::ProfileOutput;
+use crate::departure::{Departure, agent_departure};
 use crate::interrupt;
 use crate::profile::{Node, Profile};
 use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
@@ -53,6 +54,7 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
         }
     );
     let pid = recorder.pid();
+    // Gone for good (a zombie is told apart when the agent's connection closes).
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
     output.write(&profile)
@@ -67,29 +69,34 @@ pub fn record_until_done(
 ) -> anyhow::Result<Profile> {
     let deadline = duration.map(|d| Instant::now() + d);
     let pid = recorder.pid();
-    let mut target_gone = false;
-    let mut detached = false;
+    let mut departure = None;
     interrupt::wait(deadline, POLL_INTERVAL, || {
         recorder.poll();
-        target_gone = gone();
-        if !target_gone && recorder.agent_gone() {
-            // An exiting process closes the connection a moment before it shows as
-            // gone: only one still there was detached.
-            target_gone = crate::process::becomes_true_within(EXIT_GRACE, &mut gone);
-            detached = !target_gone;
+        if gone() {
+            departure = Some(Departure::Exited);
+        } else if recorder.agent_gone() {
+            // The target exited, exec'd, or was detached by another tendril.
+            departure = Some(agent_departure(pid, EXIT_GRACE, &mut gone));
         }
-        !target_gone && !detached
+        departure.is_none()
     });
     let elapsed = recorder.elapsed();
-    if target_gone {
-        eprintln!("tendril: process {pid} ended; the profile covers it up to its end");
-    } else if detached {
-        eprintln!(
+    match &departure {
+        None => {}
+        Some(Departure::Detached) => eprintln!(
             "tendril: another tendril detached process {pid} after {:.1} s; the profile covers only that time",
             elapsed.as_secs_f64()
-        );
+        ),
+        Some(execed @ Departure::Execed { .. }) => eprintln!(
+            "tendril: {}; profile written up to the exec",
+            execed.headline(pid)
+        ),
+        Some(exited) => eprintln!(
+            "tendril: {}; the profile covers it up to its end",
+            exited.headline(pid)
+        ),
     }
-    let Finished { profile, refused } = recorder.finish(target_gone || detached)?;
+    let Finished { profile, refused } = recorder.finish(departure.is_some())?;
     print_summary(&profile, elapsed, &refused);
     note_roots_never_called(&profile);
     Ok(profile)

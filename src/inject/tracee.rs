@@ -50,8 +50,7 @@ impl Tracee {
     /// Seizes thread `tid` of process `pid` and waits until it is stopped.
     pub fn seize(pid: i32, tid: i32, timeout: Duration) -> Result<Tracee, AttachError> {
         let thread = Pid::from_raw(tid);
-        ptrace::seize(thread, ptrace::Options::empty())
-            .map_err(|e| errno_to_attach_error(pid, e))?;
+        seize_thread(pid, tid)?;
         let mut tracee = Tracee {
             pid,
             tid,
@@ -292,6 +291,33 @@ impl Tracee {
 impl Drop for Tracee {
     fn drop(&mut self) {
         let _ = self.restore_and_detach_inner();
+    }
+}
+
+/// How often, and how far apart, a refused seize is tried again when no tracer shows:
+/// another tracer may have let go of the thread just before its `TracerPid` was read.
+const SEIZE_RETRIES: u32 = 20;
+const SEIZE_RETRY_INTERVAL: Duration = Duration::from_millis(5);
+
+/// `PTRACE_SEIZE` of thread `tid`. Refused because another tracer holds the thread (or
+/// another thread of the process: another tendril attaching, a debugger), it says who.
+fn seize_thread(pid: i32, tid: i32) -> Result<(), AttachError> {
+    let mut retries = 0;
+    loop {
+        match ptrace::seize(Pid::from_raw(tid), ptrace::Options::empty()) {
+            Ok(()) => return Ok(()),
+            Err(Errno::EPERM) => {
+                if let Some(tracer) = crate::process::tracer_of(pid, tid) {
+                    return Err(AttachError::traced_by(pid, tracer));
+                }
+                if retries == SEIZE_RETRIES || crate::process::is_gone_or_exiting(pid) {
+                    return Err(errno_to_attach_error(pid, Errno::EPERM));
+                }
+                retries += 1;
+                std::thread::sleep(SEIZE_RETRY_INTERVAL);
+            }
+            Err(errno) => return Err(errno_to_attach_error(pid, errno)),
+        }
     }
 }
 

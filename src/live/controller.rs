@@ -6,7 +6,7 @@
 //! the target wait for us), so the screen stays responsive and the rings stay drained
 //! whether or not anybody presses a key.
 
-use super::input::{self, Input};
+use super::input::Input;
 use super::session::{Flow, Session};
 use super::stderr::StderrCapture;
 use crate::interrupt;
@@ -40,8 +40,8 @@ pub fn event_loop(
     let mut expand_hottest_path = true;
     loop {
         // A terminal that hung up (its window closed, the tmux server killed) does not
-        // always send SIGHUP, and reads as endless end-of-file: quit as if asked to.
-        if interrupt::requested() || input::terminal_hung_up() {
+        // always send SIGHUP: quit as if asked to.
+        if interrupt::requested() || input.terminal_gone() {
             return Ok(());
         }
         let now = Instant::now();

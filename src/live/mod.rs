@@ -27,6 +27,7 @@ use crate::profile::Profile;
 use anyhow::bail;
 use session::Session;
 use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use stderr::StderrCapture;
 use tendril_tui::{App, ProcessEntry, ProfileSnapshot, Screen, Status, TerminalGuard};
@@ -50,10 +51,24 @@ pub enum Start<'a> {
     },
 }
 
-/// Fails with a one-line message unless stdout is a terminal (the UI needs one).
+/// Fails with a one-line message unless stdout is a terminal (the UI needs one) and
+/// tendril is in its foreground: a background process that sets the terminal up is
+/// stopped by the kernel (SIGTTOU) again and again, whatever signal it is sent.
 pub fn require_terminal(instead: &str) -> anyhow::Result<()> {
-    if !std::io::stdout().is_terminal() {
+    let stdout = std::io::stdout();
+    if !stdout.is_terminal() {
         bail!("the terminal UI needs a terminal, and stdout is not one — {instead}");
+    }
+    // SAFETY: tcgetpgrp only reads the terminal's foreground group through the
+    // descriptor, which stdout keeps open.
+    let foreground = unsafe { libc::tcgetpgrp(stdout.as_raw_fd()) };
+    // -1: not tendril's controlling terminal, which has no foreground to ask about.
+    if foreground > 0 && foreground != nix::unistd::getpgrp().as_raw() {
+        bail!(
+            "the terminal UI needs the foreground of its terminal, and tendril runs in the \
+             background (started with `&`, or by `timeout` without `--foreground`) — \
+             run it in the foreground, or {instead}"
+        );
     }
     Ok(())
 }
@@ -63,6 +78,7 @@ pub fn require_terminal(instead: &str) -> anyhow::Result<()> {
 /// and keeps running), if anything.
 pub fn run(start: Start) -> anyhow::Result<Option<String>> {
     crate::interrupt::install();
+    let stderr_was_terminal = std::io::stderr().is_terminal();
     // The terminal first: if it cannot be had, no job has touched the target yet.
     let mut guard = TerminalGuard::enter()?;
     // Without a capture, stray stderr lines would land on the UI: not worth failing for.
@@ -91,13 +107,34 @@ pub fn run(start: Start) -> anyhow::Result<Option<String>> {
         captured.extend(capture.stop());
     }
     let restored = guard.restore();
+    // A terminal that went away can neither be restored nor printed on (printing to it
+    // fails, and Rust's printing macros panic on failure): what would be printed has
+    // nowhere to go.
+    let terminal_gone = !std::io::stdout().is_terminal();
+    if terminal_gone {
+        discard_output(stderr_was_terminal);
+    }
     drop(guard);
     for line in captured {
         eprintln!("{line}");
     }
     outcome?;
-    restored?;
+    if !terminal_gone {
+        restored?;
+    }
     detached
+}
+
+/// Points stdout (and stderr, if it was the terminal) at `/dev/null`, once the terminal
+/// they wrote to has gone away.
+fn discard_output(stderr_was_terminal: bool) {
+    let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") else {
+        return;
+    };
+    let _ = nix::unistd::dup2_stdout(&null);
+    if stderr_was_terminal && !std::io::stderr().is_terminal() {
+        let _ = nix::unistd::dup2_stderr(&null);
+    }
 }
 
 /// The session and the UI's first screen for `start`. Slow steps start in the

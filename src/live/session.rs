@@ -15,6 +15,7 @@ use super::convert::{EventRate, snapshot_of, target_label};
 use super::job::{Job, JobState};
 use super::processes::list_processes;
 use super::roots::function_entries;
+use crate::departure::{Departure, agent_departure};
 use crate::process::{self, TargetProcess};
 use crate::profile::{Profile, ProfileError};
 use crate::recording::{Finished, RecordError, RecordOptions, Recorder, Scheme};
@@ -358,24 +359,28 @@ impl Session {
     }
 
     /// A live recording whose agent ended the session while the process lives on was
-    /// detached by another tendril: the data stays, as when the target exits.
+    /// detached by another tendril, or the process exec'd: the data stays, as when the
+    /// target exits.
     fn check_detached_elsewhere(&mut self, pid: i32, app: &mut App) {
         let Recording::Live(recorder) = &self.recording else {
             return;
         };
-        if !recorder.agent_gone() || process::exits_within(pid, EXIT_GRACE) {
+        if !recorder.agent_gone() {
             return;
         }
+        let why = match agent_departure(pid, EXIT_GRACE, || false) {
+            // The exit is told by the regular check that the target still exists.
+            departure if departure.exited() => return,
+            Departure::Detached => format!("another tendril detached {}", self.target),
+            execed => execed.headline(pid),
+        };
         let Recording::Live(recorder) =
             std::mem::replace(&mut self.recording, Recording::NotStarted)
         else {
             return;
         };
         self.target_gone = true;
-        let message = format!(
-            "another tendril detached {}; the data stays — w saves it, q quits",
-            self.target
-        );
+        let message = format!("{why}; the data stays — w saves it, q quits");
         self.end_with(recorder.finish(true), message, app);
     }
 

@@ -6,7 +6,10 @@
 //! Shares are of the merged roots' total time, so a row's percentage says how much of
 //! the profiled work happened in (or under) it.
 
+mod names;
+
 use super::model::{Node, Profile, Visit, walk};
+use names::{folded_frame, printable};
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
@@ -14,6 +17,11 @@ use std::str::FromStr;
 
 /// Rows deeper than this stop indenting and show their depth as a number instead.
 pub const MAX_TREE_INDENT: usize = 40;
+
+/// Folded stacks keep at most this many frames, the innermost ones, below a
+/// `[N frames elided]` frame: otherwise a chain 100,000 calls deep writes gigabytes
+/// (every line repeats the whole path above it).
+pub const MAX_FOLDED_FRAMES: usize = 1024;
 
 /// The output formats of `tendril report --format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,9 +142,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         out,
         "tendril profile of pid {} ({}), scheme {}, roots: {}",
         profile.pid,
-        profile.exe,
-        profile.scheme,
-        profile.roots.join(", ")
+        printable(&profile.exe),
+        printable(&profile.scheme),
+        printable(&profile.roots.join(", "))
     )?;
     writeln!(
         out,
@@ -208,7 +216,12 @@ pub fn write_tree(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         if depth > MAX_TREE_INDENT {
             write!(out, "[depth {depth}] ")?;
         }
-        writeln!(out, "{} ({})", node.name, node.module)?;
+        writeln!(
+            out,
+            "{} ({})",
+            printable(&node.name),
+            printable(&node.module)
+        )?;
         open.push(by_total(&node.children));
     }
     Ok(())
@@ -262,19 +275,16 @@ pub fn write_hot(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             ms(row.self_ns),
             percent(row.self_ns, whole),
             row.calls,
-            row.name,
-            row.module
+            printable(row.name),
+            printable(row.module)
         )?;
     }
     Ok(())
 }
 
-/// A name that cannot break a folded line: `;` separates frames, a newline ends lines.
-fn folded_name(name: &str) -> String {
-    name.replace(';', ":").replace(['\n', '\r'], " ")
-}
-
 /// Folded stacks: `root;caller;callee <self ns>` for every context with self time.
+/// A stack deeper than [`MAX_FOLDED_FRAMES`] keeps its innermost frames under one
+/// `[N frames elided]` frame (see [`folded_stacks_elided`]).
 pub fn write_folded(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     let mut path = String::new();
     // The length of `path` before each open node's name was appended.
@@ -285,9 +295,17 @@ pub fn write_folded(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             if !path.is_empty() {
                 path.push(';');
             }
-            path.push_str(&folded_name(&node.name));
+            path.push_str(&folded_frame(&node.name));
             if node.self_ns > 0 {
-                writeln!(out, "{path} {}", node.self_ns)?;
+                let frames = path_lengths.len();
+                if frames > MAX_FOLDED_FRAMES {
+                    let elided = frames - MAX_FOLDED_FRAMES;
+                    // Frame `elided` starts after the `;` that precedes it.
+                    let kept = &path[path_lengths[elided] + 1..];
+                    writeln!(out, "[{elided} frames elided];{kept} {}", node.self_ns)?;
+                } else {
+                    writeln!(out, "{path} {}", node.self_ns)?;
+                }
             }
             Ok(())
         }
@@ -296,6 +314,21 @@ pub fn write_folded(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             Ok(())
         }
     })
+}
+
+/// How many folded stacks [`write_folded`] cuts to [`MAX_FOLDED_FRAMES`] frames.
+pub fn folded_stacks_elided(profile: &Profile) -> u64 {
+    let mut elided = 0;
+    let _ = walk(&profile.merged.roots, |step| -> Result<(), ()> {
+        if let Visit::Enter { node, depth } = step
+            && node.self_ns > 0
+            && depth >= MAX_FOLDED_FRAMES
+        {
+            elided += 1;
+        }
+        Ok(())
+    });
+    elided
 }
 
 #[cfg(test)]
@@ -450,7 +483,7 @@ main;compute 5000000
 main;compute;read 5000000
 main;compute;fib 30000000
 main;compute;fib;fib 20000000
-main;odd name 7
+main;odd\\x0aname 7
 ";
         assert_eq!(report(&with_idle, ReportFormat::Folded), expected);
     }
@@ -491,8 +524,8 @@ main;odd name 7
         for format in [ReportFormat::Tree, ReportFormat::Hot, ReportFormat::Json] {
             write_report(&deep, format, &mut io::sink()).unwrap();
         }
-        // Folded output grows with depth squared when every level has self time, so
-        // give self time to the deepest node only: one line of 100,000 names.
+        // Give self time to the deepest node only: one line, cut to its innermost
+        // frames.
         let mut node = &mut deep.merged.roots[0];
         loop {
             node.self_ns = 0;
@@ -503,7 +536,28 @@ main;odd name 7
         }
         node.self_ns = 3;
         let text = report(&deep, ReportFormat::Folded);
-        assert_eq!(text.len(), 100_000 * 2 - 1 + " 3\n".len());
-        assert!(text.ends_with("f;f;f 3\n"));
+        let elided = 100_000 - MAX_FOLDED_FRAMES;
+        let expected = format!(
+            "[{elided} frames elided];{} 3\n",
+            vec!["f"; MAX_FOLDED_FRAMES].join(";")
+        );
+        assert_eq!(text, expected);
+        assert_eq!(folded_stacks_elided(&deep), 1);
+    }
+
+    #[test]
+    fn folded_stacks_at_the_cap_are_whole() {
+        let mut deep = profile();
+        deep.merged.roots = vec![chain("g", MAX_FOLDED_FRAMES + 1)];
+        // chain() gives every level self time: the last line alone is cut.
+        let text = report(&deep, ReportFormat::Folded);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), MAX_FOLDED_FRAMES + 1);
+        let at_cap = lines[MAX_FOLDED_FRAMES - 1];
+        assert_eq!(at_cap.split(';').count(), MAX_FOLDED_FRAMES, "{at_cap:.40}");
+        let cut = lines[MAX_FOLDED_FRAMES];
+        assert!(cut.starts_with("[1 frames elided];g;g"), "{cut:.40}");
+        assert_eq!(cut.split(';').count(), MAX_FOLDED_FRAMES + 1);
+        assert_eq!(folded_stacks_elided(&deep), 1);
     }
 }

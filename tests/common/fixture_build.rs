@@ -39,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 16] = [
+const FIXTURES: [Fixture; 17] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -93,6 +93,11 @@ const FIXTURES: [Fixture; 16] = [
     Fixture {
         name: "manyfuncs",
         source: "manyfuncs.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "departing",
+        source: "departing.c",
         recipe: Recipe::C,
     },
     Fixture {

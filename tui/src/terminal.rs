@@ -5,6 +5,10 @@
 //! an explicit [`TerminalGuard::restore`] and the panic hook can all call it in any order
 //! and the terminal is restored exactly once — before a panic message is printed, so the
 //! message lands on the normal screen where it can be read.
+//!
+//! Nothing here reads from the terminal: queries that wait for the terminal's answer
+//! (the cursor's position) are never made, so a terminal that does not answer, or that
+//! goes away, cannot hold the UI up.
 
 use std::io::{self, Stdout, Write};
 use std::panic;
@@ -16,7 +20,7 @@ use ratatui::backend::CrosstermBackend;
 use ratatui::crossterm::cursor::{Hide, Show};
 use ratatui::crossterm::execute;
 use ratatui::crossterm::terminal::{
-    EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
+    Clear, ClearType, EnterAlternateScreen, LeaveAlternateScreen, disable_raw_mode, enable_raw_mode,
 };
 
 /// The terminal type the controller draws on.
@@ -39,17 +43,15 @@ impl TerminalGuard {
         enable_raw_mode()?;
         UI_ACTIVE.store(true, Ordering::SeqCst);
         let mut stdout = io::stdout();
-        if let Err(error) = execute!(stdout, EnterAlternateScreen, Hide) {
+        // The screen is cleared directly: ratatui's `Terminal::clear` asks the terminal
+        // where its cursor is and waits for the answer, which a terminal that never
+        // answers (or goes away meanwhile) turns into a hang nothing can interrupt.
+        if let Err(error) = execute!(stdout, EnterAlternateScreen, Hide, Clear(ClearType::All)) {
             restore_terminal();
             return Err(error);
         }
         match Terminal::new(CrosstermBackend::new(stdout)) {
-            Ok(terminal) => {
-                // From here on, an error drops the guard, which restores the terminal.
-                let mut guard = TerminalGuard { terminal };
-                guard.terminal.clear()?;
-                Ok(guard)
-            }
+            Ok(terminal) => Ok(TerminalGuard { terminal }),
             Err(error) => {
                 restore_terminal();
                 Err(error)
@@ -66,9 +68,12 @@ impl TerminalGuard {
     /// more than once; Drop does nothing afterwards.
     pub fn restore(&mut self) -> io::Result<()> {
         if UI_ACTIVE.swap(false, Ordering::SeqCst) {
-            let left = execute!(self.terminal.backend_mut(), LeaveAlternateScreen, Show);
+            let left = execute!(self.terminal.backend_mut(), LeaveAlternateScreen);
+            // Through ratatui, so that its own Drop knows the cursor is back.
+            let shown = self.terminal.show_cursor();
             let raw = disable_raw_mode();
             left?;
+            shown?;
             raw?;
         }
         Ok(())
