@@ -131,8 +131,15 @@ impl AgentSession {
     fn exchange(&mut self, request: &Request) -> Result<Vec<u8>, SessionError> {
         let timeout = reply_timeout(request);
         self.reader.get_ref().set_read_timeout(Some(timeout))?;
-        self.writer.write_all(&tendril_wire::encode(request))?;
         let mut line = Vec::new();
+        if let Err(error) = self.writer.write_all(&tendril_wire::encode(request)) {
+            // The agent may have answered and closed before reading the request (it
+            // refuses a connection it has no room for): that answer says why.
+            return match self.reader.read_until(b'\n', &mut line) {
+                Ok(_) if line.ends_with(b"\n") => Ok(line),
+                _ => Err(error.into()),
+            };
+        }
         match self.reader.read_until(b'\n', &mut line) {
             Ok(0) => Err(SessionError::Io(std::io::ErrorKind::UnexpectedEof.into())),
             Ok(_) => Ok(line),

@@ -5,6 +5,10 @@
 //! a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread and the
 //! moment are chosen); the thread's registers are restored afterwards, so an interrupted
 //! system call restarts. The agent's constructor opens the control socket.
+//!
+//! An agent whose control thread runs but whose socket does not answer (its file was
+//! deleted) is not loaded again: it binds a new socket within a fraction of a second,
+//! and tendril waits for that.
 
 mod loader;
 mod remote_call;
@@ -51,11 +55,25 @@ pub fn control_socket(target: &TargetProcess) -> PathBuf {
 pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
     let target = process::inspect(pid)?;
     refuse_stopped(pid)?;
-    match AgentSession::open(&control_socket(&target)) {
+    let socket = control_socket(&target);
+    match AgentSession::open(&socket) {
         Ok(session) => Ok(Some((target, session))),
+        Err(SessionError::Io(_)) if control_thread_runs(pid) => {
+            let session = wait_for_agent(&target, &socket, AgentState::Resident)?;
+            Ok(Some((target, session)))
+        }
         Err(SessionError::Io(_)) => Ok(None),
         Err(source) => Err(InjectError::Session { pid, source }),
     }
+}
+
+/// Whether the agent's control thread runs in `pid` (its name is the agent's thread
+/// prefix and `control`, cut to the 15 bytes of a thread name).
+fn control_thread_runs(pid: i32) -> bool {
+    process::thread_ids(pid).is_ok_and(|tids| {
+        tids.into_iter()
+            .any(|tid| process::thread_name(pid, tid) == "tendril-control")
+    })
 }
 
 /// Returns a session with the agent in `pid`, loading the agent first if needed.
@@ -78,11 +96,18 @@ fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> 
     let socket = control_socket(&target);
     match AgentSession::open(&socket) {
         Ok(session) => return Ok((target, session)),
+        Err(SessionError::Io(_)) if control_thread_runs(pid) => {
+            // The runtime directory may have gone with the socket; the agent binds its
+            // new socket there.
+            agent_bundle::prepare_runtime_dir(&target)?;
+            let session = wait_for_agent(&target, &socket, AgentState::Resident)?;
+            return Ok((target, session));
+        }
         Err(SessionError::Io(_)) => {}
         Err(source) => return Err(InjectError::Session { pid, source }),
     }
     load_agent(&target)?;
-    let session = wait_for_agent(&target, &socket)?;
+    let session = wait_for_agent(&target, &socket, AgentState::JustStarted)?;
     Ok((target, session))
 }
 
@@ -235,32 +260,68 @@ fn agent_start_function(target: &TargetProcess, resident: &[&Mapping]) -> Result
         .ok_or_else(fail)
 }
 
-/// Waits until the freshly started agent accepts connections on its socket.
-fn wait_for_agent(target: &TargetProcess, socket: &Path) -> Result<AgentSession, InjectError> {
+/// Where the agent stands while tendril waits for its socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AgentState {
+    /// Just loaded or started: its control thread is opening the socket.
+    JustStarted,
+    /// Its control thread runs, but the socket did not answer (its file was deleted):
+    /// the control thread binds a new one.
+    Resident,
+}
+
+/// Waits until the agent accepts connections on its socket.
+fn wait_for_agent(
+    target: &TargetProcess,
+    socket: &Path,
+    state: AgentState,
+) -> Result<AgentSession, InjectError> {
     let pid = target.pid;
     let error_file =
         target.path_in_target(&tendril_wire::agent_error_path(target.uid, target.ns_pid));
+    let unreachable = |reason: String| -> InjectError {
+        let message = match state {
+            AgentState::JustStarted => format!("the agent was loaded but did not start: {reason}"),
+            AgentState::Resident => format!(
+                "the agent resident in this process cannot be reached: {reason}; \
+                 try again, and restart the target if it keeps failing"
+            ),
+        };
+        AttachError::Other { pid, message }.into()
+    };
     let deadline = Instant::now() + SOCKET_TIMEOUT;
     loop {
         match AgentSession::open(socket) {
             Ok(session) => return Ok(session),
             Err(SessionError::Io(_)) if Instant::now() < deadline => {}
             Err(SessionError::Io(e)) => {
-                let reason = std::fs::read_to_string(&error_file).unwrap_or_else(|_| e.to_string());
-                return Err(AttachError::Other {
-                    pid,
-                    message: format!("the agent was loaded but did not start: {reason}"),
+                if let Ok(reason) = std::fs::read_to_string(&error_file) {
+                    return Err(unreachable(reason));
                 }
-                .into());
+                let socket_in_target = tendril_wire::control_socket_path(target.uid, target.ns_pid);
+                let waited = SOCKET_TIMEOUT.as_secs();
+                return Err(match state {
+                    AgentState::JustStarted => unreachable(format!(
+                        "its control socket {} did not answer within {waited} s ({e}); \
+                         try again, and restart the target if it keeps failing",
+                        socket_in_target.display()
+                    )),
+                    AgentState::Resident => unreachable(format!(
+                        "its control socket {} is gone or does not answer ({e}) and the agent \
+                         did not bind a new one within {waited} s (an agent from an older \
+                         tendril does not)",
+                        socket_in_target.display()
+                    )),
+                });
             }
             Err(source) => return Err(InjectError::Session { pid, source }),
         }
-        if let Ok(reason) = std::fs::read_to_string(&error_file) {
-            return Err(AttachError::Other {
-                pid,
-                message: format!("the agent was loaded but did not start: {reason}"),
-            }
-            .into());
+        // A resident agent may still recover (the runtime directory is back): its
+        // error counts only once the wait is over.
+        if state == AgentState::JustStarted
+            && let Ok(reason) = std::fs::read_to_string(&error_file)
+        {
+            return Err(unreachable(reason));
         }
         if process::is_gone_or_exiting(pid) {
             return Err(AttachError::Exited(pid).into());
