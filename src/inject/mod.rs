@@ -279,14 +279,9 @@ fn wait_for_agent(
     let pid = target.pid;
     let error_file =
         target.path_in_target(&tendril_wire::agent_error_path(target.uid, target.ns_pid));
-    let unreachable = |reason: String| -> InjectError {
-        let message = match state {
-            AgentState::JustStarted => format!("the agent was loaded but did not start: {reason}"),
-            AgentState::Resident => format!(
-                "the agent resident in this process cannot be reached: {reason}; \
-                 try again, and restart the target if it keeps failing"
-            ),
-        };
+    let unreachable = |reason: Option<String>, error: std::io::Error| -> InjectError {
+        let socket_in_target = tendril_wire::control_socket_path(target.uid, target.ns_pid);
+        let message = unreachable_message(state, reason, &socket_in_target, &error);
         AttachError::Other { pid, message }.into()
     };
     let deadline = Instant::now() + SOCKET_TIMEOUT;
@@ -295,24 +290,8 @@ fn wait_for_agent(
             Ok(session) => return Ok(session),
             Err(SessionError::Io(_)) if Instant::now() < deadline => {}
             Err(SessionError::Io(e)) => {
-                if let Ok(reason) = std::fs::read_to_string(&error_file) {
-                    return Err(unreachable(reason));
-                }
-                let socket_in_target = tendril_wire::control_socket_path(target.uid, target.ns_pid);
-                let waited = SOCKET_TIMEOUT.as_secs();
-                return Err(match state {
-                    AgentState::JustStarted => unreachable(format!(
-                        "its control socket {} did not answer within {waited} s ({e}); \
-                         try again, and restart the target if it keeps failing",
-                        socket_in_target.display()
-                    )),
-                    AgentState::Resident => unreachable(format!(
-                        "its control socket {} is gone or does not answer ({e}) and the agent \
-                         did not bind a new one within {waited} s (an agent from an older \
-                         tendril does not)",
-                        socket_in_target.display()
-                    )),
-                });
+                let reason = std::fs::read_to_string(&error_file).ok();
+                return Err(unreachable(reason, e));
             }
             Err(source) => return Err(InjectError::Session { pid, source }),
         }
@@ -321,11 +300,46 @@ fn wait_for_agent(
         if state == AgentState::JustStarted
             && let Ok(reason) = std::fs::read_to_string(&error_file)
         {
-            return Err(unreachable(reason));
+            return Err(unreachable(
+                Some(reason),
+                std::io::ErrorKind::NotConnected.into(),
+            ));
         }
         if process::is_gone_or_exiting(pid) {
             return Err(AttachError::Exited(pid).into());
         }
         std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// What tendril says when the agent's socket does not answer: what happened and what to
+/// do. `reason` is the agent's own account (its error file), if it wrote one; `error`
+/// is what the last connection attempt on `socket` met.
+fn unreachable_message(
+    state: AgentState,
+    reason: Option<String>,
+    socket: &Path,
+    error: &std::io::Error,
+) -> String {
+    let waited = SOCKET_TIMEOUT.as_secs();
+    let socket = socket.display();
+    match (state, reason) {
+        (AgentState::JustStarted, Some(reason)) => {
+            format!("the agent was loaded but did not start: {reason}")
+        }
+        (AgentState::JustStarted, None) => format!(
+            "the agent was loaded but its control socket {socket} did not answer within \
+             {waited} s ({error}); try again, and restart the target if it keeps failing"
+        ),
+        (AgentState::Resident, Some(reason)) => format!(
+            "the agent resident in this process cannot be reached: {reason}; fix that and \
+             try again, or restart the target"
+        ),
+        (AgentState::Resident, None) => format!(
+            "the agent resident in this process cannot be reached: its control socket \
+             {socket} is gone or does not answer ({error}) and the agent did not bind a new \
+             one within {waited} s (an agent from an older tendril does not); try again, or \
+             restart the target if it keeps failing"
+        ),
     }
 }

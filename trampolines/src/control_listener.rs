@@ -35,7 +35,16 @@ impl ControlListener {
             ));
         }
         let path = tendril_wire::control_socket_path(uid, pid);
-        let _ = std::fs::remove_file(&path);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(format!(
+                    "{} is taken by something that cannot be removed ({e})",
+                    path.display()
+                ));
+            }
+        }
         let listener = UnixListener::bind(&path)
             .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
