@@ -191,7 +191,9 @@ impl AgentSession {
         self.stream.set_read_timeout(Some(timeout))?;
         let mut message = tendril_wire::encode(request);
         message.extend_from_slice(payload);
-        (&self.stream).write_all(&message)?;
+        // The agent may have answered and closed before reading the request (it refuses
+        // a connection it has no room for): then its answer says why, not the failed write.
+        let mut write_error = (&self.stream).write_all(&message).err();
         loop {
             if let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
                 let rest = self.pending.split_off(end + 1);
@@ -203,7 +205,15 @@ impl AgentSession {
                     MAX_RESPONSE_BYTES >> 20
                 )));
             }
-            match self.receive() {
+            let received = self.receive();
+            if let Some(error) = write_error.take() {
+                if matches!(received, Ok(n) if n > 0) {
+                    write_error = Some(error);
+                    continue;
+                }
+                return Err(error.into());
+            }
+            match received {
                 Ok(0) => return Err(SessionError::Io(ErrorKind::UnexpectedEof.into())),
                 Ok(_) => {}
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {

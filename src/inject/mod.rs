@@ -7,6 +7,10 @@
 //! a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread and the
 //! moment are chosen); the thread's registers are restored afterwards, so an interrupted
 //! system call restarts. The agent's constructor opens the control socket.
+//!
+//! An agent whose control thread runs but whose socket does not answer (its file was
+//! deleted) is not loaded again: it binds a new socket within a fraction of a second,
+//! and tendril waits for that.
 
 mod loader;
 mod remote_call;
@@ -54,11 +58,25 @@ pub fn control_socket(target: &TargetProcess) -> PathBuf {
 pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
     let target = process::inspect(pid)?;
     refuse_stopped(pid)?;
-    match AgentSession::open(&control_socket(&target), target.pid) {
+    let socket = control_socket(&target);
+    match AgentSession::open(&socket, target.pid) {
         Ok(session) => Ok(Some((target, session))),
+        Err(SessionError::Io(_)) if control_thread_runs(pid) => {
+            let session = wait_for_agent(&target, &socket, AgentState::Resident)?;
+            Ok(Some((target, session)))
+        }
         Err(SessionError::Io(_)) => Ok(None),
         Err(source) => Err(InjectError::Session { pid, source }),
     }
+}
+
+/// Whether the agent's control thread runs in `pid` (its name is the agent's thread
+/// prefix and `control`, cut to the 15 bytes of a thread name).
+fn control_thread_runs(pid: i32) -> bool {
+    process::thread_ids(pid).is_ok_and(|tids| {
+        tids.into_iter()
+            .any(|tid| process::thread_name(pid, tid) == "tendril-control")
+    })
 }
 
 /// Returns a session with the agent in `pid`, loading the agent first if needed.
@@ -81,11 +99,18 @@ fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> 
     let socket = control_socket(&target);
     match AgentSession::open(&socket, target.pid) {
         Ok(session) => return Ok((target, session)),
+        Err(SessionError::Io(_)) if control_thread_runs(pid) => {
+            // The runtime directory may have gone with the socket; the agent binds its
+            // new socket there.
+            runtime_dir::prepare(&target)?;
+            let session = wait_for_agent(&target, &socket, AgentState::Resident)?;
+            return Ok((target, session));
+        }
         Err(SessionError::Io(_)) => {}
         Err(source) => return Err(InjectError::Session { pid, source }),
     }
     load_agent(&target)?;
-    let session = wait_for_agent(&target, &socket)?;
+    let session = wait_for_agent(&target, &socket, AgentState::JustStarted)?;
     Ok((target, session))
 }
 
@@ -240,12 +265,32 @@ fn agent_start_function(target: &TargetProcess, resident: &[&Mapping]) -> Result
         .ok_or_else(fail)
 }
 
-/// Waits until the freshly started agent accepts connections on its socket.
-fn wait_for_agent(target: &TargetProcess, socket: &Path) -> Result<AgentSession, InjectError> {
+/// Where the agent stands while tendril waits for its socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AgentState {
+    /// Just loaded or started: its control thread is opening the socket.
+    JustStarted,
+    /// Its control thread runs, but the socket did not answer (its file was deleted):
+    /// the control thread binds a new one.
+    Resident,
+}
+
+/// Waits until the agent accepts connections on its socket.
+fn wait_for_agent(
+    target: &TargetProcess,
+    socket: &Path,
+    state: AgentState,
+) -> Result<AgentSession, InjectError> {
     let pid = target.pid;
+    // The agent's own account of why it cannot listen, read without following links.
     let startup_error = || {
         runtime_dir::open_existing(target)
             .and_then(|dir| runtime_dir::read_startup_error(target, &dir))
+    };
+    let unreachable = |reason: Option<String>, error: std::io::Error| -> InjectError {
+        let socket_in_target = tendril_wire::control_socket_path(target.uid, target.ns_pid);
+        let message = unreachable_message(state, reason, &socket_in_target, &error);
+        AttachError::Other { pid, message }.into()
     };
     let deadline = Instant::now() + SOCKET_TIMEOUT;
     loop {
@@ -253,25 +298,56 @@ fn wait_for_agent(target: &TargetProcess, socket: &Path) -> Result<AgentSession,
             Ok(session) => return Ok(session),
             Err(SessionError::Io(_)) if Instant::now() < deadline => {}
             Err(SessionError::Io(e)) => {
-                let reason = startup_error().unwrap_or_else(|| e.to_string());
-                return Err(AttachError::Other {
-                    pid,
-                    message: format!("the agent was loaded but did not start: {reason}"),
-                }
-                .into());
+                let reason = startup_error();
+                return Err(unreachable(reason, e));
             }
             Err(source) => return Err(InjectError::Session { pid, source }),
         }
-        if let Some(reason) = startup_error() {
-            return Err(AttachError::Other {
-                pid,
-                message: format!("the agent was loaded but did not start: {reason}"),
-            }
-            .into());
+        // A resident agent may still recover (the runtime directory is back): its
+        // error counts only once the wait is over.
+        if state == AgentState::JustStarted
+            && let Some(reason) = startup_error()
+        {
+            return Err(unreachable(
+                Some(reason),
+                std::io::ErrorKind::NotConnected.into(),
+            ));
         }
         if process::is_gone_or_exiting(pid) {
             return Err(AttachError::Exited(pid).into());
         }
         std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// What tendril says when the agent's socket does not answer: what happened and what to
+/// do. `reason` is the agent's own account (its error file), if it wrote one; `error`
+/// is what the last connection attempt on `socket` met.
+fn unreachable_message(
+    state: AgentState,
+    reason: Option<String>,
+    socket: &Path,
+    error: &std::io::Error,
+) -> String {
+    let waited = SOCKET_TIMEOUT.as_secs();
+    let socket = socket.display();
+    match (state, reason) {
+        (AgentState::JustStarted, Some(reason)) => {
+            format!("the agent was loaded but did not start: {reason}")
+        }
+        (AgentState::JustStarted, None) => format!(
+            "the agent was loaded but its control socket {socket} did not answer within \
+             {waited} s ({error}); try again, and restart the target if it keeps failing"
+        ),
+        (AgentState::Resident, Some(reason)) => format!(
+            "the agent resident in this process cannot be reached: {reason}; fix that and \
+             try again, or restart the target"
+        ),
+        (AgentState::Resident, None) => format!(
+            "the agent resident in this process cannot be reached: its control socket \
+             {socket} is gone or does not answer ({error}) and the agent did not bind a new \
+             one within {waited} s (an agent from an older tendril does not); try again, or \
+             restart the target if it keeps failing"
+        ),
     }
 }

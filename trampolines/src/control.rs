@@ -7,15 +7,21 @@
 //! or because the controller died — every patch it made is restored. A `detach` from
 //! one session ends every other (a count or recording in progress), closing their
 //! connections so their controllers learn of it, and restores everything.
+//!
+//! Resources stay bounded however many connections come: each session has one thread,
+//! ended and joined when the session ends (`session_threads`); at most
+//! [`MAX_SESSIONS`] are served at once, a connection beyond them gets one error line
+//! saying so; a connection that does not say hello within [`HELLO_TIMEOUT`] is closed.
+//! If the socket file is deleted, the control thread binds a new one
+//! (`control_listener`).
 
+use crate::control_listener::ControlListener;
 use crate::patcher::{self, PatchRequest};
+use crate::session_threads::SessionThreads;
 use crate::stubs::HookKind;
-use crate::{
-    calibration, counting, discovery, lingering, recording, session_threads, shadow, threads,
-};
+use crate::{calibration, counting, discovery, lingering, recording, shadow, threads};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,13 +33,31 @@ fn identity() -> (u32, i32) {
     unsafe { (libc::getuid(), libc::getpid()) }
 }
 
+/// The most sessions the agent serves at once; a connection beyond them is refused
+/// with the reason.
+pub const MAX_SESSIONS: usize = 8;
+/// How long a connection may take to complete the hello handshake before the agent
+/// closes it, so connections that never say hello cannot hold a session for good.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the control thread checks that its socket file is still there and that
+/// no connection overstays its hello deadline.
+const CHECK_INTERVAL: Duration = Duration::from_millis(250);
+/// How long a connection that finds every session taken waits for one that is ending
+/// (its controller gone, its code being restored) to be over.
+const ENDING_WAIT: Duration = Duration::from_secs(5);
+
 /// Binds the control socket and starts the thread that serves it.
 pub fn spawn_control_thread() -> Result<(), String> {
     crate::register_fork_handler();
-    let listener = bind_control_socket()?;
+    let (uid, pid) = identity();
+    let listener = ControlListener::bind(uid, pid)?;
+    let sessions = SessionThreads::new()
+        .map_err(|e| format!("cannot set up the agent's session threads: {e}"))?;
+    forget_inherited_sessions();
     threads::spawn_agent_thread("control", threads::Start::Immediately, move || {
-        serve(listener)
+        serve(listener, sessions)
     })
+    .map(|_| ())
     .map_err(|e| format!("cannot start the agent's control thread: {e}"))
 }
 
@@ -55,58 +79,154 @@ pub fn report_startup_error(message: &str) {
     }
 }
 
-fn bind_control_socket() -> Result<UnixListener, String> {
+/// The control thread's loop; it never ends. It accepts connections (each a session on
+/// its own thread, at most [`MAX_SESSIONS`]), joins the threads of sessions that ended,
+/// closes connections that stay silent past [`HELLO_TIMEOUT`], and binds its socket
+/// again if the file was deleted.
+fn serve(mut listener: ControlListener, mut sessions: SessionThreads) {
     let (uid, pid) = identity();
-    let dir = tendril_wire::runtime_dir(uid);
-    let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| format!("runtime directory {} is unusable: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o777 != 0o700 {
-        return Err(format!(
-            "runtime directory {} must be a directory owned by uid {uid} with mode 0700",
-            dir.display()
-        ));
-    }
-    let path = tendril_wire::control_socket_path(uid, pid);
-    // A socket left by an earlier process that had this pid is stale: nothing listens.
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
-    let _ = std::fs::remove_file(tendril_wire::agent_error_path(uid, pid));
-    Ok(listener)
-}
-
-fn serve(listener: UnixListener) {
-    static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
-    for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
-        if !peer_is_trusted(&stream) {
-            continue;
+    let mut last_rebind_error = None;
+    loop {
+        wait_for_activity(&listener, &sessions);
+        sessions.reap();
+        while let Some(stream) = listener.accept() {
+            admit(stream, &mut sessions);
         }
-        let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let Ok(handle) = stream.try_clone() else {
-            continue;
-        };
-        open_sessions().push((session, handle));
-        let spawned = session_threads::run(move || {
-            let _ = std::panic::catch_unwind(move || run_session(session, stream));
-            // However the session ended, nothing it patched stays patched.
-            if RECORDING_SESSION.load(Ordering::Acquire) == session {
-                stop_recording(session);
+        close_silent_sessions();
+        match listener.rebind_if_unreachable(uid, pid) {
+            Ok(()) => last_rebind_error = None,
+            Err(message) => {
+                if last_rebind_error.as_ref() != Some(&message) {
+                    report_startup_error(&format!(
+                        "the agent cannot recreate its control socket: {message}"
+                    ));
+                }
+                last_rebind_error = Some(message);
             }
-            patcher::restore(Some(session));
-            lingering::finish_in_background();
-            open_sessions().retain(|(open, _)| *open != session);
-        });
-        if spawned.is_err() {
-            open_sessions().retain(|(open, _)| *open != session);
         }
     }
 }
 
-/// Only our own uid and root may control the agent.
-fn peer_is_trusted(stream: &UnixStream) -> bool {
+/// Waits up to [`CHECK_INTERVAL`] for a connection or a session thread that finished.
+fn wait_for_activity(listener: &ControlListener, sessions: &SessionThreads) {
+    let mut fds = [listener.fd(), sessions.finished_fd()].map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: `fds` is an array of valid pollfds whose length is passed with it.
+    unsafe {
+        libc::poll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            CHECK_INTERVAL.as_millis() as libc::c_int,
+        )
+    };
+}
+
+/// Starts a session for a new connection, or refuses it with the reason when the agent
+/// already serves [`MAX_SESSIONS`].
+fn admit(stream: UnixStream, sessions: &mut SessionThreads) {
+    static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+    let Some(peer_pid) = trusted_peer(&stream) else {
+        return;
+    };
+    if sessions.len() >= MAX_SESSIONS && any_ending(sessions) {
+        sessions.wait_for_one_to_end(ENDING_WAIT);
+    }
+    if sessions.len() >= MAX_SESSIONS {
+        refuse(stream);
+        return;
+    }
+    let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let Ok(handle) = stream.try_clone() else {
+        return;
+    };
+    open_sessions().push(OpenSession {
+        id: session,
+        stream: handle,
+        peer_pid,
+        opened: Instant::now(),
+        greeted: false,
+        ending: false,
+    });
+    let started = sessions.start(session, move || {
+        let _ = std::panic::catch_unwind(move || run_session(session, stream));
+        mark_ending(session);
+        // However the session ended, nothing it patched stays patched.
+        if RECORDING_SESSION.load(Ordering::Acquire) == session {
+            stop_recording(session);
+        }
+        patcher::restore(Some(session));
+        lingering::finish_in_background();
+        open_sessions().retain(|open| open.id != session);
+    });
+    if started.is_err() {
+        open_sessions().retain(|open| open.id != session);
+    }
+}
+
+/// Whether some session whose thread is not joined yet is over or ending: its thread
+/// says so, or its peer has hung up (the thread will see that soon).
+fn any_ending(sessions: &SessionThreads) -> bool {
+    let open = open_sessions();
+    sessions.sessions().any(|session| {
+        open.iter()
+            .find(|entry| entry.id == session)
+            .is_none_or(|entry| entry.ending || peer_hung_up(&entry.stream))
+    })
+}
+
+/// Whether the other end of `stream` has closed its side, without waiting.
+fn peer_hung_up(stream: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut connection = libc::pollfd {
+        fd: stream.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: polls one valid pollfd without waiting.
+    let ready = unsafe { libc::poll(&mut connection, 1, 0) };
+    ready > 0 && connection.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Answers a connection the agent has no room for with one error line, and closes it.
+fn refuse(stream: UnixStream) {
+    let peers: Vec<String> = open_sessions()
+        .iter()
+        .filter(|open| open.peer_pid > 0)
+        .map(|open| open.peer_pid.to_string())
+        .collect();
+    let from = if peers.is_empty() {
+        String::new()
+    } else {
+        format!(" (connected from processes {})", peers.join(", "))
+    };
+    let refusal = Response::Error {
+        message: format!(
+            "the agent already serves {MAX_SESSIONS} sessions, the most it serves at once{from}; \
+             end one of them (Ctrl-C that tendril, or kill it) and try again"
+        ),
+    };
+    // The line fits in the new connection's empty buffer; never wait for a peer.
+    let _ = stream.set_nonblocking(true);
+    let _ = (&stream).write_all(&tendril_wire::encode(&refusal));
+}
+
+/// Closes the connections that did not complete the hello handshake in time; their
+/// sessions then end as if their controllers had left.
+fn close_silent_sessions() {
+    for open in open_sessions().iter_mut() {
+        if !open.greeted && !open.ending && open.opened.elapsed() >= HELLO_TIMEOUT {
+            let _ = open.stream.shutdown(std::net::Shutdown::Both);
+            open.ending = true;
+        }
+    }
+}
+
+/// Only our own uid and root may control the agent: the peer's pid if it is one of
+/// them (0 when it is in a pid namespace this process cannot see).
+fn trusted_peer(stream: &UnixStream) -> Option<i32> {
     use std::os::fd::AsRawFd;
     let mut cred = libc::ucred {
         pid: 0,
@@ -126,7 +246,7 @@ fn peer_is_trusted(stream: &UnixStream) -> bool {
         )
     };
     let (uid, _) = identity();
-    rc == 0 && (cred.uid == uid || cred.uid == 0)
+    (rc == 0 && (cred.uid == uid || cred.uid == 0)).then_some(cred.pid)
 }
 
 fn run_session(session: u64, stream: UnixStream) {
@@ -182,6 +302,7 @@ fn run_session(session: u64, stream: UnixStream) {
             },
             Ok(Request::Hello { .. }) => {
                 greeted = true;
+                mark_greeted(session);
                 ready()
             }
             Ok(_) if !greeted => Response::Error {
@@ -305,16 +426,52 @@ fn send_with_descriptor(
     writer.write_all(&bytes[sent as usize..])
 }
 
-/// The open sessions, each with a handle on its connection (to end it).
-static OPEN_SESSIONS: Mutex<Vec<(u64, UnixStream)>> = Mutex::new(Vec::new());
+/// A session the agent serves, with a handle on its connection (to end it).
+struct OpenSession {
+    id: u64,
+    stream: UnixStream,
+    /// The connected process, as `SO_PEERCRED` gave it (0 if not visible from here).
+    peer_pid: i32,
+    opened: Instant,
+    /// The hello handshake completed.
+    greeted: bool,
+    /// Its connection is closed or closing; it is restoring what it patched.
+    ending: bool,
+}
+
+/// The open sessions.
+static OPEN_SESSIONS: Mutex<Vec<OpenSession>> = Mutex::new(Vec::new());
 
 /// How long a detach waits for the sessions it ended to restore their code themselves.
 const SESSION_END_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn open_sessions() -> std::sync::MutexGuard<'static, Vec<(u64, UnixStream)>> {
+fn open_sessions() -> std::sync::MutexGuard<'static, Vec<OpenSession>> {
     OPEN_SESSIONS
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn mark_greeted(session: u64) {
+    if let Some(open) = open_sessions().iter_mut().find(|open| open.id == session) {
+        open.greeted = true;
+    }
+}
+
+fn mark_ending(session: u64) {
+    if let Some(open) = open_sessions().iter_mut().find(|open| open.id == session) {
+        open.ending = true;
+    }
+}
+
+/// A forked child inherits its parent's session list but none of its threads; the
+/// connections are its parent's, so it closes its copies without shutting them down.
+/// (A list locked at the fork by a thread the child does not have is left alone.)
+fn forget_inherited_sessions() {
+    match OPEN_SESSIONS.try_lock() {
+        Ok(mut open) => open.clear(),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().clear(),
+        Err(std::sync::TryLockError::WouldBlock) => {}
+    }
 }
 
 /// Ends every other session — their controllers see their connections close — lets
@@ -325,17 +482,14 @@ fn detach(session: u64) -> Response {
     let patched = patcher::patched_count() + patcher::pending_restore().0;
     let others: Vec<u64> = open_sessions()
         .iter()
-        .filter(|(open, _)| *open != session)
-        .map(|(open, stream)| {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
-            *open
+        .filter(|open| open.id != session)
+        .map(|open| {
+            let _ = open.stream.shutdown(std::net::Shutdown::Both);
+            open.id
         })
         .collect();
     let deadline = Instant::now() + SESSION_END_TIMEOUT;
-    while Instant::now() < deadline
-        && open_sessions()
-            .iter()
-            .any(|(open, _)| others.contains(open))
+    while Instant::now() < deadline && open_sessions().iter().any(|open| others.contains(&open.id))
     {
         std::thread::sleep(Duration::from_millis(1));
     }

@@ -11,6 +11,7 @@ mod branch_index;
 mod calibration;
 mod code_memory;
 mod control;
+mod control_listener;
 mod counting;
 mod discovery;
 mod lingering;

@@ -59,16 +59,17 @@ pub fn is_agent_thread(tid: i32) -> bool {
 }
 
 /// Held while the target's code holds a transient `int3` (a patch going in or coming
-/// out), and while an agent thread starts.
+/// out), and while an agent thread starts or ends.
 ///
 /// glibc starts and ends a thread with every signal blocked, SIGTRAP included, and
-/// runs libc functions meanwhile (`__ctype_init`, `madvise`...). A thread that meets an
-/// `int3` with SIGTRAP blocked is not sent to tendril's handler: the kernel ends the
-/// whole process. So the agent starts threads only while no `int3` is in the code, and
-/// its threads never end (see `session_threads`).
+/// runs libc functions meanwhile (`__ctype_init`, `madvise`, `free`...). A thread that
+/// meets an `int3` with SIGTRAP blocked is not sent to tendril's handler: the kernel
+/// ends the whole process. So the agent starts threads only while no `int3` is in the
+/// code, and a thread whose work is done ends only while another thread holds this lock
+/// and waits for it to be gone (see `session_threads`).
 static CODE_CHANGE: Mutex<()> = Mutex::new(());
 
-/// Holds off agent thread starts while code changes (see [`CODE_CHANGE`]).
+/// Holds off agent thread starts and ends while code changes (see [`CODE_CHANGE`]).
 pub fn code_change() -> MutexGuard<'static, ()> {
     CODE_CHANGE
         .lock()
@@ -90,8 +91,12 @@ pub enum Start {
 /// the target are blocked there, so they never run the target's handlers on an agent
 /// thread — all but the synchronous ones (a trap or fault raised while blocked would
 /// kill the process). The thread's hooks step aside, so the agent never counts or
-/// hooks its own calls.
-pub fn spawn_agent_thread<F>(name: &str, start: Start, body: F) -> std::io::Result<()>
+/// hooks its own calls. The thread may only be joined while [`code_change`] is held.
+pub fn spawn_agent_thread<F>(
+    name: &str,
+    start: Start,
+    body: F,
+) -> std::io::Result<std::thread::JoinHandle<()>>
 where
     F: FnOnce() + Send + 'static,
 {
@@ -122,7 +127,6 @@ where
     unsafe {
         libc::pthread_sigmask(libc::SIG_SETMASK, &previous_mask, std::ptr::null_mut());
     }
-    let spawned = spawned.map(|_| ());
     if spawned.is_ok() && start == Start::BetweenCodeChanges {
         // An error means the thread ended before it said so: it runs no more code.
         let _ = started.recv();
