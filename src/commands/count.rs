@@ -142,7 +142,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     );
 
     let mut latest = baseline.clone();
-    let mut lost_target = false;
+    let mut lost: Option<SessionError> = None;
     interrupt::wait(
         options.duration.map(|d| started + d),
         READ_INTERVAL,
@@ -151,22 +151,38 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
                 latest = reading;
                 true
             }
-            Err(_) => {
-                lost_target = true;
+            Err(error) => {
+                lost = Some(error);
                 false
             }
         },
     );
     let elapsed = started.elapsed();
-    if !lost_target {
-        unpatch_all(&mut session, &outcomes, pid)?;
-        latest = read_counters(&mut session, &ids)?;
-    } else {
+    let mut failure = None;
+    if let Some(error) = lost {
         match crate::departure::agent_departure(pid, EXIT_GRACE, || false) {
-            Departure::Detached => eprintln!(
-                "tendril: another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
-                elapsed.as_secs_f64()
-            ),
+            // The agent ended the connection: another tendril's detach did.
+            Departure::Detached if matches!(error, SessionError::Io(_)) => {
+                eprintln!(
+                    "tendril: another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
+                    elapsed.as_secs_f64()
+                );
+                failure = restored_after_losing(pid).err();
+            }
+            // This side gave up on the connection (no answer in time, or an answer it
+            // cannot read): the agent restores the code once it sees it closed.
+            Departure::Detached => {
+                eprintln!(
+                    "tendril: {error}; counts are from the last reading, {} s in",
+                    format_elapsed(elapsed)
+                );
+                failure = Some(match restored_after_losing(pid) {
+                    Ok(()) => anyhow::anyhow!(
+                        "the count of process {pid} ended early; its code is restored"
+                    ),
+                    Err(not_restored) => not_restored,
+                });
+            }
             execed @ Departure::Execed { .. } => eprintln!(
                 "tendril: {}; counts are from the last reading before the exec, {} s in",
                 execed.headline(pid),
@@ -178,6 +194,9 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
                 format_elapsed(elapsed)
             ),
         }
+    } else {
+        unpatch_all(&mut session, &outcomes, pid)?;
+        latest = read_counters(&mut session, &ids)?;
     }
     fill_counts(&mut counted, &latest);
     let overflows = latest
@@ -205,7 +224,36 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
             )?;
         }
     }
-    Ok(())
+    drop(out);
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// How long a count that lost its connection waits for the agent to restore the code:
+/// the agent does so once it sees the connection closed, which a loaded machine or a
+/// stopped target may delay.
+const RESTORE_WAIT: Duration = Duration::from_secs(20);
+
+/// After the connection was lost: waits until the agent reports nothing patched and
+/// nothing pending, so tendril never leaves a target patched while saying it is done.
+fn restored_after_losing(pid: i32) -> anyhow::Result<()> {
+    let deadline = Instant::now() + RESTORE_WAIT;
+    loop {
+        let state = inject::connect_existing(pid).map(|found| {
+            found.map(|(_, session)| session.status.patched + session.status.pending_restore)
+        });
+        match state {
+            Ok(None | Some(0)) => return Ok(()),
+            _ if crate::process::is_gone_or_exiting(pid) => return Ok(()),
+            _ if Instant::now() >= deadline => bail!(
+                "process {pid} still has code patched {} s after the count ended; the agent restores it once it runs again (`tendril status {pid}` shows what is patched)",
+                RESTORE_WAIT.as_secs()
+            ),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
 }
 
 fn read_counters(
