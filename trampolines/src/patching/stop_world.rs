@@ -17,7 +17,7 @@
 //! the first signal is sent: a parked thread may hold the allocator's lock.
 
 use crate::sys;
-use crate::tasks::{self, TaskState};
+use crate::sys::tasks::{self, TaskState};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -52,6 +52,18 @@ static PARK_SIGNAL: AtomicI32 = AtomicI32::new(0);
 /// One stop at a time; holds the number of the last stop.
 static STOP_LOCK: Mutex<u32> = Mutex::new(0);
 
+/// Told, on a parked thread just released, where it was (`pc`) and how many TSC ticks
+/// it was parked: the runtime removes the pause from the frames it fell in. Called in
+/// the stop signal's handler, so it must be async-signal-safe.
+pub type ParkObserver = fn(pc: u64, ticks: u64);
+
+static PARK_OBSERVER: AtomicUsize = AtomicUsize::new(0);
+
+/// Sets the [`ParkObserver`] (the runtime's, installed once before the first stop).
+pub fn set_park_observer(observer: ParkObserver) {
+    PARK_OBSERVER.store(observer as usize, Ordering::Release);
+}
+
 /// A parked thread's interrupted context, which the patcher may edit.
 pub struct ParkedThread {
     context: *mut libc::ucontext_t,
@@ -80,16 +92,6 @@ impl ParkedThread {
 #[derive(Debug)]
 pub struct StopError(pub String);
 
-/// The signals a handler must never block: a fault or trap raised while it is blocked
-/// kills the process instead of reaching its handler.
-pub const SYNCHRONOUS_SIGNALS: [i32; 5] = [
-    libc::SIGTRAP,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGILL,
-    libc::SIGFPE,
-];
-
 /// Installs the park handler on a free real-time signal. Idempotent.
 pub fn install() -> Result<i32, StopError> {
     let installed = PARK_SIGNAL.load(Ordering::Acquire);
@@ -116,7 +118,7 @@ pub fn install() -> Result<i32, StopError> {
             action.sa_sigaction = park_handler as *const () as usize;
             action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
             libc::sigfillset(&mut action.sa_mask);
-            for synchronous in SYNCHRONOUS_SIGNALS {
+            for synchronous in sys::SYNCHRONOUS_SIGNALS {
                 libc::sigdelset(&mut action.sa_mask, synchronous);
             }
             libc::sigaction(signal, &action, std::ptr::null_mut()) == 0
@@ -169,7 +171,13 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     let pc = unsafe {
         (*context.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
     };
-    crate::recording::adjust_after_park(pc, sys::rdtsc().saturating_sub(parked_at));
+    let observer = PARK_OBSERVER.load(Ordering::Acquire);
+    if observer != 0 {
+        // SAFETY: only `set_park_observer` stores here, always a `ParkObserver`.
+        let observer: ParkObserver =
+            unsafe { std::mem::transmute::<usize, ParkObserver>(observer) };
+        observer(pc, sys::rdtsc().saturating_sub(parked_at));
+    }
 }
 
 /// How a thread is handled by one stop.

@@ -15,14 +15,14 @@
 //! signals blocked (a handler cannot re-enter it), using only the agent's allocator and
 //! locks only agent code takes.
 
-use crate::code_memory;
-use crate::patcher::{self, PatchRequest};
-use crate::recording;
-use crate::slow_call::SavedRegisters;
-use crate::stubs::HookKind;
+use crate::hooks::slow_call::SavedRegisters;
+use crate::hooks::stubs::HookKind;
+use crate::patching::patcher::{self, PatchRequest};
+use crate::runtime::recording;
+use crate::runtime::thread_state::ThreadState;
+use crate::runtime::thread_state::with_own_state;
 use crate::sys;
-use crate::thread_state::ThreadState;
-use crate::thread_state::with_own_state;
+use crate::sys::code_memory;
 use std::sync::Mutex;
 use tendril_wire::callees;
 use tendril_wire::events::{Event, EventKind};
@@ -347,7 +347,7 @@ fn resolve(target: u64, table: &FunctionTable) -> Option<FunctionEntry> {
         entry
     };
     let excluded = entry.flags & (FLAG_EXCLUDED | FLAG_PLT) != 0 || entry.size == 0;
-    (!excluded && !crate::is_agent_code(entry.start)).then_some(entry)
+    (!excluded && !crate::sys::own_code::is_agent_code(entry.start)).then_some(entry)
 }
 
 /// Where a PLT stub jumps now: the pointer in its GOT slot.

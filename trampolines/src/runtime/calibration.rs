@@ -14,10 +14,10 @@
 //! The one idea (JFluid's): each is the minimum over many batches, the batch least
 //! disturbed by interrupts and other threads.
 
-use crate::patcher::{self, PatchRequest};
-use crate::stubs::HookKind;
-use crate::thread_state::{self, ThreadState};
-use crate::{recording, sys};
+use crate::hooks::stubs::HookKind;
+use crate::patching::patcher::{self, PatchRequest};
+use crate::runtime::thread_state::{self, ThreadState};
+use crate::{runtime::recording, sys};
 use std::hint::black_box;
 use tendril_wire::events::{Event, EventKind};
 
@@ -25,7 +25,7 @@ use tendril_wire::events::{Event, EventKind};
 const CALLS_PER_BATCH: usize = 100;
 const BATCHES: usize = 100;
 /// The owner of the calibration patch (no control session has this number).
-const CALIBRATION_OWNER: u64 = u64::MAX;
+const CALIBRATION_OWNER: u64 = patcher::SELF_TEST_OWNER;
 /// Bytes of each calibration function.
 const FUNCTION_BYTES: u64 = 8;
 
@@ -55,13 +55,6 @@ core::arch::global_asm!(
 unsafe extern "C" {
     fn tendril_calibration_target(value: u64) -> u64;
     fn tendril_calibration_twin(value: u64) -> u64;
-}
-
-/// Whether this is the calibration patching its target: the one function of the agent
-/// made to be hooked, by the calibration and by nothing else (the patcher refuses the
-/// agent's code to everyone else).
-pub fn is_calibration_patch(owner: u64, address: u64) -> bool {
-    owner == CALIBRATION_OWNER && address == tendril_calibration_target as *const () as u64
 }
 
 /// The hooks' cost in TSC ticks: (inner, outer).

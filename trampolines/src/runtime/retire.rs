@@ -28,11 +28,11 @@
 //! blocked) leaves the unwinder's hooks in; `patcher` keeps them as lingering and
 //! `lingering` tries again in the background until they are out.
 
-use crate::code_memory;
-use crate::stop_world::{self, ParkedThread};
-use crate::tasks;
-use crate::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, ShadowEntry, ThreadState};
-use crate::{sys, threads};
+use crate::patching::stop_world::{self, ParkedThread};
+use crate::runtime::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, ShadowEntry, ThreadState};
+use crate::sys::code_memory;
+use crate::sys::tasks;
+use crate::sys::{self, agent_threads};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// The pause between two passes, for a thread inside tendril's code to leave it.
@@ -148,7 +148,11 @@ fn retire_pass(
     let mut seen = 0;
     tasks::for_each_thread(|tid| {
         seen += 1;
-        if tid == me || verdict.is_err() || seen > MAX_THREADS || threads::is_agent_thread(tid) {
+        if tid == me
+            || verdict.is_err()
+            || seen > MAX_THREADS
+            || agent_threads::is_agent_thread(tid)
+        {
             return;
         }
         let position = parked
@@ -157,7 +161,7 @@ fn retire_pass(
             .map(|p| p.pc())
             .or_else(|| tasks::user_position(tid).map(|(pc, _)| pc));
         verdict = match position {
-            Some(pc) if in_return_hook_code(pc) || crate::is_agent_code(pc) => {
+            Some(pc) if in_return_hook_code(pc) || crate::sys::own_code::is_agent_code(pc) => {
                 Err(Obstacle::InsideHook(tid))
             }
             Some(_) => Ok(()),

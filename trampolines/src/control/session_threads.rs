@@ -4,12 +4,13 @@
 //! functions (`madvise`, `free`...), and a thread that meets a patch's transient `int3`
 //! with SIGTRAP blocked ends the whole process. So a session thread whose work is done
 //! does not simply return: it says so (through an eventfd the control thread polls) and
-//! waits. The control thread, which never ends, takes `threads::code_change()` — no
+//! waits. The control thread, which never ends, takes `agent_threads::code_change()` — no
 //! patch goes in or out meanwhile — lets the thread go, joins it (the kernel has then
 //! ended it), and only then lets code change again. Starting a thread waits for code
 //! changes to finish too (`threads::spawn_agent_thread`).
 
-use crate::threads;
+use crate::runtime::threads;
+use crate::sys::agent_threads;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -126,7 +127,7 @@ impl SessionThreads {
             return 0;
         }
         let joined = done.len();
-        let _no_code_change = threads::code_change();
+        let _no_code_change = agent_threads::code_change();
         for thread in done {
             let _ = thread.release.send(());
             // Returns once the kernel has ended the thread: it runs no more code.

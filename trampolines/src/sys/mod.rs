@@ -1,10 +1,32 @@
-//! Raw system calls for the code that runs inside signal handlers and hook slow paths.
+//! Layer 1, the system: raw system calls, signals, memory, the process's threads.
 //!
-//! The one idea: that code must not call into the target's libc — libc's `syscall()`,
+//! Submodules: the agent's own allocator (`alloc`), executable pages for trampolines
+//! (`code_memory`), where the agent's library lies (`own_code`), the agent's threads
+//! and the code-change lock (`agent_threads`), and the target's threads as `/proc`
+//! shows them (`tasks`). Nothing here knows about hooks or patches.
+//!
+//! This file holds the raw system calls for the code that runs inside signal handlers
+//! and hook slow paths. The one idea: that code must not call into the target's libc — libc's `syscall()`,
 //! `futex` wrappers or `tgkill` may themselves be instrumented, or be the very function
 //! being patched — so it makes its few system calls with the `syscall` instruction.
 
+pub mod agent_threads;
+pub mod alloc;
+pub mod code_memory;
+pub mod own_code;
+pub mod tasks;
+
 use std::arch::asm;
+
+/// The signals a handler must never block: a fault or trap raised while it is blocked
+/// kills the process instead of reaching its handler.
+pub const SYNCHRONOUS_SIGNALS: [i32; 5] = [
+    libc::SIGTRAP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+];
 
 /// A system call with up to four arguments; returns the raw result (negative errno).
 ///
@@ -182,7 +204,7 @@ pub fn sleep_microseconds(microseconds: u64) {
 /// handler) in the calling thread; returns the previous mask.
 pub fn block_signals() -> u64 {
     let mut blocked: u64 = !0;
-    for synchronous in crate::stop_world::SYNCHRONOUS_SIGNALS {
+    for synchronous in SYNCHRONOUS_SIGNALS {
         blocked &= !(1u64 << (synchronous - 1));
     }
     let mut previous: u64 = 0;

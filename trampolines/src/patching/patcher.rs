@@ -10,13 +10,14 @@
 //! counter keeps its meaning and a thread still inside a trampoline after a restore
 //! finishes correctly.
 
-use crate::branch_index::BranchIndex;
-use crate::code_memory::{self, CodeArena};
-use crate::padding::{self, PAD_LEN};
-use crate::patch_protocol::{self, Pad, Site};
-use crate::relocate::{self, EntryPlan, PatchStyle};
-use crate::stubs::{self, HookKind, TrampolineCode};
-use crate::{calibration, retire, shadow, slow_call, stop_world, thread_state, traps};
+use crate::code::branch_index::BranchIndex;
+use crate::code::padding::{self, PAD_LEN};
+use crate::code::relocate::{self, EntryPlan, PatchStyle};
+use crate::hooks::stubs::{self, HookKind, TrampolineCode};
+use crate::hooks::{slow_call, thread_layout};
+use crate::patching::patch_protocol::{self, Pad, Site, Trampoline};
+use crate::patching::{stop_world, traps};
+use crate::sys::code_memory::{self, CodeArena};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 
@@ -31,21 +32,6 @@ pub struct PatchRequest {
     /// back into the bytes the patch overwrites.
     pub size: u64,
     pub kind: HookKind,
-}
-
-/// A built trampoline, reusable while the function's bytes are unchanged.
-#[derive(Clone)]
-pub struct Trampoline {
-    /// Where the relocated first instructions start.
-    pub body: u64,
-    pub hook: u64,
-    /// Where a thread that traps on the entry's transient `int3` is sent.
-    pub trap_entry: u64,
-    /// Bytes at the function entry the trampoline was built from.
-    pub entry_bytes: Vec<u8>,
-    pub plan: EntryPlan,
-    /// (offset of an overwritten instruction in the function, offset of its copy).
-    pub instruction_map: Vec<(usize, usize)>,
 }
 
 /// Hook kinds compared by identity, for the trampoline cache.
@@ -65,7 +51,7 @@ impl From<HookKind> for KindKey {
             HookKind::CountReturns => KindKey::CountReturns,
             HookKind::Record { root } => KindKey::Record(root),
             HookKind::Internal(handler) => KindKey::Internal(handler as usize),
-            HookKind::Replace(target) => KindKey::Replace(target),
+            HookKind::Replace { target, .. } => KindKey::Replace(target),
         }
     }
 }
@@ -90,11 +76,46 @@ fn engine() -> MutexGuard<'static, Option<Engine>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What the runtime above does at the patch engine's moments. The runtime installs it
+/// once, before the first patch ([`install_runtime`]); the engine never imports it.
+#[derive(Clone, Copy)]
+pub struct RuntimeHooks {
+    /// Sets up what the stubs rely on (the agent threads' shared state).
+    pub prepare: fn() -> Result<(), String>,
+    /// Function `id` is about to get its hooks: its counters start from zero.
+    pub before_patching: fn(id: u32),
+    /// Function `id` got its id; it lives at `address`.
+    pub function_registered: fn(id: u32, address: u64),
+    /// A trampoline of tendril's own unwinder hooks lies in `start..end`.
+    pub internal_trampoline_built: fn(start: u64, end: u64),
+    /// Puts the real return address back in every frame that holds a return hook's
+    /// exit, trying up to `attempts` passes; an error says what keeps them (the
+    /// unwinder's hooks must then stay in).
+    pub retire_exits: fn(attempts: usize) -> Result<(), String>,
+}
+
+static RUNTIME: std::sync::OnceLock<RuntimeHooks> = std::sync::OnceLock::new();
+
+/// Installs the runtime's hooks; the first installation stays.
+pub fn install_runtime(hooks: RuntimeHooks) {
+    let _ = RUNTIME.set(hooks);
+}
+
+fn runtime() -> Result<&'static RuntimeHooks, String> {
+    RUNTIME
+        .get()
+        .ok_or_else(|| "the agent's runtime is not installed".to_string())
+}
+
+/// The owner of the agent's self-test patches (calibration): the only owner that may
+/// hook a function of the agent itself, the one made to be hooked.
+pub const SELF_TEST_OWNER: u64 = u64::MAX;
+
 /// Everything the stubs and the protocol rely on, set up before the first patch.
 fn prepare() -> Result<(), String> {
-    thread_state::prepare()?;
+    (runtime()?.prepare)()?;
     // Computed now, so signal handlers can ask without allocating.
-    crate::is_agent_code(0);
+    crate::sys::own_code::is_agent_code(0);
     slow_call::prepare();
     code_memory::prepare().map_err(|e| e.to_string())?;
     traps::install()?;
@@ -141,14 +162,15 @@ pub fn patched_count() -> usize {
 
 /// The unwinder's hooks that a restore had to leave in, and why (see `retire`): they
 /// come out by themselves once nothing holds them (`lingering`).
-pub fn pending_restore() -> (usize, Option<retire::Obstacle>) {
+pub fn pending_restore() -> (usize, Option<String>) {
     let guard = engine();
     let pending = guard.as_ref().map_or(0, |e| {
         e.sites.values().filter(|s| s.owner == LINGERING).count()
     });
-    let obstacle = *LINGERING_BECAUSE
+    let obstacle = LINGERING_BECAUSE
         .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
     (pending, obstacle.filter(|_| pending > 0))
 }
 
@@ -221,7 +243,9 @@ pub fn patch(
     // Counters start from zero when the hooks go in (they may hold an earlier
     // session's counts), so a count includes the calls made while they went in.
     for site in &batch {
-        crate::counting::reset_before_patching(site.id);
+        if let Ok(runtime) = runtime() {
+            (runtime.before_patching)(site.id);
+        }
     }
     let (mut internal, mut others): (Vec<Site>, Vec<Site>) =
         batch.into_iter().partition(|site| site.internal);
@@ -447,14 +471,14 @@ impl Engine {
             return Ok(id);
         }
         let id = self.ids.len() as u32;
-        if id as usize >= thread_state::MAX_FUNCTION_IDS {
+        if id as usize >= thread_layout::MAX_FUNCTION_IDS {
             return Err(format!(
                 "more than {} different functions instrumented in this process",
-                thread_state::MAX_FUNCTION_IDS
+                thread_layout::MAX_FUNCTION_IDS
             ));
         }
         self.ids.insert(address, id);
-        crate::recording::register_function(id, address);
+        (runtime()?.function_registered)(id, address);
         Ok(id)
     }
 
@@ -482,14 +506,16 @@ impl Engine {
             Ok(relocated.bytes)
         })?;
         if is_internal(kind) {
-            retire::note_internal_trampoline(memory, memory + stubs::TRAMPOLINE_BYTES);
+            (runtime()?.internal_trampoline_built)(memory, memory + stubs::TRAMPOLINE_BYTES);
         }
         code_memory::write_code(memory, &bytes)
             .map_err(|e| format!("cannot write a trampoline: {e}"))?;
-        if let HookKind::Replace(target) = kind
-            && target == shadow::backtrace_replacement as *const () as u64
+        if let HookKind::Replace {
+            body_sink: Some(sink),
+            ..
+        } = kind
         {
-            shadow::BACKTRACE_BODY.store(body, std::sync::atomic::Ordering::Release);
+            sink.store(body, std::sync::atomic::Ordering::Release);
         }
         Ok(Trampoline {
             body,
@@ -509,9 +535,11 @@ impl Engine {
 /// The calibration's own target, made to be hooked, is the one exception.
 fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
     let last = address + size.saturating_sub(1);
-    if calibration::is_calibration_patch(owner, address) {
+    if owner == SELF_TEST_OWNER {
         None
-    } else if crate::is_agent_code(address) || crate::is_agent_code(last) {
+    } else if crate::sys::own_code::is_agent_code(address)
+        || crate::sys::own_code::is_agent_code(last)
+    {
         Some("part of tendril's agent, which never instruments itself")
     } else if code_memory::is_trampoline_code(address) {
         Some("part of tendril's trampolines, which are never instrumented")
@@ -523,7 +551,7 @@ fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
 /// Whether a hook is one of the unwinder's (see `shadow`), which must be in whenever a
 /// return hook is or a frame still holds one's exit.
 fn is_internal(kind: HookKind) -> bool {
-    matches!(kind, HookKind::Internal(_) | HookKind::Replace(_))
+    matches!(kind, HookKind::Internal(_) | HookKind::Replace { .. })
 }
 
 /// Which plan [`plan_checked`] makes.
@@ -611,7 +639,7 @@ pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
 const LINGERING: u64 = u64::MAX - 1;
 
 /// Why the lingering hooks could not come out at the last try.
-static LINGERING_BECAUSE: Mutex<Option<retire::Obstacle>> = Mutex::new(None);
+static LINGERING_BECAUSE: Mutex<Option<String>> = Mutex::new(None);
 
 /// Passes a restore tries before leaving the unwinder's hooks in for the background.
 const RETIRE_ATTEMPTS: usize = 40;
@@ -645,10 +673,10 @@ fn restore_addresses(engine: &mut Engine, addresses: &[u64], attempts: usize) ->
     }
     let mut restored = others.len();
     if !internal.is_empty() {
-        let retired = retire::retire_all_exits(attempts);
+        let retired = runtime().and_then(|runtime| (runtime.retire_exits)(attempts));
         *LINGERING_BECAUSE
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = retired.err();
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = retired.clone().err();
         if retired.is_ok() {
             patch_protocol::restore(&internal);
             restored += internal.len();

@@ -18,16 +18,55 @@
 //! Registers, flags and the vector state are preserved on every path; the exit path
 //! leaves the return registers (rax, rdx, xmm0, xmm1, st0) as the function set them.
 
-use crate::slow_call::{self, Handler};
-use crate::thread_state::{
-    self, ENTRY_EXIT, ENTRY_FUNCTION, ENTRY_RETURN_ADDRESS, ENTRY_SIZE, ENTRY_SLOT,
+use crate::hooks::slow_call::{self, Handler};
+use crate::hooks::thread_layout::{
+    self as thread_state, ENTRY_EXIT, ENTRY_FUNCTION, ENTRY_RETURN_ADDRESS, ENTRY_SIZE, ENTRY_SLOT,
     FLAG_PASSTHROUGH, FLAG_RECONCILE, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_RING_EVENTS,
     STATE_RING_HEAD, STATE_RING_HEADER, STATE_RING_LIMIT, STATE_RING_MASK, STATE_SHADOW_BASE,
     STATE_SHADOW_LIMIT, STATE_SHADOW_OVERFLOWS, STATE_SHADOW_TOP,
 };
-use crate::{discovery, recording, shadow};
 use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::*;
+use std::sync::OnceLock;
+
+/// The runtime's answers to the stubs' slow paths. The runtime installs them once,
+/// before the first hook is built ([`install_handlers`]); the templates never import
+/// the code that answers them.
+#[derive(Clone, Copy)]
+pub struct Handlers {
+    /// A thread without state yet: registers it, answers its state in `rcx`.
+    pub register_thread: Handler,
+    /// Before a return hook pushes a shadow entry while the thread must reconcile its
+    /// entries; `_after_call` for a call thunk's hook (one more word on the stack).
+    pub returns_before_push: Handler,
+    pub returns_before_push_after_call: Handler,
+    /// A return hook's exit that does not match the top shadow entry.
+    pub returns_mismatched_return: Handler,
+    /// The same three for recording hooks.
+    pub record_before_push: Handler,
+    pub record_before_push_after_call: Handler,
+    pub record_mismatched_return: Handler,
+    /// A recording hook found its ring full, or has none yet.
+    pub ring_space: Handler,
+    /// A recording hook's function runs in the graph for the first time (id in `edx`).
+    pub discover: Handler,
+    /// Address of the recording's invoked bytes (one per function id), or 0.
+    pub invoked_table: fn() -> u64,
+}
+
+static HANDLERS: OnceLock<Handlers> = OnceLock::new();
+
+/// Installs the runtime's handlers; the first installation stays.
+pub fn install_handlers(handlers: Handlers) {
+    let _ = HANDLERS.set(handlers);
+}
+
+/// The installed handlers; [`build`] checks they are there before assembling.
+fn handlers() -> &'static Handlers {
+    HANDLERS
+        .get()
+        .expect("build() checks that the handlers are installed")
+}
 
 /// Room for one trampoline (body + hook); checked when the code is built.
 pub const TRAMPOLINE_BYTES: u64 = 1024;
@@ -46,9 +85,13 @@ pub enum HookKind {
     Record { root: bool },
     /// Call an agent handler with all registers saved, then run the function.
     Internal(Handler),
-    /// Jump to an agent function with the function's own signature instead; it calls
-    /// the original through the trampoline's body.
-    Replace(u64),
+    /// Jump to an agent function (`target`) with the function's own signature instead;
+    /// it calls the original through the trampoline's body, whose address goes to
+    /// `body_sink` once the trampoline is built.
+    Replace {
+        target: u64,
+        body_sink: Option<&'static std::sync::atomic::AtomicU64>,
+    },
 }
 
 /// A trampoline's code and the addresses that matter in it.
@@ -91,6 +134,9 @@ pub fn build(
     thunk_returns_to: Option<u64>,
     body_at: impl FnOnce(u64) -> Result<Vec<u8>, String>,
 ) -> Result<TrampolineCode, String> {
+    if HANDLERS.get().is_none() {
+        return Err("the runtime's hook handlers are not installed".into());
+    }
     let hook = match kind {
         HookKind::Record { root } => {
             RecordTemplate::get(root, thunk_returns_to.is_some())?.instantiate(id, thunk_returns_to)
@@ -147,7 +193,7 @@ fn assemble_hook(
             record_hook(layout, root, after_call, values)?.0
         }
         HookKind::Internal(handler) => internal_hook(layout, handler)?,
-        HookKind::Replace(target) => replace_hook(layout, target)?,
+        HookKind::Replace { target, .. } => replace_hook(layout, target)?,
     };
     Ok(finish_hook(layout, address)?.0)
 }
@@ -363,7 +409,7 @@ fn count_hook(mut layout: Layout, id: u32) -> Result<Layout, IcedError> {
     // Slow path first, so the fast path falls through into the body.
     a.set_label(&mut register)?;
     a.push(r11)?;
-    call_slow(a, thread_state::register_current_thread, slow_call)?;
+    call_slow(a, handlers().register_thread, slow_call)?;
     a.pop(r11)?;
     a.jmp(have_state)?;
     slow_call_pointer(a, &mut slow_call)?;
@@ -527,10 +573,11 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     // entry (above the thunk's return address for a thunk), and at exit.
     let slot = (RETURN_HOOK_PUSHES * 8) as i32;
     let entry_slot = slot + if after_call { 8 } else { 0 };
+    let handlers = handlers();
     let before_push: Handler = if after_call {
-        shadow::before_push::<{ RETURN_HOOK_PUSHES + 1 }>
+        handlers.returns_before_push_after_call
     } else {
-        shadow::before_push::<RETURN_HOOK_PUSHES>
+        handlers.returns_before_push
     };
     let body = layout.body;
     let a = &mut layout.assembler;
@@ -601,11 +648,7 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     pop_return_hook_registers(a)?;
     return_to_caller(a, after_call)?;
     a.set_label(&mut mismatch)?;
-    call_slow(
-        a,
-        shadow::mismatched_return::<RETURN_HOOK_PUSHES>,
-        slow_call,
-    )?;
+    call_slow(a, handlers.returns_mismatched_return, slow_call)?;
     restore_flags(a)?;
     pop_return_hook_registers(a)?;
     return_to_caller(a, after_call)?;
@@ -630,7 +673,7 @@ fn count_returns_hook(mut layout: Layout, id: u32, after_call: bool) -> Result<L
     pop_return_hook_registers(a)?;
     a.jmp(body)?;
     a.set_label(&mut register)?;
-    call_slow(a, thread_state::register_current_thread, slow_call)?;
+    call_slow(a, handlers.register_thread, slow_call)?;
     a.jmp(have_state)?;
     slow_call_pointer(a, &mut slow_call)?;
     Ok(layout)
@@ -685,10 +728,11 @@ fn record_hook(
 ) -> Result<(Layout, RecordWords), IcedError> {
     let slot = (RECORD_HOOK_PUSHES * 8) as i32;
     let entry_slot = slot + if after_call { 8 } else { 0 };
+    let handlers = handlers();
     let before_push: Handler = if after_call {
-        shadow::before_push::<{ RECORD_HOOK_PUSHES + 1 }>
+        handlers.record_before_push_after_call
     } else {
-        shadow::before_push::<RECORD_HOOK_PUSHES>
+        handlers.record_before_push
     };
     let body = layout.body;
     let a = &mut layout.assembler;
@@ -738,7 +782,7 @@ fn record_hook(
         a.cmp(qword_ptr(rcx + STATE_GRAPH_DEPTH), 0)?;
         a.je(passthrough)?;
     }
-    a.mov(r11, recording::invoked_table())?;
+    a.mov(r11, (handlers.invoked_table)())?;
     a.add(r11, qword_ptr(words.id))?;
     a.cmp(byte_ptr(r11), 0)?;
     a.je(discover)?;
@@ -797,14 +841,10 @@ fn record_hook(
 
     // Exit slow paths (the timestamp is in rax).
     a.set_label(&mut mismatch)?;
-    call_slow(
-        a,
-        shadow::mismatched_return::<RECORD_HOOK_PUSHES>,
-        slow_call,
-    )?;
+    call_slow(a, handlers.record_mismatched_return, slow_call)?;
     a.jmp(exit_done)?;
     a.set_label(&mut exit_ring)?;
-    call_slow(a, recording::ring_space, slow_call)?;
+    call_slow(a, handlers.ring_space, slow_call)?;
     a.test(rdx, rdx)?;
     a.jnz(exit_done)?;
     // The wait for room (an Adjust event now in the ring) must lie inside the frame it
@@ -815,14 +855,14 @@ fn record_hook(
 
     // Entry slow paths.
     a.set_label(&mut entry_ring)?;
-    call_slow(a, recording::ring_space, slow_call)?;
+    call_slow(a, handlers.ring_space, slow_call)?;
     a.test(rdx, rdx)?;
     a.jnz(entry_done)?;
     a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
     a.jmp(entry_room)?;
     a.set_label(&mut discover)?;
     a.mov(edx, dword_ptr(words.id))?;
-    call_slow(a, discovery::discover, slow_call)?;
+    call_slow(a, handlers.discover, slow_call)?;
     a.jmp(counted)?;
     a.set_label(&mut special)?;
     a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
@@ -847,7 +887,7 @@ fn record_hook(
     pop_record_hook_registers(a)?;
     a.jmp(body)?;
     a.set_label(&mut register)?;
-    call_slow(a, thread_state::register_current_thread, slow_call)?;
+    call_slow(a, handlers.register_thread, slow_call)?;
     a.jmp(have_state)?;
     slow_call_pointer(a, &mut slow_call)?;
     // The per-function data words (see `RecordTemplate`).

@@ -9,7 +9,7 @@
 //! the agent's own patches (discovery, calibration) come from the function table and
 //! its own code, and do not pay for it.
 
-use crate::patcher::{self, PatchRequest};
+use crate::patching::patcher::{self, PatchRequest};
 
 /// One mapping of `/proc/self/maps`, as far as the check needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]

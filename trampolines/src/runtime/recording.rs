@@ -14,9 +14,9 @@
 //! reaches `ring_limit` does it read the consumer's `tail` again, and if the ring is
 //! really full it waits — the wait is tendril's pause, reported as an Adjust event.
 
-use crate::slow_call::SavedRegisters;
+use crate::hooks::slow_call::SavedRegisters;
+use crate::runtime::thread_state::{ThreadState, with_own_state};
 use crate::sys;
-use crate::thread_state::{ThreadState, with_own_state};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use tendril_wire::events::{Event, EventKind};
 use tendril_wire::rings::{self, header, ring};
@@ -130,7 +130,7 @@ pub fn open_rings() -> Result<std::os::fd::OwnedFd, String> {
     }
     RINGS.store(mapped.cast(), Ordering::Release);
     set_header(header::MAGIC, rings::MAGIC);
-    crate::patcher::for_each_id(register_function);
+    crate::patching::patcher::for_each_id(register_function);
     let shared = fd
         .try_clone()
         .map_err(|e| format!("cannot share the rings: {e}"))?;
@@ -179,7 +179,7 @@ pub fn stop() {
 /// can run a hook, and their events are dropped).
 pub fn forget_in_forked_child() {
     ACTIVE.store(0, Ordering::Release);
-    let state = crate::thread_state::current();
+    let state = crate::runtime::thread_state::current();
     if !state.is_null() {
         // SAFETY: after fork only this thread exists, and this is its own state.
         unsafe {
@@ -380,10 +380,10 @@ pub extern "C" fn ring_space(registers: &mut SavedRegisters) {
 /// middle of writing an event itself (its pc is not in a hook or in agent code), and
 /// only if its ring has room (a handler cannot wait).
 pub fn adjust_after_park(pc: u64, ticks: u64) {
-    if crate::code_memory::is_trampoline_code(pc) || crate::is_agent_code(pc) {
+    if crate::sys::code_memory::is_trampoline_code(pc) || crate::sys::own_code::is_agent_code(pc) {
         return;
     }
-    let state = crate::thread_state::current();
+    let state = crate::runtime::thread_state::current();
     if state.is_null() || base().is_none() {
         return;
     }

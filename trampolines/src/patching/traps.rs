@@ -10,7 +10,7 @@
 //! Entries are never removed: a thread may have trapped just before a patch completed
 //! and still be on its way into the handler. The trampolines they point to live forever.
 
-use crate::{sys, tasks, threads};
+use crate::sys::{self, agent_threads, tasks};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -108,7 +108,7 @@ fn thread_blocking_traps() -> Option<i32> {
         // a read of a thread's status.
         if found.is_none()
             && tid != me
-            && !threads::is_agent_thread(tid)
+            && !agent_threads::is_agent_thread(tid)
             && tasks::blocks_signal(tid, libc::SIGTRAP)
         {
             found = Some(tid);

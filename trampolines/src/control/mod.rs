@@ -15,15 +15,22 @@
 //! If the socket file is deleted, the control thread binds a new one
 //! (`control_listener`).
 
-use crate::control_listener::ControlListener;
-use crate::patcher::{self, PatchRequest};
-use crate::session_threads::SessionThreads;
-use crate::stubs::HookKind;
-use crate::{calibration, counting, discovery, lingering, recording, shadow, threads};
+mod fork;
+mod listener;
+mod session_threads;
+
+use crate::control::listener::ControlListener;
+use crate::control::session_threads::SessionThreads;
+use crate::hooks::stubs::HookKind;
+use crate::patching::patcher::{self, PatchRequest};
+use crate::{
+    runtime::calibration, runtime::counting, runtime::discovery, runtime::lingering,
+    runtime::recording, runtime::shadow, runtime::threads,
+};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tendril_wire::{Hook, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
 
@@ -46,9 +53,39 @@ const CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// (its controller gone, its code being restored) to be over.
 const ENDING_WAIT: Duration = Duration::from_secs(5);
 
+/// Set once the control thread has been started in this process image.
+static CONTROL_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Starts the control thread unless it runs in this process image already; 0 on
+/// success, -1 on failure (the reason goes to the agent's error file).
+pub fn start_once() -> i32 {
+    if CONTROL_STARTED.swap(true, Ordering::AcqRel) {
+        return 0;
+    }
+    match std::panic::catch_unwind(spawn_control_thread) {
+        Ok(Ok(())) => 0,
+        Ok(Err(error)) => {
+            CONTROL_STARTED.store(false, Ordering::Release);
+            report_startup_error(&error);
+            -1
+        }
+        Err(_) => {
+            CONTROL_STARTED.store(false, Ordering::Release);
+            -1
+        }
+    }
+}
+
+/// In a forked child: the parent's control thread is not there, so a later attach may
+/// start one.
+fn forget_control_in_forked_child() {
+    CONTROL_STARTED.store(false, Ordering::Release);
+}
+
 /// Binds the control socket and starts the thread that serves it.
-pub fn spawn_control_thread() -> Result<(), String> {
-    crate::register_fork_handler();
+fn spawn_control_thread() -> Result<(), String> {
+    crate::runtime::install();
+    fork::register_fork_handler();
     let (uid, pid) = identity();
     let listener = ControlListener::bind(uid, pid)?;
     let sessions = SessionThreads::new()
@@ -599,7 +636,7 @@ fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> R
             kind: hook_kind(target.hook),
         })
         .collect();
-    let results = crate::patch_targets::patch_mapped(session, &requests, code_ranges);
+    let results = crate::patching::patch_targets::patch_mapped(session, &requests, code_ranges);
     let outcomes = targets
         .iter()
         .zip(results)
@@ -624,7 +661,10 @@ fn hook_kind(hook: Hook) -> HookKind {
         Hook::Backtrace
             if shadow::BACKTRACE_BODY.load(std::sync::atomic::Ordering::Acquire) == 0 =>
         {
-            HookKind::Replace(shadow::backtrace_replacement as *const () as u64)
+            HookKind::Replace {
+                target: shadow::backtrace_replacement as *const () as u64,
+                body_sink: Some(&shadow::BACKTRACE_BODY),
+            }
         }
         Hook::Backtrace => HookKind::Internal(shadow::unwinder_starts),
         Hook::RecordRoot => HookKind::Record { root: true },

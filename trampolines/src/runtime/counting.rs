@@ -7,8 +7,8 @@
 //! written to them concurrently, and every count from then on is this session's — the
 //! calls made while the hooks went in included.
 
-use crate::tasks;
-use crate::thread_state::{self, ThreadState};
+use crate::runtime::thread_state::{self, ThreadState};
+use crate::sys::tasks;
 use tendril_wire::ThreadCounters;
 
 /// The counters of `ids` for every registered thread that has a non-zero one.

@@ -9,7 +9,7 @@
 //! that happens and never ended (see `session_threads` for why agent threads live on),
 //! tries again with growing pauses until they are out, then waits for the next time.
 
-use crate::{patcher, sys, threads};
+use crate::{patching::patcher, runtime::threads, sys};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 

@@ -20,15 +20,15 @@
 //! before the entry was restored), so pads are restored with the threads stopped, such
 //! a thread being moved on to the trampoline the pad led to.
 
-use crate::code_memory;
-use crate::padding::PAD_LEN;
-use crate::patcher::Trampoline;
-use crate::relocate::PatchStyle;
+use crate::code::padding::PAD_LEN;
+use crate::code::relocate::{EntryPlan, PatchStyle};
+use crate::sys::code_memory;
 
 /// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).
 pub const MAX_ENTRY_PATCH: usize = 6;
-use crate::stop_world::{self, ParkedThread};
-use crate::{threads, traps};
+use crate::patching::stop_world::{self, ParkedThread};
+use crate::patching::traps;
+use crate::sys::agent_threads;
 use std::sync::Mutex;
 
 const INT3: u8 = 0xcc;
@@ -36,6 +36,21 @@ const JMP_REL32: u8 = 0xe9;
 const JMP_REL8: u8 = 0xeb;
 const CALL_REL32: u8 = 0xe8;
 const NOP: u8 = 0x90;
+
+/// A built trampoline, reusable while the function's bytes are unchanged.
+#[derive(Clone)]
+pub struct Trampoline {
+    /// Where the relocated first instructions start.
+    pub body: u64,
+    pub hook: u64,
+    /// Where a thread that traps on the entry's transient `int3` is sent.
+    pub trap_entry: u64,
+    /// Bytes at the function entry the trampoline was built from.
+    pub entry_bytes: Vec<u8>,
+    pub plan: EntryPlan,
+    /// (offset of an overwritten instruction in the function, offset of its copy).
+    pub instruction_map: Vec<(usize, usize)>,
+}
 
 /// A `jmp rel32` placed in padding for a short entry jump, and the bytes it replaced.
 pub struct Pad {
@@ -101,7 +116,7 @@ fn write(address: u64, bytes: &[u8]) -> Result<(), String> {
 
 /// Writes the jumps of a prepared batch (see the module comment).
 pub fn install(batch: &mut [Site]) -> Result<(), String> {
-    let _no_thread_start = threads::code_change();
+    let _no_thread_start = agent_threads::code_change();
     traps::wait_until_deliverable(traps::INSTALL_WAIT)?;
     // The pads need no serialisation of their own: nothing can reach them before the
     // entry jumps are written, two serialisations later.
@@ -207,7 +222,7 @@ static PENDING_PADS: Mutex<Vec<PendingPad>> = Mutex::new(Vec::new());
 
 /// Puts back the original bytes of `sites` (see the module comment).
 pub fn restore(sites: &[Site]) {
-    let _no_thread_start = threads::code_change();
+    let _no_thread_start = agent_threads::code_change();
     // The code must come back even if some thread keeps SIGTRAP blocked: after the
     // wait, the restore goes ahead (its int3s last microseconds).
     let _ = traps::wait_until_deliverable(traps::RESTORE_WAIT);

@@ -30,12 +30,12 @@
 //! `Resumed` — the profile then says how many frames it cut short — and never as an
 //! exit, which the controller could not match.
 
-use crate::slow_call::SavedRegisters;
-use crate::thread_state::{
+use crate::hooks::slow_call::SavedRegisters;
+use crate::runtime::thread_state::{
     self, ENTRY_RESTORED, ENTRY_RETIRED, FLAG_RECONCILE, GRAVEYARD_ENTRIES, MAX_NESTED_UNWINDERS,
     ShadowEntry, ThreadState, with_own_state,
 };
-use crate::{recording, sys};
+use crate::{runtime::recording, sys};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tendril_wire::events::{Event, EventKind};
 

@@ -1,0 +1,11 @@
+//! Layer 3, hook templates: the machine code a patched function jumps to, and the ABI
+//! it shares with the runtime.
+//!
+//! `stubs` assembles each hook kind's trampoline; `slow_call` is the one way a stub calls
+//! Rust code; `thread_layout` is the per-thread state the stubs address by offset. The
+//! runtime's handlers are passed in as addresses, never imported, so templates sit
+//! below the code that answers them.
+
+pub mod slow_call;
+pub mod stubs;
+pub mod thread_layout;

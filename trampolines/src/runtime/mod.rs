@@ -1,0 +1,46 @@
+//! Layer 5, the runtime: what runs on the target's threads and keeps the data.
+//!
+//! Per-thread state and its registration (`thread_state`), shadow stacks of return
+//! addresses (`shadow`), event rings (`recording`), Scheme B discovery (`discovery`),
+//! calibration of the hooks' cost (`calibration`), counters (`counting`), taking return
+//! hooks out of live frames (`retire`, `lingering`) and the agent's own threads
+//! (`threads`). It uses the patch protocol below it and is driven by `control` above.
+
+pub mod calibration;
+pub mod counting;
+pub mod discovery;
+pub mod lingering;
+pub mod recording;
+pub mod retire;
+pub mod shadow;
+pub mod thread_state;
+pub mod threads;
+
+use crate::hooks::stubs::{self, Handlers, RECORD_HOOK_PUSHES, RETURN_HOOK_PUSHES};
+use crate::patching::{patcher, stop_world};
+
+/// Hands the layers below the runtime's answers: the stubs' slow-path handlers, the
+/// patch engine's callbacks and the stop signal's pause observer. Call once, before
+/// the first patch (the control thread does, as it starts).
+pub fn install() {
+    stubs::install_handlers(Handlers {
+        register_thread: thread_state::register_current_thread,
+        returns_before_push: shadow::before_push::<RETURN_HOOK_PUSHES>,
+        returns_before_push_after_call: shadow::before_push::<{ RETURN_HOOK_PUSHES + 1 }>,
+        returns_mismatched_return: shadow::mismatched_return::<RETURN_HOOK_PUSHES>,
+        record_before_push: shadow::before_push::<RECORD_HOOK_PUSHES>,
+        record_before_push_after_call: shadow::before_push::<{ RECORD_HOOK_PUSHES + 1 }>,
+        record_mismatched_return: shadow::mismatched_return::<RECORD_HOOK_PUSHES>,
+        ring_space: recording::ring_space,
+        discover: discovery::discover,
+        invoked_table: recording::invoked_table,
+    });
+    patcher::install_runtime(patcher::RuntimeHooks {
+        prepare: thread_state::prepare,
+        before_patching: counting::reset_before_patching,
+        function_registered: recording::register_function,
+        internal_trampoline_built: retire::note_internal_trampoline,
+        retire_exits: |attempts| retire::retire_all_exits(attempts).map_err(|o| o.to_string()),
+    });
+    stop_world::set_park_observer(recording::adjust_after_park);
+}
