@@ -22,13 +22,13 @@
 mod arena;
 pub mod calibration;
 pub mod cct;
+pub mod diff;
+pub mod export;
 pub mod file;
 pub mod model;
 pub mod report;
 mod thread_tree;
 pub mod trace;
-pub mod export;
-pub mod diff;
 
 #[cfg(test)]
 mod tests_support;
@@ -37,7 +37,7 @@ pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use file::ProfileError;
 pub use model::{
-    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile, Stats, ThreadProfile,
-    Visit, walk,
+    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile, Stats,
+    ThreadProfile, Visit, walk,
 };
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

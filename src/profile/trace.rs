@@ -480,7 +480,10 @@ mod tests {
         let last = thread.last().unwrap();
         assert_eq!((last.edge(), last.function()), (Edge::End, 0));
         // Closed at the deadline, 1 ms after the start, less the hooks removed.
-        assert!(last.at_ns() > 990_000 && last.at_ns() <= 1_000_000, "{last:?}");
+        assert!(
+            last.at_ns() > 990_000 && last.at_ns() <= 1_000_000,
+            "{last:?}"
+        );
         assert!(!trace.capped);
     }
 
@@ -493,7 +496,11 @@ mod tests {
         assert!(trace.capped);
         // 11 raw events: 6 begins, 5 ends; the open one is closed.
         assert_eq!(trace.event_count(), 12);
-        assert!(trace.summary().contains("at most 11 raw events kept, reached"));
+        assert!(
+            trace
+                .summary()
+                .contains("at most 11 raw events kept, reached")
+        );
     }
 
     #[test]
