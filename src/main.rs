@@ -119,12 +119,28 @@ enum Command {
         #[arg(last = true, required = true, value_name = "CMD")]
         program: Vec<String>,
     },
-    /// Print a saved profile as a tree, hot spots, folded stacks or JSON.
+    /// Print a saved profile as text (tree, hot spots, folded stacks, JSON), or export
+    /// it for other tools (pprof, speedscope, chrome/Perfetto, an SVG flame graph).
     Report {
         /// A profile written by `record`, `run` or the live view.
         file: PathBuf,
-        #[arg(long, default_value = "tree", value_parser = ["tree", "hot", "folded", "json"])]
-        format: String,
+        #[arg(long, value_enum, default_value_t = FormatArg::Tree)]
+        format: FormatArg,
+        /// Write the output here instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Compare two profiles: each call path's change in total and self time, largest
+    /// change first.
+    Diff {
+        /// The profile before.
+        a: PathBuf,
+        /// The profile after.
+        b: PathBuf,
+        /// text: a table; folded: `path selfA selfB` lines for inferno's differential
+        /// flame graph (`inferno-flamegraph`).
+        #[arg(long, value_enum, default_value_t = DiffFormatArg::Text)]
+        format: DiffFormatArg,
     },
     /// The demo workload itself (run by `tendril demo`).
     #[command(hide = true)]
@@ -146,6 +162,62 @@ struct ProfileArgs {
     /// almost no cost.
     #[arg(long)]
     gross_only: bool,
+    /// Also keep the raw enter and exit events of the first SECONDS (default 1; at
+    /// most 1,000,000 events) as per-thread timelines for the chrome and speedscope
+    /// exports.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "1",
+        value_parser = tendril::commands::duration::parse_seconds
+    )]
+    trace: Option<Duration>,
+}
+
+/// `report --format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum FormatArg {
+    /// The merged call tree, indented.
+    Tree,
+    /// Self time per function over all its contexts.
+    Hot,
+    /// Folded stacks (`a;b;c <self ns>`), for flamegraph.pl and inferno.
+    Folded,
+    /// The profile file itself.
+    Json,
+    /// gzip-compressed pprof profile.proto (go tool pprof, Pyroscope, Parca).
+    Pprof,
+    /// speedscope's file format (sampled; plus timelines with a trace).
+    Speedscope,
+    /// Trace Event Format for Perfetto and chrome://tracing.
+    Chrome,
+    /// An SVG flame graph (inferno), to open in a browser.
+    Svg,
+}
+
+impl From<FormatArg> for tendril::profile::ReportFormat {
+    fn from(format: FormatArg) -> Self {
+        use tendril::profile::ReportFormat;
+        match format {
+            FormatArg::Tree => ReportFormat::Tree,
+            FormatArg::Hot => ReportFormat::Hot,
+            FormatArg::Folded => ReportFormat::Folded,
+            FormatArg::Json => ReportFormat::Json,
+            FormatArg::Pprof => ReportFormat::Pprof,
+            FormatArg::Speedscope => ReportFormat::Speedscope,
+            FormatArg::Chrome => ReportFormat::Chrome,
+            FormatArg::Svg => ReportFormat::Svg,
+        }
+    }
+}
+
+/// `diff --format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum DiffFormatArg {
+    Text,
+    Folded,
 }
 
 /// JFluid's instrumentation schemes, as named on the command line.
@@ -250,6 +322,7 @@ fn main() -> ExitCode {
             },
             duration,
             output: profile.output,
+            trace: profile.trace,
         }),
         Command::Run {
             roots,
@@ -264,6 +337,7 @@ fn main() -> ExitCode {
                 gross_only: profile.gross_only,
                 duration,
                 output: profile.output,
+                trace: profile.trace,
             };
             return match tendril::commands::run::run(&command) {
                 Ok(status) => ExitCode::from(status),
@@ -273,10 +347,19 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Command::Report { file, format } => {
-            let format = format.parse().expect("clap checked the format");
-            tendril::commands::report::run(&file, format)
-        }
+        Command::Report {
+            file,
+            format,
+            output,
+        } => tendril::commands::report::run(&file, format.into(), output.as_deref()),
+        Command::Diff { a, b, format } => tendril::commands::diff::run(
+            &a,
+            &b,
+            match format {
+                DiffFormatArg::Text => tendril::commands::diff::DiffFormat::Text,
+                DiffFormatArg::Folded => tendril::commands::diff::DiffFormat::Folded,
+            },
+        ),
         Command::DemoTarget => tendril::demo_workload::run(),
     };
     report(result)

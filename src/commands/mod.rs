@@ -5,6 +5,7 @@ pub mod attach;
 pub mod count;
 pub mod demo;
 pub mod detach;
+pub mod diff;
 pub mod duration;
 pub mod output;
 pub mod picker;

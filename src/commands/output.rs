@@ -90,6 +90,17 @@ impl OutputFile {
         Ok(output)
     }
 
+    /// Replaces the file's contents with `bytes` (an export of a profile).
+    pub fn write_bytes(mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        let fail = || format!("cannot write the profile to {}", self.path.display());
+        if self.file.metadata().is_ok_and(|m| m.is_file()) {
+            self.file.set_len(0).with_context(fail)?;
+        }
+        (&self.file).write_all(bytes).with_context(fail)?;
+        self.written = true;
+        Ok(())
+    }
+
     /// Replaces the file's contents with the profile JSON.
     pub fn write(mut self, profile: &Profile) -> anyhow::Result<()> {
         let fail = || format!("cannot write the profile to {}", self.path.display());

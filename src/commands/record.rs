@@ -11,6 +11,7 @@ use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::commands::output::ProfileOutput;
 use crate::departure::{Departure, agent_departure};
 use crate::interrupt;
+use crate::profile::trace::MAX_TRACE_EVENTS;
 use crate::profile::{Node, Profile};
 use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
 use std::collections::HashSet;
@@ -32,13 +33,16 @@ pub struct RecordCommand {
     pub options: RecordOptions,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
+    /// `--trace`: keep the raw events of this first stretch.
+    pub trace: Option<Duration>,
 }
 
 pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Checked before the target is touched; nothing is written unless a profile is.
     let output = ProfileOutput::open(command.output.as_deref())?;
     interrupt::install();
-    let recorder = Recorder::start(&command.options)?;
+    let mut recorder = Recorder::start(&command.options)?;
+    start_trace(&mut recorder, command.trace);
     eprintln!(
         "tendril: recording {} in process {} (scheme {}) {}",
         names_summary(recorder.roots()),
@@ -58,6 +62,17 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
     output.write(&profile)
+}
+
+/// Starts `--trace` and says what it keeps.
+pub fn start_trace(recorder: &mut Recorder, trace: Option<Duration>) {
+    if let Some(seconds) = trace {
+        recorder.start_trace(seconds.as_secs_f64());
+        eprintln!(
+            "tendril: tracing the first {} s (at most {MAX_TRACE_EVENTS} events) for timelines",
+            format_seconds(seconds)
+        );
+    }
 }
 
 /// Drains the rings until the duration ends, Ctrl-C, or the target exits (`gone`
@@ -183,6 +198,9 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
     );
     if let Some(warning) = crate::profile::stack_switch_warning(profile) {
         eprintln!("tendril: {warning}");
+    }
+    if let Some(trace) = &profile.trace {
+        eprintln!("tendril: {}", trace.summary());
     }
     for (name, reason) in refused.iter().take(REFUSALS_SHOWN) {
         eprintln!("tendril: not instrumented: {name} — {reason}");

@@ -1,13 +1,29 @@
-//! `tendril report <FILE> [--format tree|hot|folded|json]`: a saved profile as text.
+//! `tendril report <FILE> [--format FORMAT] [-o OUT]`: a saved profile as text, or in
+//! a format another tool reads (pprof, speedscope, chrome, svg).
+//!
+//! The one idea: the output is made in memory first, then written, so a profile that
+//! cannot be read or drawn leaves no half-written file; an output path that cannot be
+//! written is refused before the profile is even read.
 
+use crate::commands::output::OutputFile;
 use crate::profile::report::{MAX_FOLDED_FRAMES, folded_stacks_elided};
 use crate::profile::{Profile, ReportFormat, write_report};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 
-pub fn run(file: &Path, format: ReportFormat) -> anyhow::Result<()> {
+pub fn run(file: &Path, format: ReportFormat, output: Option<&Path>) -> anyhow::Result<()> {
+    let destination = output.map(OutputFile::open).transpose()?;
+    if destination.is_none() && format.is_binary() && std::io::stdout().is_terminal() {
+        anyhow::bail!(
+            "{format} output is binary and stdout is a terminal — give -o FILE (e.g. -o \
+             profile.pb.gz) or redirect stdout"
+        );
+    }
     let profile = Profile::load(file)?;
-    if format == ReportFormat::Folded {
+    if matches!(
+        format,
+        ReportFormat::Folded | ReportFormat::Svg | ReportFormat::Speedscope
+    ) {
         let elided = folded_stacks_elided(&profile);
         if elided > 0 {
             eprintln!(
@@ -19,9 +35,20 @@ pub fn run(file: &Path, format: ReportFormat) -> anyhow::Result<()> {
             );
         }
     }
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    match write_report(&profile, format, &mut out).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other?),
+    if let Some(trace) = &profile.trace
+        && matches!(format, ReportFormat::Chrome | ReportFormat::Speedscope)
+    {
+        eprintln!("tendril: {}", trace.summary());
     }
+    let Some(destination) = destination else {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        return match write_report(&profile, format, &mut out).and_then(|()| out.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.into()),
+            other => Ok(other.map_err(|e| anyhow::anyhow!("cannot write to stdout: {e}"))?),
+        };
+    };
+    let mut bytes = Vec::new();
+    write_report(&profile, format, &mut bytes)?;
+    destination.write_bytes(&bytes)
 }

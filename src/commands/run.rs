@@ -40,6 +40,8 @@ pub struct RunCommand {
     pub gross_only: bool,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
+    /// `--trace`: keep the raw events of this first stretch.
+    pub trace: Option<Duration>,
 }
 
 /// How the program ended.
@@ -69,7 +71,7 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
     interrupt::install();
     let child = start_traced(program, arguments)?;
     let pid = child.as_raw();
-    let recorder = match prepare(command, program, child) {
+    let mut recorder = match prepare(command, program, child) {
         Ok(recorder) => recorder,
         Err(reason) => {
             // Held at its start (or still in the exec): it has not run its own code.
@@ -77,6 +79,7 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
             bail!("{reason:#}; killed {program} (pid {pid}) before it started");
         }
     };
+    crate::commands::record::start_trace(&mut recorder, command.trace);
     let mut ended = None;
     let profile = record_until_done(recorder, command.duration, || {
         ended = ended.or_else(|| ended_status(child));

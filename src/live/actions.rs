@@ -10,6 +10,7 @@ use super::roots::{function_entries, pattern_for};
 use super::save_path::snapshot_path;
 use super::session::{DETACHING_NOTE, Flow, Recording, Session, Symbols, WhenLoaded};
 use crate::process;
+use crate::profile::trace::{DEFAULT_TRACE_SECONDS, MAX_TRACE_EVENTS};
 use crate::recording::Recorder;
 use tendril_tui::{Action, App, FunctionEntry};
 
@@ -37,6 +38,7 @@ impl Session {
             Action::SetRoots(entries) => self.set_roots(&entries, app),
             Action::Pause | Action::Resume | Action::Reset => self.collection(&action, app),
             Action::Save => self.save(app),
+            Action::Trace => self.trace(app),
             Action::Detach => self.detach(app),
         }
         Flow::Continue
@@ -170,6 +172,24 @@ impl Session {
                 app.set_message("data reset: counting from zero");
                 self.refresh(app);
             }
+        }
+    }
+
+    /// Starts a trace of the next second (`t`); `w` saves it with the profile.
+    fn trace(&mut self, app: &mut App) {
+        match &mut self.recording {
+            Recording::Live(recorder) if recorder.is_recording() => {
+                recorder.start_trace(DEFAULT_TRACE_SECONDS);
+                app.set_message(format!(
+                    "tracing the next {DEFAULT_TRACE_SECONDS} s (at most {MAX_TRACE_EVENTS} \
+                     events); w saves it with the profile, for `report --format chrome`"
+                ));
+            }
+            Recording::Live(_) => app.set_message("paused: p resumes, then t traces"),
+            busy @ (Recording::Busy(_) | Recording::Detaching(_)) => {
+                app.set_message(busy.not_live_note())
+            }
+            _ => app.set_message("nothing is being recorded to trace"),
         }
     }
 

@@ -177,6 +177,8 @@ mod tests {
             duration_ns: 2_000_000_000,
             discovery: None,
             gross: Vec::new(),
+            modules: Vec::new(),
+            trace: None,
         }
     }
 

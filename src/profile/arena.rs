@@ -208,6 +208,9 @@ impl CallArena {
                 calls: node.calls,
                 total_ns,
                 self_ns: total_ns.saturating_sub(children_ns),
+                cpu_ns: None,
+                self_cpu_ns: None,
+                address: None,
                 children,
             });
         }

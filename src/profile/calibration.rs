@@ -59,6 +59,16 @@ impl Correction {
         exact.max(0.0)
     }
 
+    /// `t_I` in ticks.
+    pub fn inner_ticks(&self) -> f64 {
+        self.inner_ticks
+    }
+
+    /// `t_O` in ticks.
+    pub fn outer_ticks(&self) -> f64 {
+        self.outer_ticks
+    }
+
     /// Whole nanoseconds, rounded to nearest, for a (corrected) number of ticks.
     pub fn ticks_to_ns(&self, ticks: f64) -> u64 {
         (ticks * self.ns_per_tick).round() as u64

@@ -139,6 +139,14 @@ impl CctBuilder {
             .map_or(0, |&index| self.threads[index].depth())
     }
 
+    /// The functions open on thread `tid`, outermost first (none for a thread never
+    /// seen).
+    pub fn open_functions(&self, tid: u32) -> Vec<u32> {
+        self.index_of_tid
+            .get(&tid)
+            .map_or_else(Vec::new, |&index| self.threads[index].open_functions())
+    }
+
     /// Closes thread `tid`'s open frames as unwound at `at_ts` (the thread exited).
     pub fn finish_thread(&mut self, tid: u32, at_ts: u64) {
         if let Some(&index) = self.index_of_tid.get(&tid) {
@@ -198,6 +206,8 @@ impl CctBuilder {
             duration_ns: 0,
             discovery: None,
             gross: Vec::new(),
+            modules: Vec::new(),
+            trace: None,
             format: Profile::FORMAT.to_owned(),
             version: Profile::VERSION,
             pid: info.pid,

@@ -251,7 +251,7 @@ impl Formatter for CappedPretty {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::profile::model::tests::chain;
     use crate::profile::model::{Calibration, MergedProfile, Node, Stats, ThreadProfile};
@@ -266,6 +266,8 @@ mod tests {
             duration_ns: 0,
             discovery: None,
             gross: Vec::new(),
+            modules: Vec::new(),
+            trace: None,
             format: Profile::FORMAT.to_owned(),
             version: Profile::VERSION,
             pid: 4242,

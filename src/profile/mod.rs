@@ -13,15 +13,22 @@
 //! - [`file`](mod@file): reading and writing it (serde_json, any depth);
 //! - [`cct`]: the builder (per-thread trees in `thread_tree` over an `arena`);
 //! - [`calibration`]: the correction formula;
-//! - [`report`]: `tendril report` formats.
+//! - [`report`]: `tendril report` text formats;
+//! - [`export`]: the formats other tools read (pprof, speedscope, Trace Event Format,
+//!   SVG flame graphs);
+//! - [`trace`]: timelines of a recording's first seconds (`record --trace`);
+//! - [`diff`]: two profiles compared call path by call path.
 
 mod arena;
 pub mod calibration;
 pub mod cct;
+pub mod diff;
+pub mod export;
 pub mod file;
 pub mod model;
 pub mod report;
 mod thread_tree;
+pub mod trace;
 
 #[cfg(test)]
 mod tests_support;
@@ -30,7 +37,7 @@ pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use file::ProfileError;
 pub use model::{
-    Calibration, DiscoveryStats, GrossTime, MergedProfile, Node, Profile, Stats, ThreadProfile,
-    Visit, walk,
+    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile, Stats,
+    ThreadProfile, Visit, walk,
 };
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

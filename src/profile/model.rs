@@ -9,6 +9,7 @@
 //! Times are whole nanoseconds (`u64`), already corrected for tendril's own overhead.
 //! Within one tree, `self_ns == total_ns - Σ children.total_ns` (clamped at 0).
 
+use super::trace::Trace;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
 
@@ -43,6 +44,26 @@ pub struct Profile {
     /// With `--gross-only`: each root's gross time distribution.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gross: Vec<GrossTime>,
+    /// Where each module was mapped, for exports that name addresses (pprof).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<ModuleMapping>,
+    /// With `record --trace`: the enter and exit events of the recording's first
+    /// seconds, as per-thread timelines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Trace>,
+}
+
+/// One module (executable or shared library) as it was mapped in the target.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ModuleMapping {
+    /// The file name, as in [`Node::module`].
+    pub name: String,
+    /// The path inside the target.
+    pub path: String,
+    /// Lowest mapped address.
+    pub start: u64,
+    /// One past the highest mapped address.
+    pub end: u64,
 }
 
 /// What discovery (JFluid's Scheme B) did during a recording.
@@ -188,6 +209,15 @@ pub struct Node {
     pub total_ns: u64,
     #[serde(deserialize_with = "whole_number")]
     pub self_ns: u64,
+    /// On-CPU time, corrected, when the recording measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns: Option<u64>,
+    /// The part of [`Node::cpu_ns`] not spent in instrumented callees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub self_cpu_ns: Option<u64>,
+    /// The function's entry address in the target, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<u64>,
     #[serde(default)]
     pub children: Vec<Node>,
 }
@@ -216,19 +246,26 @@ impl Node {
             calls,
             total_ns,
             self_ns,
+            cpu_ns: None,
+            self_cpu_ns: None,
+            address: None,
             children: Vec::new(),
         }
     }
 
     /// The same node without its children (a shallow copy).
     fn without_children(&self) -> Node {
-        Node::leaf(
+        let mut node = Node::leaf(
             &self.name,
             &self.module,
             self.calls,
             self.total_ns,
             self.self_ns,
-        )
+        );
+        node.cpu_ns = self.cpu_ns;
+        node.self_cpu_ns = self.self_cpu_ns;
+        node.address = self.address;
+        node
     }
 
     fn same_fields(&self, other: &Node) -> bool {
@@ -237,6 +274,9 @@ impl Node {
             && self.calls == other.calls
             && self.total_ns == other.total_ns
             && self.self_ns == other.self_ns
+            && self.cpu_ns == other.cpu_ns
+            && self.self_cpu_ns == other.self_cpu_ns
+            && self.address == other.address
             && self.children.len() == other.children.len()
     }
 }

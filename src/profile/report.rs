@@ -6,8 +6,9 @@
 //! Shares are of the merged roots' total time, so a row's percentage says how much of
 //! the profiled work happened in (or under) it.
 
-mod names;
+pub(crate) mod names;
 
+use super::export;
 use super::model::{Node, Profile, Visit, walk};
 use names::{folded_frame, printable};
 use std::collections::HashMap;
@@ -35,14 +36,26 @@ pub enum ReportFormat {
     Folded,
     /// The profile file itself.
     Json,
+    /// gzip-compressed pprof `profile.proto` (binary).
+    Pprof,
+    /// speedscope's JSON file format.
+    Speedscope,
+    /// The Trace Event Format (Perfetto, chrome://tracing).
+    Chrome,
+    /// An SVG flame graph (inferno).
+    Svg,
 }
 
 impl ReportFormat {
-    pub const ALL: [ReportFormat; 4] = [
+    pub const ALL: [ReportFormat; 8] = [
         ReportFormat::Tree,
         ReportFormat::Hot,
         ReportFormat::Folded,
         ReportFormat::Json,
+        ReportFormat::Pprof,
+        ReportFormat::Speedscope,
+        ReportFormat::Chrome,
+        ReportFormat::Svg,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,7 +64,16 @@ impl ReportFormat {
             ReportFormat::Hot => "hot",
             ReportFormat::Folded => "folded",
             ReportFormat::Json => "json",
+            ReportFormat::Pprof => "pprof",
+            ReportFormat::Speedscope => "speedscope",
+            ReportFormat::Chrome => "chrome",
+            ReportFormat::Svg => "svg",
         }
+    }
+
+    /// Whether the output is binary (not for a terminal).
+    pub fn is_binary(self) -> bool {
+        self == ReportFormat::Pprof
     }
 }
 
@@ -62,7 +84,10 @@ impl fmt::Display for ReportFormat {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown report format '{0}' (expected tree, hot, folded or json)")]
+#[error(
+    "unknown report format '{0}' (expected tree, hot, folded, json, pprof, speedscope, chrome \
+     or svg)"
+)]
 pub struct UnknownReportFormat(pub String);
 
 impl FromStr for ReportFormat {
@@ -87,6 +112,10 @@ pub fn write_report(
         ReportFormat::Hot => write_hot(profile, out),
         ReportFormat::Folded => write_folded(profile, out),
         ReportFormat::Json => profile.write_json(out),
+        ReportFormat::Pprof => export::pprof::write_pprof(profile, out),
+        ReportFormat::Speedscope => export::speedscope::write_speedscope(profile, out),
+        ReportFormat::Chrome => export::chrome::write_chrome(profile, out),
+        ReportFormat::Svg => export::flamegraph::write_svg(profile, out),
     }
 }
 
@@ -165,6 +194,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     )?;
     if let Some(warning) = stack_switch_warning(profile) {
         writeln!(out, "{warning}")?;
+    }
+    if let Some(trace) = &profile.trace {
+        writeln!(out, "{}", trace.summary())?;
     }
     writeln!(
         out,
@@ -364,6 +396,8 @@ mod tests {
             duration_ns: 0,
             discovery: None,
             gross: Vec::new(),
+            modules: Vec::new(),
+            trace: None,
             format: Profile::FORMAT.to_owned(),
             version: Profile::VERSION,
             pid: 4242,
@@ -503,7 +537,8 @@ main;odd\\x0aname 7
         }
         assert_eq!(
             "flame".parse::<ReportFormat>().unwrap_err().to_string(),
-            "unknown report format 'flame' (expected tree, hot, folded or json)"
+            "unknown report format 'flame' (expected tree, hot, folded, json, pprof, \
+             speedscope, chrome or svg)"
         );
     }
 

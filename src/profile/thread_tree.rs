@@ -98,6 +98,11 @@ impl ThreadTree {
         self.frames.len()
     }
 
+    /// The functions of the open frames, outermost first.
+    pub fn open_functions(&self) -> Vec<u32> {
+        self.frames.iter().map(|frame| frame.function).collect()
+    }
+
     /// Applies a batch of this thread's events, in program order.
     pub fn push(&mut self, events: &[Event], correction: &Correction) {
         self.counters.events += events.len() as u64;

@@ -10,6 +10,10 @@
 //! the cost correction — happens here, at the controller's pace, so a recording can be
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
+mod tracing;
+
+pub use tracing::TraceStatus;
+
 use super::closure;
 use super::function_table;
 use super::gross::GrossTimes;
@@ -101,6 +105,8 @@ pub struct Recorder {
     static_indirect_call_sites: u64,
     /// Callees the agent could not instrument: (name, reason).
     refused: Vec<(String, String)>,
+    /// The raw events of a trace, once one is started.
+    trace: Option<crate::profile::trace::TraceCapture>,
 }
 
 /// `name (module)`, for a refusal.
@@ -157,6 +163,7 @@ impl Recorder {
             instrumented_up_front: 0,
             static_indirect_call_sites: 0,
             refused: Vec::new(),
+            trace: None,
         };
         recorder.begin()?;
         Ok(recorder)
@@ -363,6 +370,7 @@ impl Recorder {
         }
         self.ring_threads.clear();
         self.last_timestamps.clear();
+        self.trace = None;
         self.events = 0;
         self.started = Instant::now();
         self.started_tsc = tsc::read();
@@ -446,6 +454,7 @@ impl Recorder {
         let last_timestamps = &mut self.last_timestamps;
         let stopped_at = self.stopped_at;
         let gross = &mut self.gross;
+        let trace = &mut self.trace;
         let pid = self.target.pid;
         let drained = rings.drain(|ring, tid, events| {
             // A ring's events are in time order: cut at the first one after the stop.
@@ -478,6 +487,9 @@ impl Recorder {
             {
                 last_timestamps.insert(tid, last.value);
             }
+            if let Some(trace) = trace.as_mut() {
+                trace.push(tid as u32, events, || builder.open_functions(tid as u32));
+            }
             builder.push_events(tid as u32, events);
             if let Some(gross) = gross.as_mut() {
                 gross.push_events(tid, events);
@@ -496,6 +508,7 @@ impl Recorder {
         let builder = self.builder.as_ref().expect("a recording has begun");
         let mut profile = builder.snapshot(&info, &Names(&self.names));
         self.add_extras(&mut profile, &counters);
+        self.add_trace(&mut profile);
         profile
     }
 
@@ -519,10 +532,9 @@ impl Recorder {
             gross.finish();
         }
         let refused = std::mem::take(&mut self.refused);
-        Ok(Finished {
-            profile: self.snapshot(),
-            refused,
-        })
+        let mut profile = self.snapshot();
+        tracing::add_addresses(&mut profile, &self.symbols);
+        Ok(Finished { profile, refused })
     }
 
     fn recording_info(&self, counters: &AgentCounters) -> RecordingInfo {

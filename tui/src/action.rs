@@ -29,6 +29,9 @@ pub enum Action {
     Reset,
     /// Write the current profile to a file and report where in the status message.
     Save,
+    /// Keep the raw enter and exit events of the next second as a timeline (saved with
+    /// the profile, for the chrome and speedscope exports).
+    Trace,
     /// Restore the target's code and stop collecting; the UI stays to browse the data.
     Detach,
     /// Leave the UI (the controller detaches first if still attached).

@@ -256,6 +256,7 @@ impl App {
             }
             KeyCode::Char('X') if self.allowed(Needs::Target) => return Some(Action::Reset),
             KeyCode::Char('w') if self.allowed(Needs::Session) => return Some(Action::Save),
+            KeyCode::Char('t') if self.allowed(Needs::Target) => return Some(Action::Trace),
             KeyCode::Char('d') if self.allowed(Needs::Target) => return Some(Action::Detach),
             KeyCode::Char('r') if self.allowed(Needs::Target) => {
                 self.screen = ScreenKind::RootPicker;
@@ -264,7 +265,7 @@ impl App {
                 }
                 self.root_picker.open(&self.snapshot.status.roots);
             }
-            KeyCode::Char('p' | 'X' | 'w' | 'd' | 'r') => {}
+            KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r') => {}
             KeyCode::Esc => self.message = None,
             _ => {
                 self.live.handle_key(key, &self.snapshot);

@@ -176,6 +176,12 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
         Some("w save"),
     ),
     key(
+        "t",
+        "trace the next second: a timeline saved with the profile",
+        Needs::Target,
+        None,
+    ),
+    key(
         "d",
         "detach: restore the target, keep browsing",
         Needs::Target,

@@ -252,6 +252,7 @@ fn live_keys_return_actions() {
     assert_eq!(press_char(&mut app, 'p'), Some(Action::Resume));
     assert_eq!(press_char(&mut app, 'X'), Some(Action::Reset));
     assert_eq!(press_char(&mut app, 'w'), Some(Action::Save));
+    assert_eq!(press_char(&mut app, 't'), Some(Action::Trace));
     assert_eq!(press_char(&mut app, 'd'), Some(Action::Detach));
     assert_eq!(press_char(&mut app, 'q'), Some(Action::Quit));
     assert_eq!(ctrl(&mut app, 'c'), Some(Action::Quit));

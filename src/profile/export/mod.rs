@@ -1,0 +1,138 @@
+//! Profiles in the formats other tools read: pprof (`go tool pprof`, Pyroscope, Parca),
+//! speedscope, the Trace Event Format (Perfetto, chrome://tracing) and SVG flame
+//! graphs (inferno).
+//!
+//! The one idea: each format is a different layout of the same calling contexts, so the
+//! walk is shared. [`Frames`] numbers each distinct function once, and
+//! [`for_each_context`] visits every context of a tree with its stack of frame numbers,
+//! root first, without recursion; a stack deeper than [`MAX_FOLDED_FRAMES`] keeps its
+//! innermost frames below one [`ELIDED_FRAME`] (as folded stacks do), so a 100,000-deep
+//! recursion does not write every path in full.
+
+pub mod chrome;
+pub mod flamegraph;
+pub mod pprof;
+pub mod speedscope;
+
+use super::model::{Node, Visit, walk};
+use super::report::MAX_FOLDED_FRAMES;
+use std::collections::HashMap;
+
+/// The frame that stands for the outer frames of a stack cut to its innermost
+/// [`MAX_FOLDED_FRAMES`].
+pub const ELIDED_FRAME: &str = "[frames elided]";
+
+/// One distinct function of a profile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub name: &'a str,
+    pub module: &'a str,
+    pub address: Option<u64>,
+}
+
+/// Each distinct (name, module) numbered once, in order of first appearance.
+#[derive(Debug, Default)]
+pub struct Frames<'a> {
+    index: HashMap<(&'a str, &'a str), usize>,
+    pub frames: Vec<Frame<'a>>,
+}
+
+impl<'a> Frames<'a> {
+    /// The number of `node`'s function.
+    pub fn of(&mut self, node: &'a Node) -> usize {
+        self.named(&node.name, &node.module, node.address)
+    }
+
+    /// The number of the function `name` in `module`.
+    pub fn named(&mut self, name: &'a str, module: &'a str, address: Option<u64>) -> usize {
+        *self.index.entry((name, module)).or_insert_with(|| {
+            self.frames.push(Frame {
+                name,
+                module,
+                address,
+            });
+            self.frames.len() - 1
+        })
+    }
+}
+
+/// Visits every context of `roots`, depth first: `visit(stack, node)` gets the frame
+/// numbers from the root down to `node` (the innermost [`MAX_FOLDED_FRAMES`] of them
+/// under an [`ELIDED_FRAME`] when deeper).
+pub fn for_each_context<'a>(
+    roots: &'a [Node],
+    frames: &mut Frames<'a>,
+    mut visit: impl FnMut(&[usize], &'a Node),
+) {
+    let mut stack: Vec<usize> = Vec::new();
+    let mut cut: Vec<usize> = Vec::new();
+    let _ = walk(roots, |step| -> Result<(), ()> {
+        match step {
+            Visit::Enter { node, .. } => {
+                stack.push(frames.of(node));
+                if stack.len() > MAX_FOLDED_FRAMES {
+                    cut.clear();
+                    cut.push(frames.named(ELIDED_FRAME, "", None));
+                    cut.extend_from_slice(&stack[stack.len() - MAX_FOLDED_FRAMES..]);
+                    visit(&cut, node);
+                } else {
+                    visit(&stack, node);
+                }
+            }
+            Visit::Leave { .. } => {
+                stack.pop();
+            }
+        }
+        Ok(())
+    });
+}
+
+/// The sum of self times over every context of `roots`: what a flame graph, pprof or
+/// speedscope adds up to (equal to the roots' total unless a correction clamped).
+pub fn self_sum_ns(roots: &[Node]) -> u64 {
+    let mut sum = 0u64;
+    let _ = walk(roots, |step| -> Result<(), ()> {
+        if let Visit::Enter { node, .. } = step {
+            sum += node.self_ns;
+        }
+        Ok(())
+    });
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::model::tests::chain;
+
+    #[test]
+    fn contexts_come_with_their_stacks_and_deep_ones_are_cut() {
+        let mut root = Node::leaf("a", "m", 1, 10, 5);
+        root.children.push(Node::leaf("b", "m", 1, 5, 5));
+        root.children.push(Node::leaf("a", "m", 1, 0, 0));
+        let mut frames = Frames::default();
+        let mut seen = Vec::new();
+        for_each_context(std::slice::from_ref(&root), &mut frames, |stack, node| {
+            seen.push((stack.to_vec(), node.name.clone()))
+        });
+        assert_eq!(
+            seen,
+            [
+                (vec![0], "a".to_owned()),
+                (vec![0, 1], "b".to_owned()),
+                (vec![0, 0], "a".to_owned())
+            ]
+        );
+        let deep = [chain("f", MAX_FOLDED_FRAMES + 3)];
+        let mut frames = Frames::default();
+        let mut longest = 0;
+        let mut first = None;
+        for_each_context(&deep, &mut frames, |stack, _| {
+            longest = longest.max(stack.len());
+            first = Some(stack[0]);
+        });
+        assert_eq!(longest, MAX_FOLDED_FRAMES + 1);
+        assert_eq!(frames.frames[first.unwrap()].name, ELIDED_FRAME);
+        assert_eq!(self_sum_ns(&deep), MAX_FOLDED_FRAMES as u64 + 3);
+    }
+}
