@@ -10,48 +10,11 @@
 //! its own code, and do not pay for it.
 
 use crate::patching::patcher::{self, PatchRequest};
-
-/// One mapping of `/proc/self/maps`, as far as the check needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    executable: bool,
-    /// The file's path, or the pseudo-name (`[stack]`, `[heap]`), or empty.
-    name: String,
-}
-
-impl Mapping {
-    fn is_file(&self) -> bool {
-        self.name.starts_with('/')
-    }
-}
-
-/// Parses the text of `/proc/PID/maps`.
-fn parse_maps(text: &str) -> Vec<Mapping> {
-    text.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_ascii_whitespace();
-            let (start, end) = fields.next()?.split_once('-')?;
-            let permissions = fields.next()?;
-            let name = fields.nth(3).map_or(String::new(), |first| {
-                // A path may contain spaces: everything after the inode is the name.
-                let at = line.find(first).unwrap_or(line.len());
-                line[at..].to_string()
-            });
-            Some(Mapping {
-                start: u64::from_str_radix(start, 16).ok()?,
-                end: u64::from_str_radix(end, 16).ok()?,
-                executable: permissions.as_bytes().get(2) == Some(&b'x'),
-                name,
-            })
-        })
-        .collect()
-}
+use crate::sys::maps::{self, Mapping};
 
 /// Why `address` may not be patched, if it may not.
 fn refusal(maps: &[Mapping], address: u64) -> Option<String> {
-    let Some(mapping) = maps.iter().find(|m| m.start <= address && address < m.end) else {
+    let Some(mapping) = maps.iter().find(|m| m.contains(address)) else {
         return Some(format!(
             "{address:#x} is not in any mapping of the process; give the address of a function"
         ));
@@ -61,7 +24,7 @@ fn refusal(maps: &[Mapping], address: u64) -> Option<String> {
     } else {
         mapping.name.clone()
     };
-    if !mapping.executable {
+    if !mapping.executable() {
         return Some(format!(
             "{address:#x} is not code: it lies in {place}, which is not executable"
         ));
@@ -82,8 +45,8 @@ pub fn patch_mapped(
     requests: &[PatchRequest],
     code_ranges: &[(u64, u64)],
 ) -> Vec<Result<u32, String>> {
-    let maps = match std::fs::read_to_string("/proc/self/maps") {
-        Ok(text) => parse_maps(&text),
+    let maps = match maps::read_own() {
+        Ok(mappings) => mappings,
         Err(e) => {
             let reason = format!("cannot read this process's mappings: {e}");
             return requests.iter().map(|_| Err(reason.clone())).collect();
@@ -129,7 +92,7 @@ mod tests {
 
     #[test]
     fn only_code_of_mapped_files_may_be_patched() {
-        let maps = parse_maps(MAPS);
+        let maps = maps::parse(MAPS);
         assert_eq!(maps.len(), 4);
         assert_eq!(maps[1].name, "/usr/bin/my program");
         assert_eq!(refusal(&maps, 0x55d0c0a01010), None);

@@ -4,6 +4,12 @@
 //! A `jmp rel32` reaches ±2 GiB, so every trampoline must lie within that distance of the
 //! function it serves. [`CodeArena::allocate_near`] finds free address space near a
 //! function (from `/proc/self/maps`), maps it read+execute, and hands out pieces of it.
+//!
+//! Why not the `region` crate: its `alloc_at` maps with `MAP_FIXED`, which silently
+//! replaces whatever another thread of the target mapped there since the gap was read;
+//! a chunk must be mapped with `MAP_FIXED_NOREPLACE`, which fails instead. And code is
+//! written through `/proc/self/mem`, so no page's protection ever changes (no page is
+//! ever writable and executable), which is the other thing `region` would do.
 //! All code — trampolines and the patches in the target's own functions — is written
 //! through `/proc/self/mem`, which the kernel lets a process use on its own read-only
 //! pages. Arenas are never unmapped: a thread may still be inside a trampoline long
@@ -181,17 +187,10 @@ impl CodeArena {
 
 /// Maps a fresh read+execute chunk in a gap of the address space within reach of `near`.
 fn map_chunk_near(near: u64) -> Result<u64, String> {
-    let maps = std::fs::read_to_string("/proc/self/maps")
-        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
-    let mut taken: Vec<(u64, u64)> = maps
-        .lines()
-        .filter_map(|line| {
-            let (start, end) = line.split_whitespace().next()?.split_once('-')?;
-            Some((
-                u64::from_str_radix(start, 16).ok()?,
-                u64::from_str_radix(end, 16).ok()?,
-            ))
-        })
+    let mut taken: Vec<(u64, u64)> = super::maps::read_own()
+        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?
+        .into_iter()
+        .map(|mapping| (mapping.start, mapping.end))
         .collect();
     taken.sort_unstable();
     // Candidate addresses: just after and just before each mapping, closest first.

@@ -13,6 +13,7 @@
 pub mod agent_threads;
 pub mod alloc;
 pub mod code_memory;
+pub mod maps;
 pub mod own_code;
 pub mod tasks;
 

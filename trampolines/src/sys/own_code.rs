@@ -18,16 +18,11 @@ pub fn is_agent_code(address: u64) -> bool {
         let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }
             .to_string_lossy()
             .into_owned();
-        let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-        maps.lines()
-            .filter(|line| line.ends_with(&path))
-            .filter_map(|line| {
-                let (start, end) = line.split_whitespace().next()?.split_once('-')?;
-                Some((
-                    u64::from_str_radix(start, 16).ok()?,
-                    u64::from_str_radix(end, 16).ok()?,
-                ))
-            })
+        super::maps::read_own()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|mapping| mapping.name == path)
+            .map(|mapping| (mapping.start, mapping.end))
             .collect()
     });
     ranges
