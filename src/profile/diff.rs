@@ -10,7 +10,7 @@
 
 use super::export::{Frames, for_each_context};
 use super::model::Profile;
-use super::report::names::folded_frame;
+use super::names::folded_frame;
 use std::collections::HashMap;
 use std::io::{self, Write};
 
@@ -95,9 +95,9 @@ pub fn write_diff_text(
         out,
         "{} (total {:.3} ms) -> {} (total {:.3} ms): {} call paths, by absolute change in \
          total time",
-        super::report::names::printable(name_a),
+        super::names::printable(name_a),
         a.merged_total_ns() as f64 / 1e6,
-        super::report::names::printable(name_b),
+        super::names::printable(name_b),
         b.merged_total_ns() as f64 / 1e6,
         rows.len()
     )?;

@@ -25,10 +25,13 @@ pub mod cct;
 pub mod diff;
 pub mod export;
 pub mod file;
+pub mod folded;
 pub mod model;
+pub mod names;
 pub mod report;
 mod thread_tree;
 pub mod trace;
+pub mod trace_model;
 
 #[cfg(test)]
 mod tests_support;

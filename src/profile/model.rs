@@ -9,7 +9,7 @@
 //! Times are whole nanoseconds (`u64`), already corrected for tendril's own overhead.
 //! Within one tree, `self_ns == total_ns - Σ children.total_ns` (clamped at 0).
 
-use super::trace::Trace;
+use super::trace_model::Trace;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
 

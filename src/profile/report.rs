@@ -6,11 +6,10 @@
 //! Shares are of the merged roots' total time, so a row's percentage says how much of
 //! the profiled work happened in (or under) it.
 
-pub(crate) mod names;
-
 use super::export;
+pub use super::folded::{MAX_FOLDED_FRAMES, folded_stacks_elided, write_folded};
 use super::model::{Node, Profile, Visit, walk};
-use names::{folded_frame, printable};
+use super::names::printable;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
@@ -18,11 +17,6 @@ use std::str::FromStr;
 
 /// Rows deeper than this stop indenting and show their depth as a number instead.
 pub const MAX_TREE_INDENT: usize = 40;
-
-/// Folded stacks keep at most this many frames, the innermost ones, below a
-/// `[N frames elided]` frame: otherwise a chain 100,000 calls deep writes gigabytes
-/// (every line repeats the whole path above it).
-pub const MAX_FOLDED_FRAMES: usize = 1024;
 
 /// The output formats of `tendril report --format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -312,55 +306,6 @@ pub fn write_hot(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         )?;
     }
     Ok(())
-}
-
-/// Folded stacks: `root;caller;callee <self ns>` for every context with self time.
-/// A stack deeper than [`MAX_FOLDED_FRAMES`] keeps its innermost frames under one
-/// `[N frames elided]` frame (see [`folded_stacks_elided`]).
-pub fn write_folded(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
-    let mut path = String::new();
-    // The length of `path` before each open node's name was appended.
-    let mut path_lengths: Vec<usize> = Vec::new();
-    walk(&profile.merged.roots, |step| match step {
-        Visit::Enter { node, .. } => {
-            path_lengths.push(path.len());
-            if !path.is_empty() {
-                path.push(';');
-            }
-            path.push_str(&folded_frame(&node.name));
-            if node.self_ns > 0 {
-                let frames = path_lengths.len();
-                if frames > MAX_FOLDED_FRAMES {
-                    let elided = frames - MAX_FOLDED_FRAMES;
-                    // Frame `elided` starts after the `;` that precedes it.
-                    let kept = &path[path_lengths[elided] + 1..];
-                    writeln!(out, "[{elided} frames elided];{kept} {}", node.self_ns)?;
-                } else {
-                    writeln!(out, "{path} {}", node.self_ns)?;
-                }
-            }
-            Ok(())
-        }
-        Visit::Leave { .. } => {
-            path.truncate(path_lengths.pop().unwrap_or(0));
-            Ok(())
-        }
-    })
-}
-
-/// How many folded stacks [`write_folded`] cuts to [`MAX_FOLDED_FRAMES`] frames.
-pub fn folded_stacks_elided(profile: &Profile) -> u64 {
-    let mut elided = 0;
-    let _ = walk(&profile.merged.roots, |step| -> Result<(), ()> {
-        if let Visit::Enter { node, depth } = step
-            && node.self_ns > 0
-            && depth >= MAX_FOLDED_FRAMES
-        {
-            elided += 1;
-        }
-        Ok(())
-    });
-    elided
 }
 
 #[cfg(test)]

@@ -6,9 +6,9 @@
 //! process and the total time. The file is self-contained: open it in a browser to
 //! zoom and search.
 
+use crate::profile::folded::write_folded;
 use crate::profile::model::Profile;
-use crate::profile::report::names::printable;
-use crate::profile::report::write_folded;
+use crate::profile::names::printable;
 use inferno::flamegraph::{self, Options};
 use std::io::{self, Write};
 

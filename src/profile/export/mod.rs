@@ -14,8 +14,8 @@ pub mod flamegraph;
 pub mod pprof;
 pub mod speedscope;
 
+use super::folded::MAX_FOLDED_FRAMES;
 use super::model::{Node, Visit, walk};
-use super::report::MAX_FOLDED_FRAMES;
 use std::collections::HashMap;
 
 /// The frame that stands for the outer frames of a stack cut to its innermost
