@@ -12,27 +12,27 @@
 //! ended and joined when the session ends (`session_threads`); at most
 //! [`MAX_SESSIONS`] are served at once, a connection beyond them gets one error line
 //! saying so; a connection that does not say hello within [`HELLO_TIMEOUT`] is closed.
-//! If the socket file is deleted, the control thread binds a new one
-//! (`control_listener`).
+//! If the socket file is deleted, the control thread binds a new one (`listener`).
+//! What a session asks and how it is answered is `requests` (reading capped lines and
+//! passing descriptors: `line_io`); what happens around a `fork()` is `fork`.
 
 mod fork;
+mod line_io;
 mod listener;
+mod requests;
 mod session_threads;
 
 use crate::control::listener::ControlListener;
+use crate::control::requests::{RECORDING_SESSION, run_session, stop_recording};
 use crate::control::session_threads::SessionThreads;
-use crate::hooks::stubs::HookKind;
-use crate::patching::patcher::{self, PatchRequest};
-use crate::{
-    runtime::calibration, runtime::counting, runtime::discovery, runtime::lingering,
-    runtime::recording, runtime::shadow, runtime::threads,
-};
-use std::io::{BufRead, BufReader, Read, Write};
+use crate::patching::patcher;
+use crate::runtime::{lingering, threads};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tendril_wire::{Hook, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
+use tendril_wire::Response;
 
 /// Identity of this process as the agent sees it.
 fn identity() -> (u32, i32) {
@@ -286,183 +286,6 @@ fn trusted_peer(stream: &UnixStream) -> Option<i32> {
     (rc == 0 && (cred.uid == uid || cred.uid == 0)).then_some(cred.pid)
 }
 
-fn run_session(session: u64, stream: UnixStream) {
-    let Ok(mut writer) = stream.try_clone() else {
-        return;
-    };
-    let mut reader = BufReader::new(stream);
-    let mut line = Vec::new();
-    let mut greeted = false;
-    loop {
-        line.clear();
-        match read_request_line(&mut reader, &mut line) {
-            Ok(RequestLine::Complete) => {}
-            Ok(RequestLine::Ended) | Err(_) => return,
-            Ok(RequestLine::TooLong) => {
-                // The rest of the line stays unread: the connection is closed on it.
-                let refusal = Response::Error {
-                    message: format!(
-                        "request longer than {} MiB refused; the connection is closed",
-                        tendril_wire::MAX_REQUEST_BYTES >> 20
-                    ),
-                };
-                let _ = writer.write_all(&tendril_wire::encode(&refusal));
-                return;
-            }
-        }
-        let request = tendril_wire::decode::<Request>(&line);
-        // A table follows its request on the connection: take it before anything else,
-        // so the next line is a request again (or end a connection that lies about it).
-        let table = match &request {
-            Ok(Request::StartRecording { table_bytes, .. }) => {
-                match read_table(&mut reader, *table_bytes) {
-                    Ok(table) => Some(table),
-                    Err(message) => {
-                        let refusal = Response::Error { message };
-                        let _ = writer.write_all(&tendril_wire::encode(&refusal));
-                        return;
-                    }
-                }
-            }
-            _ => None,
-        };
-        let mut rings = None;
-        let response = match request {
-            Err(e) => Response::Error {
-                message: format!("malformed request: {e}"),
-            },
-            Ok(Request::Hello { version }) if version != PROTOCOL_VERSION => Response::Error {
-                message: format!(
-                    "the agent resident in this process is version {PROTOCOL_VERSION}, \
-                     this tendril is {version}; use tendril {PROTOCOL_VERSION} or restart the target"
-                ),
-            },
-            Ok(Request::Hello { .. }) => {
-                greeted = true;
-                mark_greeted(session);
-                ready()
-            }
-            Ok(_) if !greeted => Response::Error {
-                message: "say hello first".into(),
-            },
-            Ok(Request::Detach) => detach(session),
-            Ok(Request::Patch {
-                targets,
-                code_ranges,
-            }) => patch(session, &targets, &code_ranges),
-            Ok(Request::Unpatch { addresses }) => unpatch(session, &addresses),
-            Ok(Request::ReadCounters { ids }) => Response::Counters {
-                threads: counting::read_counters(&ids),
-            },
-            Ok(Request::ResolveSymbols { names }) => Response::Resolved {
-                addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
-            },
-            Ok(Request::StartRecording { discover, .. }) => {
-                match start_recording(session, table.unwrap_or_default(), discover) {
-                    Ok((response, fd)) => {
-                        rings = Some(fd);
-                        response
-                    }
-                    Err(message) => Response::Error { message },
-                }
-            }
-            Ok(Request::StopRecording) => stop_recording(session),
-        };
-        let answer = tendril_wire::encode(&response);
-        let sent = match &rings {
-            Some(fd) => send_with_descriptor(&writer, &answer, fd),
-            None => writer.write_all(&answer),
-        };
-        if sent.is_err() {
-            return;
-        }
-    }
-}
-
-/// How reading one request line ended.
-enum RequestLine {
-    Complete,
-    /// The controller closed the connection.
-    Ended,
-    /// No newline within [`tendril_wire::MAX_REQUEST_BYTES`].
-    TooLong,
-}
-
-/// Reads one request line into `line`, never more than
-/// [`tendril_wire::MAX_REQUEST_BYTES`] of it.
-fn read_request_line(
-    reader: &mut BufReader<UnixStream>,
-    line: &mut Vec<u8>,
-) -> std::io::Result<RequestLine> {
-    let limit = tendril_wire::MAX_REQUEST_BYTES as u64;
-    reader.by_ref().take(limit).read_until(b'\n', line)?;
-    Ok(if line.last() == Some(&b'\n') {
-        RequestLine::Complete
-    } else if line.len() as u64 >= limit {
-        RequestLine::TooLong
-    } else {
-        RequestLine::Ended
-    })
-}
-
-/// Reads the `bytes` of function table that follow a `StartRecording` line.
-fn read_table(reader: &mut BufReader<UnixStream>, bytes: u64) -> Result<Vec<u8>, String> {
-    if bytes > tendril_wire::MAX_TABLE_BYTES {
-        return Err(format!(
-            "function table of {bytes} bytes refused (at most {} MiB); the connection is closed",
-            tendril_wire::MAX_TABLE_BYTES >> 20
-        ));
-    }
-    let mut table = vec![0u8; bytes as usize];
-    reader
-        .read_exact(&mut table)
-        .map_err(|e| format!("the function table did not arrive whole: {e}"))?;
-    Ok(table)
-}
-
-/// Writes `bytes` with `fd` attached (`SCM_RIGHTS`), the rest of them plainly.
-fn send_with_descriptor(
-    stream: &UnixStream,
-    bytes: &[u8],
-    fd: &std::os::fd::OwnedFd,
-) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let raw = fd.as_raw_fd();
-    // SAFETY: CMSG_SPACE only computes a size.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    let mut iov = libc::iovec {
-        iov_base: bytes.as_ptr() as *mut libc::c_void,
-        iov_len: bytes.len(),
-    };
-    // SAFETY: an all-zero msghdr is a valid empty message.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = space;
-    // SAFETY: `message` points at `control`, which has room for one cmsg holding one
-    // int (CMSG_SPACE above), so CMSG_FIRSTHDR is non-null and CMSG_DATA is in bounds.
-    unsafe {
-        let header = libc::CMSG_FIRSTHDR(&message);
-        (*header).cmsg_level = libc::SOL_SOCKET;
-        (*header).cmsg_type = libc::SCM_RIGHTS;
-        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as usize;
-        std::ptr::copy_nonoverlapping(
-            (&raw as *const libc::c_int).cast::<u8>(),
-            libc::CMSG_DATA(header),
-            std::mem::size_of::<libc::c_int>(),
-        );
-    }
-    // SAFETY: `message` and everything it points at live across the call.
-    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &message, libc::MSG_NOSIGNAL) };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let mut writer = stream;
-    writer.write_all(&bytes[sent as usize..])
-}
-
 /// A session the agent serves, with a handle on its connection (to end it).
 struct OpenSession {
     id: u64,
@@ -508,166 +331,5 @@ fn forget_inherited_sessions() {
         Ok(mut open) => open.clear(),
         Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().clear(),
         Err(std::sync::TryLockError::WouldBlock) => {}
-    }
-}
-
-/// Ends every other session — their controllers see their connections close — lets
-/// each restore what it patched (and stop its recording), then restores whatever is
-/// left. Answers with the number of functions that got their bytes back, in this
-/// call or in the ended sessions', and what still waits to come out.
-fn detach(session: u64) -> Response {
-    let patched = patcher::patched_count() + patcher::pending_restore().0;
-    let others: Vec<u64> = open_sessions()
-        .iter()
-        .filter(|open| open.id != session)
-        .map(|open| {
-            let _ = open.stream.shutdown(std::net::Shutdown::Both);
-            open.id
-        })
-        .collect();
-    let deadline = Instant::now() + SESSION_END_TIMEOUT;
-    while Instant::now() < deadline && open_sessions().iter().any(|open| others.contains(&open.id))
-    {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    patcher::restore(None);
-    let (pending, reason) = patcher::pending_restore();
-    lingering::finish_in_background();
-    Response::Detached {
-        restored: patched.saturating_sub(patcher::patched_count() + pending),
-        pending,
-        pending_reason: reason.map(|r| r.to_string()),
-    }
-}
-
-fn unpatch(session: u64, addresses: &[u64]) -> Response {
-    let restored = patcher::restore_functions(session, addresses);
-    let (pending, reason) = patcher::pending_restore();
-    lingering::finish_in_background();
-    Response::Unpatched {
-        restored,
-        pending,
-        pending_reason: reason.map(|r| r.to_string()),
-    }
-}
-
-fn ready() -> Response {
-    let (_, pid) = identity();
-    let (pending_restore, reason) = patcher::pending_restore();
-    Response::Ready {
-        version: PROTOCOL_VERSION.into(),
-        pid,
-        threads: threads::target_thread_count(),
-        patched: patcher::patched_count(),
-        pending_restore,
-        pending_reason: reason.map(|r| r.to_string()),
-    }
-}
-
-/// The session recording now (0: none).
-static RECORDING_SESSION: AtomicU64 = AtomicU64::new(0);
-
-/// Starts a recording with `table` (see `tendril_wire::function_table`); answers with
-/// the response and the rings' descriptor for the controller.
-fn start_recording(
-    session: u64,
-    table: Vec<u8>,
-    discover: bool,
-) -> Result<(Response, std::os::fd::OwnedFd), String> {
-    if RECORDING_SESSION
-        .compare_exchange(0, session, Ordering::AcqRel, Ordering::Acquire)
-        .is_err()
-    {
-        return Err("another tendril is recording this process; stop it first".into());
-    }
-    let started = (|| -> Result<(Response, std::os::fd::OwnedFd), String> {
-        let rings = recording::open_rings()?;
-        discovery::start(session, table, discover)?;
-        recording::start();
-        let cost = calibration::calibrate()?;
-        recording::set_header(
-            tendril_wire::rings::header::INNER_TICKS,
-            cost.inner_ticks as u64,
-        );
-        recording::set_header(
-            tendril_wire::rings::header::OUTER_TICKS,
-            cost.outer_ticks as u64,
-        );
-        let response = Response::RecordingStarted {
-            inner_ticks: cost.inner_ticks,
-            outer_ticks: cost.outer_ticks,
-        };
-        Ok((response, rings))
-    })();
-    started.inspect_err(|_| {
-        stop_recording(session);
-    })
-}
-
-fn stop_recording(session: u64) -> Response {
-    if RECORDING_SESSION.load(Ordering::Acquire) != session {
-        return Response::Error {
-            message: "this session is not recording".into(),
-        };
-    }
-    recording::stop();
-    let restored = patcher::restore(Some(session));
-    let refused = discovery::stop();
-    RECORDING_SESSION.store(0, Ordering::Release);
-    Response::RecordingStopped { restored, refused }
-}
-
-/// Where the dynamic loader resolves `name` for the program (`dlsym(RTLD_DEFAULT)`),
-/// which for an IFUNC runs its resolver and gives the implementation.
-fn resolve_symbol(name: &str) -> Option<u64> {
-    let name = std::ffi::CString::new(name).ok()?;
-    // SAFETY: dlsym reads a valid NUL-terminated name; RTLD_DEFAULT searches the global
-    // scope. It runs on an agent thread, never while target threads are parked.
-    let address = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
-    (!address.is_null()).then_some(address as u64)
-}
-
-fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> Response {
-    let requests: Vec<PatchRequest> = targets
-        .iter()
-        .map(|target| PatchRequest {
-            address: target.address,
-            size: target.size,
-            kind: hook_kind(target.hook),
-        })
-        .collect();
-    let results = crate::patching::patch_targets::patch_mapped(session, &requests, code_ranges);
-    let outcomes = targets
-        .iter()
-        .zip(results)
-        .map(|(target, result)| PatchOutcome {
-            address: target.address,
-            id: result.as_ref().ok().copied(),
-            refused: result.err(),
-        })
-        .collect();
-    Response::Patched { outcomes }
-}
-
-/// The stub a wire-level hook is built from.
-fn hook_kind(hook: Hook) -> HookKind {
-    match hook {
-        Hook::Count => HookKind::Count,
-        Hook::CountReturns => HookKind::CountReturns,
-        Hook::UnwinderStarts => HookKind::Internal(shadow::unwinder_starts),
-        Hook::ExceptionCaught => HookKind::Internal(shadow::exception_caught),
-        // One stand-in serves the first `_Unwind_Backtrace`; another copy (an unwinder
-        // linked statically as well) gets the plain unwinder hook.
-        Hook::Backtrace
-            if shadow::BACKTRACE_BODY.load(std::sync::atomic::Ordering::Acquire) == 0 =>
-        {
-            HookKind::Replace {
-                target: shadow::backtrace_replacement as *const () as u64,
-                body_sink: Some(&shadow::BACKTRACE_BODY),
-            }
-        }
-        Hook::Backtrace => HookKind::Internal(shadow::unwinder_starts),
-        Hook::RecordRoot => HookKind::Record { root: true },
-        Hook::Record => HookKind::Record { root: false },
     }
 }
