@@ -14,31 +14,29 @@
 //! saying so; a connection that does not say hello within [`HELLO_TIMEOUT`] is closed.
 //! If the socket file is deleted, the control thread binds a new one (`listener`).
 //! What a session asks and how it is answered is `requests` (reading capped lines and
-//! passing descriptors: `line_io`); what happens around a `fork()` is `fork`.
+//! passing descriptors: `line_io`); who is connected is `sessions`; what happens around a
+//! `fork()` is `fork`.
 
 mod fork;
 mod line_io;
 mod listener;
 mod requests;
 mod session_threads;
+mod sessions;
 
 use crate::control::listener::ControlListener;
 use crate::control::requests::{RECORDING_SESSION, run_session, stop_recording};
 use crate::control::session_threads::SessionThreads;
+use crate::control::sessions::{
+    OpenSession, forget_inherited_sessions, identity, mark_ending, open_sessions,
+};
 use crate::patching::patcher;
 use crate::runtime::{lingering, threads};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tendril_wire::Response;
-
-/// Identity of this process as the agent sees it.
-fn identity() -> (u32, i32) {
-    // SAFETY: getuid and getpid cannot fail and have no preconditions.
-    unsafe { (libc::getuid(), libc::getpid()) }
-}
 
 /// The most sessions the agent serves at once; a connection beyond them is refused
 /// with the reason.
@@ -284,52 +282,4 @@ fn trusted_peer(stream: &UnixStream) -> Option<i32> {
     };
     let (uid, _) = identity();
     (rc == 0 && (cred.uid == uid || cred.uid == 0)).then_some(cred.pid)
-}
-
-/// A session the agent serves, with a handle on its connection (to end it).
-struct OpenSession {
-    id: u64,
-    stream: UnixStream,
-    /// The connected process, as `SO_PEERCRED` gave it (0 if not visible from here).
-    peer_pid: i32,
-    opened: Instant,
-    /// The hello handshake completed.
-    greeted: bool,
-    /// Its connection is closed or closing; it is restoring what it patched.
-    ending: bool,
-}
-
-/// The open sessions.
-static OPEN_SESSIONS: Mutex<Vec<OpenSession>> = Mutex::new(Vec::new());
-
-/// How long a detach waits for the sessions it ended to restore their code themselves.
-const SESSION_END_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn open_sessions() -> std::sync::MutexGuard<'static, Vec<OpenSession>> {
-    OPEN_SESSIONS
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn mark_greeted(session: u64) {
-    if let Some(open) = open_sessions().iter_mut().find(|open| open.id == session) {
-        open.greeted = true;
-    }
-}
-
-fn mark_ending(session: u64) {
-    if let Some(open) = open_sessions().iter_mut().find(|open| open.id == session) {
-        open.ending = true;
-    }
-}
-
-/// A forked child inherits its parent's session list but none of its threads; the
-/// connections are its parent's, so it closes its copies without shutting them down.
-/// (A list locked at the fork by a thread the child does not have is left alone.)
-fn forget_inherited_sessions() {
-    match OPEN_SESSIONS.try_lock() {
-        Ok(mut open) => open.clear(),
-        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().clear(),
-        Err(std::sync::TryLockError::WouldBlock) => {}
-    }
 }

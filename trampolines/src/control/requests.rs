@@ -5,7 +5,7 @@
 //! the rings' descriptor back with its answer.
 
 use super::line_io::{RequestLine, read_request_line, read_table, send_with_descriptor};
-use super::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
+use super::sessions::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
 use crate::hooks::stubs::HookKind;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::{
