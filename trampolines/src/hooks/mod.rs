@@ -9,3 +9,5 @@
 pub mod slow_call;
 pub mod stubs;
 pub mod thread_layout;
+#[cfg(test)]
+pub mod unwind_probe;
