@@ -256,7 +256,8 @@ mod tests {
     fn a_backtrace_at_every_step_of_a_slow_call_reaches_its_caller() {
         prepare();
         let handler: Handler = leave_all_alone;
-        let steps = crate::hooks::unwind_probe::step_through(address(), [0, 0, 0, handler as u64]);
+        let steps =
+            crate::hooks::unwind_probe::step_through(address(), [0, 0, 0, handler as usize as u64]);
         crate::hooks::unwind_probe::assert_every_walk_reaches_the_caller(
             "tendril_slow_call",
             address(),
