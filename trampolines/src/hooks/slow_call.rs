@@ -19,6 +19,7 @@
 //! which threads are inside tendril's code before the unwinder's hooks come out).
 
 use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The registers as `tendril_slow_call` saved them, lowest address first. The stub's own
 /// pushes lie above `return_address`.
@@ -56,21 +57,45 @@ impl SavedRegisters {
 /// A slow-path handler, called with the thread's saved registers.
 pub type Handler = extern "C" fn(&mut SavedRegisters);
 
+// The `.cfi_*` lines tell an unwinder (a backtrace, a sampler, an exception passing
+// through a handler) where the caller's frame is at every instruction: the CFA (the
+// stack pointer before the call) is rsp-based through the pushes, then rbx-based from
+// the moment rsp is realigned for `xsave` until it is put back; each saved register's
+// slot is given as it is pushed and forgotten as it is popped. (The flags, DWARF
+// register 49, are left out: libgcc's unwinder knows only the first 17 registers.)
 core::arch::global_asm!(
     ".pushsection .text",
     ".globl tendril_slow_call",
     ".hidden tendril_slow_call",
     ".type tendril_slow_call, @function",
     "tendril_slow_call:",
+    ".cfi_startproc",
     "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
     "mov rbp, rsp",
     "pushfq",
-    "push rax", "push rbx", "push rcx", "push rdx", "push rsi", "push rdi",
-    "push r8", "push r9", "push r10", "push r11", "push r12", "push r13", "push r14", "push r15",
+    ".cfi_def_cfa_offset 24",
+    "push rax", ".cfi_def_cfa_offset 32", ".cfi_offset rax, -32",
+    "push rbx", ".cfi_def_cfa_offset 40", ".cfi_offset rbx, -40",
+    "push rcx", ".cfi_def_cfa_offset 48", ".cfi_offset rcx, -48",
+    "push rdx", ".cfi_def_cfa_offset 56", ".cfi_offset rdx, -56",
+    "push rsi", ".cfi_def_cfa_offset 64", ".cfi_offset rsi, -64",
+    "push rdi", ".cfi_def_cfa_offset 72", ".cfi_offset rdi, -72",
+    "push r8", ".cfi_def_cfa_offset 80", ".cfi_offset r8, -80",
+    "push r9", ".cfi_def_cfa_offset 88", ".cfi_offset r9, -88",
+    "push r10", ".cfi_def_cfa_offset 96", ".cfi_offset r10, -96",
+    "push r11", ".cfi_def_cfa_offset 104", ".cfi_offset r11, -104",
+    "push r12", ".cfi_def_cfa_offset 112", ".cfi_offset r12, -112",
+    "push r13", ".cfi_def_cfa_offset 120", ".cfi_offset r13, -120",
+    "push r14", ".cfi_def_cfa_offset 128", ".cfi_offset r14, -128",
+    "push r15", ".cfi_def_cfa_offset 136", ".cfi_offset r15, -136",
     // The flags are saved: `inc` may change them.
     "mov rax, qword ptr [rip + tendril_slow_depth@GOTTPOFF]",
     "inc qword ptr fs:[rax]",
     "mov rbx, rsp",
+    // rbx (callee-saved, so the handler keeps it) holds the frame while rsp moves.
+    ".cfi_def_cfa_register rbx",
     "sub rsp, qword ptr [rip + {xsave_size}]",
     "and rsp, -64",
     // XRSTOR requires the reserved bytes of the xsave header to be zero.
@@ -90,11 +115,28 @@ core::arch::global_asm!(
     "mov rax, qword ptr [rip + tendril_slow_depth@GOTTPOFF]",
     "dec qword ptr fs:[rax]",
     "mov rsp, rbx",
-    "pop r15", "pop r14", "pop r13", "pop r12", "pop r11", "pop r10", "pop r9", "pop r8",
-    "pop rdi", "pop rsi", "pop rdx", "pop rcx", "pop rbx", "pop rax",
+    ".cfi_def_cfa_register rsp",
+    "pop r15", ".cfi_def_cfa_offset 128", ".cfi_restore r15",
+    "pop r14", ".cfi_def_cfa_offset 120", ".cfi_restore r14",
+    "pop r13", ".cfi_def_cfa_offset 112", ".cfi_restore r13",
+    "pop r12", ".cfi_def_cfa_offset 104", ".cfi_restore r12",
+    "pop r11", ".cfi_def_cfa_offset 96", ".cfi_restore r11",
+    "pop r10", ".cfi_def_cfa_offset 88", ".cfi_restore r10",
+    "pop r9", ".cfi_def_cfa_offset 80", ".cfi_restore r9",
+    "pop r8", ".cfi_def_cfa_offset 72", ".cfi_restore r8",
+    "pop rdi", ".cfi_def_cfa_offset 64", ".cfi_restore rdi",
+    "pop rsi", ".cfi_def_cfa_offset 56", ".cfi_restore rsi",
+    "pop rdx", ".cfi_def_cfa_offset 48", ".cfi_restore rdx",
+    "pop rcx", ".cfi_def_cfa_offset 40", ".cfi_restore rcx",
+    "pop rbx", ".cfi_def_cfa_offset 32", ".cfi_restore rbx",
+    "pop rax", ".cfi_def_cfa_offset 24", ".cfi_restore rax",
     "popfq",
+    ".cfi_def_cfa_offset 16",
     "pop rbp",
+    ".cfi_def_cfa_offset 8",
+    ".cfi_restore rbp",
     "ret",
+    ".cfi_endproc",
     ".size tendril_slow_call, . - tendril_slow_call",
     ".popsection",
     xsave_size = sym XSAVE_AREA_BYTES,
@@ -137,19 +179,21 @@ pub fn current_depth_address() -> u64 {
 
 /// Bytes `tendril_slow_call` reserves for `xsave`: the size CPUID gives for the enabled
 /// features, plus room to align to 64. Set by [`prepare`] before any stub runs.
-static mut XSAVE_AREA_BYTES: u64 = 16 * 1024;
+/// (An atomic: the same bytes as a `u64`, which the assembly reads by symbol, written
+/// without `static mut`.)
+static XSAVE_AREA_BYTES: AtomicU64 = AtomicU64::new(16 * 1024);
 
 /// Sizes the xsave area from CPUID. Call before the first patch.
 pub fn prepare() {
     static SIZED: Once = Once::new();
     SIZED.call_once(|| {
-        // SAFETY: CPUID leaf 0xD sub-leaf 0 exists on every cpu with XSAVE, which every
-        // x86-64 Linux machine tendril supports has; EBX is the xsave area size for the
-        // features enabled in XCR0. Written once, before any stub can read it.
-        unsafe {
-            let size = std::arch::x86_64::__cpuid_count(0xd, 0).ebx as u64;
-            XSAVE_AREA_BYTES = size.max(576) + 64;
-        }
+        // CPUID leaf 0xD sub-leaf 0 exists on every cpu with XSAVE, which every x86-64
+        // Linux machine tendril supports has; EBX is the xsave area size for the
+        // features enabled in XCR0.
+        let size = std::arch::x86_64::__cpuid_count(0xd, 0).ebx as u64;
+        // Written once, before the first stub that reads it is patched in (the patch is
+        // published after this store).
+        XSAVE_AREA_BYTES.store(size.max(576) + 64, Ordering::SeqCst);
     });
 }
 
@@ -204,5 +248,20 @@ mod tests {
         assert_eq!(unsafe { *(current_depth_address() as *const u64) }, 0);
         assert_eq!(rdx_after, 77);
         assert_eq!(xmm_low, 77, "xmm7 is restored");
+    }
+
+    extern "C" fn leave_all_alone(_registers: &mut SavedRegisters) {}
+
+    #[test]
+    fn a_backtrace_at_every_step_of_a_slow_call_reaches_its_caller() {
+        prepare();
+        let handler: Handler = leave_all_alone;
+        let steps =
+            crate::hooks::unwind_probe::step_through(address(), [0, 0, 0, handler as usize as u64]);
+        crate::hooks::unwind_probe::assert_every_walk_reaches_the_caller(
+            "tendril_slow_call",
+            address(),
+            &steps,
+        );
     }
 }

@@ -29,6 +29,8 @@ const CALIBRATION_OWNER: u64 = patcher::SELF_TEST_OWNER;
 /// Bytes of each calibration function.
 const FUNCTION_BYTES: u64 = 8;
 
+// Leaf functions: the CFI says only that they are functions (the CFA stays rsp + 8),
+// which is all an unwinder needs to go on to the caller.
 core::arch::global_asm!(
     ".pushsection .text",
     ".balign 16",
@@ -36,18 +38,22 @@ core::arch::global_asm!(
     ".hidden tendril_calibration_target",
     ".type tendril_calibration_target, @function",
     "tendril_calibration_target:",
+    ".cfi_startproc",
     "mov rax, rdi",
     "add rax, 1",
     "ret",
+    ".cfi_endproc",
     ".size tendril_calibration_target, . - tendril_calibration_target",
     ".balign 16",
     ".globl tendril_calibration_twin",
     ".hidden tendril_calibration_twin",
     ".type tendril_calibration_twin, @function",
     "tendril_calibration_twin:",
+    ".cfi_startproc",
     "mov rax, rdi",
     "add rax, 1",
     "ret",
+    ".cfi_endproc",
     ".size tendril_calibration_twin, . - tendril_calibration_twin",
     ".popsection",
 );
@@ -147,4 +153,27 @@ fn mean_inner_time(events: &[Event]) -> Option<f64> {
         .map(|pair| pair[1].value.saturating_sub(pair[0].value))
         .collect();
     (pairs.len() == CALLS_PER_BATCH).then(|| pairs.iter().sum::<u64>() as f64 / pairs.len() as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::unwind_probe;
+
+    #[test]
+    fn a_backtrace_at_every_step_of_a_calibration_function_reaches_its_caller() {
+        for (name, routine) in [
+            (
+                "tendril_calibration_target",
+                tendril_calibration_target as *const () as u64,
+            ),
+            (
+                "tendril_calibration_twin",
+                tendril_calibration_twin as *const () as u64,
+            ),
+        ] {
+            let steps = unwind_probe::step_through(routine, [41, 0, 0, 0]);
+            unwind_probe::assert_every_walk_reaches_the_caller(name, routine, &steps);
+        }
+    }
 }

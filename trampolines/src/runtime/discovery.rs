@@ -164,14 +164,24 @@ core::arch::global_asm!(
     ".hidden tendril_call_on_stack",
     ".type tendril_call_on_stack, @function",
     // rdi: argument, rsi: function, rdx: top of the new stack (16-byte aligned).
+    // The CFI keeps a backtrace from the agent's stack going into the thread's own:
+    // the CFA is rbp-based while rsp lies on the other stack.
     "tendril_call_on_stack:",
+    ".cfi_startproc",
     "push rbp",
+    ".cfi_def_cfa_offset 16",
+    ".cfi_offset rbp, -16",
     "mov rbp, rsp",
+    ".cfi_def_cfa_register rbp",
     "mov rsp, rdx",
     "call rsi",
     "mov rsp, rbp",
+    ".cfi_def_cfa_register rsp",
     "pop rbp",
+    ".cfi_def_cfa_offset 8",
+    ".cfi_restore rbp",
     "ret",
+    ".cfi_endproc",
     ".size tendril_call_on_stack, . - tendril_call_on_stack",
     ".popsection",
 );
@@ -361,4 +371,28 @@ fn read_pointer(address: u64) -> Option<u64> {
     let mut word = [0u8; 8];
     code_memory::read_code(address, &mut word).ok()?;
     Some(u64::from_le_bytes(word))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::unwind_probe;
+
+    extern "C" fn do_nothing(_argument: *mut libc::c_void) {}
+
+    /// A backtrace taken on the agent's stack, during discovery, reaches the thread's
+    /// own frames: the routine that switches stacks tells the unwinder how.
+    #[test]
+    fn a_backtrace_at_every_step_of_a_call_on_another_stack_reaches_its_caller() {
+        let mut stack = vec![0u64; 8 * 1024];
+        let top = (stack.as_mut_ptr_range().end as u64) & !15;
+        let routine = tendril_call_on_stack as *const () as u64;
+        let function = do_nothing as *const () as u64;
+        let steps = unwind_probe::step_through(routine, [0, function, top, 0]);
+        unwind_probe::assert_every_walk_reaches_the_caller(
+            "tendril_call_on_stack",
+            routine,
+            &steps,
+        );
+    }
 }

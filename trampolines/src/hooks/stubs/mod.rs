@@ -1,0 +1,364 @@
+//! The machine code of a trampoline: the hook that runs at a patched function's entry,
+//! and the relocated first instructions of the function.
+//!
+//! A trampoline is one block of executable memory: the hook's slow paths, then the
+//! *hook* itself, where the patch at the function entry jumps, then the *body* — the
+//! function's overwritten instructions re-encoded for their new address, and a jump
+//! back into the function. The hook saves the few registers it uses (and the flags,
+//! with `lahf`/`seto`, much cheaper than `pushfq`/`popfq`), finds the thread's state
+//! through the TLS slot, does its work and falls through into the body.
+//!
+//! The return hook does not overwrite the return address in place: it takes the return
+//! address off the stack into the thread's shadow stack and *calls* the body, so the
+//! `call` itself puts the hook's exit address where the return address was. The
+//! function sees the same stack layout (its stack arguments stay at `rsp+8`...), and
+//! the cpu's return-stack predictor stays balanced: the function's `ret` returns to the
+//! exit as predicted, and the exit's `ret` to the real caller as predicted.
+//!
+//! Registers, flags and the vector state are preserved on every path; the exit path
+//! leaves the return registers (rax, rdx, xmm0, xmm1, st0) as the function set them.
+//!
+//! This module holds the public API and what every hook kind shares: the layout of a
+//! trampoline, its assembly, and the small instruction sequences (thread state, flags,
+//! slow calls). Each hook kind's code lives in its own file: [`count`], [`returns`]
+//! (with the shadow-stack push and pop), [`record`] (and its template), [`internal`]
+//! (internal and replace hooks). A call thunk's trap entry stays here, in
+//! [`new_layout`]: every hook kind can sit behind a call thunk.
+
+mod count;
+mod internal;
+mod record;
+mod returns;
+
+use crate::hooks::slow_call::{self, Handler};
+use crate::hooks::thread_layout as thread_state;
+use iced_x86::BlockEncoderOptions;
+use iced_x86::code_asm::*;
+use record::{RecordTemplate, RecordValues};
+use std::sync::OnceLock;
+
+/// The runtime's answers to the stubs' slow paths. The runtime installs them once,
+/// before the first hook is built ([`install_handlers`]); the templates never import
+/// the code that answers them.
+#[derive(Clone, Copy)]
+pub struct Handlers {
+    /// A thread without state yet: registers it, answers its state in `rcx`.
+    pub register_thread: Handler,
+    /// Before a return hook pushes a shadow entry while the thread must reconcile its
+    /// entries; `_after_call` for a call thunk's hook (one more word on the stack).
+    pub returns_before_push: Handler,
+    pub returns_before_push_after_call: Handler,
+    /// A return hook's exit that does not match the top shadow entry.
+    pub returns_mismatched_return: Handler,
+    /// The same three for recording hooks.
+    pub record_before_push: Handler,
+    pub record_before_push_after_call: Handler,
+    pub record_mismatched_return: Handler,
+    /// A recording hook found its ring full, or has none yet.
+    pub ring_space: Handler,
+    /// A recording hook's function runs in the graph for the first time (id in `edx`).
+    pub discover: Handler,
+    /// Address of the recording's invoked bytes (one per function id), or 0.
+    pub invoked_table: fn() -> u64,
+}
+
+static HANDLERS: OnceLock<Handlers> = OnceLock::new();
+
+/// Installs the runtime's handlers; the first installation stays.
+pub fn install_handlers(handlers: Handlers) {
+    let _ = HANDLERS.set(handlers);
+}
+
+/// The installed handlers; [`build`] checks they are there before assembling.
+fn handlers() -> &'static Handlers {
+    HANDLERS
+        .get()
+        .expect("build() checks that the handlers are installed")
+}
+
+/// Room for one trampoline (body + hook); checked when the code is built.
+pub const TRAMPOLINE_BYTES: u64 = 1024;
+/// Registers the return hook pushes below the return-address slot.
+pub const RETURN_HOOK_PUSHES: u64 = 4;
+
+/// Registers the recording hook pushes below the return-address slot.
+pub const RECORD_HOOK_PUSHES: u64 = 5;
+
+/// What the hook at a function's entry does.
+#[derive(Debug, Clone, Copy)]
+pub enum HookKind {
+    /// Count the call in the thread's call counter.
+    Count,
+    /// Count the call, hook the return (shadow stack) and count normal returns.
+    CountReturns,
+    /// Record entry and exit events with timestamps, inside the call graph only: a root
+    /// starts the graph on its thread; another function outside it steps aside.
+    Record { root: bool },
+    /// Call an agent handler with all registers saved, then run the function.
+    Internal(Handler),
+    /// Jump to an agent function (`target`) with the function's own signature instead;
+    /// it calls the original through the trampoline's body, whose address goes to
+    /// `body_sink` once the trampoline is built.
+    Replace {
+        target: u64,
+        body_sink: Option<&'static std::sync::atomic::AtomicU64>,
+    },
+}
+
+/// A trampoline's code and the addresses that matter in it.
+#[derive(Debug, Clone)]
+pub struct TrampolineCode {
+    /// The whole trampoline, to be written at its address.
+    pub bytes: Vec<u8>,
+    /// Where the function-entry patch jumps (and a trapped thread is sent).
+    pub hook: u64,
+    /// Where the relocated body starts.
+    pub body: u64,
+    /// Where a thread that trapped on the entry's transient `int3` continues.
+    pub trap_entry: u64,
+}
+
+/// The labels every hook defines: where the patch jumps, where a trapped thread goes,
+/// and where the body goes.
+struct Layout {
+    assembler: CodeAssembler,
+    entry: CodeLabel,
+    /// Only for a call thunk; otherwise a trapped thread goes to the entry.
+    trap_entry: Option<CodeLabel>,
+    /// Only for a call thunk: the data word holding the address its call returns to.
+    returns_to_word: Option<CodeLabel>,
+    body: CodeLabel,
+}
+
+/// Builds the trampoline for function `id` at `address`. `body_at` relocates the
+/// function's overwritten instructions for the address the body will have and returns
+/// their bytes (ending with the jump back into the function). `thunk_returns_to` is set
+/// for a call thunk: the address the patched `call` returns to.
+///
+/// Recording hooks are built during Scheme B discovery, while the target waits, so they
+/// come from a template assembled once (see [`RecordTemplate`]); the others are
+/// assembled each time.
+pub fn build(
+    address: u64,
+    id: u32,
+    kind: HookKind,
+    thunk_returns_to: Option<u64>,
+    body_at: impl FnOnce(u64) -> Result<Vec<u8>, String>,
+) -> Result<TrampolineCode, String> {
+    if HANDLERS.get().is_none() {
+        return Err("the runtime's hook handlers are not installed".into());
+    }
+    let hook = match kind {
+        HookKind::Record { root } => {
+            RecordTemplate::get(root, thunk_returns_to.is_some())?.instantiate(id, thunk_returns_to)
+        }
+        _ => assemble_hook(address, id, kind, thunk_returns_to)
+            .map_err(|e| format!("cannot assemble a hook: {e}"))?,
+    };
+    let body = address + hook.body as u64;
+    let mut bytes = hook.bytes;
+    bytes.extend_from_slice(&body_at(body)?);
+    if bytes.len() as u64 > TRAMPOLINE_BYTES {
+        return Err(format!(
+            "a trampoline needs {} bytes, more than the {TRAMPOLINE_BYTES} reserved",
+            bytes.len()
+        ));
+    }
+    Ok(TrampolineCode {
+        bytes,
+        hook: address + hook.entry as u64,
+        body,
+        trap_entry: address + hook.trap_entry as u64,
+    })
+}
+
+/// A trampoline's hook part, position-independent: its bytes (up to where the body
+/// goes) and the offsets of its entry points.
+#[derive(Debug, Clone)]
+struct HookCode {
+    bytes: Vec<u8>,
+    entry: usize,
+    trap_entry: usize,
+    /// Where the body starts: the length of `bytes`.
+    body: usize,
+}
+
+/// Where a hook is assembled when its address does not matter: every reference it
+/// makes is relative to itself or absolute.
+const ASSEMBLY_BASE: u64 = 0x1000_0000;
+
+/// Assembles the hook for function `id`.
+fn assemble_hook(
+    address: u64,
+    id: u32,
+    kind: HookKind,
+    thunk_returns_to: Option<u64>,
+) -> Result<HookCode, IcedError> {
+    let after_call = thunk_returns_to.is_some();
+    let layout = new_layout(thunk_returns_to)?;
+    let layout = match kind {
+        HookKind::Count => count::count_hook(layout, id)?,
+        HookKind::CountReturns => returns::count_returns_hook(layout, id, after_call)?,
+        HookKind::Record { root } => {
+            let values = RecordValues::new(id, thunk_returns_to);
+            record::record_hook(layout, root, after_call, values)?.0
+        }
+        HookKind::Internal(handler) => internal::internal_hook(layout, handler)?,
+        HookKind::Replace { target, .. } => internal::replace_hook(layout, target)?,
+    };
+    Ok(finish_hook(layout, address)?.0)
+}
+
+/// Assembles a hook at `address`; also returns the assembler's result, which knows
+/// where the hook's other labels ended up.
+fn finish_hook(
+    mut layout: Layout,
+    address: u64,
+) -> Result<(HookCode, CodeAssemblerResult), IcedError> {
+    // The body label needs an instruction: a one-byte placeholder, cut off below.
+    layout.assembler.set_label(&mut layout.body)?;
+    layout.assembler.nop()?;
+    let result = layout
+        .assembler
+        .assemble_options(address, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+    let offset = |label: &CodeLabel| -> Result<usize, IcedError> {
+        Ok((result.label_ip(label)? - address) as usize)
+    };
+    let entry = offset(&layout.entry)?;
+    let body = offset(&layout.body)?;
+    let trap_entry = match &layout.trap_entry {
+        Some(label) => offset(label)?,
+        None => entry,
+    };
+    let mut bytes = result.inner.code_buffer.clone();
+    bytes.truncate(body);
+    Ok((
+        HookCode {
+            bytes,
+            entry,
+            trap_entry,
+            body,
+        },
+        result,
+    ))
+}
+
+/// Starts a trampoline. For a call thunk it begins with the trap entry: a thread that
+/// traps on the entry's transient `int3` has not made the thunk's call, so the trap
+/// entry pushes the call's return address first, then goes to the hook.
+fn new_layout(thunk_returns_to: Option<u64>) -> Result<Layout, IcedError> {
+    let mut assembler = CodeAssembler::new(64)?;
+    let entry = assembler.create_label();
+    let body = assembler.create_label();
+    let mut trap_entry = None;
+    let mut returns_to_word = None;
+    if let Some(returns_to) = thunk_returns_to {
+        let a = &mut assembler;
+        let mut label = a.create_label();
+        let mut word = a.create_label();
+        a.set_label(&mut label)?;
+        trap_entry = Some(label);
+        a.push(qword_ptr(word))?;
+        a.jmp(entry)?;
+        a.set_label(&mut word)?;
+        a.dq(&[returns_to])?;
+        returns_to_word = Some(word);
+    }
+    Ok(Layout {
+        assembler,
+        entry,
+        trap_entry,
+        returns_to_word,
+        body,
+    })
+}
+
+/// `mov reg, fs:[slot]`: the thread's state (0 before it registered).
+fn load_state(a: &mut CodeAssembler, register: AsmRegister64) -> Result<(), IcedError> {
+    a.mov(register, qword_ptr(thread_state::slot_offset() as i64).fs())
+}
+
+/// Calls `handler` through `tendril_slow_call`; `r11` must have been saved.
+fn call_slow(
+    a: &mut CodeAssembler,
+    handler: Handler,
+    slow_call: CodeLabel,
+) -> Result<(), IcedError> {
+    a.mov(r11, handler as usize as u64)?;
+    a.call(qword_ptr(slow_call))
+}
+
+/// The data word holding `tendril_slow_call`'s address (it may be far away).
+fn slow_call_pointer(a: &mut CodeAssembler, label: &mut CodeLabel) -> Result<(), IcedError> {
+    a.set_label(label)?;
+    a.dq(&[slow_call::address()])
+}
+
+/// Flags into ah (SF ZF AF PF CF) and al (OF); rax must have been saved.
+fn save_flags(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.lahf()?;
+    a.seto(al)
+}
+
+/// The reverse of [`save_flags`]: `add al, 0x7f` overflows exactly when al is 1, which
+/// sets OF, and `sahf` then restores the other flags (it leaves OF alone).
+fn restore_flags(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.add(al, 0x7f)?;
+    a.sahf()
+}
+
+/// Returns from an exit stub to the real return address, now in the slot at `rsp`.
+/// A hook that called the body left the caller's return prediction on the cpu's return
+/// stack, so `ret` is right. A call thunk's exit was reached by the function's `ret`,
+/// which already used (and missed) that prediction: another `ret` would miss the next
+/// one too, and every return after it; an indirect `jmp` keeps the return stack
+/// balanced. (The address it reads lies in the red zone, which signals never touch.)
+fn return_to_caller(a: &mut CodeAssembler, after_call: bool) -> Result<(), IcedError> {
+    if after_call {
+        a.lea(rsp, qword_ptr(rsp + 8))?;
+        a.jmp(qword_ptr(rsp - 8))
+    } else {
+        a.ret()
+    }
+}
+
+/// Pushes `registers` in order.
+fn push_registers(a: &mut CodeAssembler, registers: &[AsmRegister64]) -> Result<(), IcedError> {
+    registers.iter().try_for_each(|&register| a.push(register))
+}
+
+/// Pops what [`push_registers`] pushed (in reverse order).
+fn pop_registers(a: &mut CodeAssembler, registers: &[AsmRegister64]) -> Result<(), IcedError> {
+    registers
+        .iter()
+        .rev()
+        .try_for_each(|&register| a.pop(register))
+}
+
+#[cfg(test)]
+mod test_code {
+    //! What the hook kinds' tests share: a disassembler and a stand-in body.
+
+    use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
+
+    pub fn disassemble(code: &[u8], ip: u64) -> Vec<String> {
+        let mut formatter = IntelFormatter::new();
+        Decoder::with_ip(64, code, ip, DecoderOptions::NONE)
+            .iter()
+            .map(|instruction| {
+                let mut text = String::new();
+                formatter.format(&instruction, &mut text);
+                text
+            })
+            .collect()
+    }
+
+    /// A body of `len` bytes: nops, then a 5-byte `jmp` standing for the jump back.
+    pub fn body(len: usize) -> impl FnOnce(u64) -> Result<Vec<u8>, String> {
+        move |_| {
+            let mut bytes = vec![0x90; len];
+            bytes.extend_from_slice(&[0xe9, 0, 0, 0, 0]);
+            Ok(bytes)
+        }
+    }
+}

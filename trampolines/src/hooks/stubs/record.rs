@@ -1,0 +1,400 @@
+//! The recording hook: entry and exit events with timestamps, written to the thread's
+//! ring, inside the call graph only. Recording hooks are built during Scheme B discovery
+//! while the target waits, so each comes from a [`RecordTemplate`] assembled once, with
+//! the function's own values in data words of the hook.
+
+use super::returns::{ShadowLabels, Word, check_shadow_top, pop_shadow_entry, push_shadow_entry};
+use super::{
+    ASSEMBLY_BASE, HookCode, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers,
+    load_state, new_layout, pop_registers, push_registers, restore_flags, return_to_caller,
+    save_flags, slow_call_pointer,
+};
+use crate::hooks::slow_call::Handler;
+use crate::hooks::thread_layout::{
+    self as thread_state, ENTRY_EXIT, ENTRY_SIZE, FLAG_PASSTHROUGH, FLAG_RECONCILE, STATE_FLAGS,
+    STATE_GRAPH_DEPTH, STATE_RING_EVENTS, STATE_RING_HEAD, STATE_RING_HEADER, STATE_RING_LIMIT,
+    STATE_RING_MASK, STATE_SHADOW_OVERFLOWS, STATE_SHADOW_TOP,
+};
+use iced_x86::code_asm::*;
+
+/// The per-function values a recording hook reads from data words of its own, so that
+/// one assembled template serves every function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RecordValues {
+    entry_event: u64,
+    exit_event: u64,
+    /// The shadow entry's function word (the id, marked as recorded).
+    shadow_function: u64,
+    id: u64,
+    /// For a call thunk: where its call returns.
+    returns_to: u64,
+}
+
+impl RecordValues {
+    pub(super) fn new(id: u32, thunk_returns_to: Option<u64>) -> Self {
+        use tendril_wire::events::EventKind;
+        RecordValues {
+            entry_event: id as u64 | (EventKind::Entry as u64) << 32,
+            exit_event: id as u64 | (EventKind::Exit as u64) << 32,
+            shadow_function: id as u64 | thread_state::ENTRY_RECORDED,
+            id: id as u64,
+            returns_to: thunk_returns_to.unwrap_or(0),
+        }
+    }
+}
+
+/// The labels of a recording hook's data words.
+pub(super) struct RecordWords {
+    entry_event: CodeLabel,
+    exit_event: CodeLabel,
+    shadow_function: CodeLabel,
+    id: CodeLabel,
+}
+
+/// A recording hook assembled once, and where its per-function data words are.
+#[derive(Debug, Clone)]
+pub(super) struct RecordTemplate {
+    hook: HookCode,
+    /// Offsets of the words of [`RecordValues`], in its field order.
+    words: [Option<usize>; 5],
+}
+
+impl RecordTemplate {
+    /// The template for a root or inner hook, with or without a call thunk.
+    pub(super) fn get(root: bool, thunk: bool) -> Result<RecordTemplate, String> {
+        static TEMPLATES: std::sync::Mutex<[Option<RecordTemplate>; 4]> =
+            std::sync::Mutex::new([None, None, None, None]);
+        let mut templates = TEMPLATES.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = &mut templates[root as usize * 2 + thunk as usize];
+        if slot.is_none() {
+            let thunk_returns_to = thunk.then_some(0);
+            *slot = Some(
+                Self::assemble(root, thunk_returns_to)
+                    .map_err(|e| format!("cannot assemble a hook: {e}"))?,
+            );
+        }
+        Ok(slot.clone().expect("just assembled"))
+    }
+
+    fn assemble(root: bool, thunk_returns_to: Option<u64>) -> Result<RecordTemplate, IcedError> {
+        let layout = new_layout(thunk_returns_to)?;
+        let values = RecordValues::new(0, thunk_returns_to);
+        let (layout, words) = record_hook(layout, root, thunk_returns_to.is_some(), values)?;
+        let returns_to_word = layout.returns_to_word;
+        let (hook, result) = finish_hook(layout, ASSEMBLY_BASE)?;
+        let offset = |label: &CodeLabel| -> Result<usize, IcedError> {
+            Ok((result.label_ip(label)? - ASSEMBLY_BASE) as usize)
+        };
+        let returns_to = match &returns_to_word {
+            Some(label) => Some(offset(label)?),
+            None => None,
+        };
+        Ok(RecordTemplate {
+            hook,
+            words: [
+                Some(offset(&words.entry_event)?),
+                Some(offset(&words.exit_event)?),
+                Some(offset(&words.shadow_function)?),
+                Some(offset(&words.id)?),
+                returns_to,
+            ],
+        })
+    }
+
+    /// The hook of function `id`: the template with that function's data words.
+    pub(super) fn instantiate(&self, id: u32, thunk_returns_to: Option<u64>) -> HookCode {
+        let values = RecordValues::new(id, thunk_returns_to);
+        let values = [
+            values.entry_event,
+            values.exit_event,
+            values.shadow_function,
+            values.id,
+            values.returns_to,
+        ];
+        let mut hook = self.hook.clone();
+        for (offset, value) in self.words.iter().zip(values) {
+            if let Some(offset) = *offset {
+                hook.bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+            }
+        }
+        hook
+    }
+}
+
+/// The registers the recording hook saves.
+const RECORD_HOOK_REGISTERS: [AsmRegister64; RECORD_HOOK_PUSHES as usize] =
+    [rax, rcx, rdx, r10, r11];
+
+fn push_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    push_registers(a, &RECORD_HOOK_REGISTERS)
+}
+
+fn pop_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    pop_registers(a, &RECORD_HOOK_REGISTERS)
+}
+
+/// `rdtsc` into `rax` as one 64-bit value (clobbers rdx and the flags).
+fn read_tsc(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.rdtsc()?;
+    a.shl(rdx, 32)?;
+    a.or(rax, rdx)
+}
+
+/// Writes the event `(rax, [word])` at the thread's ring head (r11 holds the head) and
+/// publishes the new head. Clobbers rax, rdx, r11.
+fn write_event(a: &mut CodeAssembler, word: CodeLabel) -> Result<(), IcedError> {
+    a.mov(rdx, r11)?;
+    a.and(rdx, qword_ptr(rcx + STATE_RING_MASK))?;
+    a.shl(rdx, 4)?;
+    a.add(rdx, qword_ptr(rcx + STATE_RING_EVENTS))?;
+    a.mov(qword_ptr(rdx), rax)?;
+    a.mov(rax, qword_ptr(word))?;
+    a.mov(qword_ptr(rdx + 8), rax)?;
+    a.inc(r11)?;
+    a.mov(qword_ptr(rcx + STATE_RING_HEAD), r11)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_RING_HEADER))?;
+    a.mov(qword_ptr(rdx + tendril_wire::rings::ring::HEAD as i32), r11)
+}
+
+/// The recording hook (see [`HookKind::Record`]). Flags live in r10 (rdtsc needs rax
+/// and rdx); the entry's timestamp is taken last, the exit's first, so that as little
+/// of the hooks' own cost as possible falls between them.
+pub(super) fn record_hook(
+    mut layout: Layout,
+    root: bool,
+    after_call: bool,
+    values: RecordValues,
+) -> Result<(Layout, RecordWords), IcedError> {
+    let slot = (RECORD_HOOK_PUSHES * 8) as i32;
+    let entry_slot = slot + if after_call { 8 } else { 0 };
+    let handlers = handlers();
+    let before_push: Handler = if after_call {
+        handlers.record_before_push_after_call
+    } else {
+        handlers.record_before_push
+    };
+    let body = layout.body;
+    let a = &mut layout.assembler;
+    let mut words = RecordWords {
+        entry_event: a.create_label(),
+        exit_event: a.create_label(),
+        shadow_function: a.create_label(),
+        id: a.create_label(),
+    };
+    let mut have_state = a.create_label();
+    let mut register = a.create_label();
+    let mut special = a.create_label();
+    let mut activation = a.create_label();
+    let mut counted = a.create_label();
+    let mut discover = a.create_label();
+    let mut prune = a.create_label();
+    let mut same_slot = a.create_label();
+    let mut passthrough = a.create_label();
+    let mut overflow = a.create_label();
+    let push_entry = a.create_label();
+    let mut entry_ring = a.create_label();
+    let mut entry_room = a.create_label();
+    let mut entry_done = a.create_label();
+    let mut exit = a.create_label();
+    let mut exit_ring = a.create_label();
+    let mut exit_room = a.create_label();
+    let mut exit_done = a.create_label();
+    let mut mismatch = a.create_label();
+    let mut slow_call = a.create_label();
+
+    a.set_label(&mut layout.entry)?;
+    push_record_hook_registers(a)?;
+    save_flags(a)?;
+    a.mov(r10d, eax)?;
+    load_state(a, rcx)?;
+    a.test(rcx, rcx)?;
+    a.jz(register)?;
+    a.set_label(&mut have_state)?;
+    a.test(
+        byte_ptr(rcx + STATE_FLAGS),
+        (FLAG_PASSTHROUGH | FLAG_RECONCILE) as i32,
+    )?;
+    a.jnz(special)?;
+    a.set_label(&mut activation)?;
+    if !root {
+        // Outside the call graph a function records nothing.
+        a.cmp(qword_ptr(rcx + STATE_GRAPH_DEPTH), 0)?;
+        a.je(passthrough)?;
+    }
+    a.mov(r11, (handlers.invoked_table)())?;
+    a.add(r11, qword_ptr(words.id))?;
+    a.cmp(byte_ptr(r11), 0)?;
+    a.je(discover)?;
+    a.set_label(&mut counted)?;
+    let mut labels = ShadowLabels {
+        overflow,
+        prune,
+        same_slot: Some(same_slot),
+        push_entry,
+    };
+    check_shadow_top(a, entry_slot, &mut labels)?;
+    let function_word = Word::Data(words.shadow_function);
+    push_shadow_entry(a, entry_slot, function_word, exit, &mut labels.push_entry)?;
+    if after_call {
+        a.mov(qword_ptr(rsp + entry_slot), r11)?;
+    }
+    a.inc(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
+    a.jae(entry_ring)?;
+    a.set_label(&mut entry_room)?;
+    read_tsc(a)?;
+    write_event(a, words.entry_event)?;
+    a.set_label(&mut entry_done)?;
+    a.mov(eax, r10d)?;
+    restore_flags(a)?;
+    pop_record_hook_registers(a)?;
+    if after_call {
+        a.jmp(body)?;
+    } else {
+        // The return address lives in the shadow entry; `call` puts the exit in its slot.
+        a.lea(rsp, qword_ptr(rsp + 8))?;
+        a.call(body)?;
+    }
+
+    // Exit: the function returned here; rsp is S + 8.
+    a.set_label(&mut exit)?;
+    a.lea(rsp, qword_ptr(rsp - 8))?;
+    push_record_hook_registers(a)?;
+    save_flags(a)?;
+    a.mov(r10d, eax)?;
+    read_tsc(a)?;
+    load_state(a, rcx)?;
+    pop_shadow_entry(a, slot, mismatch)?;
+    a.dec(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
+    a.jae(exit_ring)?;
+    a.set_label(&mut exit_room)?;
+    write_event(a, words.exit_event)?;
+    a.set_label(&mut exit_done)?;
+    a.mov(eax, r10d)?;
+    restore_flags(a)?;
+    pop_record_hook_registers(a)?;
+    return_to_caller(a, after_call)?;
+
+    // Exit slow paths (the timestamp is in rax).
+    a.set_label(&mut mismatch)?;
+    call_slow(a, handlers.record_mismatched_return, slow_call)?;
+    a.jmp(exit_done)?;
+    a.set_label(&mut exit_ring)?;
+    call_slow(a, handlers.ring_space, slow_call)?;
+    a.test(rdx, rdx)?;
+    a.jnz(exit_done)?;
+    // The wait for room (an Adjust event now in the ring) must lie inside the frame it
+    // is removed from: the exit is timed again, after it.
+    read_tsc(a)?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.jmp(exit_room)?;
+
+    // Entry slow paths.
+    a.set_label(&mut entry_ring)?;
+    call_slow(a, handlers.ring_space, slow_call)?;
+    a.test(rdx, rdx)?;
+    a.jnz(entry_done)?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.jmp(entry_room)?;
+    a.set_label(&mut discover)?;
+    a.mov(edx, dword_ptr(words.id))?;
+    call_slow(a, handlers.discover, slow_call)?;
+    a.jmp(counted)?;
+    a.set_label(&mut special)?;
+    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
+    a.jnz(passthrough)?;
+    call_slow(a, before_push, slow_call)?;
+    a.jmp(activation)?;
+    // The top frame's slot is ours: a tail call from it if the slot holds its exit.
+    a.set_label(&mut same_slot)?;
+    a.mov(rax, qword_ptr(r11))?;
+    a.cmp(rax, qword_ptr(rdx + (ENTRY_EXIT - ENTRY_SIZE)))?;
+    a.je(push_entry)?;
+    a.set_label(&mut prune)?;
+    call_slow(a, before_push, slow_call)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.jmp(push_entry)?;
+    a.set_label(&mut overflow)?;
+    a.inc(qword_ptr(rcx + STATE_SHADOW_OVERFLOWS))?;
+    a.set_label(&mut passthrough)?;
+    a.mov(eax, r10d)?;
+    restore_flags(a)?;
+    pop_record_hook_registers(a)?;
+    a.jmp(body)?;
+    a.set_label(&mut register)?;
+    call_slow(a, handlers.register_thread, slow_call)?;
+    a.jmp(have_state)?;
+    slow_call_pointer(a, &mut slow_call)?;
+    // The per-function data words (see `RecordTemplate`).
+    for (label, value) in [
+        (&mut words.entry_event, values.entry_event),
+        (&mut words.exit_event, values.exit_event),
+        (&mut words.shadow_function, values.shadow_function),
+        (&mut words.id, values.id),
+    ] {
+        a.set_label(label)?;
+        a.dq(&[value])?;
+    }
+    Ok((layout, words))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::stubs::test_code::{body, disassemble};
+    use crate::hooks::stubs::{ASSEMBLY_BASE, HookKind, TrampolineCode, assemble_hook, build};
+
+    #[test]
+    fn record_hook_times_the_call_and_keeps_its_return_prediction() {
+        let address = 0x7f00_0000_1000;
+        let root = build(address, 9, HookKind::Record { root: true }, None, body(4)).unwrap();
+        let inner = build(address, 9, HookKind::Record { root: false }, None, body(4)).unwrap();
+        let text = |code: &TrampolineCode| {
+            let from = (code.hook - address) as usize;
+            disassemble(&code.bytes[from..(code.body - address) as usize], code.hook)
+        };
+        let (root, inner) = (text(&root), text(&inner));
+        let depth_check = format!("cmp qword ptr [rcx+{STATE_GRAPH_DEPTH:X}h],0");
+        assert!(
+            inner.contains(&depth_check),
+            "outside the graph: steps aside"
+        );
+        assert!(!root.contains(&depth_check), "a root starts the graph");
+        // The entry, the exit, and the exit again after a wait for ring space.
+        assert_eq!(inner.iter().filter(|t| *t == "rdtsc").count(), 3);
+        assert!(
+            inner.iter().any(|t| t.starts_with("call ")),
+            "the body is called"
+        );
+    }
+
+    #[test]
+    fn a_recording_hook_from_the_template_is_the_hook_assembled_for_its_function() {
+        for root in [false, true] {
+            for returns_to in [None, Some(0x7f00_1234_5678)] {
+                for id in [0, 5, 300, 70_000] {
+                    let kind = HookKind::Record { root };
+                    let assembled = assemble_hook(ASSEMBLY_BASE, id, kind, returns_to).unwrap();
+                    let template = RecordTemplate::get(root, returns_to.is_some()).unwrap();
+                    let instantiated = template.instantiate(id, returns_to);
+                    assert_eq!(
+                        instantiated.bytes, assembled.bytes,
+                        "{root} {returns_to:?} {id}"
+                    );
+                    assert_eq!(
+                        (
+                            instantiated.entry,
+                            instantiated.trap_entry,
+                            instantiated.body
+                        ),
+                        (assembled.entry, assembled.trap_entry, assembled.body)
+                    );
+                }
+            }
+        }
+    }
+}
