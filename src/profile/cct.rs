@@ -9,7 +9,7 @@
 use super::arena::CallArena;
 use super::calibration::{CalibrationError, Correction};
 use super::model::{Calibration, MergedProfile, Profile, Stats, ThreadProfile};
-use super::thread_tree::ThreadTree;
+use super::thread_tree::{RootFunctions, ThreadTree};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use tendril_wire::events::Event;
@@ -86,6 +86,29 @@ pub struct BuildCounters {
     pub stack_switches: u64,
     /// Frames closed when their stack was left that returned later.
     pub dropped_frames: u64,
+    /// Exits of frames entered before a thread's stream began (ignored).
+    pub stale_exits: u64,
+    /// Calls made outside any recorded root frame (left out), see `ThreadCounters`.
+    pub discarded_calls: u64,
+}
+
+/// The functions instrumented as roots, by id: only they start a context at the top of
+/// a tree. Until [`CctBuilder::set_root_functions`] is called, every function may.
+#[derive(Debug, Clone, Default)]
+struct RootSet {
+    known: bool,
+    is_root: Vec<bool>,
+}
+
+impl RootFunctions for RootSet {
+    fn is_root(&self, function: u32) -> bool {
+        !self.known
+            || self
+                .is_root
+                .get(function as usize)
+                .copied()
+                .unwrap_or(false)
+    }
 }
 
 /// Builds calling context trees from per-thread event streams.
@@ -93,6 +116,7 @@ pub struct BuildCounters {
 pub struct CctBuilder {
     calibration: Calibration,
     correction: Correction,
+    roots: RootSet,
     /// In the order threads were first seen.
     threads: Vec<ThreadTree>,
     index_of_tid: HashMap<u32, usize>,
@@ -104,6 +128,7 @@ impl CctBuilder {
         Ok(CctBuilder {
             calibration,
             correction: Correction::new(&calibration)?,
+            roots: RootSet::default(),
             threads: Vec::new(),
             index_of_tid: HashMap::new(),
         })
@@ -113,18 +138,40 @@ impl CctBuilder {
         self.calibration
     }
 
-    fn thread_mut(&mut self, tid: u32) -> &mut ThreadTree {
-        let index = *self.index_of_tid.entry(tid).or_insert_with(|| {
+    fn thread_index(&mut self, tid: u32) -> usize {
+        *self.index_of_tid.entry(tid).or_insert_with(|| {
             self.threads.push(ThreadTree::new(tid));
             self.threads.len() - 1
-        });
+        })
+    }
+
+    fn thread_mut(&mut self, tid: u32) -> &mut ThreadTree {
+        let index = self.thread_index(tid);
         &mut self.threads[index]
+    }
+
+    /// Says which function ids are the recording's roots: from now on, an entry of any
+    /// other function that is not inside a recorded root frame is left out (it was
+    /// called from frames entered before the thread's stream began).
+    pub fn set_root_functions(&mut self, ids: impl IntoIterator<Item = u32>) {
+        let mut is_root = Vec::new();
+        for id in ids {
+            if is_root.len() <= id as usize {
+                is_root.resize(id as usize + 1, false);
+            }
+            is_root[id as usize] = true;
+        }
+        self.roots = RootSet {
+            known: true,
+            is_root,
+        };
     }
 
     /// Applies the next events of thread `tid`, in program order.
     pub fn push_events(&mut self, tid: u32, events: &[Event]) {
         let correction = self.correction;
-        self.thread_mut(tid).push(events, &correction);
+        let index = self.thread_index(tid);
+        self.threads[index].push(events, &correction, &self.roots);
     }
 
     /// Names thread `tid` (e.g. from `/proc/PID/task/TID/comm`).
@@ -153,6 +200,33 @@ impl CctBuilder {
         }
     }
 
+    /// The recording stopped watching at `at_ts` (paused, roots changed, detached):
+    /// every thread's open frames end there, and whatever the threads record later
+    /// starts afresh at a root — never under a frame whose exit was not seen.
+    pub fn stop_watching(&mut self, at_ts: u64) {
+        for thread in &mut self.threads {
+            thread.stop_watching(at_ts, &self.correction);
+        }
+    }
+
+    /// Every function id that has a node in some thread's tree (it ran inside a root).
+    pub fn functions_seen(&self) -> Vec<u32> {
+        let mut seen: Vec<u32> = self
+            .threads
+            .iter()
+            .flat_map(|t| t.arena().nodes().iter().skip(1).map(|n| n.function))
+            .collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen
+    }
+
+    /// The number of threads with at least `depth` frames open (a test's way to act in
+    /// the middle of calls).
+    pub fn threads_at_depth(&self, depth: usize) -> usize {
+        self.threads.iter().filter(|t| t.depth() >= depth).count()
+    }
+
     pub fn counters(&self) -> BuildCounters {
         let mut sum = BuildCounters::default();
         for thread in &self.threads {
@@ -164,6 +238,8 @@ impl CctBuilder {
             sum.pause_ticks += counters.pause_ticks;
             sum.stack_switches += counters.stack_switches;
             sum.dropped_frames += counters.dropped_frames;
+            sum.stale_exits += counters.stale_exits;
+            sum.discarded_calls += counters.discarded_calls;
         }
         sum
     }
@@ -296,6 +372,40 @@ mod tests {
         assert_eq!(profile.merged.roots, vec![expected]);
         assert_eq!(profile.stats.unwound_exits, 2);
         assert_eq!(profile.stats.unmatched_exits, 0);
+        assert_eq!(builder.open_frames(1), 0);
+    }
+
+    #[test]
+    fn after_a_stop_nothing_nests_under_the_frames_open_then_and_only_roots_start_a_tree() {
+        let mut builder = exact_builder();
+        builder.set_root_functions([0]);
+        // main → fib, then the recording stops watching at 20 (a pause).
+        builder.push_events(1, &[entry(0, 0), entry(1, 10)]);
+        builder.stop_watching(20);
+        builder.push_events(
+            1,
+            &[
+                // After the resume: the old frames' exits, without their entries…
+                exit(1, 30),
+                // …a call made inside them (not a root: left out)…
+                entry(1, 35),
+                entry(1, 36),
+                exit(1, 37),
+                exit(1, 38),
+                exit(0, 40),
+                // …and the next call of the root, at the top.
+                entry(0, 70),
+                entry(1, 80),
+                exit(1, 90),
+                exit(0, 100),
+            ],
+        );
+        let profile = snapshot(&builder);
+        let expected = n("main", 2, 50, 30, vec![n("fib", 2, 20, 20, vec![])]);
+        assert_eq!(profile.merged.roots, vec![expected]);
+        assert_eq!(profile.stats.unmatched_exits, 0);
+        assert_eq!(builder.counters().stale_exits, 2);
+        assert_eq!(builder.counters().discarded_calls, 2);
         assert_eq!(builder.open_frames(1), 0);
     }
 

@@ -79,6 +79,8 @@ pub struct Recorder {
     tsc_hz: u64,
     root_patterns: Vec<String>,
     root_names: Vec<String>,
+    /// The function ids of the instrumented roots (every builder is told them).
+    root_ids: Vec<u32>,
     scheme: Scheme,
     gross_only: bool,
     gross: Option<GrossTimes>,
@@ -143,6 +145,7 @@ impl Recorder {
             tsc_hz,
             root_patterns: options.roots.clone(),
             root_names: Vec::new(),
+            root_ids: Vec::new(),
             scheme: options.scheme,
             gross_only: options.gross_only,
             gross: None,
@@ -165,6 +168,26 @@ impl Recorder {
     /// Starts a recording in the agent and patches the roots (and for Scheme A, their
     /// static call graph).
     fn begin(&mut self) -> Result<(), RecordError> {
+        self.begin_with(&[])
+    }
+
+    /// The functions that ran inside the roots so far (not the roots themselves), to
+    /// patch again at once when recording resumes: Scheme B would otherwise find them
+    /// again one by one, stopping the threads each time while they run.
+    fn functions_seen(&self) -> Vec<u64> {
+        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+            return Vec::new();
+        };
+        builder
+            .functions_seen()
+            .into_iter()
+            .filter(|id| !self.root_ids.contains(id))
+            .filter_map(|id| rings.function_address(id))
+            .collect()
+    }
+
+    /// [`Recorder::begin`], also patching the functions at `known` (addresses).
+    fn begin_with(&mut self, known: &[u64]) -> Result<(), RecordError> {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
         let matched = targets::match_patterns(&self.symbols, &self.root_patterns)?;
@@ -238,6 +261,12 @@ impl Recorder {
                 .filter(|f| !chosen.iter().any(|c| c.function.addr == f.addr))
                 .map(|&f| (f, Hook::Record)),
         );
+        let again: Vec<&Function> = known
+            .iter()
+            .filter_map(|&address| symbols.lookup(address).filter(|f| f.addr == address))
+            .filter(|f| !patched.iter().any(|(p, _)| p.addr == f.addr))
+            .collect();
+        patched.extend(again.into_iter().map(|f| (f, Hook::Record)));
         let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(symbols)
             .into_iter()
             .filter(|(f, _)| !patched.iter().any(|(p, _)| p.addr == f.addr))
@@ -252,6 +281,7 @@ impl Recorder {
             other => return Err(session_error(SessionError::Protocol(format!("{other:?}")))),
         };
         let mut root_names = Vec::new();
+        let mut root_addresses = Vec::new();
         let mut refusals: Vec<(String, &str)> = refused_roots
             .iter()
             .filter_map(|c| Some((module_qualified(&c.function), by_name.reason(&c.function)?)))
@@ -266,7 +296,10 @@ impl Recorder {
             .count() as u64;
         for ((function, hook), outcome) in patched.iter().zip(&outcomes) {
             match (&outcome.refused, hook) {
-                (None, Hook::RecordRoot) => root_names.push(function.name.clone()),
+                (None, Hook::RecordRoot) => {
+                    root_names.push(function.name.clone());
+                    root_addresses.push(function.addr);
+                }
                 (Some(reason), Hook::RecordRoot) => {
                     refusals.push((module_qualified(function), reason.as_str()))
                 }
@@ -294,6 +327,9 @@ impl Recorder {
         self.root_names = root_names;
         self.instrumented_up_front = recorded;
         self.static_indirect_call_sites = closure.indirect_call_sites;
+        self.root_ids = self.ids_of(&root_addresses);
+        let root_ids = self.root_ids.clone();
+        self.builder().set_root_functions(root_ids);
         Ok(())
     }
 
@@ -307,6 +343,7 @@ impl Recorder {
         let stopped = self.session.request(&Request::StopRecording);
         self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
         self.poll();
+        self.stop_watching();
         let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
             Response::RecordingStopped { refused, .. } => refused,
             other => {
@@ -327,6 +364,32 @@ impl Recorder {
         Ok(())
     }
 
+    /// Ends every thread's open frames where the agent stopped: their exits come (if at
+    /// all) while nobody watches, or after the next start, without their entries. What
+    /// the threads record after that starts afresh at a root, never under those frames.
+    fn stop_watching(&mut self) {
+        let at = self.stopped_at.unwrap_or_else(tsc::read);
+        if let Some(builder) = self.builder.as_mut() {
+            builder.stop_watching(at);
+        }
+        if let Some(gross) = self.gross.as_mut() {
+            gross.finish();
+        }
+    }
+
+    /// The ids the agent gave the functions at `addresses` (ids are the agent's, kept
+    /// for the life of the process; its registry maps them back to addresses).
+    fn ids_of(&self, addresses: &[u64]) -> Vec<u32> {
+        let Some(rings) = self.rings.as_ref() else {
+            return Vec::new();
+        };
+        (0..)
+            .map_while(|id| Some((id, rings.function_address(id)?)))
+            .filter(|(_, address)| addresses.contains(address))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Pauses collection: the code is restored; the data so far stays.
     pub fn pause(&mut self) -> Result<(), RecordError> {
         self.end()
@@ -337,7 +400,12 @@ impl Recorder {
         if self.recording {
             return Ok(());
         }
-        self.begin()
+        let known = if self.gross_only {
+            Vec::new()
+        } else {
+            self.functions_seen()
+        };
+        self.begin_with(&known)
     }
 
     /// Whether the agent has ended this recording's session by itself: another
@@ -357,6 +425,9 @@ impl Recorder {
         if let Some(builder) = &self.builder {
             let calibration = builder.calibration();
             self.builder = CctBuilder::new(calibration).ok();
+            if let Some(builder) = self.builder.as_mut() {
+                builder.set_root_functions(self.root_ids.iter().copied());
+            }
         }
         if let Some(gross) = &mut self.gross {
             *gross = GrossTimes::new(self.tsc_hz, gross.inner_ticks());
@@ -423,6 +494,14 @@ impl Recorder {
 
     pub fn elapsed(&self) -> std::time::Duration {
         self.started.elapsed()
+    }
+
+    /// The number of threads with at least `depth` frames open in the tree now (a
+    /// test's way to act in the middle of calls).
+    pub fn threads_at_depth(&self, depth: usize) -> usize {
+        self.builder
+            .as_ref()
+            .map_or(0, |b| b.threads_at_depth(depth))
     }
 
     /// Events processed so far.
