@@ -10,7 +10,7 @@ mod common;
 use common::{Counting, Target, code_bytes_match_file, tendril};
 use std::time::Duration;
 
-const ROUND_TIMEOUT: Duration = Duration::from_secs(20);
+const ROUND_TIMEOUT: Duration = Duration::from_secs(120);
 const REFUSAL: &str = "part of tendril's agent, which never instruments itself";
 
 /// Starts calltree with `threads` workers and loads the agent into it; returns the

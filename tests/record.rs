@@ -131,26 +131,37 @@ fn scheme_a_instruments_the_static_graph_scheme_b_only_what_runs() {
     let a = record("a", &mut target);
     assert_eq!((a.scheme.as_str(), b.scheme.as_str()), ("A", "B"));
     let (a_stats, b_stats) = (a.stats, b.stats);
-    // The same functions run either way...
-    assert_eq!(a_stats.invoked_functions, b_stats.invoked_functions);
-    // ...but Scheme A also instruments every function that could run and did not
-    // (error paths of snprintf and memcpy's callees, among others).
-    assert!(
-        a_stats.instrumented_functions > b_stats.instrumented_functions,
-        "A {a_stats:?} B {b_stats:?}"
-    );
-    assert!(b_stats.instrumented_functions >= b_stats.invoked_functions);
-    // Both see the same call tree.
-    let names = |p: &Profile| {
+    // The fixture's own functions run the same way under either scheme; which rare
+    // paths of libc run (malloc's slow paths, a lazy binding) depends on timing and
+    // load, so only the fixture's own calls are compared.
+    let own = |p: &Profile| {
         let mut names: Vec<String> = all_nodes(&p.merged.roots)
             .iter()
+            .filter(|n| n.module == "calltree")
             .map(|n| n.name.clone())
             .collect();
         names.sort();
         names.dedup();
         names
     };
-    assert_eq!(names(&a), names(&b));
+    assert_eq!(own(&a), own(&b));
+    assert!(own(&b).len() >= 4, "{:?}", own(&b));
+    for stats in [&a_stats, &b_stats] {
+        assert!(
+            stats.invoked_functions as usize >= own(&b).len(),
+            "{stats:?}"
+        );
+        assert!(
+            stats.instrumented_functions >= stats.invoked_functions,
+            "{stats:?}"
+        );
+    }
+    // Scheme A also instruments every function that could run and did not (error
+    // paths of snprintf and memcpy's callees, among others): far more than run.
+    assert!(
+        a_stats.instrumented_functions > b_stats.instrumented_functions,
+        "A {a_stats:?} B {b_stats:?}"
+    );
     code_bytes_match_file(target.pid()).unwrap();
 }
 
