@@ -90,8 +90,8 @@ impl Target {
     /// timings are its own. Falls back to a normal priority (saying so) where real-time
     /// priorities are not allowed.
     pub fn spawn_realtime(name: &str, args: &[&str]) -> Target {
-        let program = fixture(name);
-        let mut command = Command::new(&program);
+        let mut command = Command::new(fixture(name));
+        command.args(args);
         let parameters = libc::sched_param { sched_priority: 1 };
         // SAFETY: sched_setscheduler is a plain system call on this (child) process,
         // reading a valid sched_param; async-signal-safe, allocates nothing.
