@@ -320,7 +320,16 @@ fn a_detach_from_another_tendril_ends_a_count_and_a_recording_with_a_note() {
 
     // A recording likewise: it writes the profile of the time before the detach.
     let record = started(
-        &["record", &pid, "--root", "work_round", "--duration", "600"],
+        &[
+            "record",
+            &pid,
+            "--root",
+            "work_round",
+            "--duration",
+            "600",
+            "-o",
+            "-",
+        ],
         "tendril: recording",
     );
     std::thread::sleep(Duration::from_millis(600));

@@ -38,3 +38,17 @@ fn the_readme_and_the_design_point_only_inside_the_repository() {
         "the README links to the design document"
     );
 }
+
+#[test]
+fn the_help_says_that_plain_tendril_opens_the_process_picker() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tendril"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success());
+    assert!(
+        help.contains("Plain `tendril`, without a command, opens the terminal UI's process picker"),
+        "{help}"
+    );
+}

@@ -4,8 +4,8 @@
 //!
 //! The one idea: whatever ends the recording — the duration, Ctrl-C, the target
 //! exiting or exec'ing — the code is restored first, then the last events are read, then the
-//! profile is written; a one-line summary goes to stderr so the profile itself can go
-//! to stdout.
+//! profile is written (to `-o FILE`, `-` for stdout, or by default to
+//! `tendril-<pid>-<time>.json` here); a one-line summary goes to stderr.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::commands::output::ProfileOutput;
@@ -36,7 +36,10 @@ pub struct RecordCommand {
 
 pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Checked before the target is touched; nothing is written unless a profile is.
-    let output = ProfileOutput::open(command.output.as_deref())?;
+    // Without -o, a file named after the process and the time, as `w` in the live view
+    // saves (perf and py-spy write a file too, rather than JSON on a terminal).
+    let default = crate::live::save_path::snapshot_path(command.options.pid);
+    let output = ProfileOutput::open_or(command.output.as_deref(), default)?;
     interrupt::install();
     let recorder = Recorder::start(&command.options)?;
     eprintln!(
@@ -57,7 +60,19 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Gone for good (a zombie is told apart when the agent's connection closes).
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
-    output.write(&profile)
+    let written = output
+        .path()
+        .map(|path| absolute(path).display().to_string());
+    output.write(&profile)?;
+    if let Some(path) = written {
+        eprintln!("tendril: profile written to {path} (tendril report {path})");
+    }
+    Ok(())
+}
+
+/// `path` from the root, for a message the user may copy.
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Drains the rings until the duration ends, Ctrl-C, or the target exits (`gone`

@@ -1,12 +1,16 @@
-//! `tendril report <FILE> [--format tree|hot|folded|json]`: a saved profile as text.
+//! `tendril report <FILE> [--format tree|hot|folded|json] [--threshold PCT] [--depth N]
+//! [--thread TID]`: a saved profile as text, cut down as asked (`profile::prune`).
 
 use crate::profile::report::{MAX_FOLDED_FRAMES, folded_stacks_elided};
-use crate::profile::{Profile, ReportFormat, write_report};
+use crate::profile::{Profile, Prune, ReportFormat, write_report};
 use std::io::Write;
 use std::path::Path;
 
-pub fn run(file: &Path, format: ReportFormat) -> anyhow::Result<()> {
-    let profile = Profile::load(file)?;
+pub fn run(file: &Path, format: ReportFormat, prune: Prune) -> anyhow::Result<()> {
+    let mut profile = Profile::load(file)?;
+    prune
+        .apply(&mut profile)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     if format == ReportFormat::Folded {
         let elided = folded_stacks_elided(&profile);
         if elided > 0 {

@@ -13,13 +13,15 @@
 //! - [`file`](mod@file): reading and writing it (serde_json, any depth);
 //! - [`cct`]: the builder (per-thread trees in `thread_tree` over an `arena`);
 //! - [`calibration`]: the correction formula;
-//! - [`report`]: `tendril report` formats.
+//! - [`report`]: `tendril report` formats;
+//! - [`prune`]: `report`'s `--thread`, `--depth` and `--threshold`.
 
 mod arena;
 pub mod calibration;
 pub mod cct;
 pub mod file;
 pub mod model;
+pub mod prune;
 pub mod report;
 mod thread_tree;
 
@@ -33,4 +35,5 @@ pub use model::{
     Calibration, DiscoveryStats, GrossTime, MergedProfile, Node, Profile, Stats, ThreadProfile,
     Visit, walk,
 };
+pub use prune::{Prune, PruneError};
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};
