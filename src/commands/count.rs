@@ -10,6 +10,7 @@
 //! first.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
+use crate::commands::progress::{Progress, thousands};
 use crate::departure::Departure;
 use crate::refusals::Refusals;
 use crate::session::{AgentSession, SessionError};
@@ -143,12 +144,21 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
 
     let mut latest = baseline.clone();
     let mut lost_target = false;
+    let mut progress = Progress::new();
     interrupt::wait(
         options.duration.map(|d| started + d),
         READ_INTERVAL,
         || match read_counters(&mut session, &ids) {
             Ok(reading) => {
                 latest = reading;
+                progress.update(|| {
+                    let calls: u64 = latest.iter().flat_map(|t| t.calls.iter()).sum();
+                    format!(
+                        "{} calls of {} functions so far",
+                        thousands(calls),
+                        thousands(ids.len() as u64)
+                    )
+                });
                 true
             }
             Err(_) => {
@@ -157,6 +167,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
             }
         },
     );
+    progress.clear();
     let elapsed = started.elapsed();
     if !lost_target {
         unpatch_all(&mut session, &outcomes, pid)?;

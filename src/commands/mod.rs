@@ -8,6 +8,7 @@ pub mod detach;
 pub mod duration;
 pub mod output;
 pub mod picker;
+pub mod progress;
 pub mod record;
 pub mod report;
 pub mod run;

@@ -9,6 +9,7 @@
 
 use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::commands::output::ProfileOutput;
+use crate::commands::progress::{Progress, thousands};
 use crate::departure::{Departure, agent_departure};
 use crate::interrupt;
 use crate::profile::{Node, Profile};
@@ -85,8 +86,17 @@ pub fn record_until_done(
     let deadline = duration.map(|d| Instant::now() + d);
     let pid = recorder.pid();
     let mut departure = None;
+    let mut progress = Progress::new();
     interrupt::wait(deadline, POLL_INTERVAL, || {
         recorder.poll();
+        progress.update(|| {
+            let counters = recorder.agent_counters();
+            format!(
+                "{} events, {} functions instrumented",
+                thousands(recorder.events()),
+                thousands(counters.instrumented + recorder.instrumented_up_front())
+            )
+        });
         if gone() {
             departure = Some(Departure::Exited);
         } else if recorder.agent_gone() {
@@ -95,6 +105,7 @@ pub fn record_until_done(
         }
         departure.is_none()
     });
+    progress.clear();
     let elapsed = recorder.elapsed();
     match &departure {
         None => {}

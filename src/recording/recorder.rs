@@ -504,6 +504,12 @@ impl Recorder {
             .map_or(0, |b| b.threads_at_depth(depth))
     }
 
+    /// Functions patched up front by this recording (roots, Scheme A's graph, and on
+    /// resume what ran before); the agent counts those Scheme B adds.
+    pub fn instrumented_up_front(&self) -> u64 {
+        self.instrumented_up_front
+    }
+
     /// Events processed so far.
     pub fn events(&self) -> u64 {
         self.events
