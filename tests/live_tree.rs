@@ -19,7 +19,7 @@ use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tendril::demo_workload::{DEMO_ROOT, DEMO_WORKERS};
+use tendril::demo_workload::{DEMO_PROCESS_NAME, DEMO_ROOT, DEMO_WORKERS};
 use tendril::profile::{Node, Profile};
 use tendril::recording::{RecordOptions, Recorder, Scheme};
 
@@ -92,6 +92,15 @@ impl Drop for Demo {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+#[test]
+fn the_demo_process_is_named_tendril_demo() {
+    let demo = Demo::start();
+    let comm = format!("/proc/{}/comm", demo.pid());
+    wait_for("the demo's name", || {
+        fs::read_to_string(&comm).is_ok_and(|name| name.trim() == DEMO_PROCESS_NAME)
+    });
 }
 
 /// Waits for `condition`, checking every millisecond, up to [`WAIT`].
