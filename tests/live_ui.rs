@@ -387,13 +387,19 @@ fn attach_pick_a_root_watch_the_tree_and_quit() {
         "the status bar names the target:\n{screen}"
     );
 
-    // Save a snapshot: the profile JSON, in the current directory.
+    // Save a snapshot: the profile JSON, in the current directory, named by its full
+    // path.
     ui.press("w");
     let saved = ui.wait_for("the saved file's name", |screen| {
         let at = screen.find("saved the profile to ")?;
         let name = screen[at..].split_whitespace().nth(4)?;
         Some(name.to_string())
     });
+    assert_eq!(
+        std::path::Path::new(&saved).parent(),
+        Some(ui.dir.as_path()),
+        "the full path of the saved file"
+    );
     let profile =
         tendril::profile::Profile::load(&ui.dir.join(&saved)).expect("the saved profile loads");
     assert_eq!(profile.pid, pid as u32);
