@@ -435,3 +435,22 @@ fn returns_and_calls_per_thread_are_exact_while_threads_call_through_the_patchin
 fn fixture_counts_len_ok(rows: &[(i64, u64, u64)], threads: usize) -> bool {
     rows.len() == threads
 }
+
+#[test]
+fn a_plt_stub_row_names_its_module_and_its_calls_are_in_the_total_once() {
+    let mut target = Target::spawn("calltree", &["1"]);
+    let counting = Counting::start(target.pid(), &["snprintf@plt", "libc.so.6:snprintf"]);
+    target.drain();
+    target.checksum_lines(2, ROUND_TIMEOUT);
+    let report = counting.finish();
+    let stub = report.calls("snprintf@plt (calltree)");
+    let function = report.calls("snprintf");
+    assert!(stub > 0 && function >= stub, "{}", report.stdout);
+    assert_eq!(report.total, function, "{}", report.stdout);
+    assert!(
+        report.stdout.contains("calls through a PLT stub"),
+        "{}",
+        report.stdout
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+}
