@@ -31,7 +31,7 @@ use std::path::PathBuf;
 include!(concat!(env!("OUT_DIR"), "/agent_bundle.rs"));
 
 /// The name every build of the agent library starts with.
-const AGENT_LIBRARY_PREFIX: &str = "libtendril_agent";
+pub const AGENT_LIBRARY_PREFIX: &str = "libtendril_agent";
 
 /// Whether a module (by file name) is a tendril agent, of this build or another: its
 /// code is tendril's own, and is never instrumented.

@@ -7,7 +7,15 @@ use std::time::Duration;
 
 /// tendril — profile a running native program, call by call.
 #[derive(Parser)]
-#[command(name = "tendril", version, about, long_about = None)]
+#[command(
+    name = "tendril",
+    version,
+    about,
+    long_about = None,
+    after_help = "Plain `tendril`, without a command, opens the terminal UI's process picker: \
+                  choose a running process, then a root function, and watch its call tree \
+                  grow live."
+)]
 struct Cli {
     /// Without a command: choose a running process to profile, in the terminal UI.
     #[command(subcommand)]
@@ -129,6 +137,15 @@ enum Command {
         /// Write the output here instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Leave out calling contexts whose total is under PCT% of all roots' total.
+        #[arg(long, value_name = "PCT", value_parser = parse_percent)]
+        threshold: Option<f64>,
+        /// Show calling contexts at most N levels deep (1: only the roots).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        depth: Option<u64>,
+        /// Only this thread's tree (thread ids are in the JSON and the live view).
+        #[arg(long, value_name = "TID")]
+        thread: Option<u32>,
     },
     /// Compare two profiles: each call path's change in total and self time, largest
     /// change first.
@@ -155,7 +172,9 @@ struct ProfileArgs {
     /// run) or a (the whole static call graph, up front).
     #[arg(long, value_enum, default_value_t = SchemeArg::B)]
     scheme: SchemeArg,
-    /// Write the profile here instead of stdout.
+    /// Write the profile to FILE (`-`: stdout). Default: `record` writes
+    /// tendril-<PID>-<YYYYmmdd-HHMMSS>.json in the current directory and says so; `run`
+    /// writes to stdout.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
     /// Only time the roots themselves: a distribution of their gross times, at
@@ -351,7 +370,17 @@ fn main() -> ExitCode {
             file,
             format,
             output,
-        } => tendril::commands::report::run(&file, format.into(), output.as_deref()),
+            threshold,
+            depth,
+            thread,
+        } => {
+            let prune = tendril::profile::Prune {
+                thread,
+                depth: depth.map(|d| d as usize),
+                threshold_percent: threshold,
+            };
+            tendril::commands::report::run(&file, format.into(), output.as_deref(), prune)
+        }
         Command::Diff { a, b, format } => tendril::commands::diff::run(
             &a,
             &b,
@@ -363,6 +392,14 @@ fn main() -> ExitCode {
         Command::DemoTarget => tendril::demo_workload::run(),
     };
     report(result)
+}
+
+/// A percentage from 0 to 100 (`--threshold`).
+fn parse_percent(text: &str) -> Result<f64, String> {
+    match text.trim_end_matches('%').parse::<f64>() {
+        Ok(percent) if (0.0..=100.0).contains(&percent) => Ok(percent),
+        _ => Err(format!("'{text}' is not a percentage from 0 to 100")),
+    }
 }
 
 /// The exit code for a command's result, with its error printed as one line.

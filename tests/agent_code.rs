@@ -10,7 +10,7 @@ mod common;
 use common::{Counting, Target, code_bytes_match_file, tendril};
 use std::time::Duration;
 
-const ROUND_TIMEOUT: Duration = Duration::from_secs(20);
+const ROUND_TIMEOUT: Duration = Duration::from_secs(120);
 const REFUSAL: &str = "part of tendril's agent, which never instruments itself";
 
 /// Starts calltree with `threads` workers and loads the agent into it; returns the
@@ -132,4 +132,38 @@ fn counting_every_function_of_a_process_that_has_the_agent() {
     );
     code_bytes_match_file(target.pid()).unwrap();
     assert_eq!(steady_checksum(&mut target, 3), before);
+}
+
+#[test]
+fn symbols_globs_leave_the_agent_out_unless_its_module_is_named() {
+    let (target, _) = calltree_with_agent("1");
+    let pid = target.pid().to_string();
+    let list = |pattern: &str| {
+        let output = tendril()
+            .args(["symbols", &pid, pattern, "--json"])
+            .output()
+            .unwrap();
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_slice(&output.stdout).unwrap_or_default();
+        (output.status.success(), listed, output.stderr)
+    };
+    let (ok, listed, stderr) = list("mi*");
+    assert!(ok, "{}", String::from_utf8_lossy(&stderr));
+    assert!(listed.iter().any(|f| f["name"] == "mix"));
+    assert!(
+        listed
+            .iter()
+            .all(|f| !is_agent_module(f["module"].as_str().unwrap())),
+        "agent functions listed for a glob"
+    );
+    // Named by its module, the agent's functions are listed.
+    let (ok, listed, _) = list("libtendril_agent*:tendril_agent_start");
+    assert!(ok && listed.len() == 1, "{listed:?}");
+    // A glob only the agent's functions match says so.
+    let (ok, _, stderr) = list("tendril_agent_star*");
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert!(
+        !ok && stderr.contains("but tendril's own agent's"),
+        "{stderr}"
+    );
 }

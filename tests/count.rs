@@ -320,7 +320,16 @@ fn a_detach_from_another_tendril_ends_a_count_and_a_recording_with_a_note() {
 
     // A recording likewise: it writes the profile of the time before the detach.
     let record = started(
-        &["record", &pid, "--root", "work_round", "--duration", "600"],
+        &[
+            "record",
+            &pid,
+            "--root",
+            "work_round",
+            "--duration",
+            "600",
+            "-o",
+            "-",
+        ],
         "tendril: recording",
     );
     std::thread::sleep(Duration::from_millis(600));
@@ -420,5 +429,24 @@ fn returns_and_calls_per_thread_are_exact_while_threads_call_through_the_patchin
     assert_eq!(ticks.len(), THREADS, "{}", report.stdout);
     target.write_stdin("resume\n");
     target.expect_line("resumed", ROUND_TIMEOUT);
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn a_plt_stub_row_names_its_module_and_its_calls_are_in_the_total_once() {
+    let mut target = Target::spawn("calltree", &["1"]);
+    let counting = Counting::start(target.pid(), &["snprintf@plt", "libc.so.6:snprintf"]);
+    target.drain();
+    target.checksum_lines(2, ROUND_TIMEOUT);
+    let report = counting.finish();
+    let stub = report.calls("snprintf@plt (calltree)");
+    let function = report.calls("snprintf");
+    assert!(stub > 0 && function >= stub, "{}", report.stdout);
+    assert_eq!(report.total, function, "{}", report.stdout);
+    assert!(
+        report.stdout.contains("calls through a PLT stub"),
+        "{}",
+        report.stdout
+    );
     code_bytes_match_file(target.pid()).unwrap();
 }

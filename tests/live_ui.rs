@@ -387,13 +387,19 @@ fn attach_pick_a_root_watch_the_tree_and_quit() {
         "the status bar names the target:\n{screen}"
     );
 
-    // Save a snapshot: the profile JSON, in the current directory.
+    // Save a snapshot: the profile JSON, in the current directory, named by its full
+    // path.
     ui.press("w");
     let saved = ui.wait_for("the saved file's name", |screen| {
         let at = screen.find("saved the profile to ")?;
         let name = screen[at..].split_whitespace().nth(4)?;
         Some(name.to_string())
     });
+    assert_eq!(
+        std::path::Path::new(&saved).parent(),
+        Some(ui.dir.as_path()),
+        "the full path of the saved file"
+    );
     let profile =
         tendril::profile::Profile::load(&ui.dir.join(&saved)).expect("the saved profile loads");
     assert_eq!(profile.pid, pid as u32);
@@ -781,4 +787,46 @@ fn a_target_that_exits_leaves_its_data_to_browse_and_save() {
 
     ui.press("q");
     assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+}
+
+#[test]
+fn record_and_count_show_a_live_progress_line_on_a_terminal() {
+    let _turn = one_at_a_time();
+    let target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid().to_string();
+    let record = Tmux::tendril(
+        "progress-record",
+        &["record", &pid, "--root", "work_round", "--duration", "600"],
+    );
+    let screen = record.wait_for("the progress line", |screen| {
+        screen
+            .lines()
+            .find(|line| line.contains(" functions instrumented (Ctrl-C ends)"))
+            .map(str::to_string)
+    });
+    assert!(
+        screen.starts_with("tendril: ") && screen.contains(" events, "),
+        "{screen}"
+    );
+    // Ctrl-C as the shell would deliver it to tendril alone (the pane's shell must live
+    // on to keep the last screen).
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(record.tendril_pid(), libc::SIGINT) };
+    assert_eq!(record.wait_exit(), 0, "{}", record.screen());
+    let screen = record.screen();
+    // The line is gone once the summary is printed, and the profile is in a file.
+    assert!(!screen.contains("(Ctrl-C ends)\n"), "{screen}");
+    assert!(screen.contains("profile written to "), "{screen}");
+
+    let count = Tmux::tendril("progress-count", &["count", &pid, "leaf_*"]);
+    count.wait_for("the progress line", |screen| {
+        screen
+            .lines()
+            .find(|line| line.contains(" calls of ") && line.contains("(Ctrl-C ends)"))
+            .map(str::to_string)
+    });
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(count.tendril_pid(), libc::SIGINT) };
+    assert_eq!(count.wait_exit(), 0, "{}", count.screen());
+    assert!(count.screen().contains(" total ("), "{}", count.screen());
 }

@@ -10,6 +10,7 @@
 //! first.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
+use crate::commands::progress::{Progress, thousands};
 use crate::departure::Departure;
 use crate::refusals::Refusals;
 use crate::session::{AgentSession, SessionError};
@@ -143,12 +144,21 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
 
     let mut latest = baseline.clone();
     let mut lost: Option<SessionError> = None;
+    let mut progress = Progress::new();
     interrupt::wait(
         options.duration.map(|d| started + d),
         READ_INTERVAL,
         || match read_counters(&mut session, &ids) {
             Ok(reading) => {
                 latest = reading;
+                progress.update(|| {
+                    let calls: u64 = latest.iter().flat_map(|t| t.calls.iter()).sum();
+                    format!(
+                        "{} calls of {} functions so far",
+                        thousands(calls),
+                        thousands(ids.len() as u64)
+                    )
+                });
                 true
             }
             Err(error) => {
@@ -157,6 +167,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
             }
         },
     );
+    progress.clear();
     let elapsed = started.elapsed();
     let mut failure = None;
     if let Some(error) = lost {
@@ -317,6 +328,34 @@ fn fill_counts(counted: &mut [Counted], latest: &[ThreadCounters]) {
     }
 }
 
+/// The calls that count towards the total: a call through a PLT stub reaches the
+/// function the stub leads to, so when that function is counted too, the stub's calls
+/// are already in its count and are left out of the total.
+fn total_calls(counted: &[Counted]) -> u64 {
+    counted
+        .iter()
+        .filter(|c| !stub_of_a_counted_function(c, counted))
+        .map(|c| c.calls)
+        .sum()
+}
+
+fn stub_of_a_counted_function(stub: &Counted, counted: &[Counted]) -> bool {
+    stub.chosen.function.plt_target().is_some_and(|target| {
+        counted.iter().any(|c| {
+            c.chosen.function.plt_target().is_none() && c.chosen.function.raw_name == target
+        })
+    })
+}
+
+/// A row's name: a PLT stub says which module's stub it is (each module has its own).
+fn row_name(c: &Counted) -> String {
+    if c.chosen.function.plt_target().is_some() {
+        format!("{} ({})", c.chosen.display_name, c.chosen.function.module)
+    } else {
+        c.chosen.display_name.clone()
+    }
+}
+
 fn write_text(
     out: &mut impl Write,
     elapsed: Duration,
@@ -324,8 +363,9 @@ fn write_text(
     counted: &[Counted],
     refused: &[(&Chosen, &str)],
 ) -> std::io::Result<()> {
-    let total: u64 = counted.iter().map(|c| c.calls).sum();
-    let width = total.to_string().len().max(5);
+    let total = total_calls(counted);
+    let all_rows: u64 = counted.iter().map(|c| c.calls).sum();
+    let width = all_rows.to_string().len().max(5);
     if returns {
         writeln!(out, "{:>width$} {:>width$}  FUNCTION", "CALLS", "RETURNS")?;
     } else {
@@ -336,20 +376,31 @@ fn write_text(
             writeln!(
                 out,
                 "{:>width$} {:>width$}  {}",
-                c.calls, c.returns, c.chosen.display_name
+                c.calls,
+                c.returns,
+                row_name(c)
             )?;
         } else {
-            writeln!(out, "{:>width$}  {}", c.calls, c.chosen.display_name)?;
+            writeln!(out, "{:>width$}  {}", c.calls, row_name(c))?;
         }
     }
+    let through_stubs = if total < all_rows {
+        "; calls through a PLT stub to a function counted here are in the total once"
+    } else {
+        ""
+    };
     let summary = format!(
-        "total ({} function{}, {} s)",
+        "total ({} function{}, {} s{through_stubs})",
         counted.len(),
         if counted.len() == 1 { "" } else { "s" },
         format_elapsed(elapsed)
     );
     if returns {
-        let total_returns: u64 = counted.iter().map(|c| c.returns).sum();
+        let total_returns: u64 = counted
+            .iter()
+            .filter(|c| !stub_of_a_counted_function(c, counted))
+            .map(|c| c.returns)
+            .sum();
         writeln!(out, "{total:>width$} {total_returns:>width$}  {summary}")?;
     } else {
         writeln!(out, "{total:>width$}  {summary}")?;
@@ -414,7 +465,7 @@ fn write_json(
     let mut report = json!({
         "pid": pid,
         "duration_s": elapsed.as_secs_f64(),
-        "total_calls": counted.iter().map(|c| c.calls).sum::<u64>(),
+        "total_calls": total_calls(counted),
         "functions": functions,
         "refused": refused,
     });

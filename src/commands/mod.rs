@@ -9,6 +9,7 @@ pub mod diff;
 pub mod duration;
 pub mod output;
 pub mod picker;
+pub mod progress;
 pub mod record;
 pub mod report;
 pub mod run;

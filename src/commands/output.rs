@@ -20,12 +20,25 @@ pub enum ProfileOutput {
 }
 
 impl ProfileOutput {
-    /// Checks and opens `path` (stdout when `None`).
+    /// Checks and opens `path` (stdout when `None` or `-`).
     pub fn open(path: Option<&Path>) -> anyhow::Result<ProfileOutput> {
         Ok(match path {
-            Some(path) => ProfileOutput::File(OutputFile::open(path)?),
-            None => ProfileOutput::Stdout,
+            Some(path) if path != Path::new("-") => ProfileOutput::File(OutputFile::open(path)?),
+            _ => ProfileOutput::Stdout,
         })
+    }
+
+    /// Checks and opens `path`; without one, `default` (stdout for `-`).
+    pub fn open_or(path: Option<&Path>, default: PathBuf) -> anyhow::Result<ProfileOutput> {
+        ProfileOutput::open(Some(path.unwrap_or(&default)))
+    }
+
+    /// The file the profile goes to (`None`: stdout).
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            ProfileOutput::File(file) => Some(&file.path),
+            ProfileOutput::Stdout => None,
+        }
     }
 
     /// Writes the profile JSON.

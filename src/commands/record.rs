@@ -4,11 +4,12 @@
 //!
 //! The one idea: whatever ends the recording — the duration, Ctrl-C, the target
 //! exiting or exec'ing — the code is restored first, then the last events are read, then the
-//! profile is written; a one-line summary goes to stderr so the profile itself can go
-//! to stdout.
+//! profile is written (to `-o FILE`, `-` for stdout, or by default to
+//! `tendril-<pid>-<time>.json` here); a one-line summary goes to stderr.
 
 use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::commands::output::ProfileOutput;
+use crate::commands::progress::{Progress, thousands};
 use crate::departure::{Departure, agent_departure};
 use crate::interrupt;
 use crate::profile::trace::MAX_TRACE_EVENTS;
@@ -39,7 +40,10 @@ pub struct RecordCommand {
 
 pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Checked before the target is touched; nothing is written unless a profile is.
-    let output = ProfileOutput::open(command.output.as_deref())?;
+    // Without -o, a file named after the process and the time, as `w` in the live view
+    // saves (perf and py-spy write a file too, rather than JSON on a terminal).
+    let default = crate::live::save_path::snapshot_path(command.options.pid);
+    let output = ProfileOutput::open_or(command.output.as_deref(), default)?;
     interrupt::install();
     let mut recorder = Recorder::start(&command.options)?;
     start_trace(&mut recorder, command.trace);
@@ -61,7 +65,19 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Gone for good (a zombie is told apart when the agent's connection closes).
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
-    output.write(&profile)
+    let written = output
+        .path()
+        .map(|path| absolute(path).display().to_string());
+    output.write(&profile)?;
+    if let Some(path) = written {
+        eprintln!("tendril: profile written to {path} (tendril report {path})");
+    }
+    Ok(())
+}
+
+/// `path` from the root, for a message the user may copy.
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Starts `--trace` and says what it keeps.
@@ -85,8 +101,17 @@ pub fn record_until_done(
     let deadline = duration.map(|d| Instant::now() + d);
     let pid = recorder.pid();
     let mut departure = None;
+    let mut progress = Progress::new();
     interrupt::wait(deadline, POLL_INTERVAL, || {
         recorder.poll();
+        progress.update(|| {
+            let counters = recorder.agent_counters();
+            format!(
+                "{} events, {} functions instrumented",
+                thousands(recorder.events()),
+                thousands(counters.instrumented + recorder.instrumented_up_front())
+            )
+        });
         if gone() {
             departure = Some(Departure::Exited);
         } else if recorder.agent_gone() {
@@ -95,6 +120,7 @@ pub fn record_until_done(
         }
         departure.is_none()
     });
+    progress.clear();
     let elapsed = recorder.elapsed();
     match &departure {
         None => {}

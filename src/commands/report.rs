@@ -1,5 +1,6 @@
-//! `tendril report <FILE> [--format FORMAT] [-o OUT]`: a saved profile as text, or in
-//! a format another tool reads (pprof, speedscope, chrome, svg).
+//! `tendril report <FILE> [--format FORMAT] [-o OUT] [--threshold PCT] [--depth N]
+//! [--thread TID]`: a saved profile as text, or in a format another tool reads (pprof,
+//! speedscope, chrome, svg), cut down as asked (`profile::prune`).
 //!
 //! The one idea: the output is made in memory first, then written, so a profile that
 //! cannot be read or drawn leaves no half-written file; an output path that cannot be
@@ -7,11 +8,16 @@
 
 use crate::commands::output::OutputFile;
 use crate::profile::report::{MAX_FOLDED_FRAMES, folded_stacks_elided};
-use crate::profile::{Profile, ReportFormat, write_report};
+use crate::profile::{Profile, Prune, ReportFormat, write_report};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 
-pub fn run(file: &Path, format: ReportFormat, output: Option<&Path>) -> anyhow::Result<()> {
+pub fn run(
+    file: &Path,
+    format: ReportFormat,
+    output: Option<&Path>,
+    prune: Prune,
+) -> anyhow::Result<()> {
     let destination = output.map(OutputFile::open).transpose()?;
     if destination.is_none() && format.is_binary() && std::io::stdout().is_terminal() {
         anyhow::bail!(
@@ -19,7 +25,10 @@ pub fn run(file: &Path, format: ReportFormat, output: Option<&Path>) -> anyhow::
              profile.pb.gz) or redirect stdout"
         );
     }
-    let profile = Profile::load(file)?;
+    let mut profile = Profile::load(file)?;
+    prune
+        .apply(&mut profile)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     if matches!(
         format,
         ReportFormat::Folded | ReportFormat::Svg | ReportFormat::Speedscope

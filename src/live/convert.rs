@@ -71,7 +71,7 @@ pub fn fill_counters(profile: &Profile, status: &mut Status) {
 /// The whole view-model for `profile`, with `status` (its counters are filled in here).
 pub fn snapshot_of(profile: &Profile, mut status: Status) -> ProfileSnapshot {
     fill_counters(profile, &mut status);
-    let threads = profile
+    let mut threads: Vec<ThreadSummary> = profile
         .threads
         .iter()
         .map(|thread| ThreadSummary {
@@ -82,6 +82,9 @@ pub fn snapshot_of(profile: &Profile, mut status: Status) -> ProfileSnapshot {
             roots: tree_nodes(&thread.roots),
         })
         .collect();
+    // The threads tab lists them by thread id (its header says so): rows keep their
+    // place while the totals change.
+    threads.sort_by_key(|thread| thread.tid);
     ProfileSnapshot {
         merged: tree_nodes(&profile.merged.roots),
         threads,

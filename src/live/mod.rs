@@ -18,7 +18,7 @@ mod input;
 pub mod job;
 pub mod processes;
 pub mod roots;
-mod save_path;
+pub mod save_path;
 pub mod session;
 pub mod stderr;
 

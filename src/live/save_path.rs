@@ -1,5 +1,6 @@
-//! Where the live UI's `w` saves a profile: `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in
-//! the current directory.
+//! Where the live UI's `w` (and `record` without `-o`) saves a profile:
+//! `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in the current directory, as a full path so
+//! the message that names it can be copied from anywhere.
 //!
 //! The one idea: the name says which process and when, in local time, and never
 //! overwrites a file that is there (a second save in the same second gets `-2`).
@@ -7,13 +8,14 @@
 use std::path::PathBuf;
 
 /// `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in the current directory (with `-2`, `-3`…
-/// added if that file exists).
+/// added if that file exists), from the root.
 pub fn snapshot_path(pid: i32) -> PathBuf {
+    let directory = std::env::current_dir().unwrap_or_default();
     let stem = format!("tendril-{pid}-{}", local_timestamp());
-    let mut path = PathBuf::from(format!("{stem}.json"));
+    let mut path = directory.join(format!("{stem}.json"));
     let mut next = 2;
     while path.exists() {
-        path = PathBuf::from(format!("{stem}-{next}.json"));
+        path = directory.join(format!("{stem}-{next}.json"));
         next += 1;
     }
     path
@@ -47,7 +49,10 @@ mod tests {
 
     #[test]
     fn snapshot_files_are_named_after_the_pid_and_the_time() {
-        let name = snapshot_path(4242).display().to_string();
+        let path = snapshot_path(4242);
+        assert!(path.is_absolute(), "{}", path.display());
+        assert_eq!(path.parent(), std::env::current_dir().ok().as_deref());
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let stamp = name
             .strip_prefix("tendril-4242-")
             .and_then(|rest| rest.strip_suffix(".json"))

@@ -1,4 +1,4 @@
-//! Reading and writing the profile file (JSON, DESIGN.md §3) for call trees of any depth.
+//! Reading and writing the profile file (JSON, docs/DESIGN.md §5) for call trees of any depth.
 //!
 //! The one idea: the file goes through serde_json and the derived serde impls, which
 //! recurse once per tree level, and a recursive function 100,000 calls deep is a normal

@@ -4,7 +4,7 @@
 //! The one idea: times are measured in the target but *corrected* here. Each completed
 //! invocation is charged `t_meas − t_I − m·t_O` (JFluid §5.3, see [`calibration`]) into a
 //! per-thread calling context tree ([`cct::CctBuilder`]); a snapshot turns the trees into
-//! a [`Profile`] (the file format of DESIGN.md §3) that the reports, the file and the
+//! a [`Profile`] (the file format of docs/DESIGN.md §5) that the reports, the file and the
 //! live view read. Trees can be as deep as the target's recursion, so no code here
 //! recurses over a tree on a fixed-size stack: tree code keeps explicit stacks, and the
 //! file's serde recursion runs on a stack that grows on demand.
@@ -18,6 +18,7 @@
 //!   SVG flame graphs);
 //! - [`trace`]: timelines of a recording's first seconds (`record --trace`);
 //! - [`diff`]: two profiles compared call path by call path.
+//! - [`prune`]: `report`'s `--thread`, `--depth` and `--threshold`;
 
 mod arena;
 pub mod calibration;
@@ -28,6 +29,7 @@ pub mod file;
 pub mod folded;
 pub mod model;
 pub mod names;
+pub mod prune;
 pub mod report;
 mod thread_tree;
 pub mod trace;
@@ -43,4 +45,5 @@ pub use model::{
     Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile, Stats,
     ThreadProfile, Visit, walk,
 };
+pub use prune::{Prune, PruneError};
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

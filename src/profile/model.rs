@@ -1,4 +1,4 @@
-//! The profile file's data model (DESIGN.md §3, version 1) as serde types.
+//! The profile file's data model (docs/DESIGN.md §5, version 1) as serde types.
 //!
 //! The one idea: a [`Node`] tree may be as deep as the target's recursion (100,000 levels
 //! is normal), so nothing here recurses over the tree. `Drop`, `Clone`, `PartialEq` and

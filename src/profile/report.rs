@@ -171,8 +171,11 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     )?;
     writeln!(
         out,
-        "events: {} ({} lost, {} unmatched exits, {} unwound exits); functions: {} \
-         instrumented, {} invoked; {}; pauses removed: {:.3} ms",
+        "events: {} ({} lost, {} unmatched exits, {} unwound exits — frames ended by an \
+         exception, longjmp, thread exit or the recording's end, not a return); functions: {} \
+         instrumented, {} invoked; {} (calls through pointers; their targets are recorded \
+         only if also called directly); pauses removed: {:.3} ms (tendril's waits in the \
+         target, summed over threads)",
         stats.events,
         stats.lost_events,
         stats.unmatched_exits,
@@ -383,7 +386,7 @@ mod tests {
 
     const HEADER: &str = "\
 tendril profile of pid 4242 (/usr/bin/app), scheme B, roots: main
-events: 52 (0 lost, 0 unmatched exits, 2 unwound exits); functions: 6 instrumented, 5 invoked; 1 indirect call site; pauses removed: 1.500 ms
+events: 52 (0 lost, 0 unmatched exits, 2 unwound exits — frames ended by an exception, longjmp, thread exit or the recording's end, not a return); functions: 6 instrumented, 5 invoked; 1 indirect call site (calls through pointers; their targets are recorded only if also called directly); pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)
 calibration: TSC 2.995 GHz, 12.2 ns inner and 20.5 ns outer removed per call
 ";
 

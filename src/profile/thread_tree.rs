@@ -6,6 +6,14 @@
 //! must be removed from every open frame, so instead of touching them all the thread keeps
 //! a running total of pauses and each frame remembers the total at its entry: the pause
 //! inside a frame is the difference at its exit. Every event is O(1) (amortised).
+//!
+//! A thread's stream may begin in the middle of calls: the recording started, resumed,
+//! was reset or changed its roots while the thread was inside the graph, so the exits of
+//! the frames it was in come without their entries, and its next calls are made from
+//! frames the tree never saw. Such calls are not roots of the tree: an entry of a
+//! function that is not a root, with no recorded frame to nest in, opens a *discarded*
+//! frame (no node, no time), and so do the calls made inside it, until it returns. The
+//! tree therefore only ever holds contexts that start at a root.
 
 use super::arena::{CallArena, TOP};
 use super::calibration::Correction;
@@ -17,9 +25,19 @@ const UNWIND: u32 = EventKind::Unwind as u32;
 const ADJUST: u32 = EventKind::Adjust as u32;
 const RESUMED: u32 = EventKind::Resumed as u32;
 
+/// The node of a frame that is not recorded: a call made outside any recorded root
+/// frame (see the module comment).
+const DISCARDED: u32 = u32::MAX;
+
+/// Which functions may start a context at the top of a tree.
+pub trait RootFunctions {
+    fn is_root(&self, function: u32) -> bool;
+}
+
 /// An invocation that has been entered and not yet left.
 #[derive(Debug, Clone, Copy)]
 struct Frame {
+    /// Its node, or [`DISCARDED`].
     node: u32,
     function: u32,
     entry_ts: u64,
@@ -42,6 +60,12 @@ pub struct ThreadCounters {
     pub malformed_events: u64,
     /// The sum of all pauses.
     pub pause_ticks: u64,
+    /// Exits of frames entered before the thread's stream began (a recording started,
+    /// resumed or was reset inside them): expected, and ignored.
+    pub stale_exits: u64,
+    /// Calls seen outside any recorded root frame (and the calls inside them): made
+    /// from frames entered before the stream began, so they are left out.
+    pub discarded_calls: u64,
     /// Times the thread came back to a stack it had left (a coroutine resumed): the
     /// runs of `Resumed` events.
     pub stack_switches: u64,
@@ -64,6 +88,9 @@ pub struct ThreadTree {
     latest_ts: u64,
     /// Whether the latest event was `Resumed` (the next one continues the same switch).
     resuming: bool,
+    /// Whether a root has been entered since the stream began (until then, an exit
+    /// with nothing open is a stale exit, not an unmatched one).
+    joined: bool,
     counters: ThreadCounters,
 }
 
@@ -78,6 +105,7 @@ impl ThreadTree {
             paused_ticks: 0,
             latest_ts: 0,
             resuming: false,
+            joined: false,
             counters: ThreadCounters::default(),
         }
     }
@@ -104,7 +132,12 @@ impl ThreadTree {
     }
 
     /// Applies a batch of this thread's events, in program order.
-    pub fn push(&mut self, events: &[Event], correction: &Correction) {
+    pub fn push(
+        &mut self,
+        events: &[Event],
+        correction: &Correction,
+        roots: &(impl RootFunctions + ?Sized),
+    ) {
         self.counters.events += events.len() as u64;
         for event in events {
             if event.kind == RESUMED {
@@ -113,7 +146,7 @@ impl ThreadTree {
             }
             self.resuming = false;
             match event.kind {
-                ENTRY => self.enter(event.function, event.value),
+                ENTRY => self.enter(event.function, event.value, roots),
                 EXIT => self.exit(event.function, event.value, false, correction),
                 UNWIND => self.exit(event.function, event.value, true, correction),
                 ADJUST => self.paused_ticks += event.value,
@@ -123,11 +156,16 @@ impl ThreadTree {
     }
 
     #[inline]
-    fn enter(&mut self, function: u32, ts: u64) {
+    fn enter(&mut self, function: u32, ts: u64, roots: &(impl RootFunctions + ?Sized)) {
         self.latest_ts = ts;
-        let parent = self.frames.last().map_or(TOP, |caller| caller.node);
-        let node = self.arena.child(parent, function);
-        self.arena.node_mut(node).calls += 1;
+        let node = match self.frames.last() {
+            Some(caller) if caller.node != DISCARDED => {
+                let node = self.arena.child(caller.node, function);
+                self.arena.node_mut(node).calls += 1;
+                node
+            }
+            _ => self.enter_outside_roots(function, roots),
+        };
         match self.open_per_function.get_mut(function as usize) {
             Some(open) => *open += 1,
             None => self.first_open_of(function),
@@ -139,6 +177,22 @@ impl ThreadTree {
             paused_at_entry: self.paused_ticks,
             descendant_calls: 0,
         });
+    }
+
+    /// An entry with no recorded frame to nest in: a root starts a context at the top;
+    /// anything else was called from frames the tree never saw, and is discarded.
+    #[cold]
+    #[inline(never)]
+    fn enter_outside_roots(&mut self, function: u32, roots: &(impl RootFunctions + ?Sized)) -> u32 {
+        if roots.is_root(function) {
+            self.joined = true;
+            let node = self.arena.child(TOP, function);
+            self.arena.node_mut(node).calls += 1;
+            node
+        } else {
+            self.counters.discarded_calls += 1;
+            DISCARDED
+        }
     }
 
     /// A frame closed earlier by an unwind returned after all: its stack had been left
@@ -173,7 +227,11 @@ impl ThreadTree {
     fn exit_below_top(&mut self, function: u32, ts: u64, unwound: bool, correction: &Correction) {
         let open = self.open_per_function.get(function as usize).copied();
         if open.unwrap_or(0) == 0 {
-            self.counters.unmatched_exits += 1;
+            if self.joined || !self.frames.is_empty() {
+                self.counters.unmatched_exits += 1;
+            } else {
+                self.counters.stale_exits += 1;
+            }
             return;
         }
         while self
@@ -191,13 +249,16 @@ impl ThreadTree {
         let Some(frame) = self.frames.pop() else {
             return;
         };
+        self.open_per_function[frame.function as usize] -= 1;
+        if frame.node == DISCARDED {
+            return;
+        }
         let charged = self.charge_at(&frame, ts, frame.descendant_calls, correction);
         self.arena.node_mut(frame.node).total_ticks += charged;
         if let Some(caller) = self.frames.last_mut() {
             // Every hook below a frame ran inside its time.
             caller.descendant_calls += 1 + frame.descendant_calls;
         }
-        self.open_per_function[frame.function as usize] -= 1;
         self.counters.unwound_exits += u64::from(unwound);
     }
 
@@ -219,6 +280,16 @@ impl ThreadTree {
         }
     }
 
+    /// The recording stopped watching this thread at `at_ts` (a pause, a root change,
+    /// a detach): every open frame ends there, and the stream that follows, if any,
+    /// begins afresh — the exits of those frames will come without their entries, and
+    /// calls made inside them are not nested under them (see the module comment).
+    pub fn stop_watching(&mut self, at_ts: u64, correction: &Correction) {
+        self.finish(at_ts, correction);
+        self.joined = false;
+        self.resuming = false;
+    }
+
     /// Every node's total in ticks as of now: completed invocations, plus the frames
     /// still open counted up to the latest event. Read-only.
     pub fn totals_now(&self, correction: &Correction) -> Vec<f64> {
@@ -226,6 +297,9 @@ impl ThreadTree {
         // The frames open above a frame are calls made inside it too.
         let mut open_above = 0;
         for frame in self.frames.iter().rev() {
+            if frame.node == DISCARDED {
+                continue;
+            }
             let calls = frame.descendant_calls + open_above;
             totals[frame.node as usize] += self.charge_at(frame, self.latest_ts, calls, correction);
             open_above += 1 + frame.descendant_calls;

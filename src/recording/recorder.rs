@@ -10,6 +10,7 @@
 //! the cost correction — happens here, at the controller's pace, so a recording can be
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
+mod snapshot;
 mod tracing;
 
 pub use tracing::TraceStatus;
@@ -83,6 +84,8 @@ pub struct Recorder {
     tsc_hz: u64,
     root_patterns: Vec<String>,
     root_names: Vec<String>,
+    /// The function ids of the instrumented roots (every builder is told them).
+    root_ids: Vec<u32>,
     scheme: Scheme,
     gross_only: bool,
     gross: Option<GrossTimes>,
@@ -149,6 +152,7 @@ impl Recorder {
             tsc_hz,
             root_patterns: options.roots.clone(),
             root_names: Vec::new(),
+            root_ids: Vec::new(),
             scheme: options.scheme,
             gross_only: options.gross_only,
             gross: None,
@@ -172,6 +176,26 @@ impl Recorder {
     /// Starts a recording in the agent and patches the roots (and for Scheme A, their
     /// static call graph).
     fn begin(&mut self) -> Result<(), RecordError> {
+        self.begin_with(&[])
+    }
+
+    /// The functions that ran inside the roots so far (not the roots themselves), to
+    /// patch again at once when recording resumes: Scheme B would otherwise find them
+    /// again one by one, stopping the threads each time while they run.
+    fn functions_seen(&self) -> Vec<u64> {
+        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+            return Vec::new();
+        };
+        builder
+            .functions_seen()
+            .into_iter()
+            .filter(|id| !self.root_ids.contains(id))
+            .filter_map(|id| rings.function_address(id))
+            .collect()
+    }
+
+    /// [`Recorder::begin`], also patching the functions at `known` (addresses).
+    fn begin_with(&mut self, known: &[u64]) -> Result<(), RecordError> {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
         let matched = targets::match_patterns(&self.symbols, &self.root_patterns)?;
@@ -245,6 +269,12 @@ impl Recorder {
                 .filter(|f| !chosen.iter().any(|c| c.function.addr == f.addr))
                 .map(|&f| (f, Hook::Record)),
         );
+        let again: Vec<&Function> = known
+            .iter()
+            .filter_map(|&address| symbols.lookup(address).filter(|f| f.addr == address))
+            .filter(|f| !patched.iter().any(|(p, _)| p.addr == f.addr))
+            .collect();
+        patched.extend(again.into_iter().map(|f| (f, Hook::Record)));
         let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(symbols)
             .into_iter()
             .filter(|(f, _)| !patched.iter().any(|(p, _)| p.addr == f.addr))
@@ -259,6 +289,7 @@ impl Recorder {
             other => return Err(session_error(SessionError::Protocol(format!("{other:?}")))),
         };
         let mut root_names = Vec::new();
+        let mut root_addresses = Vec::new();
         let mut refusals: Vec<(String, &str)> = refused_roots
             .iter()
             .filter_map(|c| Some((module_qualified(&c.function), by_name.reason(&c.function)?)))
@@ -273,7 +304,10 @@ impl Recorder {
             .count() as u64;
         for ((function, hook), outcome) in patched.iter().zip(&outcomes) {
             match (&outcome.refused, hook) {
-                (None, Hook::RecordRoot) => root_names.push(function.name.clone()),
+                (None, Hook::RecordRoot) => {
+                    root_names.push(function.name.clone());
+                    root_addresses.push(function.addr);
+                }
                 (Some(reason), Hook::RecordRoot) => {
                     refusals.push((module_qualified(function), reason.as_str()))
                 }
@@ -301,6 +335,9 @@ impl Recorder {
         self.root_names = root_names;
         self.instrumented_up_front = recorded;
         self.static_indirect_call_sites = closure.indirect_call_sites;
+        self.root_ids = self.ids_of(&root_addresses);
+        let root_ids = self.root_ids.clone();
+        self.builder().set_root_functions(root_ids);
         Ok(())
     }
 
@@ -314,6 +351,7 @@ impl Recorder {
         let stopped = self.session.request(&Request::StopRecording);
         self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
         self.poll();
+        self.stop_watching();
         let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
             Response::RecordingStopped { refused, .. } => refused,
             other => {
@@ -334,6 +372,32 @@ impl Recorder {
         Ok(())
     }
 
+    /// Ends every thread's open frames where the agent stopped: their exits come (if at
+    /// all) while nobody watches, or after the next start, without their entries. What
+    /// the threads record after that starts afresh at a root, never under those frames.
+    fn stop_watching(&mut self) {
+        let at = self.stopped_at.unwrap_or_else(tsc::read);
+        if let Some(builder) = self.builder.as_mut() {
+            builder.stop_watching(at);
+        }
+        if let Some(gross) = self.gross.as_mut() {
+            gross.finish();
+        }
+    }
+
+    /// The ids the agent gave the functions at `addresses` (ids are the agent's, kept
+    /// for the life of the process; its registry maps them back to addresses).
+    fn ids_of(&self, addresses: &[u64]) -> Vec<u32> {
+        let Some(rings) = self.rings.as_ref() else {
+            return Vec::new();
+        };
+        (0..)
+            .map_while(|id| Some((id, rings.function_address(id)?)))
+            .filter(|(_, address)| addresses.contains(address))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
     /// Pauses collection: the code is restored; the data so far stays.
     pub fn pause(&mut self) -> Result<(), RecordError> {
         self.end()
@@ -344,7 +408,12 @@ impl Recorder {
         if self.recording {
             return Ok(());
         }
-        self.begin()
+        let known = if self.gross_only {
+            Vec::new()
+        } else {
+            self.functions_seen()
+        };
+        self.begin_with(&known)
     }
 
     /// Whether the agent has ended this recording's session by itself: another
@@ -364,6 +433,9 @@ impl Recorder {
         if let Some(builder) = &self.builder {
             let calibration = builder.calibration();
             self.builder = CctBuilder::new(calibration).ok();
+            if let Some(builder) = self.builder.as_mut() {
+                builder.set_root_functions(self.root_ids.iter().copied());
+            }
         }
         if let Some(gross) = &mut self.gross {
             *gross = GrossTimes::new(self.tsc_hz, gross.inner_ticks());
@@ -433,6 +505,20 @@ impl Recorder {
         self.started.elapsed()
     }
 
+    /// The number of threads with at least `depth` frames open in the tree now (a
+    /// test's way to act in the middle of calls).
+    pub fn threads_at_depth(&self, depth: usize) -> usize {
+        self.builder
+            .as_ref()
+            .map_or(0, |b| b.threads_at_depth(depth))
+    }
+
+    /// Functions patched up front by this recording (roots, Scheme A's graph, and on
+    /// resume what ran before); the agent counts those Scheme B adds.
+    pub fn instrumented_up_front(&self) -> u64 {
+        self.instrumented_up_front
+    }
+
     /// Events processed so far.
     pub fn events(&self) -> u64 {
         self.events
@@ -499,19 +585,6 @@ impl Recorder {
         drained
     }
 
-    /// The profile as it stands (frames still open count up to their thread's latest
-    /// event).
-    pub fn snapshot(&mut self) -> Profile {
-        self.refresh_names();
-        let counters = self.rings().counters();
-        let info = self.recording_info(&counters);
-        let builder = self.builder.as_ref().expect("a recording has begun");
-        let mut profile = builder.snapshot(&info, &Names(&self.names));
-        self.add_extras(&mut profile, &counters);
-        self.add_trace(&mut profile);
-        profile
-    }
-
     /// Ends the recording: restores the code, reads the last events and returns the
     /// profile. With `agent_gone`, the process has exited or its agent has ended the
     /// session ([`Recorder::agent_gone`]): there is no agent left to ask, and the rings
@@ -535,95 +608,5 @@ impl Recorder {
         let mut profile = self.snapshot();
         tracing::add_addresses(&mut profile, &self.symbols);
         Ok(Finished { profile, refused })
-    }
-
-    fn recording_info(&self, counters: &AgentCounters) -> RecordingInfo {
-        RecordingInfo {
-            pid: self.target.pid as u32,
-            exe: self.target.exe.display().to_string(),
-            roots: self.root_names.clone(),
-            scheme: match self.scheme {
-                Scheme::A => "A".into(),
-                Scheme::B => "B".into(),
-            },
-            instrumented_functions: counters.instrumented + self.instrumented_up_front,
-            invoked_functions: counters.invoked,
-            lost_events: counters.lost_events,
-            indirect_call_sites: counters.indirect_call_sites + self.static_indirect_call_sites,
-        }
-    }
-
-    /// Fields beyond the builder's: pauses, the gross-time distribution, the duration.
-    fn add_extras(&self, profile: &mut Profile, counters: &AgentCounters) {
-        let hz = profile.calibration.tsc_hz.max(1) as f64;
-        profile.stats.pause_ns = (counters.pause_ticks as f64 * 1e9 / hz) as u64;
-        profile.duration_ns =
-            ((tsc::read().saturating_sub(self.started_tsc)) as f64 * 1e9 / hz) as u64;
-        let mean_ns = |ticks: u64, count: u64| {
-            if count == 0 {
-                0
-            } else {
-                (ticks as f64 * 1e9 / hz / count as f64) as u64
-            }
-        };
-        profile.discovery = Some(crate::profile::DiscoveryStats {
-            discoveries: counters.discoveries,
-            mean_pause_ns: mean_ns(counters.discovery_ticks, counters.discoveries),
-            median_pause_ns: {
-                let mut samples = self.rings().discovery_samples();
-                samples.sort_unstable();
-                samples
-                    .get(samples.len() / 2)
-                    .map_or(0, |&ticks| (ticks as f64 * 1e9 / hz) as u64)
-            },
-            refused_callees: counters.refused_callees,
-            waits: counters.discovery_waits,
-            mean_wait_ns: mean_ns(counters.discovery_wait_ticks, counters.discovery_waits),
-        });
-        if let Some(gross) = &self.gross {
-            profile.gross = gross.summaries(&|id| self.name_of(id));
-        }
-    }
-
-    fn name_of(&self, id: u32) -> String {
-        self.names
-            .get(id as usize)
-            .map_or_else(|| format!("function #{id}"), |n| n.name.clone())
-    }
-
-    /// Names every id the registry has an address for, up to the highest id seen.
-    fn refresh_names(&mut self) {
-        let mut id = self.names.len() as u32;
-        let Some(rings) = self.rings.as_ref() else {
-            return;
-        };
-        while let Some(address) = rings.function_address(id) {
-            let (name, module) = match self.symbols.lookup(address) {
-                Some(function) if function.addr == address => {
-                    (function.name.clone(), function.module.clone())
-                }
-                _ => (format!("{address:#x}"), "?".to_string()),
-            };
-            self.names.push(FunctionName { name, module });
-            id += 1;
-        }
-    }
-}
-
-/// Names by id for the snapshot.
-struct Names<'a>(&'a [FunctionName]);
-
-impl FunctionNames for Names<'_> {
-    fn name(&self, id: u32) -> Cow<'_, str> {
-        self.0.get(id as usize).map_or_else(
-            || Cow::Owned(format!("function #{id}")),
-            |n| Cow::Borrowed(n.name.as_str()),
-        )
-    }
-
-    fn module(&self, id: u32) -> Cow<'_, str> {
-        self.0
-            .get(id as usize)
-            .map_or(Cow::Borrowed("?"), |n| Cow::Borrowed(n.module.as_str()))
     }
 }

@@ -28,7 +28,13 @@ pub fn run_symbols_command(
     let symbols = ProcessSymbols::load(pid)?;
     let functions: Vec<&Function> = match pattern {
         None => symbols.functions().iter().collect(),
-        Some(p) => symbols.find(p).map_err(|e| no_match_error(e, pid))?,
+        Some(p) => without_the_agent(&symbols, p, symbols.find(p).map_err(|e| no_match_error(e, pid))?)
+            .ok_or_else(|| {
+                anyhow!(
+                    "no function matches '{p}' in pid {pid} but tendril's own agent's — name                      its module to list them (`{}*:{p}`)",
+                    crate::agent_bundle::AGENT_LIBRARY_PREFIX
+                )
+            })?,
     };
     let mut out = BufWriter::new(out);
     let written = if json {
@@ -41,6 +47,27 @@ pub fn run_symbols_command(
         Err(e) => Err(anyhow!("cannot write the listing: {e}")),
         Ok(()) => Ok(()),
     }
+}
+
+/// `found` without the functions of tendril's own agent (loaded into the process by an
+/// earlier attach), unless `pattern` names its module: a glob lists the program's
+/// functions, not tendril's. `None` if only the agent's matched.
+fn without_the_agent<'a>(
+    symbols: &ProcessSymbols,
+    pattern: &str,
+    mut found: Vec<&'a Function>,
+) -> Option<Vec<&'a Function>> {
+    let is_agent = crate::agent_bundle::is_agent_module;
+    let named = symbols
+        .modules()
+        .iter()
+        .any(|m| is_agent(&m.name) && symbols.pattern_names_module(pattern, m));
+    if named {
+        return Some(found);
+    }
+    let before = found.len();
+    found.retain(|f| !is_agent(&f.module));
+    (!found.is_empty() || before == 0).then_some(found)
 }
 
 /// A 32-bit (or other non-x86-64) program is refused with the message `status` gives,

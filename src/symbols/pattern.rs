@@ -210,8 +210,9 @@ fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
         if !seen.insert(name) {
             continue;
         }
-        let score = strsim::jaro_winkler(&needle, &name.to_lowercase());
-        if score >= MIN_SIMILARITY {
+        let lower = name.to_lowercase();
+        let score = strsim::jaro_winkler(&needle, &lower);
+        if score >= MIN_SIMILARITY && comparable(&needle, &lower) {
             scored.push((score, name));
         }
     }
@@ -221,6 +222,15 @@ fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
         .take(MAX_SUGGESTIONS)
         .map(|(_, name)| name.to_string())
         .collect()
+}
+
+/// Whether `candidate` could be what `needle` was meant to be: of a comparable length
+/// (Jaro-Winkler alone rates `jn` close to `json_dumps`, from two shared letters and
+/// the first one), or containing it, or contained in it.
+fn comparable(needle: &str, candidate: &str) -> bool {
+    let (a, b) = (needle.chars().count(), candidate.chars().count());
+    let (short, long) = (a.min(b), a.max(b));
+    2 * short >= long || candidate.contains(needle) || needle.contains(candidate) && short >= 4
 }
 
 /// Up to five module names close to `module` (Jaro-Winkler, case-insensitive, glob
@@ -324,6 +334,21 @@ mod tests {
         assert!(q.module.is_none());
         let q = Query::parse("app:", &modules);
         assert_eq!(q.name.text, "*");
+    }
+
+    #[test]
+    fn suggestions_are_names_of_a_comparable_length() {
+        let functions: Vec<Function> = ["jn", "json_dump", "dumps", "j0"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| function("libpython3.so", name, 0x1000 * (i as u64 + 1)))
+            .collect();
+        match find(&functions, &[module("libpython3.so")], "json_dumps") {
+            Err(SymbolError::NoMatch { suggestions, .. }) => {
+                assert_eq!(suggestions, ["json_dump"]);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::running::RunningTendril;
 use super::tendril;
 
 /// How long tendril may take to attach and patch.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+const START_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A `tendril count` in progress.
 pub struct Counting {

@@ -14,7 +14,7 @@ use super::running::RunningTendril;
 use super::tendril;
 
 /// How long tendril may take to attach, calibrate and patch.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+const START_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A `tendril record` in progress.
 pub struct Recording {

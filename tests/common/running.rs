@@ -7,8 +7,8 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::time::Duration;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 /// A tendril process started by a test.
 pub struct RunningTendril {
@@ -18,8 +18,9 @@ pub struct RunningTendril {
 }
 
 impl RunningTendril {
-    /// Runs `command` (its stderr piped here) and waits up to `timeout` for a stderr
-    /// line starting with `started`; panics with what it printed if none comes.
+    /// Runs `command` (its stderr piped here) and waits for a stderr line starting with
+    /// `started`; panics with what it printed if tendril exits first, or is still
+    /// silent after `timeout`.
     pub fn start(mut command: Command, started: &str, timeout: Duration) -> RunningTendril {
         let mut child = command
             .stderr(Stdio::piped())
@@ -39,8 +40,15 @@ impl RunningTendril {
             stderr_lines,
             stderr_seen: Vec::new(),
         };
+        // Waits for the line while tendril runs: attaching and patching thousands of
+        // functions takes what it takes on a busy machine. `timeout` only bounds a
+        // tendril that hangs.
+        let deadline = Instant::now() + timeout;
         loop {
-            match running.stderr_lines.recv_timeout(timeout) {
+            match running
+                .stderr_lines
+                .recv_timeout(Duration::from_millis(500))
+            {
                 Ok(line) => {
                     let is_start = line.starts_with(started);
                     running.stderr_seen.push(line);
@@ -48,6 +56,7 @@ impl RunningTendril {
                         return running;
                     }
                 }
+                Err(RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
                 Err(_) => {
                     let _ = running.child.kill();
                     let (_, stdout, stderr) = running.wait();
@@ -80,9 +89,9 @@ impl RunningTendril {
             let _ = out.read_to_string(&mut stdout);
         }
         let status = self.child.wait().expect("cannot wait for tendril");
-        // The reader thread may still be passing on the last lines.
-        std::thread::sleep(Duration::from_millis(50));
-        self.stderr_seen.extend(self.stderr_lines.try_iter());
+        // The reader thread passes on the last lines until it reads the end of stderr
+        // (tendril has exited, so it comes).
+        self.stderr_seen.extend(self.stderr_lines.iter());
         (status, stdout, self.stderr_seen.join("\n"))
     }
 }

@@ -85,11 +85,42 @@ impl Target {
         Target::start(name, args, Some((uid, gid)), true)
     }
 
+    /// Like `spawn`, but the fixture runs with a real-time priority (`SCHED_FIFO` 1),
+    /// so other work on a busy machine cannot take the CPU from it while it runs: its
+    /// timings are its own. Falls back to a normal priority (saying so) where real-time
+    /// priorities are not allowed.
+    pub fn spawn_realtime(name: &str, args: &[&str]) -> Target {
+        let mut command = Command::new(fixture(name));
+        command.args(args);
+        let parameters = libc::sched_param { sched_priority: 1 };
+        // SAFETY: sched_setscheduler is a plain system call on this (child) process,
+        // reading a valid sched_param; async-signal-safe, allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::sched_setscheduler(0, libc::SCHED_FIFO, &parameters) != 0 {
+                    let note = b"fixture: no real-time priority; timings may be disturbed\n";
+                    libc::write(2, note.as_ptr().cast(), note.len());
+                }
+                Ok(())
+            });
+        }
+        Target::start_command(name, command, None, true)
+    }
+
     fn start(name: &str, args: &[&str], user: Option<(u32, u32)>, wait_ready: bool) -> Target {
-        let program = fixture(name);
-        let mut command = Command::new(&program);
+        let mut command = Command::new(fixture(name));
+        command.args(args);
+        Target::start_command(name, command, user, wait_ready)
+    }
+
+    fn start_command(
+        name: &str,
+        mut command: Command,
+        user: Option<(u32, u32)>,
+        wait_ready: bool,
+    ) -> Target {
+        let program = std::path::PathBuf::from(command.get_program());
         command
-            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -182,9 +182,16 @@ impl App {
             return Some(Action::Quit);
         }
         if self.help_visible {
-            // Any key closes the help; it does nothing else.
+            // Any key closes the help; a view key (1 2 3, Tab) also switches the view,
+            // so one press does what the user wanted; any other key does nothing else.
             self.help_visible = false;
-            return None;
+            let view_key = matches!(
+                key.code,
+                KeyCode::Char('1' | '2' | '3') | KeyCode::Tab | KeyCode::BackTab
+            );
+            if !(view_key && self.screen == ScreenKind::Live) {
+                return None;
+            }
         }
         if key.code == KeyCode::F(1) {
             self.help_visible = true;
@@ -315,16 +322,23 @@ impl App {
             frame.render_widget(Paragraph::new(shown).style(theme::status_bar()), status);
         }
         if footer_height > 0 {
-            let hints = help::hints(self.keys(), self.read_only, self.detached());
+            let width = footer.width as usize;
             let line = match &self.message {
-                // The message first; the hints follow as far as the width allows.
+                // The message first; the most important hints that fit follow it.
                 Some(message) => {
+                    let used = message.chars().count() + 3;
+                    let hints = help::hints(
+                        self.keys(),
+                        self.read_only,
+                        self.detached(),
+                        width.saturating_sub(used),
+                    );
                     let mut spans = vec![Span::styled(format!(" {message} "), theme::strong())];
                     spans.push(theme::dim("│"));
                     spans.extend(hints.spans);
                     Line::from(spans)
                 }
-                None => hints,
+                None => help::hints(self.keys(), self.read_only, self.detached(), width),
             };
             frame.render_widget(Paragraph::new(line), footer);
         }

@@ -9,13 +9,21 @@ use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 const ELLIPSIS: char = '…';
 
-/// `text` cut to at most `width` columns, ending in `…` when something was cut.
+/// `text` cut to at most `width` columns, ending in `…` when something was cut — or,
+/// for a stripped function's name (`module+0xOFFSET`), cut in the middle so that the
+/// offset, the only part that tells such functions apart, stays visible.
 pub fn truncate(text: &str, width: usize) -> String {
     if text.width() <= width {
         return text.to_string();
     }
     if width == 0 {
         return String::new();
+    }
+    if let Some(offset) = offset_suffix(text)
+        && offset.width() + 2 <= width
+    {
+        let head = truncate(&text[..text.len() - offset.len()], width - offset.width());
+        return format!("{head}{offset}");
     }
     let mut out = String::new();
     let mut used = 0;
@@ -29,6 +37,13 @@ pub fn truncate(text: &str, width: usize) -> String {
     }
     out.push(ELLIPSIS);
     out
+}
+
+/// The `+0xOFFSET` that ends a stripped function's name, if `text` ends with one.
+fn offset_suffix(text: &str) -> Option<&str> {
+    let at = text.rfind("+0x")?;
+    let digits = &text[at + 3..];
+    (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_hexdigit())).then(|| &text[at..])
 }
 
 /// `text` truncated to `width` and padded on the right to exactly `width` columns.
@@ -148,6 +163,16 @@ mod tests {
     fn truncation_keeps_width_and_marks_the_cut() {
         assert_eq!(truncate("compute_block", 20), "compute_block");
         assert_eq!(truncate("compute_block", 8), "compute…");
+        // Stripped names keep their offsets: three of them never look the same.
+        let names = [
+            "libpython3.12.so.1.0+0x1a2b30",
+            "libpython3.12.so.1.0+0x1a2b90",
+            "libpython3.12.so.1.0+0x1a2c10",
+        ];
+        let cut: Vec<String> = names.iter().map(|n| truncate(n, 16)).collect();
+        assert_eq!(cut[0], "libpyt…+0x1a2b30");
+        assert!(cut.iter().all(|c| c.width() == 16), "{cut:?}");
+        assert!(cut[0] != cut[1] && cut[1] != cut[2], "{cut:?}");
         assert_eq!(truncate("compute_block", 1), "…");
         assert_eq!(truncate("compute_block", 0), "");
         assert_eq!(pad_left_aligned("ab", 4), "ab  ");

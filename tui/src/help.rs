@@ -116,7 +116,7 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
         "1 2 3 Tab Shift-Tab",
         "call tree, hot spots, threads",
         Needs::Nothing,
-        None,
+        Some("1-3 views"),
     ),
     key("↑↓ jk PgUp PgDn Home End", "move", Needs::Nothing, None),
     key(
@@ -161,7 +161,7 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
         "X",
         "reset: discard the collected data",
         Needs::Target,
-        None,
+        Some("X reset"),
     ),
     key(
         "r",
@@ -205,17 +205,46 @@ pub fn available(needs: Needs, read_only: bool, detached: bool) -> bool {
     }
 }
 
-/// The footer's key hints for `keys`.
-pub fn hints(keys: &[KeyHelp], read_only: bool, detached: bool) -> Line<'static> {
-    let mut spans = Vec::new();
-    for help in keys
+/// The footer's hints, most important first: by the key each starts with. A narrow
+/// footer drops the least important ones; the rest keep the table's order.
+const HINT_IMPORTANCE: &[&str] = &[
+    "?", "F1", "q", "Ctrl-C", "Enter", "type", "p", "r", "w", "d", "1-3", "Tab", "Esc", "s", "h",
+    "Ctrl-R", "X",
+];
+
+/// The footer's key hints for `keys` that fit in `width` columns (the most important
+/// ones, see [`HINT_IMPORTANCE`]).
+pub fn hints(keys: &[KeyHelp], read_only: bool, detached: bool, width: usize) -> Line<'static> {
+    let shown: Vec<&str> = keys
         .iter()
         .filter(|help| available(help.needs, read_only, detached))
-    {
-        if let Some(hint) = help.hint {
-            spans.push(theme::dim(format!(" {hint} ")));
+        .filter_map(|help| help.hint)
+        .collect();
+    let importance = |hint: &str| {
+        let first = hint.split(' ').next().unwrap_or("");
+        HINT_IMPORTANCE
+            .iter()
+            .position(|key| *key == first)
+            .unwrap_or(HINT_IMPORTANCE.len())
+    };
+    let cells = |hint: &str| hint.chars().count() + 2;
+    let mut kept: Vec<bool> = vec![true; shown.len()];
+    let mut used: usize = shown.iter().map(|hint| cells(hint)).sum();
+    let mut by_importance: Vec<usize> = (0..shown.len()).collect();
+    by_importance.sort_by_key(|&i| std::cmp::Reverse(importance(shown[i])));
+    for i in by_importance {
+        if used <= width {
+            break;
         }
+        kept[i] = false;
+        used -= cells(shown[i]);
     }
+    let spans = shown
+        .iter()
+        .zip(kept)
+        .filter(|(_, kept)| *kept)
+        .map(|(hint, _)| theme::dim(format!(" {hint} ")))
+        .collect::<Vec<_>>();
     Line::from(spans)
 }
 

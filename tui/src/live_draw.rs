@@ -220,7 +220,8 @@ fn thread_lines(live: &mut LiveView, snapshot: &ProfileSnapshot, area: Rect) -> 
         return Vec::new();
     };
     const COLUMNS: [ColumnSpec; 6] = [
-        ColumnSpec::new("TID", 8, Align::Right, 0),
+        // Threads come in thread-id order (`ProfileSnapshot::threads`): say so.
+        ColumnSpec::new("TID▴", 8, Align::Right, 0),
         ColumnSpec::flexible("THREAD"),
         ColumnSpec::new("CALLS", 9, Align::Right, 10),
         ColumnSpec::new("TOTAL ms", 10, Align::Right, 8),

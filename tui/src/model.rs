@@ -213,6 +213,7 @@ pub struct Status {
 pub struct ProfileSnapshot {
     /// The calling context tree merged over all threads.
     pub merged: Vec<TreeNode>,
+    /// One summary per thread, in thread-id order (the threads tab shows them so).
     pub threads: Vec<ThreadSummary>,
     pub status: Status,
 }

@@ -243,6 +243,65 @@ fn question_mark_toggles_a_help_overlay_listing_every_key() {
 }
 
 #[test]
+fn a_view_key_closes_the_help_and_switches_the_view_in_one_press() {
+    let mut app = live_app();
+    press_char(&mut app, '?');
+    assert!(app.is_help_visible());
+    assert_eq!(press_char(&mut app, '2'), None);
+    assert!(!app.is_help_visible());
+    let rows = screen(&mut app, 120, 30);
+    assert!(rows[1].contains("SELF ms▾"), "the hot spots: {rows:#?}");
+}
+
+#[test]
+fn the_threads_tab_shows_its_sort_marker() {
+    let mut app = live_app();
+    press_char(&mut app, '3');
+    let rows = screen(&mut app, 120, 30);
+    assert!(rows[1].contains("TID▴"), "{rows:#?}");
+}
+
+#[test]
+fn the_key_hints_fit_at_120_columns_and_keep_the_important_ones_at_80() {
+    let mut app = live_app();
+    let all = [
+        "1-3 views",
+        "s sort",
+        "h hottest",
+        "p pause",
+        "X reset",
+        "r roots",
+        "w save",
+        "d detach",
+        "q quit",
+        "? help",
+    ];
+    let footer = screen(&mut app, 120, 30).last().cloned().unwrap();
+    for hint in all {
+        assert!(
+            footer.contains(hint),
+            "{hint:?} missing at 120 columns: {footer:?}"
+        );
+    }
+    let footer = screen(&mut app, 80, 24).last().cloned().unwrap();
+    for hint in [
+        "? help", "q quit", "p pause", "r roots", "w save", "d detach",
+    ] {
+        assert!(
+            footer.contains(hint),
+            "{hint:?} missing at 80 columns: {footer:?}"
+        );
+    }
+    // With a message, the hints that still fit are whole ones.
+    app.set_message("saved profile to /tmp/tendril-4242-20261123-224500.json");
+    let footer = screen(&mut app, 80, 24).last().cloned().unwrap();
+    assert!(
+        footer.contains("? help") && footer.trim_end().ends_with("help"),
+        "{footer:?}"
+    );
+}
+
+#[test]
 fn live_keys_return_actions() {
     let mut app = live_app();
     assert_eq!(press_char(&mut app, 'p'), Some(Action::Pause));

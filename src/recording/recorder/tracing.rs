@@ -5,7 +5,8 @@
 //! the raw events of its window as they are drained into the trees, and is corrected
 //! and named only when a profile is made. The agent does nothing different.
 
-use super::{Names, Recorder};
+use super::Recorder;
+use super::snapshot::Names;
 use crate::profile::trace::{MAX_TRACE_EVENTS, TraceCapture};
 use crate::profile::{Correction, ModuleMapping, Node, Profile};
 use crate::recording::tsc;

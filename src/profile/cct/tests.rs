@@ -1,0 +1,352 @@
+//! The CCT builder's tests: event streams in, trees and counters out.
+
+use super::*;
+use crate::profile::model::Node;
+use crate::profile::tests_support::{entry, exit, info, names, pause, resumed, unwind};
+use tendril_wire::events::EventKind;
+
+/// 1 tick = 1 ns and no overhead to remove, so times are the raw tick differences.
+fn exact_builder() -> CctBuilder {
+    CctBuilder::new(Calibration {
+        tsc_hz: 1_000_000_000,
+        inner_ns: 0.0,
+        outer_ns: 0.0,
+    })
+    .unwrap()
+}
+
+const NAMES: [&str; 4] = ["main", "fib", "work", "other"];
+
+fn snapshot(builder: &CctBuilder) -> Profile {
+    builder.snapshot(&info(), &names(&NAMES))
+}
+
+fn n(name: &str, calls: u64, total: u64, self_ns: u64, children: Vec<Node>) -> Node {
+    let mut node = Node::leaf(name, "app", calls, total, self_ns);
+    node.children = children;
+    node
+}
+
+#[test]
+fn recursion_stays_nested() {
+    let mut builder = exact_builder();
+    builder.push_events(
+        1,
+        &[
+            entry(1, 0),
+            entry(1, 10),
+            entry(1, 20),
+            exit(1, 25),
+            exit(1, 40),
+            exit(1, 100),
+        ],
+    );
+    let profile = snapshot(&builder);
+    let expected = n(
+        "fib",
+        1,
+        100,
+        70,
+        vec![n("fib", 1, 30, 25, vec![n("fib", 1, 5, 5, vec![])])],
+    );
+    assert_eq!(profile.threads[0].roots, vec![expected.clone()]);
+    assert_eq!(profile.merged.roots, vec![expected]);
+}
+
+#[test]
+fn an_exit_below_the_top_closes_the_frames_above_it_as_unwound() {
+    let mut builder = exact_builder();
+    // work → fib → fib; then work exits directly (longjmp past both fibs).
+    builder.push_events(1, &[entry(2, 0), entry(1, 10), entry(1, 20), exit(2, 50)]);
+    let profile = snapshot(&builder);
+    let expected = n(
+        "work",
+        1,
+        50,
+        10,
+        vec![n("fib", 1, 40, 10, vec![n("fib", 1, 30, 30, vec![])])],
+    );
+    assert_eq!(profile.merged.roots, vec![expected]);
+    assert_eq!(profile.stats.unwound_exits, 2);
+    assert_eq!(profile.stats.unmatched_exits, 0);
+    assert_eq!(builder.open_frames(1), 0);
+}
+
+#[test]
+fn after_a_stop_nothing_nests_under_the_frames_open_then_and_only_roots_start_a_tree() {
+    let mut builder = exact_builder();
+    builder.set_root_functions([0]);
+    // main → fib, then the recording stops watching at 20 (a pause).
+    builder.push_events(1, &[entry(0, 0), entry(1, 10)]);
+    builder.stop_watching(20);
+    builder.push_events(
+        1,
+        &[
+            // After the resume: the old frames' exits, without their entries…
+            exit(1, 30),
+            // …a call made inside them (not a root: left out)…
+            entry(1, 35),
+            entry(1, 36),
+            exit(1, 37),
+            exit(1, 38),
+            exit(0, 40),
+            // …and the next call of the root, at the top.
+            entry(0, 70),
+            entry(1, 80),
+            exit(1, 90),
+            exit(0, 100),
+        ],
+    );
+    let profile = snapshot(&builder);
+    let expected = n("main", 2, 50, 30, vec![n("fib", 2, 20, 20, vec![])]);
+    assert_eq!(profile.merged.roots, vec![expected]);
+    assert_eq!(profile.stats.unmatched_exits, 0);
+    assert_eq!(builder.counters().stale_exits, 2);
+    assert_eq!(builder.counters().discarded_calls, 2);
+    assert_eq!(builder.open_frames(1), 0);
+}
+
+#[test]
+fn an_exit_of_a_function_not_open_is_ignored_and_counted() {
+    let mut builder = exact_builder();
+    builder.push_events(
+        1,
+        &[
+            entry(2, 0),
+            exit(3, 5),
+            entry(1, 10),
+            exit(1, 20),
+            exit(2, 30),
+            exit(2, 31),
+        ],
+    );
+    let profile = snapshot(&builder);
+    let expected = n("work", 1, 30, 20, vec![n("fib", 1, 10, 10, vec![])]);
+    assert_eq!(profile.merged.roots, vec![expected]);
+    assert_eq!(profile.stats.unmatched_exits, 2);
+    assert_eq!(profile.stats.unwound_exits, 0);
+    assert_eq!(profile.stats.events, 6);
+}
+
+#[test]
+fn open_frames_count_up_to_the_latest_event_and_snapshots_change_nothing() {
+    let mut builder = exact_builder();
+    builder.push_events(1, &[entry(0, 100), entry(2, 110), exit(2, 130)]);
+    let first = snapshot(&builder);
+    assert_eq!(
+        first.merged.roots,
+        vec![n("main", 1, 30, 10, vec![n("work", 1, 20, 20, vec![])])]
+    );
+    assert_eq!(
+        snapshot(&builder),
+        first,
+        "a snapshot does not change the builder"
+    );
+
+    builder.push_events(1, &[entry(2, 200), pause(15)]);
+    // main: 200 − 100 − 15 = 85. The open work entered at 200, the latest event is
+    // at 200 and the pause fell inside it: 0 − 15, clamped at 0.
+    let second = snapshot(&builder);
+    assert_eq!(
+        second.merged.roots,
+        vec![n("main", 1, 85, 65, vec![n("work", 2, 20, 20, vec![])])]
+    );
+
+    builder.push_events(1, &[exit(2, 260), exit(0, 300)]);
+    // work: 20 + (60 − 15) = 65; main: 200 − 15 = 185.
+    let last = snapshot(&builder);
+    assert_eq!(
+        last.merged.roots,
+        vec![n("main", 1, 185, 120, vec![n("work", 2, 65, 65, vec![])])]
+    );
+    assert_eq!(last.stats.pause_ns, 15);
+    assert_eq!(builder.open_frames(1), 0);
+}
+
+#[test]
+fn finishing_closes_open_frames_as_unwound() {
+    let mut builder = exact_builder();
+    builder.push_events(1, &[entry(0, 0), entry(2, 10)]);
+    builder.push_events(2, &[entry(0, 5)]);
+    builder.finish_thread(1, 50);
+    assert_eq!((builder.open_frames(1), builder.open_frames(2)), (0, 1));
+    builder.finish_all(105);
+    assert_eq!(builder.open_frames(2), 0);
+    let profile = snapshot(&builder);
+    assert_eq!(
+        profile.threads[0].roots,
+        vec![n("main", 1, 50, 10, vec![n("work", 1, 40, 40, vec![])])]
+    );
+    assert_eq!(
+        profile.threads[1].roots,
+        vec![n("main", 1, 100, 100, vec![])]
+    );
+    assert_eq!(profile.stats.unwound_exits, 3);
+    // A later finish has nothing left to close.
+    builder.finish_all(1_000);
+    assert_eq!(snapshot(&builder), profile);
+}
+
+#[test]
+fn threads_merge_by_call_path() {
+    let mut builder = exact_builder();
+    builder.set_thread_name(20, "worker-b");
+    builder.push_events(10, &[entry(0, 0), entry(2, 10), exit(2, 30), exit(0, 40)]);
+    builder.push_events(
+        20,
+        &[
+            entry(0, 0),
+            entry(3, 1),
+            exit(3, 2),
+            entry(2, 5),
+            exit(2, 11),
+            exit(0, 100),
+        ],
+    );
+    builder.push_events(30, &[entry(2, 0), exit(2, 7)]);
+    builder.set_thread_name(10, "worker-a");
+    let profile = snapshot(&builder);
+    let tids: Vec<(u32, &str)> = profile
+        .threads
+        .iter()
+        .map(|t| (t.tid, t.name.as_str()))
+        .collect();
+    assert_eq!(tids, [(20, "worker-b"), (10, "worker-a"), (30, "")]);
+    assert_eq!(
+        profile.merged.roots,
+        vec![
+            n(
+                "main",
+                2,
+                140,
+                113,
+                vec![n("other", 1, 1, 1, vec![]), n("work", 2, 26, 26, vec![])]
+            ),
+            n("work", 1, 7, 7, vec![]),
+        ]
+    );
+}
+
+#[test]
+fn unwind_events_and_unknown_kinds_are_counted() {
+    let mut builder = exact_builder();
+    let bogus = Event {
+        value: 1,
+        function: 0,
+        kind: 99,
+    };
+    builder.push_events(
+        1,
+        &[entry(0, 0), entry(2, 1), unwind(2, 4), bogus, exit(0, 9)],
+    );
+    let counters = builder.counters();
+    assert_eq!(counters.events, 5);
+    assert_eq!(counters.unwound_exits, 1);
+    assert_eq!(counters.malformed_events, 1);
+    assert_eq!(
+        snapshot(&builder).merged.roots,
+        vec![n("main", 1, 9, 6, vec![n("work", 1, 3, 3, vec![])])]
+    );
+}
+
+#[test]
+fn unknown_function_ids_get_placeholder_names() {
+    let mut builder = exact_builder();
+    builder.push_events(1, &[entry(40, 0), exit(40, 3)]);
+    let profile = snapshot(&builder);
+    assert_eq!(profile.merged.roots[0].name, "function #40");
+    assert_eq!(profile.merged.roots[0].module, "?");
+}
+
+#[test]
+fn a_wide_fan_out_keeps_every_callee_apart() {
+    let mut builder = exact_builder();
+    let mut events = vec![entry(0, 0)];
+    let mut ts = 0;
+    for round in 0..3 {
+        for callee in 100..140 {
+            events.push(entry(callee, ts));
+            ts += u64::from(callee - 99) + round;
+            events.push(exit(callee, ts));
+        }
+    }
+    events.push(exit(0, ts));
+    builder.push_events(1, &events);
+    let profile = snapshot(&builder);
+    let root = &profile.merged.roots[0];
+    assert_eq!(root.children.len(), 40);
+    for (index, child) in root.children.iter().enumerate() {
+        assert_eq!(child.name, format!("function #{}", 100 + index));
+        assert_eq!(child.calls, 3);
+        assert_eq!(child.total_ns, 3 * (index as u64 + 1) + 3);
+    }
+    assert_eq!(root.self_ns, 0);
+}
+
+#[test]
+fn a_100_000_deep_recursion_builds_and_snapshots() {
+    let depth = 100_000u64;
+    let mut events: Vec<Event> = (0..depth).map(|i| entry(1, i)).collect();
+    let mut builder = exact_builder();
+    builder.push_events(1, &events);
+    let live = snapshot(&builder);
+    let mut deepest = &live.merged.roots[0];
+    let mut levels = 1;
+    while let Some(child) = deepest.children.first() {
+        deepest = child;
+        levels += 1;
+    }
+    assert_eq!(levels, depth);
+    assert_eq!(live.merged.roots[0].total_ns, depth - 1);
+
+    events = (0..depth).map(|i| exit(1, depth + i)).collect();
+    builder.push_events(1, &events);
+    let done = snapshot(&builder);
+    assert_eq!(done.merged.roots[0].total_ns, 2 * depth - 1);
+    assert_eq!(done.merged.roots[0].self_ns, 2);
+    assert_eq!(builder.counters().events, 2 * depth);
+    assert_eq!(
+        Event::new(EventKind::Exit, 1, 5),
+        exit(1, 5),
+        "the helpers make real events"
+    );
+}
+
+#[test]
+fn frames_resumed_after_a_stack_switch_are_counted_never_matched() {
+    let mut builder = exact_builder();
+    // main -> work, which yields: its frame and fib's are dropped (unwound) when
+    // main's frame returns on the other stack; later both come back (one switch),
+    // then work is entered again from main.
+    builder.push_events(
+        1,
+        &[
+            entry(0, 0),
+            entry(2, 10),
+            entry(1, 20),
+            unwind(1, 30),
+            unwind(2, 30),
+            resumed(1, 40),
+            resumed(2, 45),
+            entry(2, 50),
+            exit(2, 60),
+            resumed(1, 70),
+            exit(0, 100),
+        ],
+    );
+    let profile = snapshot(&builder);
+    assert_eq!(profile.stats.stack_switches, 2);
+    assert_eq!(profile.stats.dropped_frames, 3);
+    assert_eq!(profile.stats.unmatched_exits, 0);
+    assert_eq!(profile.threads[0].stack_switches, 2);
+    assert_eq!(profile.threads[0].dropped_frames, 3);
+    let main = &profile.merged.roots[0];
+    assert_eq!(
+        (main.name.as_str(), main.calls, main.total_ns),
+        ("main", 1, 100)
+    );
+    assert_eq!(main.children[0].calls, 2);
+    let warning = crate::profile::stack_switch_warning(&profile).unwrap();
+    assert!(warning.contains("2 times"), "{warning}");
+    assert!(warning.contains("3 frames"), "{warning}");
+}

@@ -1,0 +1,112 @@
+//! The profile of a recording as it stands: the builder's trees named with the agent's
+//! function registry, and the statistics the agent keeps in the rings' header.
+//!
+//! The one idea: a snapshot changes nothing (only the names learnt so far are kept), so
+//! the live view may take one several times a second.
+
+use super::*;
+
+impl Recorder {
+    /// The profile as it stands (frames still open count up to their thread's latest
+    /// event).
+    pub fn snapshot(&mut self) -> Profile {
+        self.refresh_names();
+        let counters = self.rings().counters();
+        let info = self.recording_info(&counters);
+        let builder = self.builder.as_ref().expect("a recording has begun");
+        let mut profile = builder.snapshot(&info, &Names(&self.names));
+        self.add_extras(&mut profile, &counters);
+        self.add_trace(&mut profile);
+        profile
+    }
+
+    fn recording_info(&self, counters: &AgentCounters) -> RecordingInfo {
+        RecordingInfo {
+            pid: self.target.pid as u32,
+            exe: self.target.exe.display().to_string(),
+            roots: self.root_names.clone(),
+            scheme: match self.scheme {
+                Scheme::A => "A".into(),
+                Scheme::B => "B".into(),
+            },
+            instrumented_functions: counters.instrumented + self.instrumented_up_front,
+            invoked_functions: counters.invoked,
+            lost_events: counters.lost_events,
+            indirect_call_sites: counters.indirect_call_sites + self.static_indirect_call_sites,
+        }
+    }
+
+    /// Fields beyond the builder's: pauses, the gross-time distribution, the duration.
+    fn add_extras(&self, profile: &mut Profile, counters: &AgentCounters) {
+        let hz = profile.calibration.tsc_hz.max(1) as f64;
+        profile.stats.pause_ns = (counters.pause_ticks as f64 * 1e9 / hz) as u64;
+        profile.duration_ns =
+            ((tsc::read().saturating_sub(self.started_tsc)) as f64 * 1e9 / hz) as u64;
+        let mean_ns = |ticks: u64, count: u64| {
+            if count == 0 {
+                0
+            } else {
+                (ticks as f64 * 1e9 / hz / count as f64) as u64
+            }
+        };
+        profile.discovery = Some(crate::profile::DiscoveryStats {
+            discoveries: counters.discoveries,
+            mean_pause_ns: mean_ns(counters.discovery_ticks, counters.discoveries),
+            median_pause_ns: {
+                let mut samples = self.rings().discovery_samples();
+                samples.sort_unstable();
+                samples
+                    .get(samples.len() / 2)
+                    .map_or(0, |&ticks| (ticks as f64 * 1e9 / hz) as u64)
+            },
+            refused_callees: counters.refused_callees,
+            waits: counters.discovery_waits,
+            mean_wait_ns: mean_ns(counters.discovery_wait_ticks, counters.discovery_waits),
+        });
+        if let Some(gross) = &self.gross {
+            profile.gross = gross.summaries(&|id| self.name_of(id));
+        }
+    }
+
+    fn name_of(&self, id: u32) -> String {
+        self.names
+            .get(id as usize)
+            .map_or_else(|| format!("function #{id}"), |n| n.name.clone())
+    }
+
+    /// Names every id the registry has an address for, up to the highest id seen.
+    fn refresh_names(&mut self) {
+        let mut id = self.names.len() as u32;
+        let Some(rings) = self.rings.as_ref() else {
+            return;
+        };
+        while let Some(address) = rings.function_address(id) {
+            let (name, module) = match self.symbols.lookup(address) {
+                Some(function) if function.addr == address => {
+                    (function.name.clone(), function.module.clone())
+                }
+                _ => (format!("{address:#x}"), "?".to_string()),
+            };
+            self.names.push(FunctionName { name, module });
+            id += 1;
+        }
+    }
+}
+
+/// Names by id for the snapshot.
+pub(super) struct Names<'a>(pub(super) &'a [FunctionName]);
+
+impl FunctionNames for Names<'_> {
+    fn name(&self, id: u32) -> Cow<'_, str> {
+        self.0.get(id as usize).map_or_else(
+            || Cow::Owned(format!("function #{id}")),
+            |n| Cow::Borrowed(n.name.as_str()),
+        )
+    }
+
+    fn module(&self, id: u32) -> Cow<'_, str> {
+        self.0
+            .get(id as usize)
+            .map_or(Cow::Borrowed("?"), |n| Cow::Borrowed(n.module.as_str()))
+    }
+}

@@ -1,0 +1,54 @@
+//! The repository stands alone: every file the README and the design document point to
+//! is in it, and nothing points outside it (a clone has no `../`).
+
+use std::path::Path;
+
+/// The targets of the Markdown links `[text](target)` in `text` that are not URLs.
+fn local_links(text: &str) -> Vec<String> {
+    text.split("](")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')').map(|(target, _)| target))
+        .map(|target| target.split('#').next().unwrap_or("").to_string())
+        .filter(|target| !target.is_empty() && !target.contains("://"))
+        .collect()
+}
+
+#[test]
+fn the_readme_and_the_design_point_only_inside_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for document in ["README.md", "docs/DESIGN.md"] {
+        let path = root.join(document);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{document} is missing from the repository: {e}"));
+        assert!(
+            !text.contains("../"),
+            "{document} points outside the repository (`../`)"
+        );
+        let base = path.parent().unwrap();
+        for link in local_links(&text) {
+            assert!(
+                base.join(&link).exists(),
+                "{document} links to {link}, which is not in the repository"
+            );
+        }
+    }
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        local_links(&readme).iter().any(|l| l == "docs/DESIGN.md"),
+        "the README links to the design document"
+    );
+}
+
+#[test]
+fn the_help_says_that_plain_tendril_opens_the_process_picker() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tendril"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success());
+    assert!(
+        help.contains("Plain `tendril`, without a command, opens the terminal UI's process picker"),
+        "{help}"
+    );
+}
