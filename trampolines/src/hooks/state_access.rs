@@ -11,7 +11,7 @@
 //! a stronger order is asked for only where another thread must see an order.
 
 use crate::hooks::thread_layout::{
-    CALLS_OFFSET, ENTRY_SIZE, GRAVEYARD_ENTRIES, MAX_FUNCTION_IDS, MAX_NESTED_UNWINDERS,
+    self, CALLS_OFFSET, ENTRY_SIZE, GRAVEYARD_ENTRIES, MAX_FUNCTION_IDS, MAX_NESTED_UNWINDERS,
     RETURNS_OFFSET, SHADOW_ENTRIES, SHADOW_OFFSET, ShadowEntry, ThreadState,
 };
 use std::ptr::NonNull;
@@ -221,6 +221,13 @@ impl StatePtr {
     ) -> impl DoubleEndedIterator<Item = EntryPtr> + ExactSizeIterator {
         (0..self.shadow_len(order)).map(move |index| self.shadow_at(index))
     }
+}
+
+/// The calling thread's state, if it has one (registered, or the agent's shared state).
+pub fn current_state() -> Option<StatePtr> {
+    // SAFETY: the slot only ever holds null or a region's base (`set_current_slot`'s
+    // callers pass mapped regions, which are never unmapped).
+    unsafe { StatePtr::from_raw(thread_layout::current()) }
 }
 
 /// One shadow entry (of the stack or the graveyard), by pointer. `retire` marks an

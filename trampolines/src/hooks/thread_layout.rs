@@ -10,8 +10,6 @@
 //! the `#[repr(C)]` layout at compile time. The runtime (`runtime::thread_state`) maps,
 //! registers and reads the regions; this module only says where things are.
 
-pub use crate::hooks::state_access::{EntryPtr, StatePtr};
-
 /// Function ids the counter tables have room for (ids are never reused).
 pub const MAX_FUNCTION_IDS: usize = 1 << 18;
 /// Entries of a shadow stack; deeper recursion runs without return hooks.
@@ -205,13 +203,6 @@ pub(crate) fn set_current_slot(state: *mut ThreadState) {
             options(nostack, preserves_flags)
         );
     }
-}
-
-/// The calling thread's state, if it has one (registered, or the agent's shared state).
-pub fn current_state() -> Option<StatePtr> {
-    // SAFETY: the slot only ever holds null or a region's base (`set_current_slot`'s
-    // callers pass mapped regions, which are never unmapped).
-    unsafe { StatePtr::from_raw(current()) }
 }
 
 /// The calling thread's state, or null before it registered.

@@ -13,6 +13,7 @@ use crate::hooks::slow_call::SavedRegisters;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+pub use crate::hooks::state_access::{EntryPtr, StatePtr, current_state};
 pub use crate::hooks::thread_layout::*;
 
 /// Threads the registry can list.
