@@ -2,12 +2,14 @@
 //! it shares with the runtime.
 //!
 //! `stubs` assembles each hook kind's trampoline; `slow_call` is the one way a stub calls
-//! Rust code; `thread_layout` is the per-thread state the stubs address by offset. The
+//! Rust code; `thread_layout` is the per-thread state the stubs address by offset, and `state_access`
+//! the one sound way Rust code reaches it (raw pointers and atomics, never references). The
 //! runtime's handlers are passed in as addresses, never imported, so templates sit
 //! below the code that answers them. `unwind_probe` (tests only) checks that the
 //! agent's assembly routines carry the unwind information a backtrace needs.
 
 pub mod slow_call;
+pub mod state_access;
 pub mod stubs;
 pub mod thread_layout;
 #[cfg(test)]

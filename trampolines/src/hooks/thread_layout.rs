@@ -52,7 +52,14 @@ pub const ENTRY_RETURN_ADDRESS: i32 = 8;
 pub const ENTRY_FUNCTION: i32 = 16;
 pub const ENTRY_EXIT: i32 = 24;
 pub const ENTRY_SIZE: i32 = 32;
-const _: () = assert!(std::mem::size_of::<ShadowEntry>() == ENTRY_SIZE as usize);
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(offset_of!(ShadowEntry, slot) == ENTRY_SLOT as usize);
+    assert!(offset_of!(ShadowEntry, return_address) == ENTRY_RETURN_ADDRESS as usize);
+    assert!(offset_of!(ShadowEntry, function) == ENTRY_FUNCTION as usize);
+    assert!(offset_of!(ShadowEntry, exit) == ENTRY_EXIT as usize);
+    assert!(size_of::<ShadowEntry>() == ENTRY_SIZE as usize);
+};
 
 /// The header of a thread's region (offsets below are used by the stubs).
 #[repr(C)]
@@ -119,9 +126,25 @@ pub const STATE_RING_MASK: i32 = 64;
 pub const STATE_RING_HEAD: i32 = 72;
 pub const STATE_RING_LIMIT: i32 = 80;
 pub const STATE_RING_HEADER: i32 = 88;
-const _: () = assert!(std::mem::offset_of!(ThreadState, shadow_overflows) == 32);
-const _: () = assert!(std::mem::offset_of!(ThreadState, graph_depth) == 48);
-const _: () = assert!(std::mem::offset_of!(ThreadState, ring_header) == 88);
+// Every offset a stub uses, checked against the layout the runtime accesses.
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(ThreadState, shadow_top) == STATE_SHADOW_TOP as usize);
+    assert!(offset_of!(ThreadState, shadow_base) == STATE_SHADOW_BASE as usize);
+    assert!(offset_of!(ThreadState, shadow_limit) == STATE_SHADOW_LIMIT as usize);
+    assert!(offset_of!(ThreadState, flags) == STATE_FLAGS as usize);
+    assert!(offset_of!(ThreadState, shadow_overflows) == STATE_SHADOW_OVERFLOWS as usize);
+    assert!(offset_of!(ThreadState, graph_depth) == STATE_GRAPH_DEPTH as usize);
+    assert!(offset_of!(ThreadState, ring_events) == STATE_RING_EVENTS as usize);
+    assert!(offset_of!(ThreadState, ring_mask) == STATE_RING_MASK as usize);
+    assert!(offset_of!(ThreadState, ring_head) == STATE_RING_HEAD as usize);
+    assert!(offset_of!(ThreadState, ring_limit) == STATE_RING_LIMIT as usize);
+    assert!(offset_of!(ThreadState, ring_header) == STATE_RING_HEADER as usize);
+    // The shadow stack and the counter tables follow the header in the region.
+    assert!(SHADOW_OFFSET >= std::mem::size_of::<ThreadState>());
+    assert!(CALLS_OFFSET >= SHADOW_OFFSET + SHADOW_ENTRIES * ENTRY_SIZE as usize);
+    assert!(CALLS_OFFSET.is_multiple_of(8) && RETURNS_OFFSET.is_multiple_of(8));
+};
 
 /// Region layout: header page, shadow stack, call counters, return counters.
 pub const HEADER_BYTES: usize = 8192;
@@ -196,55 +219,4 @@ pub fn current() -> *mut ThreadState {
         );
     }
     state
-}
-
-impl ThreadState {
-    /// The call counter of function `id`.
-    pub fn calls(&self, id: u32) -> u64 {
-        self.counter(CALLS_OFFSET, id)
-    }
-
-    /// The return counter of function `id`.
-    pub fn returns(&self, id: u32) -> u64 {
-        self.counter(RETURNS_OFFSET, id)
-    }
-
-    /// Sets function `id`'s call and return counters to zero (see
-    /// `counting::reset_before_patching` for when that is safe).
-    pub fn reset_counters(&self, id: u32) {
-        assert!((id as usize) < MAX_FUNCTION_IDS);
-        let base = self as *const ThreadState as *mut u8;
-        for offset in [CALLS_OFFSET, RETURNS_OFFSET] {
-            // Only counters that hold something are written: writing a zero would
-            // commit a page of the region that reading leaves uncommitted.
-            if self.counter(offset, id) == 0 {
-                continue;
-            }
-            // SAFETY: the counter lies inside this thread's region, mapped for the life
-            // of the process; no hook of `id` runs now, so no thread writes it.
-            unsafe {
-                std::ptr::write_volatile(base.add(offset + id as usize * 8).cast::<u64>(), 0)
-            };
-        }
-    }
-
-    fn counter(&self, offset: usize, id: u32) -> u64 {
-        assert!((id as usize) < MAX_FUNCTION_IDS);
-        let base = self as *const ThreadState as *const u8;
-        // SAFETY: the counter lies inside this thread's region, which is mapped for the
-        // life of the process. Other threads write it concurrently with plain stores of
-        // whole words, so a volatile read sees some recent value.
-        unsafe { std::ptr::read_volatile(base.add(offset + id as usize * 8).cast::<u64>()) }
-    }
-
-    /// The live shadow entries, oldest first.
-    ///
-    /// # Safety
-    /// Only the owning thread may call this, with its hooks stepping aside.
-    pub unsafe fn shadow_entries(&mut self) -> &mut [ShadowEntry] {
-        let count = (self.shadow_top - self.shadow_base) as usize / ENTRY_SIZE as usize;
-        // SAFETY: [shadow_base, shadow_top) holds initialised entries of this region,
-        // and the caller is the owning thread (see above).
-        unsafe { std::slice::from_raw_parts_mut(self.shadow_base as *mut ShadowEntry, count) }
-    }
 }

@@ -16,9 +16,10 @@
 
 use crate::hooks::stubs::HookKind;
 use crate::patching::patcher::{self, PatchRequest};
-use crate::runtime::thread_state::{self, ThreadState};
+use crate::runtime::thread_state;
 use crate::{runtime::recording, sys};
 use std::hint::black_box;
+use std::sync::atomic::Ordering;
 use tendril_wire::events::{Event, EventKind};
 
 /// Calls per batch, and batches (JFluid: 10,000 pairs in batches of 100).
@@ -95,25 +96,27 @@ fn measure() -> Result<HookCost, String> {
     let mut events = vec![Event::default(); RING];
     let mut ring_header = [0u64; 32];
     let state = thread_state::map_private_state().ok_or("calibration: cannot map a state")?;
-    // SAFETY: the state was just mapped for this thread alone; the ring fields point at
-    // `events` and `ring_header`, which outlive every use below (the slot is switched
-    // back before they are dropped).
-    unsafe {
-        (*state).ring_events = events.as_mut_ptr() as u64;
-        (*state).ring_mask = RING as u64 - 1;
-        (*state).ring_header = ring_header.as_mut_ptr() as u64;
-    }
+    // The state is this thread's alone; the ring fields point at `events` and
+    // `ring_header`, which outlive every use below (the slot is switched back before
+    // they are dropped). The hooked calls write the state and the events behind the
+    // compiler's back, so both are only reached through raw pointers and atomics.
+    let events_base = events.as_mut_ptr();
+    state
+        .ring_events()
+        .store(events_base as u64, Ordering::Relaxed);
+    state.ring_mask().store(RING as u64 - 1, Ordering::Relaxed);
+    state
+        .ring_header()
+        .store(ring_header.as_mut_ptr() as u64, Ordering::Relaxed);
     let previous = thread_state::current();
-    thread_state::set_current_slot(state);
+    thread_state::set_current_slot(state.as_ptr());
     let mut inner = f64::MAX;
     let mut hooked = f64::MAX;
     let mut bare = f64::MAX;
     for _ in 0..BATCHES {
-        // SAFETY: only this thread uses `state` (see above).
-        let state: &mut ThreadState = unsafe { &mut *state };
-        state.ring_head = 0;
-        state.ring_limit = RING as u64;
-        state.graph_depth = 0;
+        state.ring_head().store(0, Ordering::Relaxed);
+        state.ring_limit().store(RING as u64, Ordering::Relaxed);
+        state.graph_depth().store(0, Ordering::Relaxed);
         let started = sys::rdtsc();
         for i in 0..CALLS_PER_BATCH {
             // SAFETY: a plain function with the C ABI, hooked or not.
@@ -126,7 +129,10 @@ fn measure() -> Result<HookCost, String> {
             black_box(unsafe { tendril_calibration_twin(black_box(i as u64)) });
         }
         let bare_batch = sys::rdtsc().saturating_sub(started);
-        let recorded = &events[..state.ring_head.min(RING as u64) as usize];
+        let written = state.ring_head().load(Ordering::Relaxed).min(RING as u64) as usize;
+        // SAFETY: the hooks wrote `written` events into `events` (through the ring
+        // pointer, derived from `events_base`) and are done: the calls have returned.
+        let recorded = unsafe { std::slice::from_raw_parts(events_base, written) };
         if let Some(mean_inner) = mean_inner_time(recorded) {
             inner = inner.min(mean_inner);
         }

@@ -7,8 +7,9 @@
 //! written to them concurrently, and every count from then on is this session's — the
 //! calls made while the hooks went in included.
 
-use crate::runtime::thread_state::{self, ThreadState};
+use crate::runtime::thread_state::{self, StatePtr};
 use crate::sys::tasks;
+use std::sync::atomic::Ordering;
 use tendril_wire::ThreadCounters;
 
 /// The counters of `ids` for every registered thread that has a non-zero one.
@@ -19,20 +20,32 @@ pub fn read_counters(ids: &[u32]) -> Vec<ThreadCounters> {
         .filter_map(|state| {
             let calls: Vec<u64> = ids
                 .iter()
-                .map(|&id| if valid(id) { state.calls(id) } else { 0 })
+                .map(|&id| {
+                    if valid(id) {
+                        state.calls(id).load(Ordering::Relaxed)
+                    } else {
+                        0
+                    }
+                })
                 .collect();
             let returns: Vec<u64> = ids
                 .iter()
-                .map(|&id| if valid(id) { state.returns(id) } else { 0 })
+                .map(|&id| {
+                    if valid(id) {
+                        state.returns(id).load(Ordering::Relaxed)
+                    } else {
+                        0
+                    }
+                })
                 .collect();
             let counted = calls.iter().chain(&returns).any(|&n| n != 0);
             counted.then(|| ThreadCounters {
-                tid: state.tid,
+                tid: state.tid().load(Ordering::Relaxed),
                 name: thread_name(state),
                 calls,
                 returns,
-                unwound_frames: state.unwound_frames,
-                shadow_overflows: state.shadow_overflows,
+                unwound_frames: state.unwound_frames().load(Ordering::Relaxed),
+                shadow_overflows: state.shadow_overflows().load(Ordering::Relaxed),
             })
         })
         .collect()
@@ -47,15 +60,23 @@ pub fn reset_before_patching(id: u32) {
         return;
     }
     for state in thread_state::registered_threads() {
-        state.reset_counters(id);
+        for counter in [state.calls(id), state.returns(id)] {
+            // Only counters that hold something are written: writing a zero would
+            // commit a page of the region that reading leaves uncommitted. No hook of
+            // `id` runs now, so no thread writes the counter meanwhile.
+            if counter.load(Ordering::Relaxed) != 0 {
+                counter.store(0, Ordering::Relaxed);
+            }
+        }
     }
 }
 
 /// The thread's current name if it still runs, else the name it had when it registered.
-fn thread_name(state: &ThreadState) -> String {
+fn thread_name(state: StatePtr) -> String {
     let mut buffer = [0u8; 64];
-    let current = tasks::name(state.tid, &mut buffer);
-    let bytes = current.unwrap_or(&state.name);
+    let registered = state.name();
+    let current = tasks::name(state.tid().load(Ordering::Relaxed), &mut buffer);
+    let bytes = current.unwrap_or(&registered);
     let end = bytes
         .iter()
         .position(|&b| b == 0 || b == b'\n')

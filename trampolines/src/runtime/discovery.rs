@@ -19,7 +19,7 @@ use crate::hooks::slow_call::SavedRegisters;
 use crate::hooks::stubs::HookKind;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::recording;
-use crate::runtime::thread_state::ThreadState;
+use crate::runtime::thread_state::StatePtr;
 use crate::runtime::thread_state::with_own_state;
 use crate::sys;
 use crate::sys::code_memory;
@@ -117,8 +117,9 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
 const DISCOVERY_STACK_BYTES: usize = 1 << 20;
 
 /// The top of the thread's discovery stack, mapped on first use.
-fn agent_stack(state: &mut ThreadState) -> Option<u64> {
-    if state.discovery_stack == 0 {
+fn agent_stack(state: StatePtr) -> Option<u64> {
+    let top = state.discovery_stack();
+    if top.load(std::sync::atomic::Ordering::Relaxed) == 0 {
         // SAFETY: an anonymous private mapping with no address hint has no
         // preconditions; the result is checked against MAP_FAILED.
         let mapped = unsafe {
@@ -134,9 +135,10 @@ fn agent_stack(state: &mut ThreadState) -> Option<u64> {
         if mapped == libc::MAP_FAILED {
             return None;
         }
-        state.discovery_stack = mapped as u64 + DISCOVERY_STACK_BYTES as u64;
+        let stack = mapped as u64 + DISCOVERY_STACK_BYTES as u64;
+        top.store(stack, std::sync::atomic::Ordering::Relaxed);
     }
-    Some(state.discovery_stack)
+    Some(top.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// What `discover` asks of the code on the discovery stack, and what it did.

@@ -15,9 +15,10 @@
 //! really full it waits — the wait is tendril's pause, reported as an Adjust event.
 
 use crate::hooks::slow_call::SavedRegisters;
-use crate::runtime::thread_state::{ThreadState, with_own_state};
+use crate::runtime::thread_state::{StatePtr, current_state, with_own_state};
 use crate::sys;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use tendril_wire::events::{Event, EventKind};
 use tendril_wire::rings::{self, header, ring};
 
@@ -159,9 +160,12 @@ pub fn start() {
     ] {
         set_header(field, 0);
     }
-    if let Some(base) = base() {
-        // SAFETY: the invoked bytes lie inside the mapped file.
-        unsafe { std::ptr::write_bytes(base.add(rings::INVOKED_OFFSET), 0, rings::MAX_FUNCTIONS) };
+    // Byte by byte, as the stubs and `mark_invoked` access them: a hook of a frame
+    // from an earlier recording may mark one meanwhile.
+    for id in 0..rings::MAX_FUNCTIONS as u32 {
+        if let Some(flag) = invoked_flag(id) {
+            flag.store(0, Relaxed);
+        }
     }
     ACTIVE.store(1, Ordering::Release);
 }
@@ -179,14 +183,11 @@ pub fn stop() {
 /// can run a hook, and their events are dropped).
 pub fn forget_in_forked_child() {
     ACTIVE.store(0, Ordering::Release);
-    let state = crate::runtime::thread_state::current();
-    if !state.is_null() {
-        // SAFETY: after fork only this thread exists, and this is its own state.
-        unsafe {
-            (*state).ring_events = 0;
-            (*state).ring_head = 0;
-            (*state).ring_limit = 0;
-        }
+    if let Some(state) = current_state() {
+        // After fork only this thread exists, and this is its own state.
+        state.ring_events().store(0, Relaxed);
+        state.ring_head().store(0, Relaxed);
+        state.ring_limit().store(0, Relaxed);
     }
     RINGS.store(std::ptr::null_mut(), Ordering::Release);
 }
@@ -196,15 +197,22 @@ pub fn invoked_table() -> u64 {
     base().map_or(0, |base| base as u64 + rings::INVOKED_OFFSET as u64)
 }
 
+/// Function `id`'s invoked byte. The stubs test it with a plain byte load; agent code
+/// reads and writes it only through this atomic, never with plain or volatile accesses.
+fn invoked_flag(id: u32) -> Option<&'static AtomicU8> {
+    let base = base()?;
+    if id as usize >= rings::MAX_FUNCTIONS {
+        return None;
+    }
+    // SAFETY: the byte lies inside the mapped file's invoked table, mapped for the life
+    // of the process; every access to it from Rust is atomic.
+    Some(unsafe { AtomicU8::from_ptr(base.add(rings::INVOKED_OFFSET + id as usize)) })
+}
+
 /// Whether function `id` has run inside the call graph; marks it so.
 pub fn mark_invoked(id: u32) -> bool {
-    let Some(base) = base() else { return false };
-    if id as usize >= rings::MAX_FUNCTIONS {
+    let Some(flag) = invoked_flag(id) else {
         return false;
-    }
-    // SAFETY: the byte lies inside the mapped file's invoked table.
-    let flag = unsafe {
-        &*(base.add(rings::INVOKED_OFFSET + id as usize) as *const std::sync::atomic::AtomicU8)
     };
     let was = flag.swap(1, Ordering::AcqRel);
     if was == 0 {
@@ -215,26 +223,14 @@ pub fn mark_invoked(id: u32) -> bool {
 
 /// Marks function `id` invoked without counting it (tendril's own calibration).
 pub fn set_invoked_quietly(id: u32) {
-    if let Some(base) = base()
-        && (id as usize) < rings::MAX_FUNCTIONS
-    {
-        // SAFETY: the byte lies inside the mapped file's invoked table.
-        unsafe {
-            base.add(rings::INVOKED_OFFSET + id as usize)
-                .write_volatile(1)
-        };
+    if let Some(flag) = invoked_flag(id) {
+        flag.store(1, Ordering::Release);
     }
 }
 
 /// Whether function `id` is marked as invoked.
 pub fn is_invoked(id: u32) -> bool {
-    let Some(base) = base() else { return false };
-    // SAFETY: as in `mark_invoked`.
-    id < rings::MAX_FUNCTIONS as u32
-        && unsafe {
-            base.add(rings::INVOKED_OFFSET + id as usize)
-                .read_volatile()
-        } != 0
+    invoked_flag(id).is_some_and(|flag| flag.load(Ordering::Acquire) != 0)
 }
 
 /// The address registered for function `id`.
@@ -258,7 +254,7 @@ pub fn register_function(id: u32, address: u64) {
 
 /// Gives the calling thread a ring (a free one, or one whose thread has exited and
 /// whose events were all read). Signal-safe, no allocation.
-fn claim_ring(state: &mut ThreadState) -> bool {
+fn claim_ring(state: StatePtr) -> bool {
     let Some(base) = base() else { return false };
     if ACTIVE.load(Ordering::Acquire) == 0 {
         return false;
@@ -282,14 +278,21 @@ fn claim_ring(state: &mut ThreadState) -> bool {
         }
         add_to_header(header::RINGS_CLAIMED, 1);
         let tid = word32(offset + ring::TID).unwrap();
-        tid.store(state.tid as u32, Ordering::Release);
+        tid.store(state.tid().load(Relaxed) as u32, Ordering::Release);
         let head = word(offset + ring::HEAD).unwrap().load(Ordering::Acquire);
         let tail = word(offset + ring::TAIL).unwrap().load(Ordering::Acquire);
-        state.ring_header = base as u64 + offset as u64;
-        state.ring_events = base as u64 + (offset + rings::RING_HEADER_BYTES) as u64;
-        state.ring_mask = rings::RING_EVENTS as u64 - 1;
-        state.ring_head = head;
-        state.ring_limit = tail + rings::RING_EVENTS as u64;
+        state
+            .ring_header()
+            .store(base as u64 + offset as u64, Relaxed);
+        let events = base as u64 + (offset + rings::RING_HEADER_BYTES) as u64;
+        state.ring_events().store(events, Relaxed);
+        state
+            .ring_mask()
+            .store(rings::RING_EVENTS as u64 - 1, Relaxed);
+        state.ring_head().store(head, Relaxed);
+        state
+            .ring_limit()
+            .store(tail + rings::RING_EVENTS as u64, Relaxed);
         return true;
     }
     false
@@ -317,25 +320,25 @@ fn reclaim(offset: usize, ring_state: &AtomicU32) -> bool {
 /// Makes room for one event in the calling thread's ring: claims a ring if it has none,
 /// and waits for the controller if the ring is full. Returns false if the event must
 /// be dropped (no ring to be had); the wait, if any, is recorded as an Adjust event.
-pub fn make_room(state: &mut ThreadState) -> bool {
+pub fn make_room(state: StatePtr) -> bool {
     // After a recording, the frames still open write their exits into nothing: they
     // are not lost, the recording is over.
     let active = ACTIVE.load(Ordering::Acquire) != 0;
-    if state.ring_events == 0 && !claim_ring(state) {
+    if state.ring_events().load(Relaxed) == 0 && !claim_ring(state) {
         if active {
             add_to_header(header::LOST_EVENTS, 1);
         }
         return false;
     }
-    let tail = word_at(state.ring_header + ring::TAIL as u64);
+    let tail = word_at(state.ring_header().load(Relaxed) + ring::TAIL as u64);
     let capacity = rings::RING_EVENTS as u64;
     let mut waited_from = 0;
     loop {
         let limit = tail.load(Ordering::Acquire) + capacity;
         // Room for the event, and for the Adjust event of a wait.
         let needed = if waited_from == 0 { 1 } else { 2 };
-        if state.ring_head + needed <= limit {
-            state.ring_limit = limit;
+        if state.ring_head().load(Relaxed) + needed <= limit {
+            state.ring_limit().store(limit, Relaxed);
             break;
         }
         if waited_from == 0 {
@@ -360,12 +363,16 @@ fn word_at(address: u64) -> &'static AtomicU64 {
 }
 
 /// Writes one event with the stubs' protocol; there must be room (`make_room`).
-fn write_event(state: &mut ThreadState, event: Event) {
-    let slot = state.ring_events + (state.ring_head & state.ring_mask) * Event::SIZE as u64;
-    // SAFETY: the slot is inside the thread's ring, which only this thread writes.
+fn write_event(state: StatePtr, event: Event) {
+    let head = state.ring_head().load(Relaxed);
+    let index = head & state.ring_mask().load(Relaxed);
+    let slot = state.ring_events().load(Relaxed) + index * Event::SIZE as u64;
+    // SAFETY: the slot is inside the thread's ring, which only this thread writes; the
+    // consumer reads it only after the release store of the head below.
     unsafe { (slot as *mut Event).write_volatile(event) };
-    state.ring_head += 1;
-    word_at(state.ring_header + ring::HEAD as u64).store(state.ring_head, Ordering::Release);
+    state.ring_head().store(head + 1, Relaxed);
+    let header = state.ring_header().load(Relaxed);
+    word_at(header + ring::HEAD as u64).store(head + 1, Ordering::Release);
 }
 
 /// Slow path of a recording stub whose thread's ring has no room (or no ring yet):
@@ -383,17 +390,18 @@ pub fn adjust_after_park(pc: u64, ticks: u64) {
     if crate::sys::code_memory::is_trampoline_code(pc) || crate::sys::own_code::is_agent_code(pc) {
         return;
     }
-    let state = crate::runtime::thread_state::current();
-    if state.is_null() || base().is_none() {
+    let Some(state) = current_state() else {
+        return;
+    };
+    if base().is_none() {
         return;
     }
-    // SAFETY: the calling thread's own state; the hooks it interrupted were not
-    // touching it (its pc is outside them, see above).
-    let state = unsafe { &mut *state };
-    if state.is_agent != 0
-        || state.graph_depth == 0
-        || state.ring_events == 0
-        || state.ring_head >= state.ring_limit
+    // The calling thread's own state; the hooks it interrupted were not touching it
+    // (its pc is outside them, see above).
+    if state.is_agent().load(Relaxed) != 0
+        || state.graph_depth().load(Relaxed) == 0
+        || state.ring_events().load(Relaxed) == 0
+        || state.ring_head().load(Relaxed) >= state.ring_limit().load(Relaxed)
     {
         return;
     }
@@ -402,8 +410,8 @@ pub fn adjust_after_park(pc: u64, ticks: u64) {
 }
 
 /// Writes an event from agent code running on a target thread (slow paths).
-pub fn emit(state: &mut ThreadState, event: Event) {
-    if state.ring_head >= state.ring_limit && !make_room(state) {
+pub fn emit(state: StatePtr, event: Event) {
+    if state.ring_head().load(Relaxed) >= state.ring_limit().load(Relaxed) && !make_room(state) {
         return;
     }
     write_event(state, event);

@@ -29,7 +29,7 @@
 //! `lingering` tries again in the background until they are out.
 
 use crate::patching::stop_world::{self, ParkedThread};
-use crate::runtime::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, ShadowEntry, ThreadState};
+use crate::runtime::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, StatePtr};
 use crate::sys::code_memory;
 use crate::sys::tasks;
 use crate::sys::{self, agent_threads};
@@ -108,13 +108,14 @@ impl std::fmt::Display for Obstacle {
 
 /// The state of every live target thread: the most recently registered one for each
 /// thread id that still exists (a thread id can be reused after a thread ends).
-fn live_states() -> Vec<&'static ThreadState> {
+fn live_states() -> Vec<StatePtr> {
     let registered = thread_state::registered_threads();
-    let mut live: Vec<&'static ThreadState> = Vec::new();
+    let mut live: Vec<StatePtr> = Vec::new();
     for state in registered.into_iter().rev() {
-        if state.is_agent == 0
-            && !live.iter().any(|l| l.tid == state.tid)
-            && tasks::state(state.tid) != tasks::TaskState::Gone
+        let tid = tid_of(state);
+        if state.is_agent().load(Ordering::Relaxed) == 0
+            && !live.iter().any(|&l| tid_of(l) == tid)
+            && tasks::state(tid) != tasks::TaskState::Gone
         {
             live.push(state);
         }
@@ -127,11 +128,11 @@ fn live_states() -> Vec<&'static ThreadState> {
 /// `registrations` is `thread_state::registration_progress` from before `states` was
 /// listed. Allocates nothing.
 fn retire_pass(
-    states: &[&'static ThreadState],
+    states: &[StatePtr],
     registrations: (usize, usize),
     parked: &mut [ParkedThread],
 ) -> Result<(), Obstacle> {
-    for state in states {
+    for &state in states {
         retire_entries(state);
     }
     // A thread that registered since `states` was listed is not in it; one registering
@@ -140,8 +141,8 @@ fn retire_pass(
     if registering != 0 || registered != registrations.1 {
         return Err(Obstacle::Moving);
     }
-    if let Some(state) = states.iter().find(|state| inside_slow_call(state)) {
-        return Err(Obstacle::InsideHook(state.tid));
+    if let Some(&state) = states.iter().find(|&&state| inside_slow_call(state)) {
+        return Err(Obstacle::InsideHook(tid_of(state)));
     }
     let me = sys::gettid();
     let mut verdict = Ok(());
@@ -173,7 +174,7 @@ fn retire_pass(
     verdict?;
     // An exit written back while the pass ran (a hook that was already past its check
     // of the retired mark) shows up here.
-    if states.iter().any(|state| holds_an_exit(state)) {
+    if states.iter().any(|&state| holds_an_exit(state)) {
         return Err(Obstacle::Moving);
     }
     Ok(())
@@ -181,14 +182,20 @@ fn retire_pass(
 
 /// Whether the thread of `state` is inside a slow call (a hook's slow path): read from
 /// its own thread-local depth, which stays mapped while the thread lives.
-fn inside_slow_call(state: &ThreadState) -> bool {
-    state.slow_depth_address != 0 && read_word(state.slow_depth_address).is_some_and(|d| d != 0)
+fn inside_slow_call(state: StatePtr) -> bool {
+    let address = state.slow_depth_address().load(Ordering::Relaxed);
+    address != 0 && read_word(address).is_some_and(|d| d != 0)
+}
+
+/// The thread id `state` was registered for.
+fn tid_of(state: StatePtr) -> i32 {
+    state.tid().load(Ordering::Relaxed)
 }
 
 /// Retires `state`'s entries, from the top: the newest entry for a slot claims it.
-fn retire_entries(state: &ThreadState) {
-    for entry in entries(state).iter().rev() {
-        let function = word(&entry.function);
+fn retire_entries(state: StatePtr) {
+    for pointer in state.shadow_entries(Ordering::SeqCst).rev() {
+        let entry = pointer.load();
         if read_word(entry.slot) == Some(entry.exit) {
             // SAFETY: the slot was just read, so it is mapped; it lies on the stack of a
             // live thread, which is parked or asleep, or inside a return that stores the
@@ -202,37 +209,19 @@ fn retire_entries(state: &ThreadState) {
                 Ordering::SeqCst,
             );
         }
-        function.fetch_or(ENTRY_RETIRED, Ordering::SeqCst);
+        pointer.function().fetch_or(ENTRY_RETIRED, Ordering::SeqCst);
     }
 }
 
 /// Whether some entry's slot still holds its exit, or will get it back (an entry whose
 /// address was put back for an unwinder and is not retired).
-fn holds_an_exit(state: &ThreadState) -> bool {
-    entries(state).iter().any(|entry| {
-        let flags = word(&entry.function).load(Ordering::SeqCst);
+fn holds_an_exit(state: StatePtr) -> bool {
+    state.shadow_entries(Ordering::SeqCst).any(|pointer| {
+        let flags = pointer.function().load(Ordering::SeqCst);
+        let entry = pointer.load();
         read_word(entry.slot) == Some(entry.exit)
             || (flags & ENTRY_RESTORED != 0 && flags & ENTRY_RETIRED == 0)
     })
-}
-
-/// The entries below the top of `state`'s shadow stack (the owner may pop some
-/// meanwhile; their memory stays valid).
-fn entries(state: &ThreadState) -> &[ShadowEntry] {
-    let top = word(&state.shadow_top).load(Ordering::SeqCst);
-    let count = top.saturating_sub(state.shadow_base) / thread_state::ENTRY_SIZE as u64;
-    let count = count.min(thread_state::SHADOW_ENTRIES as u64) as usize;
-    // SAFETY: [shadow_base, shadow_top) lies in the state's region, which is never
-    // unmapped; entries are plain words, and the ones this module changes are changed
-    // with atomic operations.
-    unsafe { std::slice::from_raw_parts(state.shadow_base as *const ShadowEntry, count) }
-}
-
-/// A word of a thread's state, seen as an atomic (other threads write it too).
-fn word(value: &u64) -> &AtomicU64 {
-    // SAFETY: the word is aligned and lives in a region that is never unmapped; every
-    // concurrent access to it is a whole-word load or store.
-    unsafe { AtomicU64::from_ptr(value as *const u64 as *mut u64) }
 }
 
 /// The word at `address`, or `None` if it is not mapped (a gone frame's slot on an

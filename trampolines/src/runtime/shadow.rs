@@ -32,11 +32,12 @@
 
 use crate::hooks::slow_call::SavedRegisters;
 use crate::runtime::thread_state::{
-    self, ENTRY_RESTORED, ENTRY_RETIRED, FLAG_RECONCILE, GRAVEYARD_ENTRIES, MAX_NESTED_UNWINDERS,
-    ShadowEntry, ThreadState, with_own_state,
+    self, ENTRY_RESTORED, ENTRY_RETIRED, EntryPtr, FLAG_RECONCILE, GRAVEYARD_ENTRIES,
+    MAX_NESTED_UNWINDERS, ShadowEntry, StatePtr, with_own_state,
 };
 use crate::{runtime::recording, sys};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{self, Relaxed};
 use tendril_wire::events::{Event, EventKind};
 
 /// Reads the word at `address` of this thread's stack.
@@ -60,13 +61,6 @@ fn swap_slot(address: u64, current: u64, new: u64) -> bool {
         .is_ok()
 }
 
-/// An entry's `function` word, which `retire` marks from another thread.
-fn flags_of(entry: &mut ShadowEntry) -> &AtomicU64 {
-    // SAFETY: the word is aligned and lives as long as the entry; every concurrent
-    // access to it (`retire`) is atomic.
-    unsafe { AtomicU64::from_ptr(&mut entry.function) }
-}
-
 /// Entry slow path of a hook with return hooking (a gone frame on top, or hooks to
 /// re-install). `PUSHES` words lie between the stub's stack pointer and the new frame's
 /// return slot (the stub's saved registers, and for a call thunk its return address).
@@ -78,9 +72,11 @@ pub extern "C" fn before_push<const PUSHES: u64>(registers: &mut SavedRegisters)
 /// Brings the shadow stack up to date for a hook running with its return slot at
 /// `slot`: entries of frames at or below `slot` are gone; if no unwinder is walking the
 /// stack, the hooks it took out of surviving frames go back in.
-fn reconcile(state: &mut ThreadState, slot: u64) {
+fn reconcile(state: StatePtr, slot: u64) {
     prune(state, slot);
-    if state.unwinder_count == 0 && state.flags & FLAG_RECONCILE != 0 {
+    if state.unwinder_count().load(Relaxed) == 0
+        && state.flags().load(Relaxed) & FLAG_RECONCILE != 0
+    {
         reinstall_hooks(state);
     }
 }
@@ -88,13 +84,13 @@ fn reconcile(state: &mut ThreadState, slot: u64) {
 /// Drops the entries, from the top, whose frames are gone given that a frame's return
 /// slot is now at `slot` — on the same stack: entries on another stack (a signal
 /// handler on its alternate stack) are kept, and so is a frame that tail-called.
-fn prune(state: &mut ThreadState, slot: u64) {
+fn prune(state: StatePtr, slot: u64) {
     let alternate = sys::on_alternate_signal_stack();
     let same_stack = |entry_slot: u64| match alternate {
         Some((low, high)) => (low..high).contains(&entry_slot) == (low..high).contains(&slot),
         None => true,
     };
-    while let Some(top) = state.top_entry() {
+    while let Some(top) = state.top_entry().map(EntryPtr::load) {
         if top.slot > slot || !same_stack(top.slot) {
             return;
         }
@@ -109,30 +105,47 @@ fn prune(state: &mut ThreadState, slot: u64) {
 
 /// Moves the top entry to the graveyard and counts its frame as unwound; a frame of the
 /// recorded call graph leaves with an Unwind event.
-fn drop_top(state: &mut ThreadState) {
+fn drop_top(state: StatePtr) {
     let Some(entry) = state.pop_entry() else {
         return;
     };
     if entry.function & thread_state::ENTRY_RECORDED != 0 {
         let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
-        state.graph_depth = state.graph_depth.saturating_sub(1);
+        decrement(state.graph_depth());
         recording::emit(state, Event::new(EventKind::Unwind, id, sys::rdtsc()));
     }
-    let index = state.graveyard_next as usize % GRAVEYARD_ENTRIES;
-    state.graveyard[index] = entry;
-    state.graveyard_next += 1;
-    state.unwound_frames += 1;
+    let next = state.graveyard_next().load(Relaxed);
+    state
+        .graveyard(next as usize % GRAVEYARD_ENTRIES)
+        .store(entry);
+    state.graveyard_next().store(next + 1, Relaxed);
+    increment(state.unwound_frames());
+}
+
+/// Adds one to a word of the calling thread's own state (only it writes the word; a
+/// plain load and store, as the stubs do, rather than a locked add).
+fn increment(word: &AtomicU64) {
+    word.store(word.load(Relaxed).wrapping_add(1), Relaxed);
+}
+
+/// Takes one from a word of the calling thread's own state, stopping at zero.
+fn decrement(word: &AtomicU64) {
+    word.store(word.load(Relaxed).saturating_sub(1), Relaxed);
 }
 
 /// Puts the exit back in the slots whose real return address was restored for an
 /// unwinder, where the frame is still there (the slot still holds that address) —
 /// unless the entry is retired: its hooks are coming out. The mark is checked again
 /// after the exit went in, and the exit taken out if the mark came meanwhile.
-fn reinstall_hooks(state: &mut ThreadState) {
-    // SAFETY: the calling thread owns `state` and its hooks step aside.
-    for entry in unsafe { state.shadow_entries() } {
-        let (slot, real, exit) = (entry.slot, entry.return_address, entry.exit);
-        let flags = flags_of(entry);
+fn reinstall_hooks(state: StatePtr) {
+    for entry in state.shadow_entries(Relaxed) {
+        let ShadowEntry {
+            slot,
+            return_address: real,
+            exit,
+            ..
+        } = entry.load();
+        let flags = entry.function();
         let marks = flags.load(Ordering::SeqCst);
         if marks & ENTRY_RESTORED == 0 || marks & ENTRY_RETIRED != 0 {
             continue;
@@ -145,7 +158,8 @@ fn reinstall_hooks(state: &mut ThreadState) {
             }
         }
     }
-    state.flags &= !FLAG_RECONCILE;
+    let flags = state.flags().load(Relaxed);
+    state.flags().store(flags & !FLAG_RECONCILE, Relaxed);
 }
 
 /// Exit slow path: the return's slot is not the top entry's. Finds the entry (dropping
@@ -158,19 +172,18 @@ pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegi
     let timestamp = registers.rax;
     let stub = registers.return_address;
     let found = with_own_state(|state| {
-        // SAFETY: the calling thread owns `state` and its hooks step aside.
-        let position = unsafe { state.shadow_entries() }
-            .iter()
-            .rposition(|e| e.slot == slot);
+        let position = state
+            .shadow_entries(Relaxed)
+            .rposition(|e| e.slot().load(Relaxed) == slot);
         let entry = match position {
             Some(index) => {
-                while state.shadow_len() > index + 1 {
+                while state.shadow_len(Relaxed) > index + 1 {
                     drop_top(state);
                 }
                 state.pop_entry().map(ReturningFrame::Open)
             }
             None => take_from_graveyard(state, slot, stub).map(|entry| {
-                state.resumed_frames += 1;
+                increment(state.resumed_frames());
                 ReturningFrame::Resumed(entry)
             }),
         };
@@ -181,9 +194,11 @@ pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegi
             };
             let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
             if entry.function & thread_state::ENTRY_RECORDED == 0 {
-                state.count_return(id);
+                if (id as usize) < thread_state::MAX_FUNCTION_IDS {
+                    increment(state.returns(id));
+                }
             } else if kind == EventKind::Exit {
-                state.graph_depth = state.graph_depth.saturating_sub(1);
+                decrement(state.graph_depth());
                 recording::emit(state, Event::new(kind, id, timestamp));
             } else {
                 // Its Unwind closed the frame and took it out of the graph depth when
@@ -222,19 +237,19 @@ enum ReturningFrame {
 /// not say which one returns: the exit does. The exit stub's slow path (where `stub`
 /// points) lies after its exit in the same trampoline, so the exit nearest below
 /// `stub` is the one; the most recently dropped entry wins a tie.
-fn take_from_graveyard(state: &mut ThreadState, slot: u64, stub: u64) -> Option<ShadowEntry> {
-    let newest = state.graveyard_next as usize;
+fn take_from_graveyard(state: StatePtr, slot: u64, stub: u64) -> Option<ShadowEntry> {
+    let newest = state.graveyard_next().load(Relaxed) as usize;
     let distance = |entry: &ShadowEntry| stub.checked_sub(entry.exit).unwrap_or(u64::MAX);
     let index = (0..GRAVEYARD_ENTRIES.min(newest))
         .map(|age| (newest - 1 - age) % GRAVEYARD_ENTRIES)
         .filter(|&index| {
-            let entry = &state.graveyard[index];
+            let entry = state.graveyard(index).load();
             entry.slot == slot && entry.return_address != 0
         })
-        .min_by_key(|&index| distance(&state.graveyard[index]))?;
-    let entry = &mut state.graveyard[index];
-    let taken = *entry;
-    entry.return_address = 0;
+        .min_by_key(|&index| distance(&state.graveyard(index).load()))?;
+    let entry = state.graveyard(index);
+    let taken = entry.load();
+    entry.return_address().store(0, Relaxed);
     Some(taken)
 }
 
@@ -249,25 +264,32 @@ pub extern "C" fn unwinder_starts(registers: &mut SavedRegisters) {
 /// unwinder's frame is noted. An unwinder entered from a frame below this one is over:
 /// `_Unwind_Resume` from a cleanup landing pad continues the exception whose
 /// `_Unwind_RaiseException` ran further down.
-fn begin_unwinding(state: &mut ThreadState, slot: u64) {
-    while state.unwinder_count > 0 && state.unwinders[state.unwinder_count as usize - 1] <= slot {
-        state.unwinder_count -= 1;
+fn begin_unwinding(state: StatePtr, slot: u64) {
+    let mut count = state.unwinder_count().load(Relaxed) as usize;
+    while count > 0 && state.unwinder(count - 1).load(Relaxed) <= slot {
+        count -= 1;
     }
-    if (state.unwinder_count as usize) < MAX_NESTED_UNWINDERS {
-        state.unwinders[state.unwinder_count as usize] = slot;
-        state.unwinder_count += 1;
+    if count < MAX_NESTED_UNWINDERS {
+        state.unwinder(count).store(slot, Relaxed);
+        count += 1;
     }
-    // SAFETY: the calling thread owns `state` and its hooks step aside.
-    for entry in unsafe { state.shadow_entries() } {
-        let (slot, real, exit) = (entry.slot, entry.return_address, entry.exit);
-        let flags = flags_of(entry);
+    state.unwinder_count().store(count as u64, Relaxed);
+    for entry in state.shadow_entries(Relaxed) {
+        let ShadowEntry {
+            slot,
+            return_address: real,
+            exit,
+            ..
+        } = entry.load();
+        let flags = entry.function();
         if flags.load(Ordering::SeqCst) & (ENTRY_RESTORED | ENTRY_RETIRED) == 0
             && swap_slot(slot, exit, real)
         {
             flags.fetch_or(ENTRY_RESTORED, Ordering::SeqCst);
         }
     }
-    state.flags |= FLAG_RECONCILE;
+    let flags = state.flags().load(Relaxed);
+    state.flags().store(flags | FLAG_RECONCILE, Relaxed);
 }
 
 /// Internal hook on the functions a catch calls (`__cxa_begin_catch`, Rust's
@@ -277,7 +299,7 @@ fn begin_unwinding(state: &mut ThreadState, slot: u64) {
 pub extern "C" fn exception_caught(registers: &mut SavedRegisters) {
     let slot = registers.caller_stack_pointer() + 8;
     with_own_state(|state| {
-        state.unwinder_count = state.unwinder_count.saturating_sub(1);
+        decrement(state.unwinder_count());
         reconcile(state, slot);
     });
 }
@@ -302,8 +324,9 @@ pub extern "C" fn backtrace_replacement(
     let real: Backtrace = unsafe { std::mem::transmute(body as usize) };
     let result = real(trace, argument);
     with_own_state(|state| {
-        if state.unwinder_count > 0 && state.unwinders[state.unwinder_count as usize - 1] == slot {
-            state.unwinder_count -= 1;
+        let count = state.unwinder_count().load(Relaxed) as usize;
+        if count > 0 && state.unwinder(count - 1).load(Relaxed) == slot {
+            state.unwinder_count().store(count as u64 - 1, Relaxed);
         }
         reconcile(state, slot);
     });
@@ -318,37 +341,4 @@ fn stack_pointer_at_entry() -> u64 {
     // SAFETY: reads rsp.
     unsafe { std::arch::asm!("mov {}, rsp", out(reg) stack_pointer, options(nomem, nostack)) };
     stack_pointer
-}
-
-impl ThreadState {
-    fn shadow_len(&self) -> usize {
-        (self.shadow_top - self.shadow_base) as usize / thread_state::ENTRY_SIZE as usize
-    }
-
-    fn top_entry(&self) -> Option<ShadowEntry> {
-        (self.shadow_top > self.shadow_base).then(|| {
-            // SAFETY: the entry below the top lies in the shadow region and is
-            // initialised.
-            unsafe { *((self.shadow_top - thread_state::ENTRY_SIZE as u64) as *const ShadowEntry) }
-        })
-    }
-
-    fn pop_entry(&mut self) -> Option<ShadowEntry> {
-        let top = self.top_entry()?;
-        self.shadow_top -= thread_state::ENTRY_SIZE as u64;
-        Some(top)
-    }
-
-    fn count_return(&mut self, id: u32) {
-        if (id as usize) < thread_state::MAX_FUNCTION_IDS {
-            let base = self as *mut ThreadState as *mut u8;
-            // SAFETY: the counter lies inside this thread's region; only this thread
-            // writes it.
-            unsafe {
-                *base
-                    .add(thread_state::RETURNS_OFFSET + id as usize * 8)
-                    .cast::<u64>() += 1;
-            }
-        }
-    }
 }

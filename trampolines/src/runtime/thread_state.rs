@@ -13,6 +13,7 @@ use crate::hooks::slow_call::SavedRegisters;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+pub use crate::hooks::state_access::{EntryPtr, StatePtr, current_state};
 pub use crate::hooks::thread_layout::*;
 
 /// Threads the registry can list.
@@ -27,10 +28,10 @@ static REGISTERED: [AtomicPtr<ThreadState>; MAX_THREADS] =
 static REGISTERED_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// Threads inside [`register_current_thread`]: inside a hook, but not yet listed.
 static REGISTERING: AtomicUsize = AtomicUsize::new(0);
-static AGENT_STATE: OnceLock<usize> = OnceLock::new();
+static AGENT_STATE: OnceLock<Option<StatePtr>> = OnceLock::new();
 
 /// Maps a zeroed, lazily committed region with system calls only.
-fn map_region() -> *mut ThreadState {
+fn map_region() -> Option<StatePtr> {
     // SAFETY: an anonymous private mapping with no address hint has no preconditions;
     // the result is checked against MAP_FAILED.
     let mapped = unsafe {
@@ -44,27 +45,24 @@ fn map_region() -> *mut ThreadState {
         )
     };
     if mapped == libc::MAP_FAILED {
-        return std::ptr::null_mut();
+        return None;
     }
-    let state = mapped.cast::<ThreadState>();
-    let base = mapped as u64 + SHADOW_OFFSET as u64;
-    // SAFETY: the mapping is fresh, zeroed and large enough for the header.
-    unsafe {
-        (*state).shadow_base = base;
-        (*state).shadow_top = base;
-        (*state).shadow_limit = base + (SHADOW_ENTRIES * ENTRY_SIZE as usize) as u64;
-        (*state).tid = libc::gettid();
-        (*state).slow_depth_address = crate::hooks::slow_call::current_depth_address();
-        libc::prctl(libc::PR_GET_NAME, (*state).name.as_mut_ptr());
-    }
-    state
+    // SAFETY: a fresh, page-aligned mapping of REGION_BYTES that is never unmapped;
+    // `mmap`'s pointer has provenance over all of it.
+    let state = unsafe { StatePtr::from_raw(mapped.cast::<ThreadState>()) }?;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    state.initialise(tid, crate::hooks::slow_call::current_depth_address());
+    // SAFETY: the name field holds 16 bytes, what PR_GET_NAME writes; the state is not
+    // shared yet.
+    unsafe { libc::prctl(libc::PR_GET_NAME, state.name_buffer()) };
+    Some(state)
 }
 
 /// A fresh state region for agent code that records on its own thread (calibration);
 /// never registered, so no collector reads it.
-pub fn map_private_state() -> Option<*mut ThreadState> {
-    let state = map_region();
-    (!state.is_null()).then_some(state)
+pub fn map_private_state() -> Option<StatePtr> {
+    map_region()
 }
 
 /// Prepares what the stubs rely on; call before the first patch.
@@ -72,30 +70,23 @@ pub fn prepare() -> Result<(), String> {
     agent_state().map(drop)
 }
 
-fn agent_state() -> Result<*mut ThreadState, String> {
+fn agent_state() -> Result<StatePtr, String> {
     let state = *AGENT_STATE.get_or_init(|| {
-        let state = map_region();
-        if !state.is_null() {
-            // SAFETY: the region was just mapped and is not shared yet.
-            unsafe {
-                (*state).flags = FLAG_PASSTHROUGH;
-                (*state).is_agent = 1;
-                // A full shadow stack: nothing is ever pushed on the shared state.
-                (*state).shadow_limit = (*state).shadow_base;
-            }
-        }
-        state as usize
+        let state = map_region()?;
+        state.flags().store(FLAG_PASSTHROUGH, Ordering::Relaxed);
+        state.is_agent().store(1, Ordering::Relaxed);
+        // A full shadow stack: nothing is ever pushed on the shared state.
+        let base = state.shadow_base().load(Ordering::Relaxed);
+        state.shadow_limit().store(base, Ordering::Relaxed);
+        Some(state)
     });
-    if state == 0 {
-        return Err("cannot map the agent threads' state".into());
-    }
-    Ok(state as *mut ThreadState)
+    state.ok_or_else(|| "cannot map the agent threads' state".into())
 }
 
 /// Points the calling agent thread's slot at the shared pass-through state.
 pub fn mark_current_thread_as_agent() {
     if let Ok(state) = agent_state() {
-        set_current_slot(state);
+        set_current_slot(state.as_ptr());
     }
 }
 
@@ -105,19 +96,23 @@ pub fn mark_current_thread_as_agent() {
 pub extern "C" fn register_current_thread(registers: &mut SavedRegisters) {
     // Until the state is listed, only this count says the thread is inside a hook.
     REGISTERING.fetch_add(1, Ordering::SeqCst);
-    let passthrough = AGENT_STATE.get().copied().unwrap_or(0) as *mut ThreadState;
+    let passthrough = AGENT_STATE
+        .get()
+        .copied()
+        .flatten()
+        .map_or(std::ptr::null_mut(), StatePtr::as_ptr);
     // Hooks hit while registering (mmap may be patched) step aside.
     set_current_slot(passthrough);
-    let state = map_region();
     let index = REGISTERED_COUNT.fetch_add(1, Ordering::SeqCst);
-    if state.is_null() {
-        registers.rcx = passthrough as u64;
-    } else {
-        if index < MAX_THREADS {
-            REGISTERED[index].store(state, Ordering::SeqCst);
+    match map_region() {
+        None => registers.rcx = passthrough as u64,
+        Some(state) => {
+            if index < MAX_THREADS {
+                REGISTERED[index].store(state.as_ptr(), Ordering::SeqCst);
+            }
+            set_current_slot(state.as_ptr());
+            registers.rcx = state.as_ptr() as u64;
         }
-        set_current_slot(state);
-        registers.rcx = state as u64;
     }
     REGISTERING.fetch_sub(1, Ordering::SeqCst);
 }
@@ -133,22 +128,23 @@ pub fn registration_progress() -> (usize, usize) {
 
 /// Runs `body` on the calling thread's state with its hooks stepping aside (agent code
 /// running on a target thread must not re-enter the hooks). `None` for agent threads
-/// and threads without state.
-pub fn with_own_state<R>(body: impl FnOnce(&mut ThreadState) -> R) -> Option<R> {
-    let state = current();
-    if state.is_null() {
+/// and threads without state. Only the calling thread writes its state's words (other
+/// threads read them, and `retire` marks entries atomically), so `body` may read a word
+/// and store it back.
+pub fn with_own_state<R>(body: impl FnOnce(StatePtr) -> R) -> Option<R> {
+    let state = current_state()?;
+    if state.is_agent().load(Ordering::Relaxed) != 0 {
         return None;
     }
-    // SAFETY: a thread's state is written only by that thread (the agent's collectors
-    // only read counters); the region is mapped for the life of the process.
-    let state = unsafe { &mut *state };
-    if state.is_agent != 0 {
-        return None;
-    }
-    let previous = state.flags;
-    state.flags |= FLAG_PASSTHROUGH;
+    let flags = state.flags();
+    let previous = flags.load(Ordering::Relaxed);
+    flags.store(previous | FLAG_PASSTHROUGH, Ordering::Relaxed);
     let result = body(state);
-    state.flags = (state.flags & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH);
+    let now = flags.load(Ordering::Relaxed);
+    flags.store(
+        (now & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH),
+        Ordering::Relaxed,
+    );
     Some(result)
 }
 
@@ -157,43 +153,47 @@ pub fn with_own_state<R>(body: impl FnOnce(&mut ThreadState) -> R) -> Option<R> 
 /// the code that runs before the child handlers (glibc's own: unlocking malloc...)
 /// would otherwise write into rings that belong to the parent.
 pub fn hold_for_fork() {
-    let state = current();
-    if state.is_null() {
+    let Some(state) = current_state() else {
+        return;
+    };
+    if state.is_agent().load(Ordering::Relaxed) != 0 {
         return;
     }
-    // SAFETY: the calling thread's own state; only it writes its flags.
-    let state = unsafe { &mut *state };
-    if state.is_agent != 0 {
-        return;
-    }
-    state.flags_before_fork = FORK_HOLD | (state.flags & FLAG_PASSTHROUGH);
-    state.flags |= FLAG_PASSTHROUGH;
+    // The calling thread's own state: only it writes these words.
+    let flags = state.flags().load(Ordering::Relaxed);
+    state
+        .flags_before_fork()
+        .store(FORK_HOLD | (flags & FLAG_PASSTHROUGH), Ordering::Relaxed);
+    state
+        .flags()
+        .store(flags | FLAG_PASSTHROUGH, Ordering::Relaxed);
 }
 
 /// `pthread_atfork` parent and child handler (the child's after it let go of the
 /// rings): the hooks of the thread work as before the fork.
 pub fn release_after_fork() {
-    let state = current();
-    if state.is_null() {
+    let Some(state) = current_state() else {
+        return;
+    };
+    let before = state.flags_before_fork().load(Ordering::Relaxed);
+    if before & FORK_HOLD == 0 {
         return;
     }
-    // SAFETY: as in `hold_for_fork`.
-    let state = unsafe { &mut *state };
-    if state.flags_before_fork & FORK_HOLD == 0 {
-        return;
-    }
-    state.flags = (state.flags & !FLAG_PASSTHROUGH) | (state.flags_before_fork & FLAG_PASSTHROUGH);
-    state.flags_before_fork = 0;
+    let flags = state.flags().load(Ordering::Relaxed);
+    state.flags().store(
+        (flags & !FLAG_PASSTHROUGH) | (before & FLAG_PASSTHROUGH),
+        Ordering::Relaxed,
+    );
+    state.flags_before_fork().store(0, Ordering::Relaxed);
 }
 
 /// Every registered target thread's state, in registration order.
-pub fn registered_threads() -> Vec<&'static ThreadState> {
+pub fn registered_threads() -> Vec<StatePtr> {
     let count = REGISTERED_COUNT.load(Ordering::Acquire).min(MAX_THREADS);
     REGISTERED[..count]
         .iter()
-        .map(|r| r.load(Ordering::Acquire))
-        .filter(|r| !r.is_null())
-        // SAFETY: registered regions are never unmapped.
-        .map(|state| unsafe { &*state })
+        // SAFETY: the registry holds only null or regions from `map_region`, which are
+        // never unmapped.
+        .filter_map(|r| unsafe { StatePtr::from_raw(r.load(Ordering::Acquire)) })
         .collect()
 }

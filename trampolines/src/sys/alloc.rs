@@ -31,8 +31,10 @@ struct SizeClass {
 
 struct ClassState {
     free: *mut FreeBlock,
-    carve_next: usize,
-    carve_end: usize,
+    /// The next block to carve, derived from the mapping's pointer (so a block keeps
+    /// the mapping's provenance), and the bytes left after it.
+    carve_next: *mut u8,
+    carve_left: usize,
 }
 
 struct FreeBlock {
@@ -48,8 +50,8 @@ impl SizeClass {
             locked: AtomicBool::new(false),
             state: std::cell::UnsafeCell::new(ClassState {
                 free: null_mut(),
-                carve_next: 0,
-                carve_end: 0,
+                carve_next: null_mut(),
+                carve_left: 0,
             }),
         }
     }
@@ -141,19 +143,26 @@ unsafe impl GlobalAlloc for AgentAllocator {
                 // SAFETY: blocks on the free list are unused blocks of this class, each
                 // starting with a FreeBlock written by `dealloc`.
                 class.free = unsafe { (*block).next };
-                return block.cast();
+                // The pointer `dealloc` got carries only its last owner's rights (over
+                // the old layout); the block is handed out with the mapping's, which
+                // `alloc` exposed when it mapped it.
+                return std::ptr::with_exposed_provenance_mut(block.addr());
             }
-            if class.carve_next + block_size > class.carve_end {
+            if block_size > class.carve_left {
                 let fresh = map_anonymous(CARVE_BYTES);
                 if fresh.is_null() {
                     return null_mut();
                 }
-                class.carve_next = fresh as usize;
-                class.carve_end = fresh as usize + CARVE_BYTES;
+                class.carve_next = fresh;
+                class.carve_left = CARVE_BYTES;
+                let _ = fresh.expose_provenance();
             }
             let block = class.carve_next;
-            class.carve_next += block_size;
-            block as *mut u8
+            // SAFETY: at least `block_size` bytes of the mapping are left after `block`,
+            // so the result is inside it or one past its end.
+            class.carve_next = unsafe { block.add(block_size) };
+            class.carve_left -= block_size;
+            block
         })
     }
 

@@ -15,6 +15,7 @@ pub mod alloc;
 pub mod code_memory;
 pub mod maps;
 pub mod own_code;
+pub mod queued_signal;
 pub mod tasks;
 
 use std::arch::asm;
@@ -115,26 +116,18 @@ pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
 /// handler can tell which request the signal belongs to. Returns false if the thread
 /// is gone.
 pub fn signal_thread_with_value(tid: i32, signal: i32, value: u32) -> bool {
-    // SAFETY: siginfo_t is plain data; the fields set are those SI_QUEUE defines.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    info.si_signo = signal;
-    info.si_code = libc::SI_QUEUE;
-    // siginfo's union: si_pid (i32) at 16, si_uid (u32) at 20, si_value at 24.
-    // SAFETY: writes inside the 128-byte siginfo_t at the kernel's fixed offsets.
-    unsafe {
-        let raw = (&mut info as *mut libc::siginfo_t).cast::<u8>();
-        raw.add(16).cast::<i32>().write(getpid());
-        raw.add(20).cast::<u32>().write(libc::getuid());
-        raw.add(24).cast::<u64>().write(value as u64);
-    }
-    // SAFETY: rt_tgsigqueueinfo reads the siginfo, which lives across the call.
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    let info = queued_signal::QueuedSignalInfo::new(signal, getpid(), uid, value as u64);
+    // SAFETY: rt_tgsigqueueinfo reads a siginfo_t, which `info` has the layout of
+    // (asserted in `queued_signal`); it lives across the call.
     let result = unsafe {
         syscall4(
             libc::SYS_rt_tgsigqueueinfo,
             getpid() as u64,
             tid as u64,
             signal as u64,
-            &info as *const libc::siginfo_t as u64,
+            &info as *const queued_signal::QueuedSignalInfo as u64,
         )
     };
     result == 0
@@ -145,8 +138,8 @@ pub fn signal_thread_with_value(tid: i32, signal: i32, value: u32) -> bool {
 /// # Safety
 /// `info` must be the siginfo the kernel passed to an SA_SIGINFO handler.
 pub unsafe fn signal_value(info: *const libc::siginfo_t) -> u32 {
-    // SAFETY: si_value sits at offset 24 of the kernel's siginfo (see above).
-    unsafe { info.cast::<u8>().add(24).cast::<u64>().read() as u32 }
+    // SAFETY: per the contract, a signal queued by `signal_thread_with_value`.
+    unsafe { queued_signal::queued_value(info) as u32 }
 }
 
 /// Whether thread `tid` of this process still exists.
