@@ -20,9 +20,9 @@
 //!   name carries a digest of the bytes, so two tendril builds never replace each
 //!   other's agent while a process has it mapped.
 
-use crate::process::{AttachError, TargetProcess};
+use crate::process::{AttachError, DirError, TargetProcess};
 use nix::fcntl::{OFlag, openat, renameat};
-use nix::sys::stat::{Mode, SFlag, fchmod, fstat, mkdirat};
+use nix::sys::stat::{Mode, SFlag, fchmod, fstat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -82,29 +82,18 @@ fn open_agent_dir(target: &TargetProcess, path: &std::path::Path) -> Result<Owne
         pid: target.pid,
         message,
     };
-    let parent = path.parent().unwrap_or(std::path::Path::new("/"));
-    let name = path.file_name().unwrap_or_default();
-    let parent_fd = target
-        .open_dir_in_target(parent)
-        .map_err(|e| fail(format!("cannot open {}: {e}", parent.display())))?;
-    let created = match mkdirat(&parent_fd, name, Mode::from_bits_truncate(0o755)) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EEXIST) => false,
-        Err(e) => return Err(fail(format!("cannot create {}: {e}", path.display()))),
-    };
     let unusable = |why: String| {
         fail(format!(
             "the agent directory {} is unusable ({why}); remove it and try again",
             path.display()
         ))
     };
-    let dir = openat(
-        &parent_fd,
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| unusable(e.to_string()))?;
+    let (dir, created) = target
+        .create_dir_in_target(path, 0o755)
+        .map_err(|e| match e {
+            DirError::Create(message) => fail(message),
+            DirError::Unusable(why) => unusable(why),
+        })?;
     if created {
         // The umask may have taken read or search permission from the target's user.
         fchmod(&dir, Mode::from_bits_truncate(0o755)).map_err(|e| unusable(e.to_string()))?;

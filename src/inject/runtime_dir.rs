@@ -11,9 +11,9 @@
 //! removed with `unlinkat` (which removes a link, never what it points at). Nothing
 //! tendril writes goes in it.
 
-use crate::process::{AttachError, TargetProcess};
+use crate::process::{AttachError, DirError, TargetProcess};
 use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{Mode, SFlag, fchmod, fstat, mkdirat};
+use nix::sys::stat::{Mode, SFlag, fchmod, fstat};
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, unlinkat};
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -29,17 +29,12 @@ pub fn prepare(target: &TargetProcess) -> Result<OwnedFd, AttachError> {
         pid: target.pid,
         message,
     };
-    let parent = path.parent().unwrap_or(std::path::Path::new("/"));
-    let name = path.file_name().unwrap_or_default();
-    let parent_fd = target
-        .open_dir_in_target(parent)
-        .map_err(|e| fail(format!("cannot open {}: {e}", parent.display())))?;
-    let created = match mkdirat(&parent_fd, name, Mode::from_bits_truncate(0o700)) {
-        Ok(()) => true,
-        Err(nix::errno::Errno::EEXIST) => false,
-        Err(e) => return Err(fail(format!("cannot create {}: {e}", path.display()))),
-    };
-    let dir = open_below(&parent_fd, name).map_err(|e| unusable(target, e.to_string()))?;
+    let (dir, created) = target
+        .create_dir_in_target(&path, 0o700)
+        .map_err(|e| match e {
+            DirError::Create(message) => fail(message),
+            DirError::Unusable(why) => unusable(target, why),
+        })?;
     if created {
         // Ours (root's, or the user's own) until given away: nobody could have swapped it.
         fchmod(&dir, Mode::from_bits_truncate(0o700))
@@ -73,15 +68,6 @@ pub fn open_private_dir(target: &TargetProcess, path: &std::path::Path) -> Optio
     let dir = target.open_dir_in_target(path).ok()?;
     check(target, &dir).ok()?;
     Some(dir)
-}
-
-fn open_below(parent: &OwnedFd, name: &std::ffi::OsStr) -> nix::Result<OwnedFd> {
-    openat(
-        parent,
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
 }
 
 /// The directory must be a real directory of the target's user, private to them.
