@@ -180,6 +180,7 @@ mod tests {
             duration_ns: 2_000_000_000,
             discovery: None,
             gross: Vec::new(),
+            sampling: None,
             modules: Vec::new(),
             trace: None,
         }

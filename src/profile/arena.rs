@@ -211,6 +211,7 @@ impl CallArena {
                 cpu_ns: None,
                 self_cpu_ns: None,
                 address: None,
+                samples: None,
                 children,
             });
         }

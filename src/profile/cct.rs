@@ -282,6 +282,7 @@ impl CctBuilder {
             duration_ns: 0,
             discovery: None,
             gross: Vec::new(),
+            sampling: None,
             modules: Vec::new(),
             trace: None,
             format: Profile::FORMAT.to_owned(),

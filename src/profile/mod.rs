@@ -29,6 +29,7 @@ pub mod file;
 pub mod folded;
 pub mod model;
 pub mod names;
+pub mod overlap;
 pub mod prune;
 pub mod report;
 mod thread_tree;
@@ -42,8 +43,8 @@ pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use file::ProfileError;
 pub use model::{
-    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile, Stats,
-    ThreadProfile, Visit, walk,
+    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile,
+    SamplingInfo, Stats, ThreadProfile, Visit, walk,
 };
 pub use prune::{Prune, PruneError};
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

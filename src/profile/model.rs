@@ -51,6 +51,29 @@ pub struct Profile {
     /// seconds, as per-thread timelines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<Trace>,
+    /// For `"scheme": "sampled"`: how the samples were taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingInfo>,
+}
+
+/// How a sampled profile (`tendril sample`) was taken. Its nodes carry `samples`, and
+/// their times are estimates: samples times the period (plus, with the wall clock, the
+/// measured time each thread spent switched out).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SamplingInfo {
+    /// `"cpu"` (each thread's CPU time) or `"wall"` (CPU time plus time switched out).
+    pub clock: String,
+    /// Samples per second of each thread's CPU time.
+    pub rate_hz: u64,
+    /// Samples that made the trees.
+    pub samples: u64,
+    /// Samples the kernel dropped because tendril's buffer was full.
+    pub lost_samples: u64,
+    /// Samples whose stack could not be walked to its outermost frame (kept under
+    /// `[truncated stack]`).
+    pub truncated_stacks: u64,
+    /// How many bytes of each thread's stack a sample copied.
+    pub stack_bytes: u64,
 }
 
 /// One module (executable or shared library) as it was mapped in the target.
@@ -218,6 +241,10 @@ pub struct Node {
     /// The function's entry address in the target, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<u64>,
+    /// In a sampled profile: the samples taken in this context, callees included
+    /// (`total_ns` and `self_ns` are then estimates from them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
     #[serde(default)]
     pub children: Vec<Node>,
 }
@@ -249,6 +276,7 @@ impl Node {
             cpu_ns: None,
             self_cpu_ns: None,
             address: None,
+            samples: None,
             children: Vec::new(),
         }
     }
@@ -265,6 +293,7 @@ impl Node {
         node.cpu_ns = self.cpu_ns;
         node.self_cpu_ns = self.self_cpu_ns;
         node.address = self.address;
+        node.samples = self.samples;
         node
     }
 
@@ -277,6 +306,7 @@ impl Node {
             && self.cpu_ns == other.cpu_ns
             && self.self_cpu_ns == other.self_cpu_ns
             && self.address == other.address
+            && self.samples == other.samples
             && self.children.len() == other.children.len()
     }
 }

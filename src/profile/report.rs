@@ -159,6 +159,9 @@ pub fn stack_switch_warning(profile: &Profile) -> Option<String> {
 
 /// Who was profiled, how, and how complete the recording is.
 fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
+    if let Some(sampling) = &profile.sampling {
+        return write_sampled_header(profile, sampling, out);
+    }
     let stats = &profile.stats;
     let calibration = &profile.calibration;
     writeln!(
@@ -204,6 +207,42 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     )
 }
 
+/// The header of a sampled profile (`tendril sample`): how it was sampled, and that
+/// its times are estimates.
+fn write_sampled_header(
+    profile: &Profile,
+    sampling: &super::model::SamplingInfo,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    writeln!(
+        out,
+        "tendril profile of pid {} ({}), sampled: {} samples at {} Hz of {} time over {:.3} s",
+        profile.pid,
+        printable(&profile.exe),
+        sampling.samples,
+        sampling.rate_hz,
+        printable(&sampling.clock),
+        profile.duration_ns as f64 / 1e9
+    )?;
+    writeln!(
+        out,
+        "{} lost (the buffer was full), {} stacks truncated (under [truncated stack]); times are \
+         estimates: samples × {:.3} ms",
+        sampling.lost_samples,
+        sampling.truncated_stacks,
+        1e3 / sampling.rate_hz.max(1) as f64
+    )
+}
+
+/// The count column of a tree or hot-spot row: calls, or samples in a sampled profile.
+fn count_column(profile: &Profile) -> (&'static str, fn(&Node) -> u64) {
+    if profile.sampling.is_some() {
+        ("samples", |node| node.samples.unwrap_or(0))
+    } else {
+        ("calls", |node| node.calls)
+    }
+}
+
 /// Children by total time, largest first (ties keep first-call order).
 fn by_total(nodes: &[Node]) -> std::vec::IntoIter<&Node> {
     let mut sorted: Vec<&Node> = nodes.iter().collect();
@@ -219,10 +258,11 @@ pub fn write_tree(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         "merged call tree of {}; children by total time; % of all roots' total",
         plural(profile.threads.len() as u64, "thread", "threads")
     )?;
+    let (count_title, count) = count_column(profile);
     writeln!(
         out,
         "{:>10} {:>11} {:>11} {:>7}  function (module)",
-        "calls", "total ms", "self ms", "total"
+        count_title, "total ms", "self ms", "total"
     )?;
     let whole = profile.merged_total_ns();
     let mut open = vec![by_total(&profile.merged.roots)];
@@ -235,7 +275,7 @@ pub fn write_tree(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         write!(
             out,
             "{:>10} {:>11.3} {:>11.3} {:>6.1}%  {:indent$}",
-            node.calls,
+            count(node),
             ms(node.total_ns),
             ms(node.self_ns),
             percent(node.total_ns, whole),
@@ -279,7 +319,13 @@ pub fn write_hot(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
                 rows.len() - 1
             });
             rows[index].self_ns += node.self_ns;
-            rows[index].calls += node.calls;
+            rows[index].calls += match node.samples {
+                // A sampled profile counts the samples in which it was innermost.
+                Some(samples) => {
+                    samples.saturating_sub(node.children.iter().filter_map(|c| c.samples).sum())
+                }
+                None => node.calls,
+            };
         }
         Ok(())
     });
@@ -294,7 +340,13 @@ pub fn write_hot(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     writeln!(
         out,
         "{:>11} {:>7} {:>10}  function (module)",
-        "self ms", "self", "calls"
+        "self ms",
+        "self",
+        if profile.sampling.is_some() {
+            "samples"
+        } else {
+            "calls"
+        }
     )?;
     let whole = profile.merged_total_ns();
     for row in rows {
@@ -344,6 +396,7 @@ mod tests {
             duration_ns: 0,
             discovery: None,
             gross: Vec::new(),
+            sampling: None,
             modules: Vec::new(),
             trace: None,
             format: Profile::FORMAT.to_owned(),
