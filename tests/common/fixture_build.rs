@@ -23,6 +23,8 @@ enum Recipe {
     CExceptions,
     /// `gcc -O2 -g -static`: no dynamic loader, no libc.so.
     CStatic,
+    /// `gcc -O2 -g -fomit-frame-pointer -pthread`: only `.eh_frame` can unwind it.
+    CNoFramePointers,
     /// `g++ -O2 -g -pthread`.
     Cxx,
     /// `rustc -O -g --edition 2021 -C panic=unwind`.
@@ -39,7 +41,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 17] = [
+const FIXTURES: [Fixture; 19] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -119,6 +121,16 @@ const FIXTURES: [Fixture; 17] = [
         name: "hooked_threads",
         source: "hooked_threads.c",
         recipe: Recipe::C,
+    },
+    Fixture {
+        name: "sampled",
+        source: "sampled.c",
+        recipe: Recipe::CNoFramePointers,
+    },
+    Fixture {
+        name: "sampled_stripped",
+        source: "sampled.c",
+        recipe: Recipe::StrippedCopyOf("sampled"),
     },
     Fixture {
         name: "i386_loop",
@@ -230,6 +242,11 @@ fn compile(fixture: &Fixture, scratch: &Path) -> Result<PathBuf, String> {
     match fixture.recipe {
         Recipe::C => run(scratch, "gcc", &c_args("-pthread"))?,
         Recipe::CStatic => run(scratch, "gcc", &c_args("-static"))?,
+        Recipe::CNoFramePointers => {
+            let mut args = c_args("-pthread");
+            args.insert(0, "-fomit-frame-pointer");
+            run(scratch, "gcc", &args)?
+        }
         Recipe::CExceptions => {
             let mut args = c_args("-pthread");
             args.insert(0, "-fexceptions");
