@@ -3,8 +3,8 @@
 //! `tendril compare` — a sampled tree against an instrumented one, or two of a kind.
 //!
 //! The one idea: each call path (the function names from a root down to a node) gets a
-//! relative weight, its self time over the tree's whole; so the weights of a tree sum to
-//! 1. *Overlap* is Σ over all paths of min(weight in A, weight in B): 1 for trees that
+//! relative weight, its self time over the tree's whole; so the weights of a tree add
+//! up to one. *Overlap* is Σ over all paths of min(weight in A, weight in B): 1 for trees that
 //! agree exactly, 0 for trees with no common time. *Hot-edge coverage* at threshold T
 //! is the share of A's hot call edges (a path whose total time, callees included, is at
 //! least T of the tree's) that B has too. With `root`, only the subtrees below the
