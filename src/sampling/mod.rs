@@ -15,6 +15,7 @@
 //! - [`records`]: the records read from a ring;
 //! - [`unwind`]: framehop over the process's modules;
 //! - [`tree`]: the sampled trees and the function table;
+//! - [`walker`]: one sample to a named stack in the trees;
 //! - [`sampler`]: a session over all of a process's threads, and its profile.
 
 pub mod perf;
@@ -22,5 +23,6 @@ pub mod records;
 pub mod sampler;
 pub mod tree;
 pub mod unwind;
+pub mod walker;
 
 pub use sampler::{Clock, SampleError, Sampler, SamplerOptions};

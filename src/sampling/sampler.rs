@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::perf::{EventKind, OpenError, PerfEvent, Ring, page_size};
-use super::records::{Record, Sample, parse};
-use super::tree::{SampledTrees, TRUNCATED, UNKNOWN};
-use super::unwind::{StackUnwinder, WalkEnd};
+use super::records::{Record, parse};
+use super::tree::SampledTrees;
+use super::unwind::StackUnwinder;
+use super::walker::SampleWalker;
 use crate::process::{self, AttachError};
 use crate::profile::{
     Calibration, MergedProfile, ModuleMapping, Profile, SamplingInfo, Stats, ThreadProfile,
@@ -30,8 +31,6 @@ use crate::symbols::{ProcessSymbols, SymbolError};
 pub const RESCAN_INTERVAL: Duration = Duration::from_millis(100);
 /// The smallest ring tried when the locked-memory limit refuses larger ones.
 pub const MIN_RING_PAGES: usize = 16;
-/// The shortest time between two reloads of the symbol and unwind tables.
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Which time a sample stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,29 +102,13 @@ struct ThreadEvents {
     hung_up: bool,
 }
 
-/// Walks and names samples, and keeps the counts.
-struct Processing {
-    pid: i32,
-    symbols: ProcessSymbols,
-    unwinder: StackUnwinder,
-    trees: SampledTrees,
-    frames: Vec<u64>,
-    stack: Vec<u32>,
-    period_ns: u64,
-    lost: u64,
-    truncated: u64,
-    /// Frames outside every known module since the tables were last read.
-    unknown_frames: u64,
-    last_reload: Instant,
-}
-
 /// A running sampling session.
 pub struct Sampler {
     pid: i32,
     options: SamplerOptions,
     threads: BTreeMap<u32, ThreadEvents>,
     names: BTreeMap<u32, String>,
-    work: Processing,
+    work: SampleWalker,
     started: Instant,
     stopped_after: Option<Duration>,
     last_scan: Instant,
@@ -147,19 +130,12 @@ impl Sampler {
             options,
             threads: BTreeMap::new(),
             names: BTreeMap::new(),
-            work: Processing {
+            work: SampleWalker::new(
                 pid,
                 symbols,
                 unwinder,
-                trees: SampledTrees::default(),
-                frames: Vec::new(),
-                stack: Vec::new(),
-                period_ns: 1_000_000_000 / u64::from(options.rate_hz.max(1)),
-                lost: 0,
-                truncated: 0,
-                unknown_frames: 0,
-                last_reload: now,
-            },
+                1_000_000_000 / u64::from(options.rate_hz.max(1)),
+            ),
             started: now,
             stopped_after: None,
             last_scan: now,
@@ -249,9 +225,7 @@ impl Sampler {
                 self.scan_threads()?;
             }
         }
-        if self.work.unknown_frames > 0 && self.work.last_reload.elapsed() >= RELOAD_INTERVAL {
-            self.work.reload_tables();
-        }
+        self.work.reload_tables_if_needed();
         Ok(())
     }
 
@@ -322,7 +296,7 @@ impl Sampler {
             .collect();
         let modules = self
             .work
-            .symbols
+            .symbols()
             .modules()
             .iter()
             .map(|m| ModuleMapping {
@@ -457,42 +431,6 @@ impl Sampler {
             asleep: None,
             hung_up: false,
         }))
-    }
-}
-
-impl Processing {
-    /// The named stack of a sample, outermost frame first; None without user registers.
-    fn stack_of(&mut self, sample: &Sample) -> Option<Vec<u32>> {
-        let regs = sample.regs?;
-        let end = self.unwinder.walk(regs, sample.stack, &mut self.frames);
-        self.stack.clear();
-        if end == WalkEnd::Truncated {
-            self.truncated += 1;
-            self.stack
-                .push(self.trees.functions.intern(TRUNCATED, "", None));
-        }
-        for &address in self.frames.iter().rev() {
-            let function = self.trees.functions.symbolize(&self.symbols, address);
-            if self.trees.functions.name(function).0 == UNKNOWN {
-                self.unknown_frames += 1;
-            }
-            self.stack.push(function);
-        }
-        Some(self.stack.clone())
-    }
-
-    /// Reads the symbol and unwind tables again (a library was loaded).
-    fn reload_tables(&mut self) {
-        self.last_reload = Instant::now();
-        self.unknown_frames = 0;
-        if let (Ok(symbols), Ok(unwinder)) = (
-            ProcessSymbols::load(self.pid),
-            StackUnwinder::for_process(self.pid),
-        ) {
-            self.symbols = symbols;
-            self.unwinder = unwinder;
-            self.trees.functions.forget_addresses();
-        }
     }
 }
 
