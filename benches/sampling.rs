@@ -29,8 +29,8 @@ use tendril::commands::top::TopTable;
 use tendril::sampling::perf::{EventKind, PerfEvent, Ring};
 use tendril::sampling::walker::SampleWalker;
 use tendril::sampling::{Sampler, SamplerOptions};
-use tendril_tui::ratatui::{Terminal, backend::TestBackend};
 use tendril_tui::TopView;
+use tendril_tui::ratatui::{Terminal, backend::TestBackend};
 
 /// split_round() calls of one slowdown run (about 0.35 ms each).
 const ROUNDS: &str = "4000";
@@ -59,6 +59,8 @@ fn fixed_work(rate: Option<u32>) -> (f64, f64, u64) {
             Ok(())
         });
     }
+    // Reaped below with wait4, which also gives its CPU time.
+    #[allow(clippy::zombie_processes)]
     let mut child = command.spawn().expect("the fixture starts");
     let pid = child.id() as i32;
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -166,12 +168,31 @@ fn walk_rate(pid: i32, records: &[Vec<u8>]) -> (f64, f64) {
         }
     }
     let rate = walked as f64 / started.elapsed().as_secs_f64();
+    // The unwinding alone (no naming, no trees), for where the time goes.
+    let mut unwinder = tendril::sampling::unwind::StackUnwinder::for_process(pid).unwrap();
+    let mut frames = Vec::new();
+    let (mut unwound, unwind_started) = (0u64, Instant::now());
+    while unwind_started.elapsed() < Duration::from_millis(500) {
+        for record in records {
+            if let tendril::sampling::records::Record::Sample(sample) =
+                tendril::sampling::records::parse(record)
+                && let Some(regs) = sample.regs
+            {
+                unwinder.walk(regs, sample.stack, &mut frames);
+                unwound += 1;
+            }
+        }
+    }
+    println!(
+        "  unwinding alone: {:.2} µs per sample",
+        unwind_started.elapsed().as_secs_f64() * 1e6 / unwound.max(1) as f64
+    );
     let frames = walker
         .trees
         .merged
         .to_nodes(&walker.trees.functions)
         .iter()
-        .map(|root| depth_weighted(root))
+        .map(depth_weighted)
         .sum::<f64>()
         / walker.trees.samples.max(1) as f64;
     (rate, frames)

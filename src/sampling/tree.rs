@@ -12,6 +12,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+/// The maps walked once per frame of every sample: a fast, non-cryptographic hash
+/// (keys are addresses and small indices the target cannot choose freely).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 use crate::profile::Node;
 use crate::symbols::ProcessSymbols;
 
@@ -19,9 +23,9 @@ use crate::symbols::ProcessSymbols;
 pub struct FunctionTable {
     /// (name, module, entry address) by index.
     functions: Vec<(String, String, Option<u64>)>,
-    by_name: HashMap<(String, String), u32>,
+    by_name: FastMap<(String, String), u32>,
     /// Frame address → function index, for addresses seen before.
-    by_address: HashMap<u64, u32>,
+    by_address: FastMap<u64, u32>,
 }
 
 /// The name of frames that could not be walked further.
@@ -39,8 +43,8 @@ impl FunctionTable {
     pub fn new() -> FunctionTable {
         FunctionTable {
             functions: Vec::new(),
-            by_name: HashMap::new(),
-            by_address: HashMap::new(),
+            by_name: FastMap::default(),
+            by_address: FastMap::default(),
         }
     }
 
@@ -126,7 +130,7 @@ pub struct ContextTree {
     nodes: Vec<ContextNode>,
     roots: Vec<u32>,
     /// (parent or `u32::MAX` for a root, function) → child.
-    index: HashMap<(u32, u32), u32>,
+    index: FastMap<(u32, u32), u32>,
 }
 
 impl ContextTree {
