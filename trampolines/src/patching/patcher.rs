@@ -13,13 +13,14 @@
 use crate::code::branch_index::BranchIndex;
 use crate::code::padding::{self, PAD_LEN};
 use crate::code::relocate::{self, EntryPlan, PatchStyle};
-use crate::hooks::stubs::{self, HookKind, TrampolineCode};
+use crate::hooks::stubs::{self, TrampolineCode};
 use crate::hooks::{slow_call, thread_layout};
 use crate::patching::patch_protocol::{self, Pad, Site, Trampoline};
 use crate::patching::{stop_world, traps};
 use crate::sys::code_memory::{self, CodeArena};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
+use tendril_wire::Hook;
 
 /// Longest function body read for planning; longer bodies are scanned up to this much.
 const MAX_BODY_SCAN: u64 = 1 << 20;
@@ -31,29 +32,7 @@ pub struct PatchRequest {
     /// The function's size (symbol or FDE); its whole body is scanned for branches
     /// back into the bytes the patch overwrites.
     pub size: u64,
-    pub kind: HookKind,
-}
-
-/// Hook kinds compared by identity, for the trampoline cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum KindKey {
-    Count,
-    CountReturns,
-    Record(bool),
-    Internal(usize),
-    Replace(u64),
-}
-
-impl From<HookKind> for KindKey {
-    fn from(kind: HookKind) -> Self {
-        match kind {
-            HookKind::Count => KindKey::Count,
-            HookKind::CountReturns => KindKey::CountReturns,
-            HookKind::Record { root } => KindKey::Record(root),
-            HookKind::Internal(handler) => KindKey::Internal(handler as usize),
-            HookKind::Replace { target, .. } => KindKey::Replace(target),
-        }
-    }
+    pub kind: Hook,
 }
 
 #[derive(Default)]
@@ -63,7 +42,7 @@ struct Engine {
     ids: HashMap<u64, u32>,
     /// Function address → its patch.
     sites: HashMap<u64, Site>,
-    trampolines: HashMap<(u64, KindKey), Trampoline>,
+    trampolines: HashMap<(u64, Hook), Trampoline>,
     /// Address of every entry jump and pad written → the bytes it replaced.
     originals: BTreeMap<u64, Vec<u8>>,
 }
@@ -344,7 +323,7 @@ impl Engine {
         self.put_back_originals(address, &mut code);
         let (plan, pad_address) = self.choose_plan(request, &code, nearby, batch)?;
         let id = self.id_for(address)?;
-        let key = (address, KindKey::from(request.kind));
+        let key = (address, request.kind);
         let entry_len = plan.patch_offset + plan.overwritten_len;
         let reusable = self
             .trampolines
@@ -407,7 +386,7 @@ impl Engine {
         let long = plan_for(request, code, Style::Long);
         let thunk_allowed = matches!(
             request.kind,
-            HookKind::Count | HookKind::CountReturns | HookKind::Record { .. }
+            Hook::Count | Hook::CountReturns | Hook::Record | Hook::RecordRoot
         );
         let emulates = |plan: &EntryPlan| relocate::emulates_a_call(address, code, plan);
         let single = |plan: &EntryPlan| plan.instruction_offsets.len() == 1;
@@ -488,7 +467,7 @@ impl Engine {
         code: &[u8],
         plan: EntryPlan,
         id: u32,
-        kind: HookKind,
+        kind: Hook,
     ) -> Result<Trampoline, String> {
         let memory = self.arena.allocate_near(address, stubs::TRAMPOLINE_BYTES)?;
         let mut instruction_map = Vec::new();
@@ -499,6 +478,7 @@ impl Engine {
             hook,
             body,
             trap_entry,
+            body_sink,
         } = stubs::build(memory, id, kind, thunk_returns_to, |body| {
             let relocated =
                 relocate::relocate(address, code, &plan, body).map_err(|r| r.to_string())?;
@@ -510,11 +490,7 @@ impl Engine {
         }
         code_memory::write_code(memory, &bytes)
             .map_err(|e| format!("cannot write a trampoline: {e}"))?;
-        if let HookKind::Replace {
-            body_sink: Some(sink),
-            ..
-        } = kind
-        {
+        if let Some(sink) = body_sink {
             sink.store(body, std::sync::atomic::Ordering::Release);
         }
         Ok(Trampoline {
@@ -550,8 +526,8 @@ fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
 
 /// Whether a hook is one of the unwinder's (see `shadow`), which must be in whenever a
 /// return hook is or a frame still holds one's exit.
-fn is_internal(kind: HookKind) -> bool {
-    matches!(kind, HookKind::Internal(_) | HookKind::Replace { .. })
+fn is_internal(kind: Hook) -> bool {
+    kind.is_agents_own()
 }
 
 /// Which plan [`plan_checked`] makes.

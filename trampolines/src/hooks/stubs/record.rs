@@ -156,7 +156,7 @@ fn write_event(a: &mut CodeAssembler, word: CodeLabel) -> Result<(), IcedError> 
     a.mov(qword_ptr(rdx + tendril_wire::rings::ring::HEAD as i32), r11)
 }
 
-/// The recording hook (see [`HookKind::Record`]). Flags live in r10 (rdtsc needs rax
+/// The recording hook (see [`Hook::Record`](tendril_wire::Hook::Record)). Flags live in r10 (rdtsc needs rax
 /// and rdx); the entry's timestamp is taken last, the exit's first, so that as little
 /// of the hooks' own cost as possible falls between them.
 pub(super) fn record_hook(
@@ -346,13 +346,14 @@ pub(super) fn record_hook(
 mod tests {
     use super::*;
     use crate::hooks::stubs::test_code::{body, disassemble};
-    use crate::hooks::stubs::{ASSEMBLY_BASE, HookKind, TrampolineCode, assemble_hook, build};
+    use crate::hooks::stubs::{ASSEMBLY_BASE, TrampolineCode, assemble_hook, build};
+    use tendril_wire::Hook;
 
     #[test]
     fn record_hook_times_the_call_and_keeps_its_return_prediction() {
         let address = 0x7f00_0000_1000;
-        let root = build(address, 9, HookKind::Record { root: true }, None, body(4)).unwrap();
-        let inner = build(address, 9, HookKind::Record { root: false }, None, body(4)).unwrap();
+        let root = build(address, 9, Hook::RecordRoot, None, body(4)).unwrap();
+        let inner = build(address, 9, Hook::Record, None, body(4)).unwrap();
         let text = |code: &TrampolineCode| {
             let from = (code.hook - address) as usize;
             disassemble(&code.bytes[from..(code.body - address) as usize], code.hook)
@@ -377,7 +378,7 @@ mod tests {
         for root in [false, true] {
             for returns_to in [None, Some(0x7f00_1234_5678)] {
                 for id in [0, 5, 300, 70_000] {
-                    let kind = HookKind::Record { root };
+                    let kind = if root { Hook::RecordRoot } else { Hook::Record };
                     let assembled = assemble_hook(ASSEMBLY_BASE, id, kind, returns_to).unwrap();
                     let template = RecordTemplate::get(root, returns_to.is_some()).unwrap();
                     let instantiated = template.instantiate(id, returns_to);
