@@ -20,8 +20,8 @@
 //! before the entry was restored), so pads are restored with the threads stopped, such
 //! a thread being moved on to the trampoline the pad led to.
 
+use crate::code::entry_plan::{EntryPlan, PatchStyle};
 use crate::code::padding::PAD_LEN;
-use crate::code::relocate::{EntryPlan, PatchStyle};
 use crate::sys::code_memory;
 
 /// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).

@@ -11,8 +11,9 @@
 //! finishes correctly.
 
 use crate::code::branch_index::BranchIndex;
+use crate::code::entry_plan::{self, EntryPlan, PatchStyle};
 use crate::code::padding::{self, PAD_LEN};
-use crate::code::relocate::{self, EntryPlan, PatchStyle};
+use crate::code::relocate;
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::hooks::{slow_call, thread_layout};
 use crate::patching::patch_protocol::{self, Pad, Site, Trampoline};
@@ -388,7 +389,7 @@ impl Engine {
             request.kind,
             Hook::Count | Hook::CountReturns | Hook::Record | Hook::RecordRoot
         );
-        let emulates = |plan: &EntryPlan| relocate::emulates_a_call(address, code, plan);
+        let emulates = |plan: &EntryPlan| entry_plan::emulates_a_call(address, code, plan);
         let single = |plan: &EntryPlan| plan.instruction_offsets.len() == 1;
         if let Ok(plan) = &long
             && single(plan)
@@ -542,9 +543,9 @@ enum Style {
 fn plan_for(request: &PatchRequest, code: &[u8], style: Style) -> Result<EntryPlan, String> {
     let address = request.address;
     match style {
-        Style::Long => relocate::plan_entry_patch(address, code),
-        Style::Short => relocate::plan_short_entry_patch(address, code),
-        Style::CallThunk => relocate::plan_call_thunk(address, code),
+        Style::Long => entry_plan::plan_entry_patch(address, code),
+        Style::Short => entry_plan::plan_short_entry_patch(address, code),
+        Style::CallThunk => entry_plan::plan_call_thunk(address, code),
     }
     .map_err(|r| r.to_string())
 }
@@ -570,11 +571,10 @@ fn check_neighbours(
         patch_start + plan.overwritten_len as u64,
     );
     // Branches inside the body were checked by the plan, which knows which are its own.
-    match into
-        .iter()
-        .find(|(from, to)| !body.contains(from) && relocate::lands_inside_patch(plan, address, *to))
-    {
-        Some(&(from, to)) => Err(relocate::Refusal::BranchIntoPatch { from, to }.to_string()),
+    match into.iter().find(|(from, to)| {
+        !body.contains(from) && entry_plan::lands_inside_patch(plan, address, *to)
+    }) {
+        Some(&(from, to)) => Err(entry_plan::Refusal::BranchIntoPatch { from, to }.to_string()),
         None => Ok(()),
     }
 }
