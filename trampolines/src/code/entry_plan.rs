@@ -22,6 +22,11 @@ pub const SHORT_PATCH_LEN: usize = 2;
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
+/// Most one-byte `push`es skipped at an entry (see [`EntryPlan::lead_pushes`]).
+pub const MAX_LEAD_PUSHES: usize = 4;
+/// Cache-line size: a 2-byte store inside one line is atomic for instruction fetch.
+const CACHE_LINE: u64 = 64;
+
 /// What is written at the patch point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchStyle {
@@ -39,9 +44,17 @@ pub enum PatchStyle {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryPlan {
     pub style: PatchStyle,
-    /// 4 if the function starts with `endbr64` (kept, so indirect calls stay valid under
-    /// IBT; the patch follows it), else 0.
+    /// Where the patch starts: after an `endbr64` (kept, so indirect calls stay valid
+    /// under IBT) and after [`lead_pushes`](Self::lead_pushes) one-byte pushes.
     pub patch_offset: usize,
+    /// One-byte `push reg` instructions just before the patch, left in place. The
+    /// patch's first two bytes are replaced in one store by a jump-to-self guard, which
+    /// needs a first instruction of at least two bytes: a thread between a one-byte
+    /// first instruction and the next would run into the guard's second byte. A thread
+    /// that ran the pushes reaches the patch, whose trampoline pops them off again
+    /// (`lea rsp,[rsp+8n]`: the registers still hold what was pushed) before the hook,
+    /// and whose body runs them once more before the overwritten instructions.
+    pub lead_pushes: usize,
     /// Length of what is written: [`PATCH_LEN`] or [`SHORT_PATCH_LEN`] for a jump, the
     /// whole call instruction (5 or 6 bytes) for a call thunk.
     pub jump_len: usize,
@@ -72,6 +85,12 @@ pub enum Refusal {
     Breakpoint { at: u64 },
     /// Bytes that do not decode, or an instruction running past the end of the function.
     Undecodable { at: u64 },
+    /// A one-byte first instruction other than a `push`: the 2-byte guard would cut
+    /// through the next instruction.
+    OneByteEntry { at: u64 },
+    /// The patch's first two bytes lie on two cache lines, so no single store can
+    /// replace them for every core at once.
+    GuardSplitsCacheLine { at: u64 },
     /// A RIP-relative memory operand out of reach of the trampoline's address.
     RipRelativeOutOfRange { at: u64 },
     /// iced-x86 could not encode the relocated block for another reason.
@@ -96,6 +115,15 @@ impl fmt::Display for Refusal {
                 write!(f, "the system call at {at:#x} would return {into}")
             }
             Self::Breakpoint { at } => write!(f, "a breakpoint is already set at {at:#x}"),
+            Self::OneByteEntry { at } => write!(
+                f,
+                "its entry is a one-byte instruction ({at:#x}) that a two-byte guard would cut"
+            ),
+            Self::GuardSplitsCacheLine { at } => write!(
+                f,
+                "the entry's first two bytes ({at:#x}) straddle a cache line, so no single \
+                 store can replace them"
+            ),
             Self::Undecodable { at } => write!(f, "undecodable instruction at {at:#x}"),
             Self::RipRelativeOutOfRange { at } => {
                 write!(f, "the RIP-relative operand at {at:#x} is out of reach")
@@ -127,7 +155,13 @@ fn plan_with_jump(
     code: &[u8],
     jump_len: usize,
 ) -> Result<EntryPlan, Refusal> {
-    let patch_offset = if code.starts_with(&ENDBR64) { 4 } else { 0 };
+    let entry_offset = if code.starts_with(&ENDBR64) { 4 } else { 0 };
+    let lead_pushes = code[entry_offset.min(code.len())..]
+        .iter()
+        .take(MAX_LEAD_PUSHES)
+        .take_while(|&&byte| is_one_byte_push(byte))
+        .count();
+    let patch_offset = entry_offset + lead_pushes;
     let size = code.len().saturating_sub(patch_offset) as u64;
     if size < jump_len as u64 {
         return Err(Refusal::TooShort {
@@ -150,12 +184,14 @@ fn plan_with_jump(
     for (index, instruction) in overwritten.iter().enumerate() {
         check_overwritten(instruction, index + 1 == overwritten.len())?;
     }
+    check_guard(&overwritten[0])?;
     let offsets = overwritten
         .iter()
         .map(|i| (i.ip() - function_address) as usize);
     let mut plan = EntryPlan {
         style: PatchStyle::Jump,
         patch_offset,
+        lead_pushes,
         jump_len,
         overwritten_len: decoder.position(),
         instruction_offsets: offsets.collect(),
@@ -185,9 +221,11 @@ pub fn plan_call_thunk(function_address: u64, code: &[u8]) -> Result<EntryPlan, 
     if first.is_invalid() || !callable {
         return Err(Refusal::Undecodable { at: start });
     }
+    check_guard(&first)?;
     let mut plan = EntryPlan {
         style: PatchStyle::CallThunk,
         patch_offset,
+        lead_pushes: 0,
         jump_len: first.len(),
         overwritten_len: first.len(),
         instruction_offsets: vec![patch_offset],
@@ -223,7 +261,26 @@ pub fn emulates_a_call(function_address: u64, code: &[u8], plan: &EntryPlan) -> 
 /// `__memmove_evex_unaligned_erms`.
 pub fn lands_inside_patch(plan: &EntryPlan, function_address: u64, target: u64) -> bool {
     let patch_start = function_address + plan.patch_offset as u64;
-    target > patch_start && target < patch_start + plan.overwritten_len as u64
+    let first_push = patch_start - plan.lead_pushes as u64;
+    target > first_push && target < patch_start + plan.overwritten_len as u64
+}
+
+/// `push r64` of one of the eight legacy registers, which takes one byte.
+fn is_one_byte_push(byte: u8) -> bool {
+    (0x50..=0x57).contains(&byte)
+}
+
+/// The guard goes over the first two bytes of the first overwritten instruction: it
+/// must have two, on one cache line.
+fn check_guard(first: &Instruction) -> Result<(), Refusal> {
+    let at = first.ip();
+    if first.len() < 2 {
+        return Err(Refusal::OneByteEntry { at });
+    }
+    if at % CACHE_LINE == CACHE_LINE - 1 {
+        return Err(Refusal::GuardSplitsCacheLine { at });
+    }
+    Ok(())
 }
 
 /// Only the last overwritten instruction may end the function's flow or push a return
@@ -262,6 +319,9 @@ fn scan_branches(
 ) -> Result<Vec<usize>, Refusal> {
     let patch_start = function_address + plan.patch_offset as u64;
     let patch = patch_start..patch_start + plan.overwritten_len as u64;
+    // A branch may go to the first lead push (the pushes run, then the patch), but not
+    // past it: the trampoline would pop pushes that were never made.
+    let first_push = patch_start - plan.lead_pushes as u64;
     let offset = |address: u64| address.wrapping_sub(function_address) as usize;
     let mut entry_sources = Vec::new();
     let mut decoder = Decoder::with_ip(64, code, code_address, DecoderOptions::NONE);
@@ -283,9 +343,71 @@ fn scan_branches(
         if to != patch_start && patch.contains(&to) && !internal {
             return Err(Refusal::BranchIntoPatch { from, to });
         }
-        if !patch.contains(&from) && (to == function_address || to == patch_start) {
+        if plan.lead_pushes > 0 && to > first_push && to <= patch_start {
+            return Err(Refusal::BranchIntoPatch { from, to });
+        }
+        if !patch.contains(&from) && (to == function_address || to == first_push) {
             entry_sources.push(offset(from));
         }
     }
     Ok(entry_sources)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const F: u64 = 0x7f00_1234_5000;
+
+    fn hex(text: &str) -> Vec<u8> {
+        let byte = |b| u8::from_str_radix(b, 16).unwrap();
+        text.split_whitespace().map(byte).collect()
+    }
+
+    #[test]
+    fn one_byte_pushes_stay_before_the_patch() {
+        // push rbp; push rbx; sub rsp,0x18; mov rbx,rdi; ...; ret
+        let code = hex("55 53 48 83 ec 18 48 89 fb 48 83 c4 18 5b 5d c3");
+        let plan = plan_entry_patch(F, &code).unwrap();
+        assert_eq!((plan.lead_pushes, plan.patch_offset), (2, 2));
+        assert_eq!(plan.instruction_offsets, [2, 6]);
+        // A branch to the first push is an entry; to the second, or to the patch
+        // itself, would meet a trampoline that pops pushes never made.
+        let mut looped = code.clone();
+        looped.extend(hex("eb f0")); // jmp back to offset 2 (the patch)
+        assert!(matches!(
+            plan_entry_patch(F, &looped),
+            Err(Refusal::BranchIntoPatch { to, .. }) if to == F + 2
+        ));
+        let mut to_start = code.clone();
+        to_start.extend(hex("eb ee")); // jmp back to offset 0 (the first push)
+        let plan = plan_entry_patch(F, &to_start).unwrap();
+        assert_eq!(plan.entry_branch_sources, [16]);
+        assert!(lands_inside_patch(&plan, F, F + 1));
+        assert!(lands_inside_patch(&plan, F, F + 2 + 4));
+        assert!(!lands_inside_patch(&plan, F, F));
+    }
+
+    #[test]
+    fn a_guard_needs_two_bytes_on_one_cache_line() {
+        // cld; then a long instruction: a one-byte entry that is no push.
+        let code = hex("fc 48 83 ec 18 c3 90 90");
+        assert_eq!(
+            plan_entry_patch(F, &code),
+            Err(Refusal::OneByteEntry { at: F })
+        );
+        // Five pushes: the fifth is left as the patch's first instruction.
+        let code = hex("50 51 52 53 55 48 83 ec 18 c3");
+        assert_eq!(
+            plan_entry_patch(F, &code),
+            Err(Refusal::OneByteEntry { at: F + 4 })
+        );
+        // The last byte of a cache line.
+        let at = F + 63;
+        let code = hex("48 83 ec 18 48 89 fb c3");
+        assert_eq!(
+            plan_entry_patch(at, &code),
+            Err(Refusal::GuardSplitsCacheLine { at })
+        );
+    }
 }

@@ -40,6 +40,14 @@ pub fn relocate(
     if plan.style == PatchStyle::CallThunk {
         return relocate_call_thunk(function_address, code, plan, destination);
     }
+    // The lead pushes, popped again by the trampoline's entry, run first (one byte
+    // each, position-independent); the overwritten instructions follow them.
+    let pushes = code
+        .get(plan.patch_offset - plan.lead_pushes..plan.patch_offset)
+        .ok_or(Refusal::Undecodable {
+            at: function_address,
+        })?;
+    let destination = destination + pushes.len() as u64;
     let mut block = Vec::with_capacity(plan.instruction_offsets.len() + 4);
     let mut last = 0;
     for &offset in &plan.instruction_offsets {
@@ -74,8 +82,11 @@ pub fn relocate(
     })?;
     // Only the last instruction (a call) expands to several, so the indices line up.
     let pairs = std::iter::zip(&plan.instruction_offsets, &encoded.new_instruction_offsets);
-    let instruction_map = pairs.map(|(&old, &new)| (old, new as usize)).collect();
-    let bytes = encoded.code_buffer;
+    let instruction_map = pairs
+        .map(|(&old, &new)| (old, new as usize + pushes.len()))
+        .collect();
+    let mut bytes = pushes.to_vec();
+    bytes.extend_from_slice(&encoded.code_buffer);
     Ok(Relocated {
         bytes,
         instruction_map,
@@ -179,12 +190,14 @@ mod tests {
             (plan.patch_offset, &plan.instruction_offsets[..]),
             (patch_offset, offsets)
         );
+        // The lead pushes come first in the copy, then the overwritten instructions.
+        let copied_from = patch_offset - plan.lead_pushes;
         let end = patch_offset + plan.overwritten_len;
         assert_eq!(
-            relocated.bytes[..end - patch_offset],
-            hex(code)[patch_offset..end]
+            relocated.bytes[..end - copied_from],
+            hex(code)[copied_from..end]
         );
-        let map: Vec<_> = offsets.iter().map(|&o| (o, o - patch_offset)).collect();
+        let map: Vec<_> = offsets.iter().map(|&o| (o, o - copied_from)).collect();
         assert_eq!(relocated.instruction_map, map);
     }
 
@@ -196,10 +209,11 @@ mod tests {
             0,
             &[0, 2, 4],
         );
-        // push rbp; mov rbp,rsp; sub rsp,0x10; leave; ret; then bytes invalid in 64-bit mode
-        assert_verbatim("55 48 89 e5 48 83 ec 10 c9 c3 06 07 ff ff", 0, &[0, 1, 4]);
+        // push rbp; mov rbp,rsp; sub rsp,0x10; leave; ret; then bytes invalid in 64-bit
+        // mode. The one-byte push stays in place: the patch starts after it.
+        assert_verbatim("55 48 89 e5 48 83 ec 10 c9 c3 06 07 ff ff", 1, &[1, 4]);
         // endbr64; push rbp; mov rbp,rsp; sub rsp,0x10; leave; ret
-        assert_verbatim("f3 0f 1e fa 55 48 89 e5 48 83 ec 10 c9 c3", 4, &[4, 5, 8]);
+        assert_verbatim("f3 0f 1e fa 55 48 89 e5 48 83 ec 10 c9 c3", 5, &[5, 8]);
         // glibc 2.36 malloc: push r12; push rbp; push rbx; mov rbx,rdi; sub rsp,0x10
         assert_verbatim("41 54 55 53 48 89 fb 48 83 ec 10", 0, &[0, 2, 3, 4]);
     }
