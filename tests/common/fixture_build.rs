@@ -39,7 +39,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 17] = [
+const FIXTURES: [Fixture; 18] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -118,6 +118,11 @@ const FIXTURES: [Fixture; 17] = [
     Fixture {
         name: "hooked_threads",
         source: "hooked_threads.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "signal_blocking",
+        source: "signal_blocking.c",
         recipe: Recipe::C,
     },
     Fixture {
