@@ -565,58 +565,6 @@ fn roots_change_without_detaching_and_a_refused_root_keeps_the_old_ones() {
 }
 
 #[test]
-fn record_without_an_output_writes_a_file_named_after_the_process_and_says_where() {
-    let target = Target::spawn("calltree", &["1"]);
-    let pid = target.pid().to_string();
-    let directory = std::env::temp_dir().join(format!("tendril-record-default-{pid}"));
-    let _ = std::fs::remove_dir_all(&directory);
-    std::fs::create_dir_all(&directory).unwrap();
-    let output = tendril()
-        .current_dir(&directory)
-        .args(["record", &pid, "--root", "work_round", "--duration", "1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    assert!(output.stdout.is_empty(), "no JSON on stdout");
-    let files: Vec<std::path::PathBuf> = std::fs::read_dir(&directory)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    let name = files[0].file_name().unwrap().to_string_lossy().into_owned();
-    assert!(
-        name.starts_with(&format!("tendril-{pid}-")) && name.ends_with(".json"),
-        "{name}"
-    );
-    assert!(
-        stderr.contains(&format!("profile written to {}", files[0].display())),
-        "{stderr}"
-    );
-    let profile = Profile::load(&files[0]).unwrap();
-    assert!(node_at(&profile.merged.roots, &["work_round"]).is_some());
-    // `-o -` still writes the JSON to stdout.
-    let output = tendril()
-        .current_dir(&directory)
-        .args([
-            "record",
-            &pid,
-            "--root",
-            "work_round",
-            "--duration",
-            "1",
-            "-o",
-            "-",
-        ])
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    assert!(output.stdout.starts_with(b"{"), "the profile on stdout");
-    assert_eq!(std::fs::read_dir(&directory).unwrap().count(), 1);
-    let _ = std::fs::remove_dir_all(&directory);
-}
-
-#[test]
 fn report_cuts_by_threshold_depth_and_thread() {
     let mut target = Target::spawn("calltree", &["1"]);
     let recording = Recording::start(target.pid(), &["--root", "work_round"]);
