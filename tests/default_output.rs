@@ -51,6 +51,7 @@ fn record_without_an_output_writes_a_file_named_after_the_process_and_says_where
     );
     let profile = Profile::load(&files[0]).unwrap();
     assert!(node_at(&profile.merged.roots, &["work_round"]).is_some());
+    common::check_profile(&profile);
     // `-o -` still writes the JSON to stdout.
     let output = tendril()
         .current_dir(&directory)

@@ -240,6 +240,7 @@ fn run_records_a_program_from_its_start_and_returns_its_status() {
     );
     let profile = Profile::load(&output).unwrap_or_else(|e| panic!("{e}\n{stderr}"));
     let _ = std::fs::remove_file(&output);
+    common::check_profile(&profile);
     let parent = node_at(&profile.merged.roots, &["parent"]).unwrap();
     assert_eq!(parent.calls, 7, "every call, from the first: {stderr}");
     let leaf = |name| node_at(&profile.merged.roots, &["parent", name]).map(|n| n.calls);
@@ -521,6 +522,7 @@ fn roots_change_without_detaching_and_a_refused_root_keeps_the_old_ones() {
         std::thread::sleep(Duration::from_millis(300));
         recorder.poll();
         let profile = recorder.snapshot();
+        common::check_profile(&profile);
         node_at(&profile.merged.roots, &[root]).map_or(0, |node| node.calls)
     };
     let mut recorder = Recorder::start(&RecordOptions {
