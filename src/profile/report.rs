@@ -8,9 +8,9 @@
 
 use super::export;
 pub use super::folded::{MAX_FOLDED_FRAMES, folded_stacks_elided, write_folded};
-use super::model::{Node, Profile, Visit, walk};
-use super::names::printable;
-use std::collections::HashMap;
+use super::hot::hot_spots;
+use super::model::{Node, Profile};
+use super::names::{fit_middle, function_label, printable};
 use std::fmt;
 use std::io::{self, Write};
 use std::str::FromStr;
@@ -101,9 +101,20 @@ pub fn write_report(
     format: ReportFormat,
     out: &mut impl Write,
 ) -> io::Result<()> {
+    write_report_fitted(profile, format, None, out)
+}
+
+/// Writes `profile` in `format`; with `columns` (a terminal's width), the tree's and
+/// the hot spots' function names are cut in the middle to fit it (see `names`).
+pub fn write_report_fitted(
+    profile: &Profile,
+    format: ReportFormat,
+    columns: Option<usize>,
+    out: &mut impl Write,
+) -> io::Result<()> {
     match format {
-        ReportFormat::Tree => write_tree(profile, out),
-        ReportFormat::Hot => write_hot(profile, out),
+        ReportFormat::Tree => write_tree(profile, columns, out),
+        ReportFormat::Hot => write_hot(profile, columns, out),
         ReportFormat::Folded => write_folded(profile, out),
         ReportFormat::Json => profile.write_json(out),
         ReportFormat::Pprof => export::pprof::write_pprof(profile, out),
@@ -115,6 +126,28 @@ pub fn write_report(
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
+}
+
+/// What a self-time column shows where the self time is below the measurement's
+/// resolution (the hook cost removed exceeded it), instead of a measured-looking 0.
+pub const BELOW_RESOLUTION: &str = "<res";
+
+/// A self time in milliseconds, `width` wide, or [`BELOW_RESOLUTION`].
+fn self_ms(self_ns: u64, below_resolution: bool, width: usize) -> String {
+    if below_resolution {
+        format!("{BELOW_RESOLUTION:>width$}")
+    } else {
+        format!("{:>width$.3}", ms(self_ns))
+    }
+}
+
+/// The label of a row whose name starts at column `used`, cut to `columns` if given.
+fn row_label(name: &str, module: &str, columns: Option<usize>, used: usize) -> String {
+    let label = function_label(name, module);
+    match columns {
+        Some(columns) => fit_middle(&label, columns.saturating_sub(used)).into_owned(),
+        None => label,
+    }
 }
 
 fn percent(part: u64, whole: u64) -> f64 {
@@ -211,13 +244,23 @@ fn by_total(nodes: &[Node]) -> std::vec::IntoIter<&Node> {
     sorted.into_iter()
 }
 
+/// Columns before a tree row's indentation.
+const TREE_COLUMNS: usize = 44;
+/// Columns before a hot-spot row's name.
+const HOT_COLUMNS: usize = 32;
+
 /// The merged calling context tree, one row per context.
-pub fn write_tree(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
+pub fn write_tree(
+    profile: &Profile,
+    columns: Option<usize>,
+    out: &mut impl Write,
+) -> io::Result<()> {
     write_header(profile, out)?;
     writeln!(
         out,
-        "merged call tree of {}; children by total time; % of all roots' total",
-        plural(profile.threads.len() as u64, "thread", "threads")
+        "merged call tree of {}; children by total time; % of all roots' total{}",
+        plural(profile.threads.len() as u64, "thread", "threads"),
+        below_resolution_note(&profile.merged.roots)
     )?;
     writeln!(
         out,
@@ -232,24 +275,26 @@ pub fn write_tree(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             continue;
         };
         let depth = open.len() - 1;
+        let indent = 2 * depth.min(MAX_TREE_INDENT);
         write!(
             out,
-            "{:>10} {:>11.3} {:>11.3} {:>6.1}%  {:indent$}",
+            "{:>10} {:>11.3} {} {:>6.1}%  {:indent$}",
             node.calls,
             ms(node.total_ns),
-            ms(node.self_ns),
+            self_ms(node.self_ns, node.below_resolution, 11),
             percent(node.total_ns, whole),
             "",
-            indent = 2 * depth.min(MAX_TREE_INDENT)
         )?;
+        let mut used = TREE_COLUMNS + indent;
         if depth > MAX_TREE_INDENT {
-            write!(out, "[depth {depth}] ")?;
+            let marker = format!("[depth {depth}] ");
+            used += marker.len();
+            out.write_all(marker.as_bytes())?;
         }
         writeln!(
             out,
-            "{} ({})",
-            printable(&node.name),
-            printable(&node.module)
+            "{}",
+            row_label(&node.name, &node.module, columns, used)
         )?;
         open.push(by_total(&node.children));
     }
@@ -257,39 +302,18 @@ pub fn write_tree(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
 }
 
 /// Self time per function summed over every context it ran in.
-pub fn write_hot(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
-    struct Hot<'a> {
-        name: &'a str,
-        module: &'a str,
-        self_ns: u64,
-        calls: u64,
-    }
-    let mut by_function: HashMap<(&str, &str), usize> = HashMap::new();
-    let mut rows: Vec<Hot> = Vec::new();
-    let _ = walk(&profile.merged.roots, |step| -> Result<(), ()> {
-        if let Visit::Enter { node, .. } = step {
-            let key = (node.name.as_str(), node.module.as_str());
-            let index = *by_function.entry(key).or_insert_with(|| {
-                rows.push(Hot {
-                    name: key.0,
-                    module: key.1,
-                    self_ns: 0,
-                    calls: 0,
-                });
-                rows.len() - 1
-            });
-            rows[index].self_ns += node.self_ns;
-            rows[index].calls += node.calls;
-        }
-        Ok(())
-    });
-    rows.sort_by(|a, b| b.self_ns.cmp(&a.self_ns).then(a.name.cmp(b.name)));
-
+pub fn write_hot(
+    profile: &Profile,
+    columns: Option<usize>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let rows = hot_spots(&profile.merged.roots);
     write_header(profile, out)?;
     writeln!(
         out,
         "hot spots: self time per function over all its contexts (all threads); % of all \
-         roots' total"
+         roots' total{}",
+        below_resolution_note(&profile.merged.roots)
     )?;
     writeln!(
         out,
@@ -300,15 +324,33 @@ pub fn write_hot(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     for row in rows {
         writeln!(
             out,
-            "{:>11.3} {:>6.1}% {:>10}  {} ({})",
-            ms(row.self_ns),
+            "{} {:>6.1}% {:>10}  {}",
+            self_ms(row.self_ns, row.below_resolution, 11),
             percent(row.self_ns, whole),
             row.calls,
-            printable(row.name),
-            printable(row.module)
+            row_label(row.name, row.module, columns, HOT_COLUMNS)
         )?;
     }
     Ok(())
+}
+
+/// Explains [`BELOW_RESOLUTION`] in a title line, when some row shows it.
+fn below_resolution_note(roots: &[Node]) -> &'static str {
+    let mut any = false;
+    let _ = super::model::walk(roots, |step| {
+        if let super::model::Visit::Enter { node, .. } = step
+            && node.below_resolution
+        {
+            any = true;
+            return Err(());
+        }
+        Ok(())
+    });
+    if any {
+        "; <res: self time below what tendril can measure (the hook cost removed exceeded it)"
+    } else {
+        ""
+    }
 }
 
 #[cfg(test)]
@@ -431,6 +473,61 @@ merged call tree of 1 thread; children by total time; % of all roots' total
             &rows[42][..44],
             "         1       0.000       0.000    2.3%  "
         );
+    }
+
+    #[test]
+    fn stripped_names_show_their_module_once_and_below_resolution_is_said() {
+        let mut stripped = profile();
+        let root = &mut stripped.merged.roots[0];
+        root.children.clear();
+        root.self_ns = 0;
+        root.below_resolution = true;
+        for offset in ["1a2b30", "1a2b90", "1a2c10"] {
+            let name = format!("libpython3.12.so.1.0+0x{offset}");
+            root.children.push(node(
+                &name,
+                "libpython3.12.so.1.0",
+                1,
+                30_000_000,
+                30_000_000,
+            ));
+        }
+        root.total_ns = 90_000_000;
+        let tree = report(&stripped, ReportFormat::Tree);
+        let rows: Vec<&str> = tree.lines().skip(5).collect();
+        assert_eq!(
+            rows[0],
+            "         1      90.000        <res  100.0%  main (app)"
+        );
+        assert_eq!(
+            rows[1],
+            "         1      30.000      30.000   33.3%    libpython3.12.so.1.0+0x1a2b30"
+        );
+        assert!(
+            tree.contains("<res: self time below what tendril can measure"),
+            "{tree}"
+        );
+        let hot = report(&stripped, ReportFormat::Hot);
+        assert!(
+            hot.contains("       <res    0.0%          1  main (app)\n"),
+            "{hot}"
+        );
+        // At 64 columns, each row fits and the three offsets stay apart.
+        for format in [ReportFormat::Tree, ReportFormat::Hot] {
+            let mut out = Vec::new();
+            write_report_fitted(&stripped, format, Some(64), &mut out).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            let rows: Vec<&str> = text.lines().filter(|l| l.contains("+0x")).collect();
+            assert_eq!(rows.len(), 3, "{text}");
+            for (row, offset) in rows.iter().zip(["1a2b30", "1a2b90", "1a2c10"]) {
+                assert!(row.chars().count() <= 64, "{row}");
+                assert!(row.ends_with(&format!("+0x{offset}")), "{row}");
+            }
+            assert!(
+                format == ReportFormat::Hot || rows[0].contains('…'),
+                "{text}"
+            );
+        }
     }
 
     #[test]
