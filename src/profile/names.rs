@@ -61,7 +61,7 @@ pub fn fit_middle(label: &str, width: usize) -> Cow<'_, str> {
     let module = label.ends_with(')').then(|| label.rfind(" (")).flatten();
     let protected = offset.or(module).map_or(0, |at| label[at..].width());
     let room = width - 1;
-    let tail_width = if protected + 1 <= room {
+    let tail_width = if protected < room {
         protected.max(room / 2)
     } else {
         room / 2
