@@ -242,9 +242,9 @@ struct ProfileArgs {
     /// run) or a (the whole static call graph, up front).
     #[arg(long, value_enum, default_value_t = SchemeArg::B)]
     scheme: SchemeArg,
-    /// Write the profile to FILE (`-`: stdout). Default: `record` writes
-    /// tendril-<PID>-<YYYYmmdd-HHMMSS>.json in the current directory and says so; `run`
-    /// writes to stdout.
+    /// Write the profile to FILE (`-`: stdout). Default: a new file
+    /// tendril-<PID>-<YYYYmmdd-HHMMSS>.json in the current directory, named on stderr
+    /// (for `run`, PID is the program's).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
     /// Only time the roots themselves: a distribution of their gross times, at

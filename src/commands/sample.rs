@@ -28,8 +28,7 @@ pub struct SampleCommand {
 }
 
 pub fn run(command: &SampleCommand) -> anyhow::Result<()> {
-    let default = crate::live::save_path::snapshot_path(command.pid);
-    let output = ProfileOutput::open_or(command.output.as_deref(), default)?;
+    let output = ProfileOutput::open_or_fresh(command.output.as_deref(), command.pid)?;
     interrupt::install();
     let sampler = Sampler::start(command.pid, command.options)?;
     eprintln!(

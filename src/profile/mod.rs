@@ -13,7 +13,7 @@
 //! - [`file`](mod@file): reading and writing it (serde_json, any depth);
 //! - [`cct`]: the builder (per-thread trees in `thread_tree` over an `arena`);
 //! - [`calibration`]: the correction formula;
-//! - [`report`]: `tendril report` text formats;
+//! - [`report`]: `tendril report` text formats ([`hot`]: the hot spots);
 //! - [`export`]: the formats other tools read (pprof, speedscope, Trace Event Format,
 //!   SVG flame graphs);
 //! - [`trace`]: timelines of a recording's first seconds (`record --trace`);
@@ -27,6 +27,7 @@ pub mod diff;
 pub mod export;
 pub mod file;
 pub mod folded;
+pub mod hot;
 pub mod model;
 pub mod names;
 pub mod overlap;

@@ -7,7 +7,9 @@
 //! on a stack that grows on demand (see there).
 //!
 //! Times are whole nanoseconds (`u64`), already corrected for tendril's own overhead.
-//! Within one tree, `self_ns == total_ns - Σ children.total_ns` (clamped at 0).
+//! Within one tree, `self_ns == total_ns - Σ children.total_ns` exactly, and no child's
+//! total exceeds its parent's; where the correction took more from a node than its own
+//! time, its total is its children's and it says so ([`Node::below_resolution`]).
 
 use super::trace_model::Trace;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -232,6 +234,11 @@ pub struct Node {
     pub total_ns: u64,
     #[serde(deserialize_with = "whole_number")]
     pub self_ns: u64,
+    /// The self time is below what tendril can measure: removing the hooks' calibrated
+    /// cost left less than nothing (its callees' totals exceeded its own), so `self_ns`
+    /// is 0 and `total_ns` is its children's sum — not a measured 0.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub below_resolution: bool,
     /// On-CPU time, corrected, when the recording measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ns: Option<u64>,
@@ -247,6 +254,10 @@ pub struct Node {
     pub samples: Option<u64>,
     #[serde(default)]
     pub children: Vec<Node>,
+}
+
+fn is_false(flag: &bool) -> bool {
+    !*flag
 }
 
 /// Reads a count or a time that another tool may have written as a fraction (`10.4`):
@@ -273,6 +284,7 @@ impl Node {
             calls,
             total_ns,
             self_ns,
+            below_resolution: false,
             cpu_ns: None,
             self_cpu_ns: None,
             address: None,
@@ -290,6 +302,7 @@ impl Node {
             self.total_ns,
             self.self_ns,
         );
+        node.below_resolution = self.below_resolution;
         node.cpu_ns = self.cpu_ns;
         node.self_cpu_ns = self.self_cpu_ns;
         node.address = self.address;
@@ -303,6 +316,7 @@ impl Node {
             && self.calls == other.calls
             && self.total_ns == other.total_ns
             && self.self_ns == other.self_ns
+            && self.below_resolution == other.below_resolution
             && self.cpu_ns == other.cpu_ns
             && self.self_cpu_ns == other.self_cpu_ns
             && self.address == other.address
@@ -432,6 +446,9 @@ impl fmt::Debug for Node {
                     "{:?} ({}) calls={} total_ns={} self_ns={}",
                     node.name, node.module, node.calls, node.total_ns, node.self_ns
                 )?;
+                if node.below_resolution {
+                    f.write_str(" below_resolution")?;
+                }
                 if !node.children.is_empty() {
                     f.write_str(" [")?;
                 }

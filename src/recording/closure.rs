@@ -4,7 +4,7 @@
 //! reachable from a root through direct calls (and calls through GOT slots, read from
 //! the target's memory now) is instrumented up front, whether it will ever run or not.
 
-use crate::refusals::Refusals;
+use crate::refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::{HashSet, VecDeque};
 use std::os::unix::fs::FileExt;
@@ -37,7 +37,6 @@ pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> C
     };
     let read_pointer =
         |address: u64| read(address, 8).map(|bytes| u64::from_le_bytes(bytes.try_into().unwrap()));
-    let refusals = Refusals::new(symbols);
     let mut seen: HashSet<u64> = roots.iter().map(|f| f.addr).collect();
     let mut queue: VecDeque<u64> = roots.iter().map(|f| f.addr).collect();
     let mut closure = Closure::default();
@@ -56,7 +55,7 @@ pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> C
             .chain(found.through_pointers.into_iter().filter_map(read_pointer));
         for target in targets {
             let Some(callee) = resolve(symbols, target, &read, &read_pointer)
-                .filter(|callee| refusals.reason(callee).is_none())
+                .filter(|callee| refusals::reason(callee, true).is_none())
             else {
                 continue;
             };

@@ -10,7 +10,7 @@
 //! is half set up, with their own calling conventions), the vDSO's, the agent's, and
 //! those refused by name (`refusals`) — are marked excluded.
 
-use crate::refusals::Refusals;
+use crate::refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::HashMap;
 use tendril_wire::function_table::{self, FLAG_EXCLUDED, FLAG_PLT, FunctionEntry};
@@ -23,7 +23,6 @@ pub fn entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
         .filter(|f| f.source != SymbolSource::Plt && f.size > 0 && !f.ifunc)
         .map(|f| (f.raw_name.as_str(), f))
         .collect();
-    let refusals = Refusals::new(symbols);
     let mut entries: Vec<FunctionEntry> = Vec::with_capacity(symbols.functions().len());
     for function in symbols.functions() {
         if entries.last().is_some_and(|e| e.start == function.addr) {
@@ -38,7 +37,7 @@ pub fn entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
                 .filter(|f| f.module != function.module)
                 .map_or(0, |f| f.addr);
         }
-        if is_excluded(&function.module) || refusals.reason(function).is_some() {
+        if is_excluded(&function.module) || refusals::reason(function, true).is_some() {
             flags |= FLAG_EXCLUDED;
         }
         entries.push(FunctionEntry {

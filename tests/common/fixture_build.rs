@@ -41,7 +41,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 19] = [
+const FIXTURES: [Fixture; 20] = [
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -131,6 +131,11 @@ const FIXTURES: [Fixture; 19] = [
         name: "sampled_stripped",
         source: "sampled.c",
         recipe: Recipe::StrippedCopyOf("sampled"),
+    },
+    Fixture {
+        name: "signal_blocking",
+        source: "signal_blocking.c",
+        recipe: Recipe::C,
     },
     Fixture {
         name: "i386_loop",

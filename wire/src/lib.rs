@@ -69,7 +69,8 @@ pub enum Request {
     StopRecording,
 }
 
-/// How a patched function is hooked.
+/// How a patched function is hooked: the one hook vocabulary, shared by the controller's
+/// requests, the agent's trampoline builder and its patch engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Hook {
@@ -91,6 +92,22 @@ pub enum Hook {
     RecordRoot,
     /// Record entry and exit events inside the call graph only.
     Record,
+}
+
+impl Hook {
+    /// Whether this is one of tendril's own hooks (on the unwinder and the C++
+    /// runtime) rather than one that measures the function.
+    pub fn is_agents_own(self) -> bool {
+        matches!(
+            self,
+            Hook::UnwinderStarts | Hook::ExceptionCaught | Hook::Backtrace
+        )
+    }
+
+    /// Whether the hook records events (of a root or inside the call graph).
+    pub fn records(self) -> bool {
+        matches!(self, Hook::RecordRoot | Hook::Record)
+    }
 }
 
 /// One function to patch.

@@ -6,17 +6,16 @@
 
 use super::line_io::{RequestLine, read_request_line, read_table, send_with_descriptor};
 use super::sessions::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
-use crate::hooks::stubs::HookKind;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::{
     runtime::calibration, runtime::counting, runtime::discovery, runtime::lingering,
-    runtime::recording, runtime::shadow, runtime::threads,
+    runtime::recording, runtime::threads,
 };
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tendril_wire::{Hook, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
+use tendril_wire::{PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
 
 pub(super) fn run_session(session: u64, stream: UnixStream) {
     let Ok(mut writer) = stream.try_clone() else {
@@ -233,7 +232,7 @@ fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> R
         .map(|target| PatchRequest {
             address: target.address,
             size: target.size,
-            kind: hook_kind(target.hook),
+            kind: target.hook,
         })
         .collect();
     let results = crate::patching::patch_targets::patch_mapped(session, &requests, code_ranges);
@@ -247,27 +246,4 @@ fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> R
         })
         .collect();
     Response::Patched { outcomes }
-}
-
-/// The stub a wire-level hook is built from.
-fn hook_kind(hook: Hook) -> HookKind {
-    match hook {
-        Hook::Count => HookKind::Count,
-        Hook::CountReturns => HookKind::CountReturns,
-        Hook::UnwinderStarts => HookKind::Internal(shadow::unwinder_starts),
-        Hook::ExceptionCaught => HookKind::Internal(shadow::exception_caught),
-        // One stand-in serves the first `_Unwind_Backtrace`; another copy (an unwinder
-        // linked statically as well) gets the plain unwinder hook.
-        Hook::Backtrace
-            if shadow::BACKTRACE_BODY.load(std::sync::atomic::Ordering::Acquire) == 0 =>
-        {
-            HookKind::Replace {
-                target: shadow::backtrace_replacement as *const () as u64,
-                body_sink: Some(&shadow::BACKTRACE_BODY),
-            }
-        }
-        Hook::Backtrace => HookKind::Internal(shadow::unwinder_starts),
-        Hook::RecordRoot => HookKind::Record { root: true },
-        Hook::Record => HookKind::Record { root: false },
-    }
 }

@@ -11,15 +11,17 @@
 //! finishes correctly.
 
 use crate::code::branch_index::BranchIndex;
+use crate::code::entry_plan::{self, EntryPlan, PatchStyle};
 use crate::code::padding::{self, PAD_LEN};
-use crate::code::relocate::{self, EntryPlan, PatchStyle};
-use crate::hooks::stubs::{self, HookKind, TrampolineCode};
+use crate::code::relocate;
+use crate::hooks::stubs::{self, TrampolineCode};
 use crate::hooks::{slow_call, thread_layout};
 use crate::patching::patch_protocol::{self, Pad, Site, Trampoline};
-use crate::patching::{stop_world, traps};
+use crate::patching::stop_world;
 use crate::sys::code_memory::{self, CodeArena};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
+use tendril_wire::Hook;
 
 /// Longest function body read for planning; longer bodies are scanned up to this much.
 const MAX_BODY_SCAN: u64 = 1 << 20;
@@ -31,29 +33,7 @@ pub struct PatchRequest {
     /// The function's size (symbol or FDE); its whole body is scanned for branches
     /// back into the bytes the patch overwrites.
     pub size: u64,
-    pub kind: HookKind,
-}
-
-/// Hook kinds compared by identity, for the trampoline cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum KindKey {
-    Count,
-    CountReturns,
-    Record(bool),
-    Internal(usize),
-    Replace(u64),
-}
-
-impl From<HookKind> for KindKey {
-    fn from(kind: HookKind) -> Self {
-        match kind {
-            HookKind::Count => KindKey::Count,
-            HookKind::CountReturns => KindKey::CountReturns,
-            HookKind::Record { root } => KindKey::Record(root),
-            HookKind::Internal(handler) => KindKey::Internal(handler as usize),
-            HookKind::Replace { target, .. } => KindKey::Replace(target),
-        }
-    }
+    pub kind: Hook,
 }
 
 #[derive(Default)]
@@ -63,7 +43,7 @@ struct Engine {
     ids: HashMap<u64, u32>,
     /// Function address → its patch.
     sites: HashMap<u64, Site>,
-    trampolines: HashMap<(u64, KindKey), Trampoline>,
+    trampolines: HashMap<(u64, Hook), Trampoline>,
     /// Address of every entry jump and pad written → the bytes it replaced.
     originals: BTreeMap<u64, Vec<u8>>,
 }
@@ -118,8 +98,8 @@ fn prepare() -> Result<(), String> {
     crate::sys::own_code::is_agent_code(0);
     slow_call::prepare();
     code_memory::prepare().map_err(|e| e.to_string())?;
-    traps::install()?;
     stop_world::install().map_err(|e| e.0)?;
+    crate::sys::thread_tracer::prepare().map_err(|e| e.0)?;
     Ok(())
 }
 
@@ -344,7 +324,7 @@ impl Engine {
         self.put_back_originals(address, &mut code);
         let (plan, pad_address) = self.choose_plan(request, &code, nearby, batch)?;
         let id = self.id_for(address)?;
-        let key = (address, KindKey::from(request.kind));
+        let key = (address, request.kind);
         let entry_len = plan.patch_offset + plan.overwritten_len;
         let reusable = self
             .trampolines
@@ -375,7 +355,6 @@ impl Engine {
             }
             None => None,
         };
-        traps::register_site(patch_at, trampoline.trap_entry)?;
         Ok(Site {
             patch_at,
             original,
@@ -407,9 +386,9 @@ impl Engine {
         let long = plan_for(request, code, Style::Long);
         let thunk_allowed = matches!(
             request.kind,
-            HookKind::Count | HookKind::CountReturns | HookKind::Record { .. }
+            Hook::Count | Hook::CountReturns | Hook::Record | Hook::RecordRoot
         );
-        let emulates = |plan: &EntryPlan| relocate::emulates_a_call(address, code, plan);
+        let emulates = |plan: &EntryPlan| entry_plan::emulates_a_call(address, code, plan);
         let single = |plan: &EntryPlan| plan.instruction_offsets.len() == 1;
         if let Ok(plan) = &long
             && single(plan)
@@ -462,7 +441,12 @@ impl Engine {
                 Err(reason) => reasons.push(reason),
             }
         }
-        reasons.extend([long, short].into_iter().filter_map(Result::err));
+        for reason in [long, short].into_iter().filter_map(Result::err) {
+            // The same reason for both plans (a guard across a cache line) says it once.
+            if !reasons.contains(&reason) {
+                reasons.push(reason);
+            }
+        }
         Err(reasons.join("; "))
     }
 
@@ -488,39 +472,42 @@ impl Engine {
         code: &[u8],
         plan: EntryPlan,
         id: u32,
-        kind: HookKind,
+        kind: Hook,
     ) -> Result<Trampoline, String> {
         let memory = self.arena.allocate_near(address, stubs::TRAMPOLINE_BYTES)?;
         let mut instruction_map = Vec::new();
         let thunk_returns_to = (plan.style == PatchStyle::CallThunk)
             .then(|| address + (plan.patch_offset + plan.overwritten_len) as u64);
         let TrampolineCode {
-            bytes,
-            hook,
+            mut bytes,
+            mut hook,
             body,
-            trap_entry,
+            body_sink,
         } = stubs::build(memory, id, kind, thunk_returns_to, |body| {
             let relocated =
                 relocate::relocate(address, code, &plan, body).map_err(|r| r.to_string())?;
             instruction_map = relocated.instruction_map;
             Ok(relocated.bytes)
         })?;
+        if plan.lead_pushes > 0 {
+            let adapter = memory + bytes.len() as u64;
+            bytes.extend_from_slice(&pop_lead_pushes(plan.lead_pushes, adapter, hook));
+            if bytes.len() as u64 > stubs::TRAMPOLINE_BYTES {
+                return Err("the trampoline has no room for its entry adapter".into());
+            }
+            hook = adapter;
+        }
         if is_internal(kind) {
             (runtime()?.internal_trampoline_built)(memory, memory + stubs::TRAMPOLINE_BYTES);
         }
         code_memory::write_code(memory, &bytes)
             .map_err(|e| format!("cannot write a trampoline: {e}"))?;
-        if let HookKind::Replace {
-            body_sink: Some(sink),
-            ..
-        } = kind
-        {
+        if let Some(sink) = body_sink {
             sink.store(body, std::sync::atomic::Ordering::Release);
         }
         Ok(Trampoline {
             body,
             hook,
-            trap_entry,
             entry_bytes: code[..plan.patch_offset + plan.overwritten_len].to_vec(),
             plan,
             instruction_map,
@@ -550,8 +537,19 @@ fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
 
 /// Whether a hook is one of the unwinder's (see `shadow`), which must be in whenever a
 /// return hook is or a frame still holds one's exit.
-fn is_internal(kind: HookKind) -> bool {
-    matches!(kind, HookKind::Internal(_) | HookKind::Replace { .. })
+/// Where the patch of an entry with lead pushes jumps: `lea rsp,[rsp+8n]` takes the
+/// `n` pushes the thread just made off the stack again (the registers still hold what
+/// was pushed, and `lea` leaves the flags alone), then `jmp hook` — the hook sees the
+/// stack as at the function's entry, and the body makes the pushes again.
+fn pop_lead_pushes(pushes: usize, at: u64, hook: u64) -> [u8; 10] {
+    let mut code = [0x48, 0x8d, 0x64, 0x24, (8 * pushes) as u8, 0xe9, 0, 0, 0, 0];
+    let displacement = hook.wrapping_sub(at + code.len() as u64) as i32;
+    code[6..].copy_from_slice(&displacement.to_le_bytes());
+    code
+}
+
+fn is_internal(kind: Hook) -> bool {
+    kind.is_agents_own()
 }
 
 /// Which plan [`plan_checked`] makes.
@@ -566,9 +564,9 @@ enum Style {
 fn plan_for(request: &PatchRequest, code: &[u8], style: Style) -> Result<EntryPlan, String> {
     let address = request.address;
     match style {
-        Style::Long => relocate::plan_entry_patch(address, code),
-        Style::Short => relocate::plan_short_entry_patch(address, code),
-        Style::CallThunk => relocate::plan_call_thunk(address, code),
+        Style::Long => entry_plan::plan_entry_patch(address, code),
+        Style::Short => entry_plan::plan_short_entry_patch(address, code),
+        Style::CallThunk => entry_plan::plan_call_thunk(address, code),
     }
     .map_err(|r| r.to_string())
 }
@@ -594,11 +592,10 @@ fn check_neighbours(
         patch_start + plan.overwritten_len as u64,
     );
     // Branches inside the body were checked by the plan, which knows which are its own.
-    match into
-        .iter()
-        .find(|(from, to)| !body.contains(from) && relocate::lands_inside_patch(plan, address, *to))
-    {
-        Some(&(from, to)) => Err(relocate::Refusal::BranchIntoPatch { from, to }.to_string()),
+    match into.iter().find(|(from, to)| {
+        !body.contains(from) && entry_plan::lands_inside_patch(plan, address, *to)
+    }) {
+        Some(&(from, to)) => Err(entry_plan::Refusal::BranchIntoPatch { from, to }.to_string()),
         None => Ok(()),
     }
 }

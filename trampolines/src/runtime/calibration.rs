@@ -14,12 +14,12 @@
 //! The one idea (JFluid's): each is the minimum over many batches, the batch least
 //! disturbed by interrupts and other threads.
 
-use crate::hooks::stubs::HookKind;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::thread_state;
 use crate::{runtime::recording, sys};
 use std::hint::black_box;
 use std::sync::atomic::Ordering;
+use tendril_wire::Hook;
 use tendril_wire::events::{Event, EventKind};
 
 /// Calls per batch, and batches (JFluid: 10,000 pairs in batches of 100).
@@ -79,7 +79,7 @@ pub fn calibrate() -> Result<HookCost, String> {
     let request = PatchRequest {
         address: target,
         size: FUNCTION_BYTES,
-        kind: HookKind::Record { root: true },
+        kind: Hook::RecordRoot,
     };
     let ranges = [(target, FUNCTION_BYTES), (twin, FUNCTION_BYTES)];
     let id = patcher::patch(CALIBRATION_OWNER, &[request], &ranges)

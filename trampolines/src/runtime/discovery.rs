@@ -16,7 +16,6 @@
 //! locks only agent code takes.
 
 use crate::hooks::slow_call::SavedRegisters;
-use crate::hooks::stubs::HookKind;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::recording;
 use crate::runtime::thread_state::StatePtr;
@@ -24,6 +23,7 @@ use crate::runtime::thread_state::with_own_state;
 use crate::sys;
 use crate::sys::code_memory;
 use std::sync::Mutex;
+use tendril_wire::Hook;
 use tendril_wire::callees;
 use tendril_wire::events::{Event, EventKind};
 use tendril_wire::function_table::{FLAG_EXCLUDED, FLAG_PLT, FunctionEntry, FunctionTable};
@@ -263,7 +263,7 @@ fn patch_callees(
         .map(|callee| PatchRequest {
             address: callee.start,
             size: callee.size,
-            kind: HookKind::Record { root: false },
+            kind: Hook::Record,
         })
         .collect();
     let code_ranges = neighbourhood(table, callees);

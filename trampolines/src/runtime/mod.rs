@@ -16,7 +16,9 @@ pub mod shadow;
 pub mod thread_state;
 pub mod threads;
 
-use crate::hooks::stubs::{self, Handlers, RECORD_HOOK_PUSHES, RETURN_HOOK_PUSHES};
+use crate::hooks::stubs::{
+    self, BacktraceStandIn, Handlers, RECORD_HOOK_PUSHES, RETURN_HOOK_PUSHES,
+};
 use crate::patching::{patcher, stop_world};
 
 /// Hands the layers below the runtime's answers: the stubs' slow-path handlers, the
@@ -34,6 +36,12 @@ pub fn install() {
         ring_space: recording::ring_space,
         discover: discovery::discover,
         invoked_table: recording::invoked_table,
+        unwinder_starts: shadow::unwinder_starts,
+        exception_caught: shadow::exception_caught,
+        backtrace: BacktraceStandIn {
+            replacement: shadow::backtrace_replacement as *const () as u64,
+            body: &shadow::BACKTRACE_BODY,
+        },
     });
     patcher::install_runtime(patcher::RuntimeHooks {
         prepare: thread_state::prepare,

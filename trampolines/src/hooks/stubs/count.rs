@@ -43,13 +43,14 @@ pub(super) fn count_hook(mut layout: Layout, id: u32) -> Result<Layout, IcedErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hooks::stubs::build;
     use crate::hooks::stubs::test_code::{body, disassemble};
-    use crate::hooks::stubs::{HookKind, build};
+    use tendril_wire::Hook;
 
     #[test]
     fn count_hook_counts_into_the_thread_state_and_falls_into_the_body() {
         let address = 0x7f00_0000_1000;
-        let code = build(address, 3, HookKind::Count, None, body(1)).unwrap();
+        let code = build(address, 3, Hook::Count, None, body(1)).unwrap();
         let hook_offset = (code.hook - address) as usize;
         let body_offset = (code.body - address) as usize;
         let fast_path = disassemble(&code.bytes[hook_offset..body_offset], code.hook);

@@ -22,8 +22,7 @@
 //! trampoline, its assembly, and the small instruction sequences (thread state, flags,
 //! slow calls). Each hook kind's code lives in its own file: [`count`], [`returns`]
 //! (with the shadow-stack push and pop), [`record`] (and its template), [`internal`]
-//! (internal and replace hooks). A call thunk's trap entry stays here, in
-//! [`new_layout`]: every hook kind can sit behind a call thunk.
+//! (internal and replace hooks). Every hook kind can sit behind a call thunk.
 
 mod count;
 mod internal;
@@ -36,6 +35,8 @@ use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::*;
 use record::{RecordTemplate, RecordValues};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use tendril_wire::Hook;
 
 /// The runtime's answers to the stubs' slow paths. The runtime installs them once,
 /// before the first hook is built ([`install_handlers`]); the templates never import
@@ -60,6 +61,12 @@ pub struct Handlers {
     pub discover: Handler,
     /// Address of the recording's invoked bytes (one per function id), or 0.
     pub invoked_table: fn() -> u64,
+    /// [`Hook::UnwinderStarts`]: the real return addresses go back on the stack.
+    pub unwinder_starts: Handler,
+    /// [`Hook::ExceptionCaught`]: the surviving frames' return hooks go back in.
+    pub exception_caught: Handler,
+    /// [`Hook::Backtrace`].
+    pub backtrace: BacktraceStandIn,
 }
 
 static HANDLERS: OnceLock<Handlers> = OnceLock::new();
@@ -84,25 +91,14 @@ pub const RETURN_HOOK_PUSHES: u64 = 4;
 /// Registers the recording hook pushes below the return-address slot.
 pub const RECORD_HOOK_PUSHES: u64 = 5;
 
-/// What the hook at a function's entry does.
-#[derive(Debug, Clone, Copy)]
-pub enum HookKind {
-    /// Count the call in the thread's call counter.
-    Count,
-    /// Count the call, hook the return (shadow stack) and count normal returns.
-    CountReturns,
-    /// Record entry and exit events with timestamps, inside the call graph only: a root
-    /// starts the graph on its thread; another function outside it steps aside.
-    Record { root: bool },
-    /// Call an agent handler with all registers saved, then run the function.
-    Internal(Handler),
-    /// Jump to an agent function (`target`) with the function's own signature instead;
-    /// it calls the original through the trampoline's body, whose address goes to
-    /// `body_sink` once the trampoline is built.
-    Replace {
-        target: u64,
-        body_sink: Option<&'static std::sync::atomic::AtomicU64>,
-    },
+/// How tendril's own stand-in for `_Unwind_Backtrace` is reached: the first copy of
+/// the unwinder is replaced ([`internal::replace_hook`]) by `replacement`, which calls
+/// the original through the body whose address goes to `body`; a further copy (an
+/// unwinder linked statically as well) gets the plain unwinder hook.
+#[derive(Clone, Copy)]
+pub struct BacktraceStandIn {
+    pub replacement: u64,
+    pub body: &'static AtomicU64,
 }
 
 /// A trampoline's code and the addresses that matter in it.
@@ -110,23 +106,19 @@ pub enum HookKind {
 pub struct TrampolineCode {
     /// The whole trampoline, to be written at its address.
     pub bytes: Vec<u8>,
-    /// Where the function-entry patch jumps (and a trapped thread is sent).
+    /// Where the function-entry patch jumps.
     pub hook: u64,
     /// Where the relocated body starts.
     pub body: u64,
-    /// Where a thread that trapped on the entry's transient `int3` continues.
-    pub trap_entry: u64,
+    /// Where the body's address goes once the trampoline is written (a replace hook's
+    /// original), if anywhere.
+    pub body_sink: Option<&'static AtomicU64>,
 }
 
-/// The labels every hook defines: where the patch jumps, where a trapped thread goes,
-/// and where the body goes.
+/// The labels every hook defines: where the patch jumps and where the body goes.
 struct Layout {
     assembler: CodeAssembler,
     entry: CodeLabel,
-    /// Only for a call thunk; otherwise a trapped thread goes to the entry.
-    trap_entry: Option<CodeLabel>,
-    /// Only for a call thunk: the data word holding the address its call returns to.
-    returns_to_word: Option<CodeLabel>,
     body: CodeLabel,
 }
 
@@ -141,16 +133,19 @@ struct Layout {
 pub fn build(
     address: u64,
     id: u32,
-    kind: HookKind,
+    kind: Hook,
     thunk_returns_to: Option<u64>,
     body_at: impl FnOnce(u64) -> Result<Vec<u8>, String>,
 ) -> Result<TrampolineCode, String> {
-    if HANDLERS.get().is_none() {
+    let Some(handlers) = HANDLERS.get() else {
         return Err("the runtime's hook handlers are not installed".into());
-    }
+    };
+    let body_sink = (kind == Hook::Backtrace && replaces_backtrace(handlers))
+        .then_some(handlers.backtrace.body);
     let hook = match kind {
-        HookKind::Record { root } => {
-            RecordTemplate::get(root, thunk_returns_to.is_some())?.instantiate(id, thunk_returns_to)
+        Hook::Record | Hook::RecordRoot => {
+            RecordTemplate::get(kind == Hook::RecordRoot, thunk_returns_to.is_some())?
+                .instantiate(id)
         }
         _ => assemble_hook(address, id, kind, thunk_returns_to)
             .map_err(|e| format!("cannot assemble a hook: {e}"))?,
@@ -168,8 +163,14 @@ pub fn build(
         bytes,
         hook: address + hook.entry as u64,
         body,
-        trap_entry: address + hook.trap_entry as u64,
+        body_sink,
     })
+}
+
+/// Whether a [`Hook::Backtrace`] built now replaces the unwinder's walk: only while no
+/// stand-in has its original yet.
+fn replaces_backtrace(handlers: &Handlers) -> bool {
+    handlers.backtrace.body.load(Ordering::Acquire) == 0
 }
 
 /// A trampoline's hook part, position-independent: its bytes (up to where the body
@@ -178,7 +179,6 @@ pub fn build(
 struct HookCode {
     bytes: Vec<u8>,
     entry: usize,
-    trap_entry: usize,
     /// Where the body starts: the length of `bytes`.
     body: usize,
 }
@@ -191,20 +191,25 @@ const ASSEMBLY_BASE: u64 = 0x1000_0000;
 fn assemble_hook(
     address: u64,
     id: u32,
-    kind: HookKind,
+    kind: Hook,
     thunk_returns_to: Option<u64>,
 ) -> Result<HookCode, IcedError> {
     let after_call = thunk_returns_to.is_some();
-    let layout = new_layout(thunk_returns_to)?;
+    let layout = new_layout()?;
+    let handlers = handlers();
     let layout = match kind {
-        HookKind::Count => count::count_hook(layout, id)?,
-        HookKind::CountReturns => returns::count_returns_hook(layout, id, after_call)?,
-        HookKind::Record { root } => {
-            let values = RecordValues::new(id, thunk_returns_to);
-            record::record_hook(layout, root, after_call, values)?.0
+        Hook::Count => count::count_hook(layout, id)?,
+        Hook::CountReturns => returns::count_returns_hook(layout, id, after_call)?,
+        Hook::Record | Hook::RecordRoot => {
+            let values = RecordValues::new(id);
+            record::record_hook(layout, kind == Hook::RecordRoot, after_call, values)?.0
         }
-        HookKind::Internal(handler) => internal::internal_hook(layout, handler)?,
-        HookKind::Replace { target, .. } => internal::replace_hook(layout, target)?,
+        Hook::UnwinderStarts => internal::internal_hook(layout, handlers.unwinder_starts)?,
+        Hook::ExceptionCaught => internal::internal_hook(layout, handlers.exception_caught)?,
+        Hook::Backtrace if replaces_backtrace(handlers) => {
+            internal::replace_hook(layout, handlers.backtrace.replacement)?
+        }
+        Hook::Backtrace => internal::internal_hook(layout, handlers.unwinder_starts)?,
     };
     Ok(finish_hook(layout, address)?.0)
 }
@@ -226,49 +231,19 @@ fn finish_hook(
     };
     let entry = offset(&layout.entry)?;
     let body = offset(&layout.body)?;
-    let trap_entry = match &layout.trap_entry {
-        Some(label) => offset(label)?,
-        None => entry,
-    };
     let mut bytes = result.inner.code_buffer.clone();
     bytes.truncate(body);
-    Ok((
-        HookCode {
-            bytes,
-            entry,
-            trap_entry,
-            body,
-        },
-        result,
-    ))
+    Ok((HookCode { bytes, entry, body }, result))
 }
 
-/// Starts a trampoline. For a call thunk it begins with the trap entry: a thread that
-/// traps on the entry's transient `int3` has not made the thunk's call, so the trap
-/// entry pushes the call's return address first, then goes to the hook.
-fn new_layout(thunk_returns_to: Option<u64>) -> Result<Layout, IcedError> {
+/// Starts a trampoline's hook.
+fn new_layout() -> Result<Layout, IcedError> {
     let mut assembler = CodeAssembler::new(64)?;
     let entry = assembler.create_label();
     let body = assembler.create_label();
-    let mut trap_entry = None;
-    let mut returns_to_word = None;
-    if let Some(returns_to) = thunk_returns_to {
-        let a = &mut assembler;
-        let mut label = a.create_label();
-        let mut word = a.create_label();
-        a.set_label(&mut label)?;
-        trap_entry = Some(label);
-        a.push(qword_ptr(word))?;
-        a.jmp(entry)?;
-        a.set_label(&mut word)?;
-        a.dq(&[returns_to])?;
-        returns_to_word = Some(word);
-    }
     Ok(Layout {
         assembler,
         entry,
-        trap_entry,
-        returns_to_word,
         body,
     })
 }

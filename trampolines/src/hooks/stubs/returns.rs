@@ -241,12 +241,13 @@ pub(super) fn count_returns_hook(
 #[cfg(test)]
 mod tests {
     use crate::hooks::stubs::test_code::{body, disassemble};
-    use crate::hooks::stubs::{HookKind, TRAMPOLINE_BYTES, build};
+    use crate::hooks::stubs::{TRAMPOLINE_BYTES, build};
+    use tendril_wire::Hook;
 
     #[test]
     fn return_hook_calls_the_body_and_reports_its_exit() {
         let address = 0x7f00_0000_1000;
-        let code = build(address, 7, HookKind::CountReturns, None, body(20)).unwrap();
+        let code = build(address, 7, Hook::CountReturns, None, body(20)).unwrap();
         let hook_offset = (code.hook - address) as usize;
         let body_offset = (code.body - address) as usize;
         let text = disassemble(&code.bytes[hook_offset..body_offset], code.hook);
