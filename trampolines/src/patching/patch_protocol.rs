@@ -123,7 +123,6 @@ fn write(address: u64, bytes: &[u8]) -> Result<(), String> {
 /// Writes the jumps of a prepared batch (see the module comment).
 pub fn install(batch: &mut [Site]) -> Result<(), String> {
     let _no_thread_start = agent_threads::code_change();
-    signal_frames::learn_restorers();
     let writable = WritableCode::open(batch.iter().map(|s| (s.patch_at, s.jump_len() as u64)))
         .map_err(|e| format!("cannot make the code writable for a moment: {e}"))?;
     // The pads need no serialisation of their own: nothing can reach them before the
@@ -148,7 +147,11 @@ pub fn install(batch: &mut [Site]) -> Result<(), String> {
     let needs_stop = batch
         .iter()
         .any(|site| site.trampoline.plan.instruction_offsets.len() > 1);
-    let mut buffers = needs_stop.then(StopBuffers::new);
+    let mut buffers = needs_stop.then(|| {
+        // Only a stop moves threads, and only then are signal frames looked for.
+        signal_frames::learn_restorers();
+        StopBuffers::new()
+    });
     // From the first guard to the last final store, this thread must not run any code
     // a guard may hold (libc included): raw system calls only, and no allocation.
     for site in batch.iter() {
@@ -261,7 +264,6 @@ static PENDING_PADS: Mutex<Vec<PendingPad>> = Mutex::new(Vec::new());
 /// Puts back the original bytes of `sites` (see the module comment).
 pub fn restore(sites: &[Site]) {
     let _no_thread_start = agent_threads::code_change();
-    signal_frames::learn_restorers();
     match WritableCode::open(sites.iter().map(|s| (s.patch_at, s.jump_len() as u64))) {
         Ok(writable) => {
             for site in sites {
@@ -308,6 +310,7 @@ pub fn restore(sites: &[Site]) {
         return;
     }
     let pads: &[PendingPad] = &pending;
+    signal_frames::learn_restorers();
     let restored = stop_world::with_world_stopped(|world| {
         move_threads(world, &|pc| resume_point_off_pad(pc, pads));
         for pending in pads {
