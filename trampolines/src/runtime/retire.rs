@@ -31,6 +31,7 @@
 use crate::patching::stop_world::{self, ParkedThread};
 use crate::runtime::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, StatePtr};
 use crate::sys::code_memory;
+use crate::sys::error::AgentError;
 use crate::sys::tasks;
 use crate::sys::{self, agent_threads};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -105,6 +106,13 @@ impl std::fmt::Display for Obstacle {
             Obstacle::Moving => write!(f, "threads were entering tendril's hooks"),
             Obstacle::Unknown => write!(f, "the process's threads could not be stopped"),
         }
+    }
+}
+
+/// What keeps the unwinder's hooks in, as the reason the controller shows.
+impl From<Obstacle> for AgentError {
+    fn from(obstacle: Obstacle) -> AgentError {
+        AgentError::HooksStillNeeded(obstacle.to_string())
     }
 }
 

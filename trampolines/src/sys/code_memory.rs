@@ -15,6 +15,7 @@
 //! pages. Arenas are never unmapped: a thread may still be inside a trampoline long
 //! after its function was restored.
 
+use super::error::AgentError;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
@@ -51,8 +52,10 @@ fn proc_self_mem() -> std::io::Result<i32> {
 
 /// Opens `/proc/self/mem` ahead of time, so that [`write_code`] neither allocates nor
 /// opens files while the target's threads are parked.
-pub fn prepare() -> std::io::Result<()> {
-    proc_self_mem().map(drop)
+pub fn prepare() -> Result<(), AgentError> {
+    proc_self_mem()
+        .map(drop)
+        .map_err(|e| AgentError::Unusable(e.to_string()))
 }
 
 /// Writes `bytes` at `address` in this process, whatever the page's protection.
@@ -164,7 +167,7 @@ impl CodeArena {
 
     /// Returns the address of `len` bytes (16-byte aligned) of executable memory within
     /// rel32 reach of `near`, or an explanation when the address space there is full.
-    pub fn allocate_near(&self, near: u64, len: u64) -> Result<u64, String> {
+    pub fn allocate_near(&self, near: u64, len: u64) -> Result<u64, AgentError> {
         let len = (len + 15) & !15;
         let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
         let reachable =
@@ -189,9 +192,9 @@ impl CodeArena {
 }
 
 /// Maps a fresh read+execute chunk in a gap of the address space within reach of `near`.
-fn map_chunk_near(near: u64) -> Result<u64, String> {
+fn map_chunk_near(near: u64) -> Result<u64, AgentError> {
     let mut taken: Vec<(u64, u64)> = super::maps::read_own()
-        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?
+        .map_err(|e| AgentError::io("cannot read /proc/self/maps", e))?
         .into_iter()
         .map(|mapping| (mapping.start, mapping.end))
         .collect();
@@ -226,9 +229,7 @@ fn map_chunk_near(near: u64) -> Result<u64, String> {
             return Ok(candidate);
         }
     }
-    Err(format!(
-        "no free address space within ±2 GiB of {near:#x} for a trampoline"
-    ))
+    Err(AgentError::NoAddressSpace { near })
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use crate::hooks::thread_layout::{
     STATE_GRAPH_DEPTH, STATE_RING_EVENTS, STATE_RING_HEAD, STATE_RING_HEADER, STATE_RING_LIMIT,
     STATE_RING_MASK, STATE_SHADOW_OVERFLOWS, STATE_SHADOW_TOP,
 };
+use crate::sys::error::AgentError;
 use iced_x86::code_asm::*;
 
 /// The per-function values a recording hook reads from data words of its own, so that
@@ -58,17 +59,14 @@ pub(super) struct RecordTemplate {
 
 impl RecordTemplate {
     /// The template for a root or inner hook, with or without a call thunk.
-    pub(super) fn get(root: bool, thunk: bool) -> Result<RecordTemplate, String> {
+    pub(super) fn get(root: bool, thunk: bool) -> Result<RecordTemplate, AgentError> {
         static TEMPLATES: std::sync::Mutex<[Option<RecordTemplate>; 4]> =
             std::sync::Mutex::new([None, None, None, None]);
         let mut templates = TEMPLATES.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut templates[root as usize * 2 + thunk as usize];
         if slot.is_none() {
             let thunk_returns_to = thunk.then_some(0);
-            *slot = Some(
-                Self::assemble(root, thunk_returns_to)
-                    .map_err(|e| format!("cannot assemble a hook: {e}"))?,
-            );
+            *slot = Some(Self::assemble(root, thunk_returns_to).map_err(AgentError::Assembly)?);
         }
         Ok(slot.clone().expect("just assembled"))
     }
