@@ -87,9 +87,25 @@ pub fn write_code(address: u64, bytes: &[u8]) -> std::io::Result<()> {
 /// for an unmapped address. After [`prepare`], allocates nothing (safe while threads
 /// are parked).
 pub fn read_memory(address: u64, buffer: &mut [u8]) -> bool {
-    let Ok(fd) = proc_self_mem() else {
-        return false;
-    };
+    proc_self_mem().is_ok_and(|fd| read_whole(fd, address, buffer))
+}
+
+/// Reads `buffer.len()` bytes at `address` in this process; fails instead of faulting
+/// on an unmapped or unreadable address.
+pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
+    if read_whole(proc_self_mem()?, address, buffer) {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "cannot read {} bytes of code at {address:#x}",
+            buffer.len()
+        )))
+    }
+}
+
+/// Whether one `pread` of `/proc/self/mem` (open as `fd`) filled `buffer` from
+/// `address`. A raw system call; allocates nothing.
+fn read_whole(fd: i32, address: u64, buffer: &mut [u8]) -> bool {
     // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
     let read = unsafe {
         crate::sys::syscall4(
@@ -101,30 +117,6 @@ pub fn read_memory(address: u64, buffer: &mut [u8]) -> bool {
         ) as isize
     };
     read == buffer.len() as isize
-}
-
-/// Reads `buffer.len()` bytes at `address` in this process; fails instead of faulting
-/// on an unmapped or unreadable address.
-pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
-    let fd = proc_self_mem()?;
-    // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
-    let read = unsafe {
-        crate::sys::syscall4(
-            libc::SYS_pread64,
-            fd as u64,
-            buffer.as_mut_ptr() as u64,
-            buffer.len() as u64,
-            address,
-        ) as isize
-    };
-    if read == buffer.len() as isize {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "cannot read {} bytes of code at {address:#x}",
-            buffer.len()
-        )))
-    }
 }
 
 /// The chunks mapped so far, readable without a lock (from signal handlers).
