@@ -150,7 +150,7 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
         .any(|site| site.trampoline.plan.instruction_offsets.len() > 1);
     let mut buffers = needs_stop.then(|| {
         // Only a stop moves threads, and only then are signal frames looked for.
-        signal_frames::learn_restorers();
+        signal_frames::learn_restorers(stop_world::park_signal());
         StopBuffers::new()
     });
     // From the first guard to the last final store, this thread must not run any code
@@ -224,6 +224,11 @@ fn move_threads(world: StoppedWorld<'_>, resume_at: &dyn Fn(u64) -> Option<u64>)
         if let Some(pc) = resume_at(thread.pc()) {
             thread.set_pc(pc);
         }
+    }
+    if !signal_frames::any_restorers() {
+        return;
+    }
+    for thread in world.stopped.iter() {
         signal_frames::move_saved_pcs(thread.sp(), resume_at);
     }
     for &tid in world.asleep {
@@ -310,7 +315,7 @@ pub fn restore(sites: &[Site]) {
         return;
     }
     let pads: &[PendingPad] = &pending;
-    signal_frames::learn_restorers();
+    signal_frames::learn_restorers(stop_world::park_signal());
     let restored = stop_world::with_world_stopped(|world| {
         move_threads(world, &|pc| resume_point_off_pad(pc, pads));
         for pending in pads {

@@ -45,10 +45,16 @@ static RESTORER_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// lock), so no parked thread ever holds this one.
 static WINDOW: Mutex<[u64; SCAN_WINDOW / 8]> = Mutex::new([0; SCAN_WINDOW / 8]);
 
-/// Learns the restorers of the handlers installed now (each signal's `sa_restorer`).
-/// Cheap enough to run before every stop that may scan.
-pub fn learn_restorers() {
+/// Learns the restorers of the handlers installed now (each signal's `sa_restorer`),
+/// leaving out tendril's own stop signal (`own_signal`): a frame of its handler lies
+/// below the interrupted stack pointer the stop reads from the context it publishes,
+/// so it is never scanned. A program with no handlers of its own has no frame to find,
+/// and its stops scan nothing. Runs before every stop that may scan.
+pub fn learn_restorers(own_signal: i32) {
     for signal in 1..=libc::SIGRTMAX() {
+        if signal == own_signal {
+            continue;
+        }
         // SAFETY: a zeroed sigaction is a valid output buffer; a null new action only
         // reads the current disposition.
         let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -85,6 +91,11 @@ fn is_restorer(word: u64) -> bool {
         && RESTORERS[..count]
             .iter()
             .any(|known| known.load(Ordering::Relaxed) == word)
+}
+
+/// Whether any handler of the program's own could have left a signal frame.
+pub fn any_restorers() -> bool {
+    RESTORER_COUNT.load(Ordering::Acquire) != 0
 }
 
 /// Moves every saved pc found in the signal frames above `sp` for which `resume_at`
@@ -250,7 +261,7 @@ mod tests {
             action.sa_flags = libc::SA_SIGINFO;
             libc::sigaction(signal, &action, std::ptr::null_mut());
         }
-        learn_restorers();
+        learn_restorers(0);
         let (tid_sender, tid_receiver) = std::sync::mpsc::channel();
         let worker = std::thread::spawn(move || {
             tid_sender.send(crate::sys::gettid()).unwrap();

@@ -128,6 +128,11 @@ pub struct StoppedWorld<'a> {
     pub asleep: &'a [i32],
 }
 
+/// The stop signal, once installed (0 before).
+pub fn park_signal() -> i32 {
+    PARK_SIGNAL.load(Ordering::Acquire)
+}
+
 /// Installs the park handler on a free real-time signal. Idempotent.
 pub fn install() -> Result<i32, AgentError> {
     let installed = PARK_SIGNAL.load(Ordering::Acquire);
