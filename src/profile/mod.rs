@@ -42,8 +42,8 @@ pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use file::ProfileError;
 pub use model::{
-    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile, Stats,
-    ThreadProfile, Visit, walk,
+    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, NotFollowed,
+    Profile, Stats, ThreadProfile, Visit, walk,
 };
 pub use prune::{Prune, PruneError};
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

@@ -15,6 +15,8 @@ use std::fmt;
 use std::io::{self, Write};
 use std::str::FromStr;
 
+/// Targets of calls through pointers that are not followed, listed by the header.
+const NOT_FOLLOWED_SHOWN: usize = 5;
 /// Rows deeper than this stop indenting and show their depth as a number instead.
 pub const MAX_TREE_INDENT: usize = 40;
 
@@ -173,9 +175,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         out,
         "events: {} ({} lost, {} unmatched exits, {} unwound exits — frames ended by an \
          exception, longjmp, thread exit or the recording's end, not a return); functions: {} \
-         instrumented, {} invoked; {} (calls through pointers; their targets are recorded \
-         only if also called directly); pauses removed: {:.3} ms (tendril's waits in the \
-         target, summed over threads)",
+         instrumented, {} invoked; {} (calls through pointers), {} seen entering a \
+         target, {} distinct targets of {} address-taken functions instrumented; pauses \
+         removed: {:.3} ms (tendril's waits in the target, summed over threads)",
         stats.events,
         stats.lost_events,
         stats.unmatched_exits,
@@ -187,8 +189,30 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             "indirect call site",
             "indirect call sites"
         ),
+        stats.indirect_sites_followed,
+        stats.indirect_targets,
+        stats.indirect_candidates,
         ms(stats.pause_ns)
     )?;
+    let not_followed = profile
+        .discovery
+        .as_ref()
+        .map_or(&[][..], |d| d.indirect_not_followed.as_slice());
+    for item in not_followed.iter().take(NOT_FOLLOWED_SHOWN) {
+        writeln!(
+            out,
+            "not followed through pointers: {} — {}",
+            printable(&item.target),
+            printable(&item.reason)
+        )?;
+    }
+    if not_followed.len() > NOT_FOLLOWED_SHOWN {
+        writeln!(
+            out,
+            "not followed through pointers: ... and {} more (the profile's \"discovery\" lists them all)",
+            not_followed.len() - NOT_FOLLOWED_SHOWN
+        )?;
+    }
     if let Some(warning) = stack_switch_warning(profile) {
         writeln!(out, "{warning}")?;
     }
@@ -386,7 +410,7 @@ mod tests {
 
     const HEADER: &str = "\
 tendril profile of pid 4242 (/usr/bin/app), scheme B, roots: main
-events: 52 (0 lost, 0 unmatched exits, 2 unwound exits — frames ended by an exception, longjmp, thread exit or the recording's end, not a return); functions: 6 instrumented, 5 invoked; 1 indirect call site (calls through pointers; their targets are recorded only if also called directly); pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)
+events: 52 (0 lost, 0 unmatched exits, 2 unwound exits — frames ended by an exception, longjmp, thread exit or the recording's end, not a return); functions: 6 instrumented, 5 invoked; 1 indirect call site (calls through pointers), 0 seen entering a target, 0 distinct targets of 0 address-taken functions instrumented; pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)
 calibration: TSC 2.995 GHz, 12.2 ns inner and 20.5 ns outer removed per call
 ";
 
