@@ -137,15 +137,17 @@ fn virtual_calls_are_counted_under_their_caller_across_libraries_and_exceptions(
     target.expect_line("shapes passes 1 ", LINE_TIMEOUT);
     let recorded = recording.finish();
     let merged = &recorded.profile.merged.roots;
-    let child_calls = |root: &str, name: &str| {
-        node_at(merged, &[root])
+    // C++ names carry their parameters: `shapes_root(long)`.
+    let root = |name: &str| merged.iter().find(|n| n.name == format!("{name}(long)"));
+    let child_calls = |name: &str, callee: &str| {
+        root(name)
             .into_iter()
             .flat_map(|n| n.children.iter())
-            .filter(|n| n.name.contains(name))
+            .filter(|n| n.name.contains(callee))
             .map(|n| (n.calls, n.module.clone()))
             .next()
     };
-    let shapes = node_at(merged, &["shapes_root"]).map(|n| n.calls);
+    let shapes = root("shapes_root").map(|n| n.calls);
     assert_eq!(shapes, Some(2), "{}", recorded.stderr);
     assert_eq!(child_calls("shapes_root", "Square::area").unwrap().0, 303);
     assert_eq!(child_calls("shapes_root", "Circle::area").unwrap().0, 202);
