@@ -29,7 +29,14 @@ pub struct IndirectTargets {
     /// Address-taken functions that could not be instrumented, and modules whose
     /// pointers could not be read: calls through pointers into them are not followed.
     pub not_followed: Vec<NotFollowed>,
+    /// Candidates left out by the cap on how many are patched up front.
+    pub capped: Vec<NotFollowed>,
 }
+
+/// The most address-taken functions instrumented when a recording starts: the patch
+/// engine takes about a millisecond per function (BENCHMARKS.md), so a program with
+/// tens of thousands would take a minute to start.
+pub const MAX_UP_FRONT: usize = 4000;
 
 impl IndirectTargets {
     /// Finds the address-taken functions of every module of `symbols`.
@@ -54,17 +61,44 @@ impl IndirectTargets {
             }));
     }
 
-    /// The candidates to patch with [`Hook::Record`]: those not already in `patched`.
+    /// The candidates to patch with [`Hook::Record`]: those not already in `patched`, the
+    /// module `first` (the executable) first, at most [`MAX_UP_FRONT`]; the rest are
+    /// noted as not followed.
     pub fn to_patch<'a>(
-        &self,
+        &mut self,
         symbols: &'a ProcessSymbols,
         patched: &[(&Function, Hook)],
+        first: &str,
     ) -> Vec<&'a Function> {
         let already: HashSet<u64> = patched.iter().map(|(f, _)| f.addr).collect();
-        functions_at(symbols, &self.taken.addresses)
+        let mut candidates: Vec<&Function> = functions_at(symbols, &self.taken.addresses)
             .into_iter()
             .filter(|f| !already.contains(&f.addr))
-            .collect()
+            .collect();
+        // Stable: address order within each group.
+        candidates.sort_by_key(|f| f.module != first);
+        self.capped.clear();
+        if candidates.len() > MAX_UP_FRONT {
+            let mut left_out: Vec<(String, usize)> = Vec::new();
+            for function in &candidates[MAX_UP_FRONT..] {
+                match left_out.iter_mut().find(|(m, _)| *m == function.module) {
+                    Some((_, count)) => *count += 1,
+                    None => left_out.push((function.module.clone(), 1)),
+                }
+            }
+            self.capped = left_out
+                .into_iter()
+                .map(|(module, count)| NotFollowed {
+                    target: format!("{count} address-taken functions of {module}"),
+                    reason: format!(
+                        "beyond the first {MAX_UP_FRONT} instrumented up front (each \
+                         takes the patch engine about a millisecond)"
+                    ),
+                })
+                .collect();
+            candidates.truncate(MAX_UP_FRONT);
+        }
+        candidates
     }
 
     /// Notes what patching the candidates in `patched` gave (`outcomes` in the same
@@ -94,6 +128,9 @@ impl IndirectTargets {
             modules,
             self.taken.elapsed.as_millis()
         );
+        for capped in &self.capped {
+            line += &format!("; {} not followed: {}", capped.target, capped.reason);
+        }
         if !self.not_followed.is_empty() {
             line += &format!(
                 "; {} not followed (the profile lists them with the reason)",
@@ -101,6 +138,15 @@ impl IndirectTargets {
             );
         }
         line
+    }
+
+    /// Everything not followed: refused, unreadable, and left out by the cap.
+    pub fn all_not_followed(&self) -> Vec<NotFollowed> {
+        self.capped
+            .iter()
+            .chain(&self.not_followed)
+            .cloned()
+            .collect()
     }
 
     /// Forgets the outcomes of an earlier start (the candidates stay).

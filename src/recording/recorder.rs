@@ -217,9 +217,11 @@ impl Recorder {
         if !self.gross_only && self.indirect.is_none() {
             self.indirect = Some(IndirectTargets::find(&self.symbols));
         }
-        let no_targets = IndirectTargets::default();
-        let indirect_targets = self.indirect.as_ref().unwrap_or(&no_targets);
-        let table = function_table::encode(&self.symbols, &indirect_targets.taken);
+        let mut no_targets = IndirectTargets::default();
+        let table = match &self.indirect {
+            Some(indirect) => function_table::encode(&self.symbols, &indirect.taken),
+            None => function_table::encode(&self.symbols, &no_targets.taken),
+        };
         let started = self.session.request_with_payload(
             &Request::StartRecording {
                 table_bytes: table.len() as u64,
@@ -266,6 +268,7 @@ impl Recorder {
         }
 
         let symbols = &self.symbols;
+        let indirect_targets = self.indirect.as_mut().unwrap_or(&mut no_targets);
         let mut patched: Vec<(&Function, Hook)> = chosen
             .iter()
             .map(|c| (&c.function, Hook::RecordRoot))
@@ -290,7 +293,10 @@ impl Recorder {
             .filter(|f| !patched.iter().any(|(p, _)| p.addr == f.addr))
             .collect();
         patched.extend(again.into_iter().map(|f| (f, Hook::Record)));
-        let candidates = indirect_targets.to_patch(symbols, &patched);
+        let exe = (self.target.exe.file_name())
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        let candidates = indirect_targets.to_patch(symbols, &patched, exe);
         patched.extend(candidates.into_iter().map(|f| (f, Hook::Record)));
         let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(symbols)
             .into_iter()

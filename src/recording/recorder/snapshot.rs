@@ -66,7 +66,7 @@ impl Recorder {
             indirect_not_followed: self
                 .indirect
                 .as_ref()
-                .map(|i| i.not_followed.clone())
+                .map(|i| i.all_not_followed())
                 .unwrap_or_default(),
         });
         profile.stats.indirect_sites_followed = counters.indirect_sites_followed;
