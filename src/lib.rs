@@ -16,6 +16,7 @@ pub mod process;
 pub mod profile;
 pub mod recording;
 pub mod refusals;
+pub mod sampling;
 pub mod session;
 pub mod symbols;
 pub mod targets;

@@ -159,9 +159,79 @@ enum Command {
         #[arg(long, value_enum, default_value_t = DiffFormatArg::Text)]
         format: DiffFormatArg,
     },
+    /// Sample every thread of a running process from the outside (nothing is loaded
+    /// into it, nothing in it changes) and write a sampled profile.
+    Sample {
+        /// Process id of the target.
+        pid: i32,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(
+            long,
+            value_name = "SECS",
+            allow_negative_numbers = true,
+            value_parser = tendril::commands::duration::parse_seconds
+        )]
+        duration: Option<Duration>,
+        /// Write the profile to FILE (`-`: stdout). Default:
+        /// tendril-<PID>-<YYYYmmdd-HHMMSS>.json in the current directory.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// A live table of the functions a running process spends its time in, sampled
+    /// from the outside and refreshed every second (q quits).
+    Top {
+        /// Process id of the target.
+        pid: i32,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    },
+    /// How far two profiles' call trees agree: first line `overlap X.XXX  hotcover
+    /// Y.YYY`, then the call paths that differ most.
+    Compare {
+        /// The reference profile (its hot paths are the ones hotcover looks for).
+        a: PathBuf,
+        /// The profile compared with it.
+        b: PathBuf,
+        /// Compare only the subtrees below SYM (default: an instrumented profile's roots
+        /// when the other is sampled, else the whole trees).
+        #[arg(long, value_name = "SYM")]
+        root: Option<String>,
+        /// List this many call paths.
+        #[arg(long, value_name = "N", default_value_t = tendril::commands::compare::DEFAULT_ROWS)]
+        top: usize,
+    },
     /// The demo workload itself (run by `tendril demo`).
     #[command(hide = true)]
     DemoTarget,
+}
+
+/// What `sample` and `top` share: how often and by which clock.
+#[derive(clap::Args, Debug)]
+struct SamplingArgs {
+    /// Samples per second of each thread's CPU time.
+    #[arg(long, value_name = "HZ", default_value_t = 499,
+          value_parser = clap::value_parser!(u32).range(1..=20_000))]
+    rate: u32,
+    /// Wall-clock time: also charge the time each thread is switched out (asleep,
+    /// blocked, waiting for a core) to where it went to sleep.
+    #[arg(long)]
+    wall: bool,
+}
+
+impl SamplingArgs {
+    fn options(&self) -> tendril::sampling::SamplerOptions {
+        tendril::sampling::SamplerOptions {
+            rate_hz: self.rate,
+            clock: if self.wall {
+                tendril::sampling::Clock::Wall
+            } else {
+                tendril::sampling::Clock::Cpu
+            },
+            ..Default::default()
+        }
+    }
 }
 
 /// What `record` and `run` share: how the graph is instrumented and where the profile
@@ -172,9 +242,9 @@ struct ProfileArgs {
     /// run) or a (the whole static call graph, up front).
     #[arg(long, value_enum, default_value_t = SchemeArg::B)]
     scheme: SchemeArg,
-    /// Write the profile to FILE (`-`: stdout). Default: `record` writes
-    /// tendril-<PID>-<YYYYmmdd-HHMMSS>.json in the current directory and says so; `run`
-    /// writes to stdout.
+    /// Write the profile to FILE (`-`: stdout). Default: a new file
+    /// tendril-<PID>-<YYYYmmdd-HHMMSS>.json in the current directory, named on stderr
+    /// (for `run`, PID is the program's).
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
     /// Only time the roots themselves: a distribution of their gross times, at
@@ -389,6 +459,21 @@ fn main() -> ExitCode {
                 DiffFormatArg::Folded => tendril::commands::diff::DiffFormat::Folded,
             },
         ),
+        Command::Sample {
+            pid,
+            sampling,
+            duration,
+            output,
+        } => tendril::commands::sample::run(&tendril::commands::sample::SampleCommand {
+            pid,
+            options: sampling.options(),
+            duration,
+            output,
+        }),
+        Command::Top { pid, sampling } => tendril::commands::top::run(pid, sampling.options()),
+        Command::Compare { a, b, root, top } => {
+            tendril::commands::compare::run(&a, &b, root.as_deref(), top)
+        }
         Command::DemoTarget => tendril::demo_workload::run(),
     };
     report(result)

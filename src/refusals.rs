@@ -1,130 +1,71 @@
 //! Functions that no hook may go into, known by name, refused before the agent sees
 //! them (the agent knows addresses only).
 //!
-//! The one idea: some code is never entered the way a hook assumes, or runs where the
-//! transient `int3` of a patch would end the process, and only names tell it apart:
+//! The one idea: some code is never entered the way a hook assumes, and only its name
+//! tells it apart. A `.cold` part is the rarely run half of a function that the compiler
+//! moved away; the function jumps there from inside its body, with its frame in place,
+//! so the word at the stack pointer is no return address (a return hook would overwrite
+//! a word of the frame) and the stack below it may be the function's red zone.
 //!
-//! * a `.cold` part is the rarely run half of a function that the compiler moved away;
-//!   the function jumps there from inside its body, with its frame in place, so the
-//!   word at the stack pointer is no return address (a return hook would overwrite a
-//!   word of the frame) and the stack below it may be the function's red zone;
-//! * glibc runs a few functions with every signal blocked, SIGTRAP included — while it
-//!   starts a thread (`__ctype_init`, the `clone` of `pthread_create`), while a thread
-//!   ends (freeing its stack) and while it raises a signal. A thread that meets an
-//!   `int3` with SIGTRAP blocked is not sent on by tendril's handler: the kernel ends
-//!   the process. In a program that starts threads, they may run at any moment.
+//! A function that returns twice (`setjmp`, `vfork`, `getcontext`) cannot have its return
+//! hooked: `setjmp` saves the word at the stack pointer as the address its second return
+//! (a `longjmp`) goes to, and a return hook has put the address of tendril's exit code
+//! there; the second return then comes through that code with no frame of tendril's left
+//! to match, and the agent stops the process rather than return to an unknown address.
+//! `vfork` returns through the same word in the child and then in the parent. Counting
+//! their calls without hooking returns is safe.
+//!
+//! What a thread's signal mask is never makes code refused: a patch writes no `int3`,
+//! and the agent knows where every thread is whatever signals it blocks, so glibc's
+//! functions that run with every signal blocked (a thread's start and end) are patched
+//! like any other.
 
-use crate::symbols::{Function, ProcessSymbols};
-use std::collections::HashSet;
+use crate::symbols::Function;
 
 /// The reason for a `.cold` part.
 pub const COLD_PART: &str =
     "the cold part of a function, entered by a jump from inside it rather than by a call";
-/// The reason for glibc's functions that run with every signal blocked.
-pub const SIGNALS_BLOCKED: &str = "glibc runs it with every signal blocked (as a thread starts \
-     or ends, or raises a signal), where the int3 a patch writes for a moment would end the \
-     process";
 
-/// glibc's functions that run with every signal blocked (found in glibc 2.36 by
-/// following the direct calls made while `start_thread`, `pthread_create` and
-/// `pthread_kill` have every signal blocked; error paths left out), by any of their
-/// names (`__GI_` aliases are matched without the prefix). `free`, which a thread's end
-/// calls only when the cache of thread stacks is full, is left to the user's judgement.
-const GLIBC_SIGNALS_BLOCKED: [&str; 35] = [
-    // A new thread, until it unblocks signals.
-    "start_thread",
-    "__ctype_init",
+/// The reason for a function that returns twice, when its returns would be hooked.
+pub const RETURNS_TWICE: &str = "it returns twice (as setjmp, vfork and getcontext do), and its \
+     second return would come through tendril's return hook with nothing left to match it";
+
+/// The functions that return twice, by any of their names (`__GI_` aliases are matched
+/// without the prefix), in glibc and in statically linked programs alike.
+const RETURNING_TWICE: [&str; 11] = [
+    "setjmp",
     "_setjmp",
     "__sigsetjmp",
-    "__sigjmp_save",
-    // pthread_create, from blocking signals until the new thread runs.
-    "create_thread",
-    "__clone_internal",
-    "__clone3",
-    "clone3",
-    "__clone",
-    "clone",
-    "__pthread_sigmask",
-    "pthread_sigmask",
-    "__sigprocmask",
-    "sigprocmask",
-    // A thread's end, once it blocked every signal.
-    "__getpagesize",
-    "getpagesize",
-    "madvise",
-    "__madvise",
-    "munmap",
-    "__munmap",
-    "__nptl_free_tcb",
-    "__nptl_deallocate_stack",
-    "__nptl_free_stacks",
-    "__nptl_stack_list_del",
-    "__nptl_stack_list_add",
-    "__nptl_death_event",
-    "__lll_lock_wait_private",
-    "__lll_lock_wake_private",
-    // raise, abort and pthread_kill block every signal around the kill.
-    "__pthread_kill_implementation",
-    "__pthread_kill_internal",
-    "__getpid",
-    "getpid",
-    "__gettid",
-    "gettid",
+    "sigsetjmp",
+    "__libc_sigsetjmp",
+    "vfork",
+    "__vfork",
+    "__libc_vfork",
+    "getcontext",
+    "__getcontext",
+    "savectx",
 ];
 
-/// The functions of one process that are refused by name.
-pub struct Refusals {
-    signals_blocked: HashSet<u64>,
-}
-
-impl Refusals {
-    pub fn new(symbols: &ProcessSymbols) -> Refusals {
-        let signals_blocked = symbols
-            .functions()
-            .iter()
-            .filter(|f| f.module.starts_with("libc.so"))
-            .filter(|f| {
-                let name = f.raw_name.strip_prefix("__GI_").unwrap_or(&f.raw_name);
-                GLIBC_SIGNALS_BLOCKED.contains(&name)
-            })
-            .map(|f| f.addr)
-            .collect();
-        Refusals { signals_blocked }
-    }
-
-    /// Why `function` is refused, if it is.
-    pub fn reason(&self, function: &Function) -> Option<&'static str> {
-        if function.raw_name.ends_with(".cold") {
-            Some(COLD_PART)
-        } else if self.signals_blocked.contains(&function.addr) {
-            Some(SIGNALS_BLOCKED)
-        } else {
-            None
-        }
+/// Why `function` is refused by its name, if it is; `hooks_returns` says whether its
+/// return would be hooked too (`record`, `count --returns`) or only its entry.
+pub fn reason(function: &Function, hooks_returns: bool) -> Option<&'static str> {
+    let name = function
+        .raw_name
+        .strip_prefix("__GI_")
+        .unwrap_or(&function.raw_name);
+    if function.raw_name.ends_with(".cold") {
+        Some(COLD_PART)
+    } else if hooks_returns && RETURNING_TWICE.contains(&name) {
+        Some(RETURNS_TWICE)
+    } else {
+        None
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbols::SymbolSource;
-
-    #[test]
-    fn glibc_s_thread_end_is_refused_and_malloc_is_not() {
-        let symbols = ProcessSymbols::load(std::process::id() as i32).unwrap();
-        let refusals = Refusals::new(&symbols);
-        let reasons = |name: &str| -> Vec<Option<&str>> {
-            let found = symbols.find(&format!("libc.so.6:{name}")).unwrap();
-            found.into_iter().map(|f| refusals.reason(f)).collect()
-        };
-        let madvise = reasons("madvise");
-        assert!(!madvise.is_empty(), "libc has madvise");
-        assert!(
-            madvise.iter().all(|r| *r == Some(SIGNALS_BLOCKED)),
-            "{madvise:?}"
-        );
-        assert!(reasons("malloc").iter().all(Option::is_none));
-    }
+    use crate::symbols::{ProcessSymbols, SymbolSource};
 
     #[test]
     fn cold_parts_are_refused() {
@@ -138,10 +79,39 @@ mod tests {
             source: SymbolSource::Symtab,
             ifunc: false,
         };
-        let refusals = Refusals {
-            signals_blocked: HashSet::new(),
-        };
-        assert_eq!(refusals.reason(&function("level1.cold")), Some(COLD_PART));
-        assert_eq!(refusals.reason(&function("level1")), None);
+        assert_eq!(reason(&function("level1.cold"), false), Some(COLD_PART));
+        assert_eq!(reason(&function("level1"), true), None);
+    }
+
+    #[test]
+    fn functions_that_return_twice_are_refused_only_with_their_returns() {
+        let symbols = ProcessSymbols::load(std::process::id() as i32).unwrap();
+        for name in ["_setjmp", "__sigsetjmp", "vfork", "getcontext"] {
+            let found = symbols.find(&format!("libc.so.6:{name}")).unwrap();
+            assert!(!found.is_empty(), "libc has {name}");
+            for function in found {
+                assert_eq!(reason(function, true), Some(RETURNS_TWICE), "{name}");
+                assert_eq!(reason(function, false), None, "{name}");
+            }
+        }
+        assert!(
+            symbols
+                .find("libc.so.6:__sigjmp_save")
+                .unwrap()
+                .iter()
+                .all(|f| reason(f, true).is_none())
+        );
+    }
+
+    #[test]
+    fn glibc_s_thread_start_and_end_are_not_refused() {
+        let symbols = ProcessSymbols::load(std::process::id() as i32).unwrap();
+        for name in ["madvise", "malloc", "start_thread", "__ctype_init"] {
+            for function in symbols.find(&format!("libc.so.6:{name}")).unwrap() {
+                if !function.raw_name.ends_with(".cold") {
+                    assert_eq!(reason(function, true), None, "{name}");
+                }
+            }
+        }
     }
 }

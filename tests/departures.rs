@@ -119,6 +119,7 @@ fn record_says_the_target_execd_and_writes_the_profile_up_to_the_exec() {
     );
     assert!(!stderr.contains("another tendril"), "{stderr}");
     let profile = Profile::load(&output).expect("the profile was written");
+    common::check_profile(&profile);
     assert_rounds_recorded(&profile, 3);
     // The process runs the new program, untouched.
     assert_eq!(
@@ -186,6 +187,7 @@ fn record_says_the_target_is_a_zombie_its_parent_has_not_reaped() {
     let stat = std::fs::read_to_string(format!("/proc/{worker}/stat")).unwrap();
     assert!(stat.contains(") Z "), "the worker is a zombie: {stat}");
     let profile = Profile::load(&output).expect("the profile was written");
+    common::check_profile(&profile);
     assert_rounds_recorded(&profile, 3);
     let _ = std::fs::remove_file(output);
 }

@@ -237,6 +237,92 @@ fn blocked_threads_sit_in_system_calls_and_the_reader_echoes_stdin() {
     assert!(status.success(), "{status}");
 }
 
+/// Each thread's name and `SigBlk` mask (`/proc/PID/task/TID/status`), sorted by name.
+fn thread_masks(pid: i32) -> Vec<(String, u64)> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).expect("the task list");
+    let mut threads: Vec<(String, u64)> = tasks
+        .map(|task| {
+            let task = task.expect("a task entry").path();
+            let comm = fs::read_to_string(task.join("comm")).unwrap_or_default();
+            let status = fs::read_to_string(task.join("status")).unwrap_or_default();
+            let mask = status
+                .lines()
+                .find_map(|line| line.strip_prefix("SigBlk:"))
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .expect("a SigBlk line");
+            (comm.trim().to_string(), mask)
+        })
+        .collect();
+    threads.sort();
+    threads
+}
+
+#[test]
+fn signal_blocking_threads_block_every_signal_and_count_their_own_calls() {
+    // Every signal but SIGKILL and SIGSTOP; SIGUSR2 is bit 11.
+    const EVERY: u64 = 0xffff_ffff_fffb_feff;
+    const SIGUSR2: u64 = 1 << 11;
+    let mut target = Target::spawn("signal_blocking", &["2"]);
+    assert_eq!(
+        target.ready_line().unwrap(),
+        format!("ready pid={} callers=4", target.pid())
+    );
+    assert_eq!(
+        thread_masks(target.pid()),
+        [
+            ("jemalloc_bg_thd".to_string(), EVERY),
+            ("masked_busy".to_string(), EVERY),
+            ("signal_blocking".to_string(), SIGUSR2),
+            // The kernel unblocks the awaited SIGUSR2 while sigwait waits.
+            ("sigwaiter".to_string(), EVERY & !SIGUSR2),
+            ("worker0".to_string(), SIGUSR2),
+            ("worker1".to_string(), SIGUSR2),
+        ]
+    );
+    let sigwaiter = thread_syscalls(target.pid())
+        .into_iter()
+        .find(|(name, _)| name == "sigwaiter");
+    assert_eq!(
+        sigwaiter,
+        Some(("sigwaiter".to_string(), libc::SYS_rt_sigtimedwait))
+    );
+
+    let mut checksums = Vec::new();
+    for rounds in [1, 50, 50] {
+        target.write_stdin(&format!("round {rounds}\n"));
+        let round = &target.rounds(1, LINE_TIMEOUT)[0];
+        let calls = 4 * rounds;
+        let expected = [
+            ("callers", 4),
+            ("rounds", rounds),
+            ("work_round", calls),
+            ("sb_outer", 3 * calls),
+            ("sb_inner", 6 * calls),
+            ("spin_errors", 0),
+        ];
+        for (key, value) in expected {
+            assert_eq!(round.get(key), Some(value), "{key}: {round:?}");
+        }
+        checksums.push(round.get("checksum").unwrap());
+    }
+    assert_ne!(
+        checksums[0], checksums[1],
+        "the checksum depends on the rounds"
+    );
+    assert_eq!(checksums[1], checksums[2], "and on nothing else");
+
+    // Only the sigwaiter can take SIGUSR2; without it the signal would end the process.
+    target.signal(libc::SIGUSR2);
+    assert_eq!(
+        target.expect_line("sigwait ", LINE_TIMEOUT),
+        "sigwait got 12"
+    );
+    target.close_stdin();
+    assert_eq!(target.expect_line("bye", LINE_TIMEOUT), "bye");
+    let status = target.wait_exit(LINE_TIMEOUT).expect("it exits after bye");
+    assert!(status.success(), "{status}");
+}
+
 #[test]
 fn mallocs_keeps_allocating() {
     let mut target = Target::spawn("mallocs", &["2"]);

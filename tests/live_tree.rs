@@ -8,8 +8,9 @@
 //! threads are in the middle of calls, and then checks what load cannot change: the
 //! root only ever appears at the top of a tree, nothing but a root does, the tree is no
 //! deeper than an uninterrupted recording's, every thread's root keeps counting, no
-//! thread spent longer inside its roots than the recording watched it, and the hot
-//! spots' count of the root is the tree's. Per-call times are compared with
+//! thread spent longer inside its roots than the recording watched it, the hot
+//! spots' count of the root is the tree's, and every profile is consistent
+//! (`common::check_profile`). Per-call times are compared with
 //! uninterrupted recordings of the same process made just before and just after, and
 //! of a second demo process recorded meanwhile.
 
@@ -207,7 +208,9 @@ fn per_call(profile: &Profile) -> [f64; 2] {
 fn uninterrupted(demo: &Demo, scheme: Scheme) -> Profile {
     let mut recorder = start(demo, DEMO_ROOT, scheme);
     record_calls(&mut recorder, BASELINE_CALLS);
-    recorder.finish(false).expect("the recording ends").profile
+    let profile = recorder.finish(false).expect("the recording ends").profile;
+    common::check_profile(&profile);
+    profile
 }
 
 /// Checks the tree's shape against an uninterrupted recording's, and that the hot
@@ -248,6 +251,13 @@ fn check_shape(profile: &Profile, baseline_depth: usize, what: &str) {
 /// process were seen to differ by a factor of 3.5, so the check is a factor of 3 around
 /// their range — the bug made them 10 times longer — and the figures are printed.
 /// [`check_watched_time`] is the check load cannot move.
+///
+/// A 10% bound was tried (issue #16) and does not hold: with every call of the demo
+/// instrumented, its threads spend about twice the wall time waiting for ring space
+/// (`pause_ns`), and although the waits are taken out of the times, what is left per
+/// call differs by 1.7–3× between two identical demo processes recorded over the very
+/// same windows of time, drained in lockstep by one thread. A tighter check needs CPU
+/// time per node (issue #15) or a drain that keeps up.
 fn check_per_call(profile: &Profile, references: &[&Profile], what: &str) {
     let now = per_call(profile);
     println!(
@@ -312,7 +322,9 @@ impl Concurrent {
 
     fn finish(self) -> Profile {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("the reference recording ends")
+        let profile = self.thread.join().expect("the reference recording ends");
+        common::check_profile(&profile);
+        profile
     }
 }
 
@@ -378,6 +390,7 @@ fn pausing_and_resuming_mid_recursion_leaves_the_tree_as_if_uninterrupted() {
     let from = root_calls(&recorder.snapshot());
     record_calls(&mut recorder, BASELINE_CALLS.saturating_sub(from));
     let profile = recorder.finish(false).expect("the recording ends").profile;
+    common::check_profile(&profile);
     watched += watching_since.elapsed();
     check_watched_time(&profile, watched, "20 pauses");
     let during = concurrent.finish();
@@ -405,6 +418,7 @@ fn resetting_mid_recursion_starts_the_tree_afresh_at_the_root() {
     check_threads_keep_counting(&mut recorder, "resets");
     record_calls(&mut recorder, BASELINE_CALLS);
     let profile = recorder.finish(false).expect("the recording ends").profile;
+    common::check_profile(&profile);
     check_watched_time(&profile, since_reset.elapsed(), "20 resets");
     let during = concurrent.finish();
     let after = uninterrupted(&demo, Scheme::B);
@@ -462,6 +476,7 @@ fn changing_the_roots_mid_recursion_starts_the_tree_afresh_at_the_new_root() {
     check_threads_keep_counting(&mut recorder, "root changes");
     record_calls(&mut recorder, BASELINE_CALLS);
     let profile = recorder.finish(false).expect("the recording ends").profile;
+    common::check_profile(&profile);
     check_watched_time(&profile, since_change.elapsed(), "20 root changes");
     let during = concurrent.finish();
     let after = uninterrupted(&demo, Scheme::A);

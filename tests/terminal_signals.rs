@@ -23,6 +23,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How long tendril may take to draw its first screen (debug builds, a busy machine).
+/// How long output written just before an exit may take to reach the reader.
+const EXIT_OUTPUT_GRACE: Duration = Duration::from_secs(2);
 const DRAW_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long tendril may take to exit once its terminal is gone or a signal came.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -105,8 +107,13 @@ impl PtyTendril {
     /// Waits until tendril has written `text`; panics with its output otherwise.
     fn wait_for(&mut self, text: &str) {
         let deadline = Instant::now() + DRAW_TIMEOUT;
+        let mut exited_at = None;
         while !self.output().contains(text) {
-            if let Some(status) = self.try_wait().map(|exit| exit.status) {
+            // What the process wrote just before it ended may still be on its way
+            // through the pty to the reader thread: give it a moment after the exit.
+            if let Some(status) = self.try_wait().map(|exit| exit.status)
+                && *exited_at.get_or_insert_with(Instant::now) + EXIT_OUTPUT_GRACE < Instant::now()
+            {
                 panic!(
                     "tendril exited (status {status}) before writing {text:?}; it wrote:\n{:?}",
                     self.output()
@@ -309,6 +316,8 @@ fn assert_signal_ends_view(signal: i32, name: &str) {
         "tendril's wait status after {name}: {status:#x}; it wrote:\n{:?}",
         ui.output()
     );
+    // Its last writes may still be on their way through the pty.
+    ui.wait_for(LEAVE_ALTERNATE_SCREEN);
     let output = ui.output();
     let left = output
         .rfind(LEAVE_ALTERNATE_SCREEN)

@@ -85,8 +85,10 @@ fn a_sleeping_thread_holding_a_dead_hook_address_does_not_keep_the_hooks_in() {
     let mut target = Target::spawn("stale_exit", &["1000"]);
     let before = steady_checksum(&mut target, 2);
     let counting = Counting::start(target.pid(), &["touch_inner", "--returns"]);
-    // The second round's calls started after the hooks went in; the worker now sleeps
-    // holding touch_inner's return address as the hook left it: a trampoline exit.
+    // Lines printed before the hooks went in (a busy machine may leave some unread) do
+    // not count: the second round's calls after this started after the hooks went in;
+    // the worker now sleeps holding touch_inner's return address as the hook left it.
+    target.drain();
     let during = steady_checksum(&mut target, 2);
     let report = counting.finish();
     assert_eq!(during, before);

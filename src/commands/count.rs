@@ -12,7 +12,7 @@
 use crate::commands::duration::{format_elapsed, format_seconds};
 use crate::commands::progress::{Progress, thousands};
 use crate::departure::Departure;
-use crate::refusals::Refusals;
+use crate::refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::ProcessSymbols;
 use crate::targets::{self, Chosen};
@@ -57,11 +57,10 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     let symbols = ProcessSymbols::load(pid)?;
     let matched = targets::match_patterns(&symbols, &options.patterns)?;
     let (_, mut session) = inject::attach(pid)?;
-    let refusals = Refusals::new(&symbols);
     let (chosen, refused_by_name): (Vec<Chosen>, Vec<Chosen>) =
         targets::choose(&symbols, &matched, &mut session)?
             .into_iter()
-            .partition(|c| refusals.reason(&c.function).is_none());
+            .partition(|c| refusals::reason(&c.function, options.returns).is_none());
     let reloaded = if options.returns {
         targets::unwinder_symbols_after_attach(&symbols)?
     } else {
@@ -105,7 +104,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     let mut counted: Vec<Counted> = Vec::new();
     let mut refused: Vec<(&Chosen, &str)> = refused_by_name
         .iter()
-        .filter_map(|c| refusals.reason(&c.function).map(|reason| (c, reason)))
+        .filter_map(|c| refusals::reason(&c.function, options.returns).map(|reason| (c, reason)))
         .collect();
     for (chosen, outcome) in chosen.iter().zip(user) {
         match (outcome.id, &outcome.refused) {

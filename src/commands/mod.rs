@@ -2,6 +2,7 @@
 //! calls into these; each prints its own output and returns errors for `main` to report.
 
 pub mod attach;
+pub mod compare;
 pub mod count;
 pub mod demo;
 pub mod detach;
@@ -13,5 +14,7 @@ pub mod progress;
 pub mod record;
 pub mod report;
 pub mod run;
+pub mod sample;
 pub mod status;
+pub mod top;
 pub mod view;

@@ -28,9 +28,17 @@ impl ProfileOutput {
         })
     }
 
-    /// Checks and opens `path`; without one, `default` (stdout for `-`).
-    pub fn open_or(path: Option<&Path>, default: PathBuf) -> anyhow::Result<ProfileOutput> {
-        ProfileOutput::open(Some(path.unwrap_or(&default)))
+    /// Checks and opens `path` (stdout for `-`); without one, creates a new file named
+    /// after the process and the time (`tendril-<pid>-<time>.json`, see
+    /// [`OutputFile::create_fresh`]), as perf and py-spy write a file rather than a
+    /// profile on the terminal.
+    pub fn open_or_fresh(path: Option<&Path>, pid: i32) -> anyhow::Result<ProfileOutput> {
+        match path {
+            Some(path) => ProfileOutput::open(Some(path)),
+            None => Ok(ProfileOutput::File(OutputFile::create_fresh(
+                crate::live::save_path::snapshot_paths(pid),
+            )?)),
+        }
     }
 
     /// The file the profile goes to (`None`: stdout).
@@ -103,6 +111,39 @@ impl OutputFile {
         Ok(output)
     }
 
+    /// Creates the first of `names` that does not exist yet, with `O_CREAT | O_EXCL`:
+    /// a name that is there — a file, or a link someone put there — is never opened,
+    /// the next one is tried instead.
+    pub fn create_fresh(names: impl IntoIterator<Item = PathBuf>) -> anyhow::Result<OutputFile> {
+        /// Names tried before giving up (each one was taken).
+        const ATTEMPTS: usize = 1000;
+        let mut last = None;
+        for path in names.into_iter().take(ATTEMPTS) {
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(file) => {
+                    return Ok(OutputFile {
+                        path,
+                        file,
+                        created: true,
+                        written: false,
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => last = Some(path),
+                Err(e) => {
+                    let reason = describe(&path, &e);
+                    anyhow::bail!(
+                        "cannot write the profile to {}: {reason} (give another place with -o FILE)",
+                        path.display()
+                    );
+                }
+            }
+        }
+        anyhow::bail!(
+            "cannot write the profile: {} and the names after it exist already — give -o FILE",
+            last.map_or_else(|| "every name".into(), |p| p.display().to_string())
+        )
+    }
+
     /// Replaces the file's contents with `bytes` (an export of a profile).
     pub fn write_bytes(mut self, bytes: &[u8]) -> anyhow::Result<()> {
         let fail = || format!("cannot write the profile to {}", self.path.display());
@@ -152,5 +193,43 @@ fn describe(path: &Path, error: &std::io::Error) -> String {
         ErrorKind::PermissionDenied => "permission denied".into(),
         ErrorKind::ReadOnlyFilesystem => "the file system is read-only".into(),
         _ => error.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_file_never_goes_through_a_name_that_is_there() {
+        let directory =
+            std::env::temp_dir().join(format!("tendril-fresh-output-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&directory);
+        std::fs::create_dir_all(&directory).unwrap();
+        let victim = directory.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let names: Vec<PathBuf> = ["a.json", "b.json", "c.json"]
+            .iter()
+            .map(|name| directory.join(name))
+            .collect();
+        // Someone put a link at the first name and a file at the second.
+        std::os::unix::fs::symlink(&victim, &names[0]).unwrap();
+        std::fs::write(&names[1], "theirs").unwrap();
+        let output = OutputFile::create_fresh(names.clone()).unwrap();
+        assert_eq!(output.path, names[2]);
+        output.write_bytes(b"profile").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&names[1]).unwrap(), "theirs");
+        assert_eq!(std::fs::read_to_string(&names[2]).unwrap(), "profile");
+        // Every name taken: one line that says what to do.
+        let error = OutputFile::create_fresh(names[..2].to_vec())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.ends_with("exist already — give -o FILE"), "{error}");
+        // Not written: the file it made is gone again.
+        drop(OutputFile::create_fresh(vec![directory.join("d.json")]).unwrap());
+        assert!(!directory.join("d.json").exists());
+        std::fs::remove_dir_all(&directory).unwrap();
     }
 }

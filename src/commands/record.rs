@@ -42,8 +42,7 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Checked before the target is touched; nothing is written unless a profile is.
     // Without -o, a file named after the process and the time, as `w` in the live view
     // saves (perf and py-spy write a file too, rather than JSON on a terminal).
-    let default = crate::live::save_path::snapshot_path(command.options.pid);
-    let output = ProfileOutput::open_or(command.output.as_deref(), default)?;
+    let output = ProfileOutput::open_or_fresh(command.output.as_deref(), command.options.pid)?;
     interrupt::install();
     let mut recorder = Recorder::start(&command.options)?;
     start_trace(&mut recorder, command.trace);
@@ -65,10 +64,16 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Gone for good (a zombie is told apart when the agent's connection closes).
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
+    write_profile(output, &profile)
+}
+
+/// Writes the profile and says where, in a line the user may copy (nothing is said
+/// for stdout).
+pub fn write_profile(output: ProfileOutput, profile: &Profile) -> anyhow::Result<()> {
     let written = output
         .path()
         .map(|path| absolute(path).display().to_string());
-    output.write(&profile)?;
+    output.write(profile)?;
     if let Some(path) = written {
         eprintln!("tendril: profile written to {path} (tendril report {path})");
     }

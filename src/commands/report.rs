@@ -4,10 +4,11 @@
 //!
 //! The one idea: the output is made in memory first, then written, so a profile that
 //! cannot be read or drawn leaves no half-written file; an output path that cannot be
-//! written is refused before the profile is even read.
+//! written is refused before the profile is even read. On a terminal, the tree's and the
+//! hot spots' long names are cut in the middle to its width (`profile::names`).
 
 use crate::commands::output::OutputFile;
-use crate::profile::report::{MAX_FOLDED_FRAMES, folded_stacks_elided};
+use crate::profile::report::{MAX_FOLDED_FRAMES, folded_stacks_elided, write_report_fitted};
 use crate::profile::{Profile, Prune, ReportFormat, write_report};
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -50,8 +51,16 @@ pub fn run(
         eprintln!("tendril: {}", trace.summary());
     }
     let Some(destination) = destination else {
+        // On a terminal, long names are cut in the middle to its width; a pipe or a
+        // file gets them whole.
+        let columns = std::io::stdout()
+            .is_terminal()
+            .then(|| tendril_tui::crossterm::terminal::size().ok())
+            .flatten()
+            .map(|(columns, _)| usize::from(columns));
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        return match write_report(&profile, format, &mut out).and_then(|()| out.flush()) {
+        let written = write_report_fitted(&profile, format, columns, &mut out);
+        return match written.and_then(|()| out.flush()) {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.into()),
             other => Ok(other.map_err(|e| anyhow::anyhow!("cannot write to stdout: {e}"))?),

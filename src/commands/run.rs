@@ -66,11 +66,24 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
     let Some((program, arguments)) = command.program.split_first() else {
         bail!("no program to run — give one after `--`, e.g. `tendril run -- ./server`");
     };
-    // Checked before the program starts; nothing is written unless a profile is.
-    let output = ProfileOutput::open(command.output.as_deref())?;
+    // `-o FILE` is checked before the program starts; nothing is written unless a
+    // profile is.
+    let chosen = match command.output.as_deref() {
+        Some(path) => Some(ProfileOutput::open(Some(path))?),
+        None => None,
+    };
     interrupt::install();
     let child = start_traced(program, arguments)?;
     let pid = child.as_raw();
+    // Without -o, a new file named after the program's pid, as `record` writes; made
+    // while the program is held at its exec, before it runs its first instruction.
+    let output = match chosen.map_or_else(|| ProfileOutput::open_or_fresh(None, pid), Ok) {
+        Ok(output) => output,
+        Err(error) => {
+            kill_and_reap(child);
+            bail!("{error:#}; killed {program} (pid {pid}) before it started");
+        }
+    };
     let mut recorder = match prepare(command, program, child) {
         Ok(recorder) => recorder,
         Err(reason) => {
@@ -85,7 +98,7 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
         ended = ended.or_else(|| ended_status(child));
         ended.is_some()
     })?;
-    output.write(&profile)?;
+    crate::commands::record::write_profile(output, &profile)?;
     let ended = ended.or_else(|| ended_status(child));
     match ended {
         Some(Ended::Exited(code)) => eprintln!("tendril: {program} exited with status {code}"),

@@ -21,6 +21,7 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
             node.total_ns as f64,
             node.self_ns as f64,
         );
+        copy.below_resolution = node.below_resolution;
         copy.children.reserve_exact(node.children.len());
         copy
     };
@@ -182,6 +183,7 @@ mod tests {
             duration_ns: 2_000_000_000,
             discovery: None,
             gross: Vec::new(),
+            sampling: None,
             modules: Vec::new(),
             trace: None,
         }

@@ -10,15 +10,20 @@ use std::path::PathBuf;
 /// `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in the current directory (with `-2`, `-3`…
 /// added if that file exists), from the root.
 pub fn snapshot_path(pid: i32) -> PathBuf {
+    snapshot_paths(pid)
+        .find(|path| !path.exists())
+        .expect("the names go on without end")
+}
+
+/// The names [`snapshot_path`] tries, in order: `tendril-<pid>-<time>.json`, then
+/// `-2`, `-3`… — for a caller that creates the file itself, without following a
+/// name someone else put there (`OutputFile::create_fresh`).
+pub fn snapshot_paths(pid: i32) -> impl Iterator<Item = PathBuf> {
     let directory = std::env::current_dir().unwrap_or_default();
     let stem = format!("tendril-{pid}-{}", local_timestamp());
-    let mut path = directory.join(format!("{stem}.json"));
-    let mut next = 2;
-    while path.exists() {
-        path = directory.join(format!("{stem}-{next}.json"));
-        next += 1;
-    }
-    path
+    let first = directory.join(format!("{stem}.json"));
+    std::iter::once(first)
+        .chain((2u64..).map(move |next| directory.join(format!("{stem}-{next}.json"))))
 }
 
 /// The local time as `YYYYmmdd-HHMMSS`.

@@ -6,6 +6,13 @@
 //! ask a hash map once it has more than [`WIDE_NODE_CHILDREN`]. A child is always created
 //! after its parent, so increasing index order visits parents before children: every
 //! whole-tree pass here is a plain loop, safe for any depth.
+//!
+//! Totals are corrected per node (see `calibration`), so a node's corrected total can
+//! come out below the sum of its children's: where its own time is smaller than the
+//! error of the hook cost removed for its calls (a recursion of a few nanoseconds per
+//! level). [`CallArena::settle`] makes every tree consistent before it is shown: such a
+//! node's total becomes its children's sum — what was measured inside it — and it is
+//! marked below resolution instead of showing a self time of 0 as if measured.
 
 use super::calibration::Correction;
 use super::model::Node;
@@ -157,10 +164,31 @@ impl CallArena {
         node
     }
 
+    /// Node totals (ticks) made consistent, children first: a node whose total is
+    /// below its children's sum gets that sum, and is marked in `below` (its self time
+    /// is below the measurement's resolution). `raw[i]` is node `i`'s corrected total.
+    pub fn settle(&self, raw: &[f64]) -> Settled {
+        let mut totals = raw.to_vec();
+        let mut below = vec![false; self.nodes.len()];
+        let mut children_sum = vec![0.0f64; self.nodes.len()];
+        for index in (1..self.nodes.len()).rev() {
+            let inside = children_sum[index];
+            // Summing in floating point is not exact: a hair's difference is none.
+            if totals[index] < inside - inside * 1e-12 {
+                below[index] = true;
+                totals[index] = inside;
+            }
+            totals[index] = totals[index].max(inside);
+            let parent = self.nodes[index].parent as usize;
+            children_sum[parent] += totals[index];
+        }
+        Settled { totals, below }
+    }
+
     /// Adds `other`'s contexts into this tree by call path: calls are summed, and
     /// `other_totals[i]` (ticks) is added to the total of the node matching `other`'s
-    /// node `i`.
-    pub fn merge(&mut self, other: &CallArena, other_totals: &[f64]) {
+    /// node `i`. Returns, for each of `other`'s nodes, the index of its match here.
+    pub fn merge(&mut self, other: &CallArena, other_totals: &[f64]) -> Vec<u32> {
         let mut matching: Vec<u32> = Vec::with_capacity(other.len());
         matching.push(TOP);
         for (node, &total) in other.nodes.iter().zip(other_totals).skip(1) {
@@ -171,14 +199,19 @@ impl CallArena {
             merged.total_ticks += total;
             matching.push(mine);
         }
+        matching
     }
 
-    /// The roots as profile nodes: `totals[i]` (ticks) is node `i`'s total time, `self`
-    /// time is the total minus the children's totals (clamped at 0), and `describe`
-    /// gives a function's (name, module).
+    /// The roots as profile nodes: `totals[i]` (ticks, [settled](CallArena::settle)) is
+    /// node `i`'s total time, `self` time is the total minus the children's totals, and
+    /// `describe` gives a function's (name, module). A node marked in `below` whose self
+    /// time is under half a nanosecond is below resolution: its total is exactly its
+    /// children's. Totals are rounded to whole nanoseconds and never below the sum of
+    /// the children's rounded totals.
     pub fn to_nodes(
         &self,
         totals: &[f64],
+        below: &[bool],
         correction: &Correction,
         mut describe: impl FnMut(u32) -> (String, String),
     ) -> Vec<Node> {
@@ -199,23 +232,39 @@ impl CallArena {
         for index in (1..self.nodes.len()).rev() {
             let node = &self.nodes[index];
             let children = take_children(&mut built, index);
-            let total_ns = correction.ticks_to_ns(totals[index]);
             let children_ns: u64 = children.iter().map(|child| child.total_ns).sum();
+            let children_ticks: f64 = node.children().map(|c| totals[c as usize]).sum();
+            let below_resolution = below[index]
+                && correction.ticks_to_ns((totals[index] - children_ticks).max(0.0)) == 0;
+            let total_ns = if below_resolution {
+                children_ns
+            } else {
+                correction.ticks_to_ns(totals[index]).max(children_ns)
+            };
             let (name, module) = describe(node.function);
             built[index] = Some(Node {
                 name,
                 module,
                 calls: node.calls,
                 total_ns,
-                self_ns: total_ns.saturating_sub(children_ns),
+                self_ns: total_ns - children_ns,
+                below_resolution,
                 cpu_ns: None,
                 self_cpu_ns: None,
                 address: None,
+                samples: None,
                 children,
             });
         }
         take_children(&mut built, TOP as usize)
     }
+}
+
+/// Consistent totals, and which nodes were raised to their children's sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settled {
+    pub totals: Vec<f64>,
+    pub below: Vec<bool>,
 }
 
 #[cfg(test)]
@@ -279,7 +328,8 @@ mod tests {
         merged.merge(&two, &two_totals);
         let totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
         let names = ["root", "leaf", "other"];
-        let roots = merged.to_nodes(&totals, &one_ns_ticks(), |f| {
+        let below = vec![false; totals.len()];
+        let roots = merged.to_nodes(&totals, &below, &one_ns_ticks(), |f| {
             (names[f as usize].to_owned(), "m".to_owned())
         });
         let mut expected = Node::leaf("root", "m", 2, 80, 45);
@@ -296,8 +346,69 @@ mod tests {
             parent = arena.child(parent, 3);
         }
         let totals: Vec<f64> = (0..arena.len()).map(|i| (100_001 - i) as f64).collect();
-        let roots = arena.to_nodes(&totals, &one_ns_ticks(), |_| ("f".into(), "m".into()));
+        let below = vec![false; totals.len()];
+        let roots = arena.to_nodes(&totals, &below, &one_ns_ticks(), |_| {
+            ("f".into(), "m".into())
+        });
         assert_eq!(roots.len(), 1);
         assert_eq!((roots[0].total_ns, roots[0].self_ns), (100_000, 1));
+    }
+
+    #[test]
+    fn a_total_below_its_childrens_becomes_their_sum_and_says_so() {
+        // root 100 → mid 40 (its children: 30 + 25 = 55) → leaves; other 10.
+        let mut arena = CallArena::default();
+        let root = arena.child(TOP, 0);
+        let mid = arena.child(root, 1);
+        let leaf_a = arena.child(mid, 2);
+        let leaf_b = arena.child(mid, 3);
+        let other = arena.child(root, 4);
+        for index in [root, mid, leaf_a, leaf_b, other] {
+            arena.node_mut(index).calls = 1;
+        }
+        let raw = [0.0, 100.0, 40.0, 30.0, 25.0, 10.0];
+        let settled = arena.settle(&raw);
+        assert_eq!(settled.totals, [0.0, 100.0, 55.0, 30.0, 25.0, 10.0]);
+        assert_eq!(settled.below, [false, false, true, false, false, false]);
+        // Raised, mid pushes root below its children too: 55 + 10 > 60.
+        let raw = [0.0, 60.0, 40.0, 30.0, 25.0, 10.0];
+        let settled = arena.settle(&raw);
+        assert_eq!(settled.totals, [0.0, 65.0, 55.0, 30.0, 25.0, 10.0]);
+        assert_eq!(settled.below, [false, true, true, false, false, false]);
+        let names = ["root", "mid", "a", "b", "other"];
+        let roots = arena.to_nodes(&settled.totals, &settled.below, &one_ns_ticks(), |f| {
+            (names[f as usize].to_owned(), "m".to_owned())
+        });
+        let (root, mid) = (&roots[0], &roots[0].children[0]);
+        assert_eq!(
+            (root.total_ns, root.self_ns, root.below_resolution),
+            (65, 0, true)
+        );
+        assert_eq!(
+            (mid.total_ns, mid.self_ns, mid.below_resolution),
+            (55, 0, true)
+        );
+        assert!(!mid.children[0].below_resolution);
+    }
+
+    #[test]
+    fn rounding_never_puts_the_children_above_their_parent() {
+        // Three children of 1.4 ns round down to 1 each; a parent of 3.6 ns rounds up
+        // to 4: self 1. With the children at 1.6 (2 each), the parent's 4.9 rounds to 5,
+        // still below their 6: its total becomes 6 without a below-resolution mark
+        // (its self time in ticks, 0.1, is real).
+        let mut arena = CallArena::default();
+        let root = arena.child(TOP, 0);
+        for function in 1..=3 {
+            arena.child(root, function);
+        }
+        let roots = arena.to_nodes(
+            &[0.0, 4.9, 1.6, 1.6, 1.6],
+            &[false; 5],
+            &one_ns_ticks(),
+            |_| ("f".into(), "m".into()),
+        );
+        assert_eq!((roots[0].total_ns, roots[0].self_ns), (6, 0));
+        assert!(!roots[0].below_resolution);
     }
 }

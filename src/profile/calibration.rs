@@ -1,7 +1,7 @@
 //! Removing tendril's own cost from measured times (JFluid §5.3).
 //!
 //! The one idea: every completed invocation is charged
-//! `t_exact = t_meas − t_I − m·t_O`, clamped at 0, where `t_meas` is the time from its
+//! `t_exact = t_meas − t_I − m·t_O`, where `t_meas` is the time from its
 //! entry event to its exit event minus the pauses tendril caused inside it, `t_I` (inner)
 //! is the part of one call's own hook cost that falls between those two timestamps, `t_O`
 //! (outer) is the whole cost one instrumented call adds to its caller, and `m` is the
@@ -10,6 +10,11 @@
 //! time, with its direct calls; charged to totals, it takes all of them). The self time
 //! of a node, its total minus its children's totals, is then JFluid's. Everything here
 //! is in TSC ticks; nanoseconds appear only when a profile is produced.
+//!
+//! A charge is not clamped at 0: a call shorter than the error of `t_I` and `t_O`
+//! (a leaf of a nanosecond) may come out negative, and clamping each one would bias the
+//! sum upwards. A node's sum is what is compared with its children's when the tree is
+//! settled (`CallArena::settle`), which marks what is below resolution.
 
 use super::model::Calibration;
 
@@ -52,11 +57,11 @@ impl Correction {
     }
 
     /// `t_exact` in ticks of one invocation that measured `measured_ticks` (pauses
-    /// already removed) and made `calls` instrumented calls inside it, at any depth.
+    /// already removed) and made `calls` instrumented calls inside it, at any depth;
+    /// negative when the call was shorter than the cost removed (see the module comment).
     #[inline]
     pub fn charge(&self, measured_ticks: u64, calls: u64) -> f64 {
-        let exact = measured_ticks as f64 - self.inner_ticks - calls as f64 * self.outer_ticks;
-        exact.max(0.0)
+        measured_ticks as f64 - self.inner_ticks - calls as f64 * self.outer_ticks
     }
 
     /// `t_I` in ticks.
@@ -69,9 +74,10 @@ impl Correction {
         self.outer_ticks
     }
 
-    /// Whole nanoseconds, rounded to nearest, for a (corrected) number of ticks.
+    /// Whole nanoseconds, rounded to nearest, for a (corrected) number of ticks; 0 for
+    /// a negative number.
     pub fn ticks_to_ns(&self, ticks: f64) -> u64 {
-        (ticks * self.ns_per_tick).round() as u64
+        (ticks * self.ns_per_tick).round().max(0.0) as u64
     }
 }
 
@@ -104,7 +110,7 @@ mod tests {
         let correction = Correction::new(&calibration()).unwrap();
         assert_eq!(correction.charge(100, 0), 98.0);
         assert_eq!(correction.charge(100, 3), 83.0);
-        assert_eq!(correction.charge(10, 3), 0.0, "clamped at 0");
+        assert_eq!(correction.charge(10, 3), -7.0, "not clamped");
         assert_eq!(correction.ticks_to_ns(83.0), 83);
     }
 
@@ -222,5 +228,53 @@ mod tests {
         assert_eq!(mid.children[0].total_ns, 8); // 10 − 2
         assert_eq!(mid.total_ns, 18); // 25 − 2 − 5
         assert_eq!(root.total_ns, 38); // 50 − 2 − 2·5
+    }
+
+    #[test]
+    fn what_the_correction_takes_below_zero_is_marked_not_hidden() {
+        // root [0, 12] calls mid [1, 11], which calls leaf [5, 6]: leaf 1 − 2 = −1,
+        // mid 10 − 2 − 5 = 3, root 12 − 2 − 2·5 = 0.
+        let events = [
+            entry(0, 0),
+            entry(1, 1),
+            entry(2, 5),
+            exit(2, 6),
+            exit(1, 11),
+            exit(0, 12),
+        ];
+        let roots = merged(&events);
+        let (root, mid) = (&roots[0], &roots[0].children[0]);
+        let leaf = &mid.children[0];
+        assert_eq!(
+            (leaf.total_ns, leaf.self_ns, leaf.below_resolution),
+            (0, 0, true)
+        );
+        assert_eq!(
+            (mid.total_ns, mid.self_ns, mid.below_resolution),
+            (3, 3, false)
+        );
+        // root's 0 is below its child's 3: it takes its child's total, and says so.
+        assert_eq!(
+            (root.total_ns, root.self_ns, root.below_resolution),
+            (3, 0, true)
+        );
+    }
+
+    #[test]
+    fn short_calls_are_summed_before_anything_is_judged_below_resolution() {
+        // leaf [10, 11] charges −1, leaf [20, 24] charges 2: together 1, measured.
+        let events = [
+            entry(0, 0),
+            entry(1, 10),
+            exit(1, 11),
+            entry(1, 20),
+            exit(1, 24),
+            exit(0, 100),
+        ];
+        let roots = merged(&events);
+        let leaf = &roots[0].children[0];
+        assert_eq!((leaf.total_ns, leaf.below_resolution), (1, false));
+        // root: 100 − 2 − 2·5 = 88.
+        assert_eq!((roots[0].total_ns, roots[0].self_ns), (88, 87));
     }
 }

@@ -263,25 +263,38 @@ impl CctBuilder {
             )
         };
         let mut merged = CallArena::default();
+        // Merged nodes some thread's part of which was below resolution.
+        let mut merged_below: Vec<bool> = vec![false];
         let mut threads = Vec::with_capacity(self.threads.len());
         for thread in &self.threads {
-            let totals = thread.totals_now(correction);
-            merged.merge(thread.arena(), &totals);
+            let settled = thread.arena().settle(&thread.totals_now(correction));
+            let matching = merged.merge(thread.arena(), &settled.totals);
+            merged_below.resize(merged.len(), false);
+            for (mine, below) in matching.iter().zip(&settled.below) {
+                merged_below[*mine as usize] |= below;
+            }
             let counters = thread.counters();
             threads.push(ThreadProfile {
                 tid: thread.tid,
                 name: thread.name.clone(),
-                roots: thread.arena().to_nodes(&totals, correction, describe),
+                roots: thread.arena().to_nodes(
+                    &settled.totals,
+                    &settled.below,
+                    correction,
+                    describe,
+                ),
                 stack_switches: counters.stack_switches,
                 dropped_frames: counters.dropped_frames,
             });
         }
+        // Sums of consistent trees are consistent: nothing to settle.
         let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
         let counters = self.counters();
         Profile {
             duration_ns: 0,
             discovery: None,
             gross: Vec::new(),
+            sampling: None,
             modules: Vec::new(),
             trace: None,
             format: Profile::FORMAT.to_owned(),
@@ -306,7 +319,7 @@ impl CctBuilder {
             },
             threads,
             merged: MergedProfile {
-                roots: merged.to_nodes(&merged_totals, correction, describe),
+                roots: merged.to_nodes(&merged_totals, &merged_below, correction, describe),
             },
         }
     }

@@ -266,6 +266,7 @@ pub(crate) mod tests {
             duration_ns: 0,
             discovery: None,
             gross: Vec::new(),
+            sampling: None,
             modules: Vec::new(),
             trace: None,
             format: Profile::FORMAT.to_owned(),

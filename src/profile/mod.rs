@@ -13,7 +13,7 @@
 //! - [`file`](mod@file): reading and writing it (serde_json, any depth);
 //! - [`cct`]: the builder (per-thread trees in `thread_tree` over an `arena`);
 //! - [`calibration`]: the correction formula;
-//! - [`report`]: `tendril report` text formats;
+//! - [`report`]: `tendril report` text formats ([`hot`]: the hot spots);
 //! - [`export`]: the formats other tools read (pprof, speedscope, Trace Event Format,
 //!   SVG flame graphs);
 //! - [`trace`]: timelines of a recording's first seconds (`record --trace`);
@@ -27,8 +27,10 @@ pub mod diff;
 pub mod export;
 pub mod file;
 pub mod folded;
+pub mod hot;
 pub mod model;
 pub mod names;
+pub mod overlap;
 pub mod prune;
 pub mod report;
 mod thread_tree;
@@ -43,7 +45,7 @@ pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingI
 pub use file::ProfileError;
 pub use model::{
     Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, NotFollowed,
-    Profile, Stats, ThreadProfile, Visit, walk,
+    Profile, SamplingInfo, Stats, ThreadProfile, Visit, walk,
 };
 pub use prune::{Prune, PruneError};
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

@@ -7,7 +7,9 @@
 //! on a stack that grows on demand (see there).
 //!
 //! Times are whole nanoseconds (`u64`), already corrected for tendril's own overhead.
-//! Within one tree, `self_ns == total_ns - Σ children.total_ns` (clamped at 0).
+//! Within one tree, `self_ns == total_ns - Σ children.total_ns` exactly, and no child's
+//! total exceeds its parent's; where the correction took more from a node than its own
+//! time, its total is its children's and it says so ([`Node::below_resolution`]).
 
 use super::trace_model::Trace;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -51,6 +53,29 @@ pub struct Profile {
     /// seconds, as per-thread timelines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<Trace>,
+    /// For `"scheme": "sampled"`: how the samples were taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<SamplingInfo>,
+}
+
+/// How a sampled profile (`tendril sample`) was taken. Its nodes carry `samples`, and
+/// their times are estimates: samples times the period (plus, with the wall clock, the
+/// measured time each thread spent switched out).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct SamplingInfo {
+    /// `"cpu"` (each thread's CPU time) or `"wall"` (CPU time plus time switched out).
+    pub clock: String,
+    /// Samples per second of each thread's CPU time.
+    pub rate_hz: u64,
+    /// Samples that made the trees.
+    pub samples: u64,
+    /// Samples the kernel dropped because tendril's buffer was full.
+    pub lost_samples: u64,
+    /// Samples whose stack could not be walked to its outermost frame (kept under
+    /// `[truncated stack]`).
+    pub truncated_stacks: u64,
+    /// How many bytes of each thread's stack a sample copied.
+    pub stack_bytes: u64,
 }
 
 /// One module (executable or shared library) as it was mapped in the target.
@@ -234,6 +259,11 @@ pub struct Node {
     pub total_ns: u64,
     #[serde(deserialize_with = "whole_number")]
     pub self_ns: u64,
+    /// The self time is below what tendril can measure: removing the hooks' calibrated
+    /// cost left less than nothing (its callees' totals exceeded its own), so `self_ns`
+    /// is 0 and `total_ns` is its children's sum — not a measured 0.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub below_resolution: bool,
     /// On-CPU time, corrected, when the recording measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_ns: Option<u64>,
@@ -243,8 +273,16 @@ pub struct Node {
     /// The function's entry address in the target, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<u64>,
+    /// In a sampled profile: the samples taken in this context, callees included
+    /// (`total_ns` and `self_ns` are then estimates from them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
     #[serde(default)]
     pub children: Vec<Node>,
+}
+
+fn is_false(flag: &bool) -> bool {
+    !*flag
 }
 
 /// Reads a count or a time that another tool may have written as a fraction (`10.4`):
@@ -271,9 +309,11 @@ impl Node {
             calls,
             total_ns,
             self_ns,
+            below_resolution: false,
             cpu_ns: None,
             self_cpu_ns: None,
             address: None,
+            samples: None,
             children: Vec::new(),
         }
     }
@@ -287,9 +327,11 @@ impl Node {
             self.total_ns,
             self.self_ns,
         );
+        node.below_resolution = self.below_resolution;
         node.cpu_ns = self.cpu_ns;
         node.self_cpu_ns = self.self_cpu_ns;
         node.address = self.address;
+        node.samples = self.samples;
         node
     }
 
@@ -299,9 +341,11 @@ impl Node {
             && self.calls == other.calls
             && self.total_ns == other.total_ns
             && self.self_ns == other.self_ns
+            && self.below_resolution == other.below_resolution
             && self.cpu_ns == other.cpu_ns
             && self.self_cpu_ns == other.self_cpu_ns
             && self.address == other.address
+            && self.samples == other.samples
             && self.children.len() == other.children.len()
     }
 }
@@ -427,6 +471,9 @@ impl fmt::Debug for Node {
                     "{:?} ({}) calls={} total_ns={} self_ns={}",
                     node.name, node.module, node.calls, node.total_ns, node.self_ns
                 )?;
+                if node.below_resolution {
+                    f.write_str(" below_resolution")?;
+                }
                 if !node.children.is_empty() {
                     f.write_str(" [")?;
                 }

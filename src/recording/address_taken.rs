@@ -23,7 +23,7 @@
 //! recording hook costs outside the call graph. What it cannot see: code generated at
 //! run time (JIT), and targets computed arithmetically rather than stored.
 
-use crate::refusals::Refusals;
+use crate::refusals;
 use crate::symbols::maps::{self, Mapping};
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use iced_x86::{Code, Decoder, DecoderOptions, Instruction, OpKind};
@@ -72,11 +72,10 @@ impl AddressTaken {
 pub fn find(symbols: &ProcessSymbols, wanted: impl Fn(&str) -> bool) -> AddressTaken {
     let started = Instant::now();
     let pid = symbols.pid();
-    let refusals = Refusals::new(symbols);
     let eligible: HashMap<u64, &Function> = symbols
         .functions()
         .iter()
-        .filter(|f| is_eligible(f) && refusals.reason(f).is_none())
+        .filter(|f| is_eligible(f) && refusals::reason(f, true).is_none())
         .map(|f| (f.addr, f))
         .collect();
     let jump_slots: HashSet<u64> = symbols.plt_stubs().iter().map(|s| s.got_slot).collect();

@@ -7,7 +7,7 @@
 //! hierarchy analysis: every override): once the graph holds an indirect call site,
 //! every address-taken function joins it, with its own static graph.
 
-use crate::refusals::Refusals;
+use crate::refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::{HashSet, VecDeque};
 use std::os::unix::fs::FileExt;
@@ -45,7 +45,6 @@ pub fn static_closure<'a>(
     };
     let read_pointer =
         |address: u64| read(address, 8).map(|bytes| u64::from_le_bytes(bytes.try_into().unwrap()));
-    let refusals = Refusals::new(symbols);
     let mut seen: HashSet<u64> = roots.iter().map(|f| f.addr).collect();
     let mut queue: VecDeque<u64> = roots.iter().map(|f| f.addr).collect();
     let mut closure = Closure::default();
@@ -78,7 +77,7 @@ pub fn static_closure<'a>(
             .chain(found.through_pointers.into_iter().filter_map(read_pointer));
         for target in targets {
             let Some(callee) = resolve(symbols, target, &read, &read_pointer)
-                .filter(|callee| refusals.reason(callee).is_none())
+                .filter(|callee| refusals::reason(callee, true).is_none())
             else {
                 continue;
             };

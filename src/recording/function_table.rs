@@ -13,7 +13,7 @@
 //! through pointers when they first run in the graph.
 
 use super::address_taken::AddressTaken;
-use crate::refusals::Refusals;
+use crate::refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::HashMap;
 use tendril_wire::function_table::{
@@ -28,7 +28,6 @@ pub fn entries(symbols: &ProcessSymbols, taken: &AddressTaken) -> Vec<FunctionEn
         .filter(|f| f.source != SymbolSource::Plt && f.size > 0 && !f.ifunc)
         .map(|f| (f.raw_name.as_str(), f))
         .collect();
-    let refusals = Refusals::new(symbols);
     let mut entries: Vec<FunctionEntry> = Vec::with_capacity(symbols.functions().len());
     for function in symbols.functions() {
         if entries.last().is_some_and(|e| e.start == function.addr) {
@@ -43,7 +42,7 @@ pub fn entries(symbols: &ProcessSymbols, taken: &AddressTaken) -> Vec<FunctionEn
                 .filter(|f| f.module != function.module)
                 .map_or(0, |f| f.addr);
         }
-        if is_excluded(&function.module) || refusals.reason(function).is_some() {
+        if is_excluded(&function.module) || refusals::reason(function, true).is_some() {
             flags |= FLAG_EXCLUDED;
         }
         if taken.contains(function.addr) {

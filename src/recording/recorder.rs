@@ -27,7 +27,7 @@ use crate::process::{AttachError, TargetProcess};
 use crate::profile::{
     Calibration, CctBuilder, FunctionName, FunctionNames, Profile, RecordingInfo,
 };
-use crate::refusals::Refusals;
+use crate::refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
 use crate::targets::{self, Chosen, SelectError};
@@ -208,11 +208,10 @@ impl Recorder {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
         let matched = targets::match_patterns(&self.symbols, &self.root_patterns)?;
-        let by_name = Refusals::new(&self.symbols);
         let (chosen, refused_roots): (Vec<Chosen>, Vec<Chosen>) =
             targets::choose(&self.symbols, &matched, &mut self.session)?
                 .into_iter()
-                .partition(|c| by_name.reason(&c.function).is_none());
+                .partition(|c| refusals::reason(&c.function, true).is_none());
         let discover = self.scheme == Scheme::B && !self.gross_only;
         if !self.gross_only && self.indirect.is_none() {
             self.indirect = Some(IndirectTargets::find(&self.symbols));
@@ -315,7 +314,12 @@ impl Recorder {
         let mut root_addresses = Vec::new();
         let mut refusals: Vec<(String, &str)> = refused_roots
             .iter()
-            .filter_map(|c| Some((module_qualified(&c.function), by_name.reason(&c.function)?)))
+            .filter_map(|c| {
+                Some((
+                    module_qualified(&c.function),
+                    refusals::reason(&c.function, true)?,
+                ))
+            })
             .collect();
         let mut unwinder_refused = None;
         let recorded = outcomes

@@ -30,6 +30,8 @@ enum Recipe {
     /// `g++ -O2 -g -shared -fPIC` of the named source into `lib<stem>.so` next to the
     /// program, then the program linked with it (`-Wl,-rpath,$ORIGIN`).
     CxxWithLibrary(&'static str),
+    /// `gcc -O2 -g -fomit-frame-pointer -pthread`: only `.eh_frame` can unwind it.
+    CNoFramePointers,
     /// `g++ -O2 -g -pthread`.
     Cxx,
     /// `rustc -O -g --edition 2021 -C panic=unwind`.
@@ -46,7 +48,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 21] = [
+const FIXTURES: [Fixture; 24] = [
     Fixture {
         name: "indirect",
         source: "indirect.c",
@@ -145,6 +147,21 @@ const FIXTURES: [Fixture; 21] = [
     Fixture {
         name: "hooked_threads",
         source: "hooked_threads.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "sampled",
+        source: "sampled.c",
+        recipe: Recipe::CNoFramePointers,
+    },
+    Fixture {
+        name: "sampled_stripped",
+        source: "sampled.c",
+        recipe: Recipe::StrippedCopyOf("sampled"),
+    },
+    Fixture {
+        name: "signal_blocking",
+        source: "signal_blocking.c",
         recipe: Recipe::C,
     },
     Fixture {
@@ -310,6 +327,11 @@ fn compile(fixture: &Fixture, scratch: &Path) -> Result<PathBuf, String> {
             let mut args = c_args("-L.");
             args.extend([link.as_str(), "-Wl,-rpath,$ORIGIN"]);
             run(scratch, "g++", &args)?
+        }
+        Recipe::CNoFramePointers => {
+            let mut args = c_args("-pthread");
+            args.insert(0, "-fomit-frame-pointer");
+            run(scratch, "gcc", &args)?
         }
         Recipe::CExceptions => {
             let mut args = c_args("-pthread");

@@ -1,6 +1,7 @@
 //! What the integration tests share: the fixture programs, built on demand (`fixture`),
 //! running fixture processes (`Target`), the `tendril` binary (`tendril`), and the check
-//! that a process runs exactly the code of its files (`code_bytes_match_file`).
+//! that a process runs exactly the code of its files (`code_bytes_match_file`), and the
+//! consistency every profile must have (`check_profile`).
 //!
 //! The one idea: tests run real programs. Each test binary includes this module with
 //! `mod common;` and uses only what it needs, hence the `allow` below.
@@ -8,6 +9,7 @@
 #![allow(dead_code, unused_imports)]
 
 mod code_check;
+mod consistency;
 mod counting;
 mod fixture_build;
 mod recording;
@@ -15,6 +17,7 @@ mod running;
 mod target;
 
 pub use code_check::code_bytes_match_file;
+pub use consistency::check_profile;
 pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};
 pub use recording::{Recorded, Recording, all_nodes, node_at};

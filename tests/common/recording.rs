@@ -57,7 +57,8 @@ impl Recording {
         self.running.wait_for_line(prefix, timeout)
     }
 
-    /// Ends the recording with SIGINT and reads the profile.
+    /// Ends the recording with SIGINT and reads the profile, which must be consistent
+    /// (`check_profile`).
     pub fn finish(self) -> Recorded {
         self.running.interrupt();
         let (status, _, stderr) = self.running.wait();
@@ -65,6 +66,7 @@ impl Recording {
         let profile = Profile::load(&self.output)
             .unwrap_or_else(|e| panic!("cannot read the profile: {e}\n{stderr}"));
         let _ = std::fs::remove_file(&self.output);
+        super::check_profile(&profile);
         Recorded { profile, stderr }
     }
 }

@@ -46,6 +46,29 @@ fn offset_suffix(text: &str) -> Option<&str> {
     (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_hexdigit())).then(|| &text[at..])
 }
 
+/// A function's module cell: empty when its name is already `module+0xOFFSET` (a
+/// stripped function), so a row names the module once.
+pub fn module_cell(name: &str, module: &str) -> String {
+    let stripped = name
+        .strip_prefix(module)
+        .is_some_and(|rest| offset_suffix(rest) == Some(rest));
+    if stripped {
+        String::new()
+    } else {
+        module.to_string()
+    }
+}
+
+/// A self time in milliseconds, or `<res` where it is below what the profiler can
+/// measure (the hook cost removed exceeded it) — not a measured 0.
+pub fn self_millis(ns: f64, below_resolution: bool) -> String {
+    if below_resolution {
+        "<res".to_string()
+    } else {
+        millis(ns)
+    }
+}
+
 /// `text` truncated to `width` and padded on the right to exactly `width` columns.
 pub fn pad_left_aligned(text: &str, width: usize) -> String {
     let mut out = truncate(text, width);
@@ -178,6 +201,15 @@ mod tests {
         assert_eq!(pad_left_aligned("ab", 4), "ab  ");
         assert_eq!(pad_right_aligned("ab", 4), "  ab");
         assert_eq!(truncate("日本語の関数", 5), "日本…");
+    }
+
+    #[test]
+    fn stripped_names_leave_the_module_cell_empty() {
+        assert_eq!(module_cell("libc.so.6+0x16d800", "libc.so.6"), "");
+        assert_eq!(module_cell("memcpy", "libc.so.6"), "libc.so.6");
+        assert_eq!(module_cell("a.so+0x10", "b.so"), "b.so");
+        assert_eq!(self_millis(0.0, true), "<res");
+        assert_eq!(self_millis(0.0, false), "0.000");
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub struct HotSpot {
     pub module: String,
     pub calls: u64,
     pub self_ns: f64,
+    /// Every context's self time was below what the profiler can measure.
+    pub below_resolution: bool,
     /// Total time without double counting recursive activations.
     pub total_ns: f64,
 }
@@ -39,10 +41,12 @@ pub fn aggregate(roots: &[TreeNode]) -> Vec<HotSpot> {
                     module: node.module.clone(),
                     calls: 0,
                     self_ns: 0.0,
+                    below_resolution: true,
                     total_ns: 0.0,
                 });
                 spot.calls += node.calls;
                 spot.self_ns += node.self_ns;
+                spot.below_resolution &= node.below_resolution;
                 let active = active_on_path.entry(key).or_insert(0);
                 if *active == 0 {
                     spot.total_ns += node.total_ns;

@@ -50,6 +50,7 @@ mod root_picker;
 mod status_bar;
 mod terminal;
 mod theme;
+mod top;
 mod tree_view;
 
 pub use action::Action;
@@ -57,6 +58,7 @@ pub use app::{App, Screen, ScreenKind};
 pub use live::{LiveTab, TreeSource};
 pub use model::{FunctionEntry, ProcessEntry, ProfileSnapshot, Status, ThreadSummary, TreeNode};
 pub use terminal::{CrosstermTerminal, TerminalGuard};
+pub use top::{TopAction, TopRow, TopSnapshot, TopSort, TopView};
 pub use tree_view::SortKey;
 
 /// The ratatui version the UI is built with (e.g. for `TestBackend` in the controller's tests).

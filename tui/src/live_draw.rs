@@ -10,7 +10,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use crate::columns::{Align, ColumnLayout, ColumnSpec};
-use crate::format::{bar, count, millis, pad_right_aligned, percent, share};
+use crate::format::{
+    bar, count, millis, module_cell, pad_right_aligned, percent, self_millis, share,
+};
 use crate::live::{LiveTab, LiveView, TreeSource, source_roots};
 use crate::model::ProfileSnapshot;
 use crate::theme;
@@ -140,10 +142,10 @@ fn tree_lines(
         let row_share = share(row.total_ns, total);
         let cells = [
             tree_label(row, layout.name_width()),
-            row.module.clone(),
+            module_cell(&row.name, &row.module),
             count(row.calls),
             millis(row.total_ns),
-            millis(row.self_ns),
+            self_millis(row.self_ns, row.below_resolution),
             percent(row_share),
             bar(row_share, BAR_WIDTH),
         ];
@@ -196,9 +198,9 @@ fn hot_spot_lines(live: &mut LiveView, area: Rect) -> Vec<Line<'static>> {
         let spot_share = share(spot.self_ns, total_self);
         let cells = [
             spot.name.clone(),
-            spot.module.clone(),
+            module_cell(&spot.name, &spot.module),
             count(spot.calls),
-            millis(spot.self_ns),
+            self_millis(spot.self_ns, spot.below_resolution),
             percent(spot_share),
             millis(spot.total_ns),
             bar(spot_share, BAR_WIDTH),

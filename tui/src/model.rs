@@ -42,6 +42,8 @@ pub struct TreeNode {
     pub calls: u64,
     pub total_ns: f64,
     pub self_ns: f64,
+    /// The self time is below what the profiler can measure (shown as `<res`, not 0).
+    pub below_resolution: bool,
     pub children: Vec<TreeNode>,
 }
 
@@ -60,6 +62,7 @@ impl TreeNode {
             calls,
             total_ns,
             self_ns,
+            below_resolution: false,
             children: Vec::new(),
         }
     }
@@ -99,6 +102,7 @@ impl TreeNode {
             calls: self.calls,
             total_ns: self.total_ns,
             self_ns: self.self_ns,
+            below_resolution: self.below_resolution,
             children: Vec::with_capacity(self.children.len()),
         }
     }
@@ -109,6 +113,7 @@ impl TreeNode {
             && self.calls == other.calls
             && self.total_ns == other.total_ns
             && self.self_ns == other.self_ns
+            && self.below_resolution == other.below_resolution
             && self.children.len() == other.children.len()
     }
 }

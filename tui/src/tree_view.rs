@@ -79,6 +79,7 @@ pub struct FlatRow {
     pub calls: u64,
     pub total_ns: f64,
     pub self_ns: f64,
+    pub below_resolution: bool,
     pub has_children: bool,
     pub expanded: bool,
 }
@@ -259,6 +260,7 @@ impl TreeView {
                 calls: node.calls,
                 total_ns: node.total_ns,
                 self_ns: node.self_ns,
+                below_resolution: node.below_resolution,
                 has_children,
                 expanded,
             });

@@ -426,6 +426,42 @@ fn long_names_are_cut_with_an_ellipsis() {
 }
 
 #[test]
+fn stripped_names_name_their_module_once_and_three_never_look_the_same() {
+    let module = "libpython3.12.so.1.0";
+    let mut data = snapshot();
+    let compute = &mut data.merged[0].children[0];
+    compute.children.clear();
+    compute.below_resolution = true;
+    for (offset, ms) in [("1a2b30", 3.0), ("1a2b90", 2.0), ("1a2c10", 1.0)] {
+        let name = format!("{module}+0x{offset}");
+        compute.children.push(node(&name, module, 1, ms, ms));
+    }
+    let mut app = App::new(Screen::Live(data));
+    press(&mut app, KeyCode::Down); // compute
+    press(&mut app, KeyCode::Right);
+    for width in [80, 160] {
+        let rows = screen(&mut app, width, 24);
+        let stripped = rows_with(&rows, "+0x1a2");
+        assert_eq!(stripped.len(), 3, "{rows:#?}");
+        for (row, offset) in stripped.iter().zip(["1a2b30", "1a2b90", "1a2c10"]) {
+            assert!(row.contains(&format!("+0x{offset} ")), "{row}");
+            assert_eq!(row.matches("libpy").count(), 1, "the module once: {row}");
+        }
+        let compute = rows_with(&rows, "compute")[0];
+        assert!(
+            compute.contains("<res"),
+            "below resolution, not 0: {compute}"
+        );
+    }
+    // The hot spots too.
+    press_char(&mut app, '2');
+    let rows = screen(&mut app, 160, 24);
+    let stripped = rows_with(&rows, "+0x1a2");
+    assert_eq!(stripped.len(), 3, "{rows:#?}");
+    assert!(stripped.iter().all(|row| row.matches("libpy").count() == 1));
+}
+
+#[test]
 fn tiny_and_empty_screens_do_not_panic() {
     let sizes = [
         (0, 0),

@@ -1,299 +1,14 @@
-//! Entry-patch planning and relocation, as pure functions over a function's bytes.
+//! Relocation, as a pure function: the copy of a function's overwritten first
+//! instructions that a trampoline runs, re-encoded for the trampoline's address.
 //!
-//! The patch engine overwrites a function's first instructions with a 5-byte `jmp rel32`
-//! to a trampoline, which calls the entry hook, runs a relocated copy of the overwritten
-//! instructions and jumps back to the first instruction that was not overwritten.
-//! [`plan_entry_patch`] decides what gets overwritten and whether that is safe;
-//! [`relocate`] builds the copy for one trampoline address.
-//!
-//! The one idea: once patched, no thread may ever *arrive* at an address strictly inside
-//! the overwritten bytes — neither by a return (so only the last overwritten instruction
-//! may call, make a system call or end the function) nor by a branch (so the body is
-//! scanned for branch targets). Whatever could break that is refused, with the reason.
+//! [`relocate`] builds the copy of what an [`EntryPlan`] overwrites for one trampoline
+//! address; the plan itself comes from `entry_plan`.
 
-#![allow(dead_code, reason = "until the patch engine calls it")]
-
+use super::entry_plan::{EntryPlan, PatchStyle, Refusal};
 use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, FlowControl, IcedError,
-    Instruction, InstructionBlock, MemoryOperand, OpKind, Register,
+    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, IcedError, Instruction,
+    InstructionBlock, MemoryOperand, Register,
 };
-use std::fmt;
-
-/// Length of the `jmp rel32` written at the patch point.
-pub const PATCH_LEN: usize = 5;
-/// Length of the `jmp rel8` written instead where five bytes cannot be overwritten; it
-/// jumps to a `jmp rel32` placed in dead padding nearby (see `padding`).
-pub const SHORT_PATCH_LEN: usize = 2;
-
-const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
-
-/// What is written at the patch point.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PatchStyle {
-    /// A `jmp` to the hook; the trampoline's body runs the overwritten instructions.
-    Jump,
-    /// The entry *is* a `call` (`call rel32`, or `call [rip+x]`, 6 bytes): it is
-    /// replaced by a `call` to the hook, which then jumps to the original callee. The
-    /// callee so returns to the function through the return address a `call` in the
-    /// function pushed, which keeps the cpu's return predictions right and leaves the
-    /// frame exactly as the unwinder and the function's exception tables expect.
-    CallThunk,
-}
-
-/// Where and how much of a function's entry gets overwritten.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntryPlan {
-    pub style: PatchStyle,
-    /// 4 if the function starts with `endbr64` (kept, so indirect calls stay valid under
-    /// IBT; the patch follows it), else 0.
-    pub patch_offset: usize,
-    /// Length of what is written: [`PATCH_LEN`] or [`SHORT_PATCH_LEN`] for a jump, the
-    /// whole call instruction (5 or 6 bytes) for a call thunk.
-    pub jump_len: usize,
-    /// Bytes of whole instructions overwritten from `patch_offset`; at least `jump_len`.
-    pub overwritten_len: usize,
-    /// Offset from the function start of each overwritten instruction.
-    pub instruction_offsets: Vec<usize>,
-    /// Offsets of instructions elsewhere in the body that branch to the entry (offset 0
-    /// or `patch_offset`), e.g. tail recursion made a loop: each runs the entry hook
-    /// again although no new call was made.
-    pub entry_branch_sources: Vec<usize>,
-}
-
-/// Why a function entry cannot be patched safely. Addresses are absolute.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    /// Fewer bytes after the patch point (`size`) than the jump needs (`needed`).
-    TooShort { size: u64, needed: usize },
-    /// A `ret`, `jmp` or trap before the last overwritten instruction.
-    FlowEndsInPatch { at: u64 },
-    /// A direct branch lands strictly inside the overwritten bytes.
-    BranchIntoPatch { from: u64, to: u64 },
-    /// A call before the last overwritten instruction would return into the patch.
-    CallNotLast { at: u64 },
-    /// A system call or software interrupt that would return into the patch.
-    SyscallNotLast { at: u64 },
-    /// An `int3` in the overwritten bytes: someone else's breakpoint.
-    Breakpoint { at: u64 },
-    /// Bytes that do not decode, or an instruction running past the end of the function.
-    Undecodable { at: u64 },
-    /// A RIP-relative memory operand out of reach of the trampoline's address.
-    RipRelativeOutOfRange { at: u64 },
-    /// iced-x86 could not encode the relocated block for another reason.
-    Unencodable { at: u64, reason: String },
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let into = "into the patched bytes";
-        match self {
-            Self::TooShort { size, needed } => {
-                write!(f, "shorter than the {needed}-byte patch ({size} bytes)")
-            }
-            Self::FlowEndsInPatch { at } => {
-                write!(f, "the function leaves at {at:#x}, inside the patch")
-            }
-            Self::BranchIntoPatch { from, to } => {
-                write!(f, "a branch at {from:#x} jumps {into} ({to:#x})")
-            }
-            Self::CallNotLast { at } => write!(f, "the call at {at:#x} would return {into}"),
-            Self::SyscallNotLast { at } => {
-                write!(f, "the system call at {at:#x} would return {into}")
-            }
-            Self::Breakpoint { at } => write!(f, "a breakpoint is already set at {at:#x}"),
-            Self::Undecodable { at } => write!(f, "undecodable instruction at {at:#x}"),
-            Self::RipRelativeOutOfRange { at } => {
-                write!(f, "the RIP-relative operand at {at:#x} is out of reach")
-            }
-            Self::Unencodable { at, reason } => {
-                write!(f, "cannot re-encode the entry at {at:#x}: {reason}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for Refusal {}
-
-/// Decides what to overwrite at the entry of the function at `function_address`, whose
-/// whole body (symbol or FDE size) is `code`, for a 5-byte `jmp rel32`, or why nothing
-/// may be.
-pub fn plan_entry_patch(function_address: u64, code: &[u8]) -> Result<EntryPlan, Refusal> {
-    plan_with_jump(function_address, code, PATCH_LEN)
-}
-
-/// Like [`plan_entry_patch`] for a 2-byte `jmp rel8`: it overwrites fewer instructions,
-/// so it fits short functions and entries whose third byte onwards is a branch target.
-pub fn plan_short_entry_patch(function_address: u64, code: &[u8]) -> Result<EntryPlan, Refusal> {
-    plan_with_jump(function_address, code, SHORT_PATCH_LEN)
-}
-
-fn plan_with_jump(
-    function_address: u64,
-    code: &[u8],
-    jump_len: usize,
-) -> Result<EntryPlan, Refusal> {
-    let patch_offset = if code.starts_with(&ENDBR64) { 4 } else { 0 };
-    let size = code.len().saturating_sub(patch_offset) as u64;
-    if size < jump_len as u64 {
-        return Err(Refusal::TooShort {
-            size,
-            needed: jump_len,
-        });
-    }
-    let start = function_address + patch_offset as u64;
-    let mut decoder = Decoder::with_ip(64, &code[patch_offset..], start, DecoderOptions::NONE);
-    let mut overwritten = Vec::new();
-    // Cannot run dry: at least jump_len bytes remain; a truncated instruction is invalid.
-    while decoder.position() < jump_len {
-        let instruction = decoder.decode();
-        let at = instruction.ip();
-        if instruction.is_invalid() {
-            return Err(Refusal::Undecodable { at });
-        }
-        overwritten.push(instruction);
-    }
-    for (index, instruction) in overwritten.iter().enumerate() {
-        check_overwritten(instruction, index + 1 == overwritten.len())?;
-    }
-    let offsets = overwritten
-        .iter()
-        .map(|i| (i.ip() - function_address) as usize);
-    let mut plan = EntryPlan {
-        style: PatchStyle::Jump,
-        patch_offset,
-        jump_len,
-        overwritten_len: decoder.position(),
-        instruction_offsets: offsets.collect(),
-        entry_branch_sources: Vec::new(),
-    };
-    plan.entry_branch_sources = scan_branches(function_address, code, function_address, &plan)?;
-    Ok(plan)
-}
-
-/// Plans a [`PatchStyle::CallThunk`] patch for a function whose first instruction (after
-/// an `endbr64`) is a direct call or a call through a RIP-relative pointer.
-pub fn plan_call_thunk(function_address: u64, code: &[u8]) -> Result<EntryPlan, Refusal> {
-    let patch_offset = if code.starts_with(&ENDBR64) { 4 } else { 0 };
-    let start = function_address + patch_offset as u64;
-    let first = Decoder::with_ip(
-        64,
-        code.get(patch_offset..).unwrap_or_default(),
-        start,
-        DecoderOptions::NONE,
-    )
-    .decode();
-    let callable = match first.code() {
-        Code::Call_rel32_64 => true,
-        Code::Call_rm64 => first.is_ip_rel_memory_operand(),
-        _ => false,
-    };
-    if first.is_invalid() || !callable {
-        return Err(Refusal::Undecodable { at: start });
-    }
-    let mut plan = EntryPlan {
-        style: PatchStyle::CallThunk,
-        patch_offset,
-        jump_len: first.len(),
-        overwritten_len: first.len(),
-        instruction_offsets: vec![patch_offset],
-        entry_branch_sources: Vec::new(),
-    };
-    plan.entry_branch_sources = scan_branches(function_address, code, function_address, &plan)?;
-    Ok(plan)
-}
-
-/// Whether relocating `plan` would emulate a `call` (its last overwritten instruction
-/// is one): correct, but the callee's return then misses the cpu's return prediction.
-pub fn emulates_a_call(function_address: u64, code: &[u8], plan: &EntryPlan) -> bool {
-    if plan.style == PatchStyle::CallThunk {
-        return false;
-    }
-    let Some(&last) = plan.instruction_offsets.last() else {
-        return false;
-    };
-    let instruction = Decoder::with_ip(
-        64,
-        code.get(last..).unwrap_or_default(),
-        function_address + last as u64,
-        DecoderOptions::NONE,
-    )
-    .decode();
-    matches!(instruction.code(), Code::Call_rel32_64 | Code::Call_rm64)
-}
-
-/// Whether a branch to `target` from outside the function at `function_address`
-/// would land strictly inside the bytes `plan` overwrites (the patch start itself is
-/// fine: the jump written there is a whole instruction). Code elsewhere can do that:
-/// glibc's `__mempcpy_evex_unaligned_erms` ends with a `jmp` to the third byte of
-/// `__memmove_evex_unaligned_erms`.
-pub fn lands_inside_patch(plan: &EntryPlan, function_address: u64, target: u64) -> bool {
-    let patch_start = function_address + plan.patch_offset as u64;
-    target > patch_start && target < patch_start + plan.overwritten_len as u64
-}
-
-/// Only the last overwritten instruction may end the function's flow or push a return
-/// address: a return must land after the patch, not inside it.
-fn check_overwritten(instruction: &Instruction, is_last: bool) -> Result<(), Refusal> {
-    let (at, code) = (instruction.ip(), instruction.code());
-    match instruction.flow_control() {
-        FlowControl::Next | FlowControl::ConditionalBranch => Ok(()),
-        FlowControl::XbeginXabortXend => Ok(()),
-        _ if code == Code::Int3 => Err(Refusal::Breakpoint { at }),
-        _ if is_last => Ok(()),
-        FlowControl::Interrupt => Err(Refusal::SyscallNotLast { at }),
-        FlowControl::Call if matches!(code, Code::Syscall | Code::Sysenter) => {
-            Err(Refusal::SyscallNotLast { at })
-        }
-        FlowControl::Call | FlowControl::IndirectCall => Err(Refusal::CallNotLast { at }),
-        // ret, jmp, ud2, ...: the bytes after it may be a jump target or another function.
-        // As the last instruction it is copied as is: the body goes on past it (the patch
-        // lies within `code`), so nothing outside the function gets overwritten.
-        FlowControl::UnconditionalBranch
-        | FlowControl::IndirectBranch
-        | FlowControl::Return
-        | FlowControl::Exception => Err(Refusal::FlowEndsInPatch { at }),
-    }
-}
-
-/// Decodes `code` linearly, refuses a direct branch into the patch and returns the
-/// offsets (from the function) of branches to the entry. Undecodable bytes (data,
-/// padding) are skipped one at a time. Branches from one overwritten instruction to
-/// another are fine: the block encoder retargets them to the relocated copy.
-fn scan_branches(
-    code_address: u64,
-    code: &[u8],
-    function_address: u64,
-    plan: &EntryPlan,
-) -> Result<Vec<usize>, Refusal> {
-    let patch_start = function_address + plan.patch_offset as u64;
-    let patch = patch_start..patch_start + plan.overwritten_len as u64;
-    let offset = |address: u64| address.wrapping_sub(function_address) as usize;
-    let mut entry_sources = Vec::new();
-    let mut decoder = Decoder::with_ip(64, code, code_address, DecoderOptions::NONE);
-    let mut instruction = Instruction::default();
-    while decoder.can_decode() {
-        let position = decoder.position();
-        decoder.decode_out(&mut instruction);
-        if instruction.is_invalid() {
-            // Cannot fail: position + 1 <= code.len().
-            let _ = decoder.set_position(position + 1);
-            decoder.set_ip(code_address + position as u64 + 1);
-            continue;
-        }
-        if instruction.op0_kind() != OpKind::NearBranch64 {
-            continue;
-        }
-        let (from, to) = (instruction.ip(), instruction.near_branch_target());
-        let internal = patch.contains(&from) && plan.instruction_offsets.contains(&offset(to));
-        if to != patch_start && patch.contains(&to) && !internal {
-            return Err(Refusal::BranchIntoPatch { from, to });
-        }
-        if !patch.contains(&from) && (to == function_address || to == patch_start) {
-            entry_sources.push(offset(from));
-        }
-    }
-    Ok(entry_sources)
-}
 
 /// The relocated copy of the overwritten instructions, followed by the jump back.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -325,6 +40,14 @@ pub fn relocate(
     if plan.style == PatchStyle::CallThunk {
         return relocate_call_thunk(function_address, code, plan, destination);
     }
+    // The lead pushes, popped again by the trampoline's entry, run first (one byte
+    // each, position-independent); the overwritten instructions follow them.
+    let pushes = code
+        .get(plan.patch_offset - plan.lead_pushes..plan.patch_offset)
+        .ok_or(Refusal::Undecodable {
+            at: function_address,
+        })?;
+    let destination = destination + pushes.len() as u64;
     let mut block = Vec::with_capacity(plan.instruction_offsets.len() + 4);
     let mut last = 0;
     for &offset in &plan.instruction_offsets {
@@ -359,8 +82,11 @@ pub fn relocate(
     })?;
     // Only the last instruction (a call) expands to several, so the indices line up.
     let pairs = std::iter::zip(&plan.instruction_offsets, &encoded.new_instruction_offsets);
-    let instruction_map = pairs.map(|(&old, &new)| (old, new as usize)).collect();
-    let bytes = encoded.code_buffer;
+    let instruction_map = pairs
+        .map(|(&old, &new)| (old, new as usize + pushes.len()))
+        .collect();
+    let mut bytes = pushes.to_vec();
+    bytes.extend_from_slice(&encoded.code_buffer);
     Ok(Relocated {
         bytes,
         instruction_map,
@@ -428,6 +154,7 @@ fn emulate_call(call: &Instruction) -> Result<[Instruction; 4], IcedError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code::entry_plan::*;
 
     /// A high address, so the upper half of pushed return addresses is exercised.
     const F: u64 = 0x7f00_1234_5000;
@@ -463,12 +190,14 @@ mod tests {
             (plan.patch_offset, &plan.instruction_offsets[..]),
             (patch_offset, offsets)
         );
+        // The lead pushes come first in the copy, then the overwritten instructions.
+        let copied_from = patch_offset - plan.lead_pushes;
         let end = patch_offset + plan.overwritten_len;
         assert_eq!(
-            relocated.bytes[..end - patch_offset],
-            hex(code)[patch_offset..end]
+            relocated.bytes[..end - copied_from],
+            hex(code)[copied_from..end]
         );
-        let map: Vec<_> = offsets.iter().map(|&o| (o, o - patch_offset)).collect();
+        let map: Vec<_> = offsets.iter().map(|&o| (o, o - copied_from)).collect();
         assert_eq!(relocated.instruction_map, map);
     }
 
@@ -480,10 +209,11 @@ mod tests {
             0,
             &[0, 2, 4],
         );
-        // push rbp; mov rbp,rsp; sub rsp,0x10; leave; ret; then bytes invalid in 64-bit mode
-        assert_verbatim("55 48 89 e5 48 83 ec 10 c9 c3 06 07 ff ff", 0, &[0, 1, 4]);
+        // push rbp; mov rbp,rsp; sub rsp,0x10; leave; ret; then bytes invalid in 64-bit
+        // mode. The one-byte push stays in place: the patch starts after it.
+        assert_verbatim("55 48 89 e5 48 83 ec 10 c9 c3 06 07 ff ff", 1, &[1, 4]);
         // endbr64; push rbp; mov rbp,rsp; sub rsp,0x10; leave; ret
-        assert_verbatim("f3 0f 1e fa 55 48 89 e5 48 83 ec 10 c9 c3", 4, &[4, 5, 8]);
+        assert_verbatim("f3 0f 1e fa 55 48 89 e5 48 83 ec 10 c9 c3", 5, &[5, 8]);
         // glibc 2.36 malloc: push r12; push rbp; push rbx; mov rbx,rdi; sub rsp,0x10
         assert_verbatim("41 54 55 53 48 89 fb 48 83 ec 10", 0, &[0, 2, 3, 4]);
     }

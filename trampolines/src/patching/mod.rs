@@ -1,7 +1,8 @@
 //! Layer 4, the patch protocol: putting hooks into live code and taking them out.
 //!
-//! Stopping the world and moving threads' PCs (`stop_world`, `traps`), writing entry
-//! jumps safely while other threads run (`patch_protocol`), checking what a controller
+//! Stopping the world and moving threads' PCs (`stop_world`, and `signal_frames` for
+//! resume points saved in signal frames), writing entry jumps safely while other
+//! threads run (`patch_protocol`), checking what a controller
 //! asks to patch (`patch_targets`), and the engine's bookkeeping of what is patched by
 //! whom (`patcher`). The runtime above installs its callbacks here (`patcher::install`);
 //! nothing here imports it.
@@ -9,5 +10,5 @@
 pub mod patch_protocol;
 pub mod patch_targets;
 pub mod patcher;
+pub mod signal_frames;
 pub mod stop_world;
-pub mod traps;

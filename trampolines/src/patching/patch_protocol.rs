@@ -1,37 +1,45 @@
-//! Writing and unwriting entry jumps while the process's other threads keep running.
+//! Writing and unwriting entry jumps while the process's other threads keep running,
+//! whatever their signal masks: no step writes an `int3` a thread could meet.
 //!
 //! Installing a batch:
 //! 1. write each short patch's `jmp rel32` into its padding (dead code: no thread runs
 //!    there until the entry jumps are written, after the serialisations below);
-//! 2. write `int3` over each entry's first byte and serialise: from now on a thread
-//!    arriving at an entry traps and is sent to the trampoline (`traps`);
-//! 3. if some entry jump overwrites more than one instruction, stop the other threads
-//!    (`stop_world`) and move any that sits between two overwritten instructions to the
-//!    same instruction in the trampoline's copy;
-//! 4. write the rest of each jump, serialise, write the jump opcodes over the `int3`s
-//!    and let the threads go. (No need to serialise after the opcodes: a core that
-//!    still sees an `int3` traps and is sent to the trampoline, and every serialisation
-//!    costs an interrupt on each core running the process, tens of µs in a VM.)
+//! 2. store a jump-to-self guard (`EB FE`) over each entry's first two bytes, one store
+//!    each (`code_pages`), and serialise: a thread arriving at an entry now spins there
+//!    for the microseconds the patch takes instead of running half-written bytes (the
+//!    planner guarantees those two bytes are one instruction's, on one cache line);
+//! 3. if some entry jump overwrites more than one instruction, stop every thread that
+//!    runs user code (`stop_world`: parked by a signal, or held with ptrace if it blocks
+//!    signals) and move any that sits between two overwritten instructions — or whose
+//!    signal frame would resume there (`signal_frames`) — to the same instruction in
+//!    the trampoline's copy; threads asleep in a system call cannot be inside, and come
+//!    back through the guard;
+//! 4. write the rest of each jump, serialise, store each jump's first two bytes over
+//!    its guard, serialise, and let the threads go.
 //!
-//! Restoring needs no stop for the entries: the bytes after a jump opcode are its
-//! displacement, which no thread ever executes, so `int3` on the opcode, then the
-//! original tail, then the original first byte (serialising between steps) is safe for
-//! any thread at any point. A pad can have a thread on it (it took the short jump just
-//! before the entry was restored), so pads are restored with the threads stopped, such
-//! a thread being moved on to the trampoline the pad led to.
+//! Restoring needs no stop for the entries: a patched entry is one instruction, so the
+//! same guard, then the original tail, then the original first two bytes (serialising
+//! between steps) is safe for any thread at any point. A pad can have a thread on it
+//! (it took the short jump just before the entry was restored), so pads are restored
+//! with the threads stopped, such a thread being moved on to the trampoline the pad led
+//! to. Restore and Scheme B's patches made from the target's own threads go through
+//! the same two functions. If the patching thread dies mid-way the process dies with
+//! it; if the controller dies, the agent finishes the batch and then restores.
 
+use crate::code::entry_plan::{EntryPlan, PatchStyle};
 use crate::code::padding::PAD_LEN;
-use crate::code::relocate::{EntryPlan, PatchStyle};
+use crate::patching::signal_frames;
+use crate::patching::stop_world::{self, StopBuffers, StoppedWorld};
+use crate::sys::agent_threads;
 use crate::sys::code_memory;
+use crate::sys::code_pages::WritableCode;
+use std::sync::Mutex;
 
 /// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).
 pub const MAX_ENTRY_PATCH: usize = 6;
-use crate::patching::stop_world::{self, ParkedThread};
-use crate::patching::traps;
-use crate::sys::agent_threads;
-use std::sync::Mutex;
 
-const INT3: u8 = 0xcc;
+/// `jmp $`: two bytes that keep an arriving thread where it is.
+const GUARD: [u8; 2] = [0xeb, 0xfe];
 const JMP_REL32: u8 = 0xe9;
 const JMP_REL8: u8 = 0xeb;
 const CALL_REL32: u8 = 0xe8;
@@ -43,8 +51,6 @@ pub struct Trampoline {
     /// Where the relocated first instructions start.
     pub body: u64,
     pub hook: u64,
-    /// Where a thread that traps on the entry's transient `int3` is sent.
-    pub trap_entry: u64,
     /// Bytes at the function entry the trampoline was built from.
     pub entry_bytes: Vec<u8>,
     pub plan: EntryPlan,
@@ -117,46 +123,60 @@ fn write(address: u64, bytes: &[u8]) -> Result<(), String> {
 /// Writes the jumps of a prepared batch (see the module comment).
 pub fn install(batch: &mut [Site]) -> Result<(), String> {
     let _no_thread_start = agent_threads::code_change();
-    traps::wait_until_deliverable(traps::INSTALL_WAIT)?;
+    let writable = WritableCode::open(batch.iter().map(|s| (s.patch_at, s.jump_len() as u64)))
+        .map_err(|e| format!("cannot make the code writable for a moment: {e}"))?;
     // The pads need no serialisation of their own: nothing can reach them before the
     // entry jumps are written, two serialisations later.
+    let mut pads_written = 0;
+    let mut pad_result = Ok(());
     for site in batch.iter() {
         if let Some(pad) = &site.pad {
-            write(pad.address, &rel32_jump(pad.address, site.trampoline.hook))?;
+            pad_result = write(pad.address, &rel32_jump(pad.address, site.trampoline.hook));
+            if pad_result.is_err() {
+                break;
+            }
         }
+        pads_written += 1;
     }
+    if let Err(error) = pad_result {
+        put_pads_back(&batch[..pads_written]);
+        return Err(error);
+    }
+    let jumps: Vec<Vec<u8>> = batch.iter().map(Site::entry_jump).collect();
+    // With one instruction overwritten, no thread can be in the middle of the patch.
+    let needs_stop = batch
+        .iter()
+        .any(|site| site.trampoline.plan.instruction_offsets.len() > 1);
+    let mut buffers = needs_stop.then(|| {
+        // Only a stop moves threads, and only then are signal frames looked for.
+        signal_frames::learn_restorers();
+        StopBuffers::new()
+    });
+    // From the first guard to the last final store, this thread must not run any code
+    // a guard may hold (libc included): raw system calls only, and no allocation.
     for site in batch.iter() {
-        write(site.patch_at, &[INT3])?;
+        writable.store_two_bytes(site.patch_at, GUARD);
     }
     stop_world::serialize_all_cores();
-    let jumps: Vec<Vec<u8>> = batch.iter().map(Site::entry_jump).collect();
     let batch_view: &[Site] = batch;
     let write_jumps = || -> std::io::Result<()> {
         for (site, jump) in batch_view.iter().zip(&jumps) {
-            code_memory::write_code(site.patch_at + 1, &jump[1..])?;
+            code_memory::write_code(site.patch_at + 2, &jump[2..])?;
         }
         stop_world::serialize_all_cores();
-        // No serialisation after this last step: a core that still sees an int3 traps
-        // and is sent on to the trampoline (trap sites stay registered for good).
         for (site, jump) in batch_view.iter().zip(&jumps) {
-            code_memory::write_code(site.patch_at, &jump[..1])?;
+            writable.store_two_bytes(site.patch_at, [jump[0], jump[1]]);
         }
+        stop_world::serialize_all_cores();
         Ok(())
     };
-    // With one instruction overwritten, no thread can be in the middle of the patch.
-    let needs_stop = batch_view
-        .iter()
-        .any(|site| site.trampoline.plan.instruction_offsets.len() > 1);
-    let written = if needs_stop {
-        stop_world::with_world_stopped(|parked| {
-            for thread in parked.iter_mut() {
-                move_out_of_patches(thread, batch_view);
-            }
+    let written = match buffers.as_mut() {
+        Some(buffers) => stop_world::with_world_stopped_in(buffers, |world| {
+            move_threads(world, &|pc| resume_point_in_copy(pc, batch_view));
             write_jumps()
         })
-        .map_err(|e| e.0)
-    } else {
-        Ok(write_jumps())
+        .map_err(|e| e.0),
+        None => Ok(write_jumps()),
     };
     match written {
         Ok(Ok(())) => {
@@ -171,43 +191,64 @@ pub fn install(batch: &mut [Site]) -> Result<(), String> {
             Ok(())
         }
         Ok(Err(error)) => {
+            drop(writable);
             restore(batch);
             Err(format!("cannot write code: {error}"))
         }
         Err(reason) => {
-            // Only the int3s and the pads were written, and no thread can be on a pad
-            // yet: put it all back.
+            // Only the guards and the pads were written, and no thread can be on a pad
+            // yet: put it all back (a thread at a guard goes on into the original).
             for site in batch.iter() {
-                let _ = write(site.patch_at, &site.original[..1]);
-                if let Some(pad) = &site.pad {
-                    let _ = write(pad.address, &pad.original);
-                }
+                writable.store_two_bytes(site.patch_at, [site.original[0], site.original[1]]);
             }
             stop_world::serialize_all_cores();
+            put_pads_back(batch);
             Err(reason)
         }
     }
 }
 
-/// A parked thread between two overwritten instructions continues at the same
-/// instruction in the trampoline's copy.
-fn move_out_of_patches(thread: &mut ParkedThread, batch: &[Site]) {
-    let pc = thread.pc();
-    for site in batch {
-        let plan = &site.trampoline.plan;
-        if pc > site.patch_at && pc < site.patch_at + plan.overwritten_len as u64 {
-            let offset = (pc - site.function()) as usize;
-            if let Some(&(_, copy)) = site
-                .trampoline
-                .instruction_map
-                .iter()
-                .find(|&&(original, _)| original == offset)
-            {
-                thread.set_pc(site.trampoline.body + copy as u64);
-            }
-            return;
+/// Writes back the bytes of pads no thread can have reached.
+fn put_pads_back(sites: &[Site]) {
+    for site in sites {
+        if let Some(pad) = &site.pad {
+            let _ = write(pad.address, &pad.original);
         }
     }
+}
+
+/// Moves every stopped thread, and every saved pc in a signal frame on a stopped or
+/// sleeping thread's stack, for which `resume_at` gives a new place.
+fn move_threads(world: StoppedWorld<'_>, resume_at: &dyn Fn(u64) -> Option<u64>) {
+    for thread in world.stopped.iter_mut() {
+        if let Some(pc) = resume_at(thread.pc()) {
+            thread.set_pc(pc);
+        }
+        signal_frames::move_saved_pcs(thread.sp(), resume_at);
+    }
+    for &tid in world.asleep {
+        if let Some((_, sp)) = crate::sys::tasks::user_position(tid) {
+            signal_frames::move_saved_pcs(sp, resume_at);
+        }
+    }
+    // The stopper's own stack: it may be a target thread, in a handler of a signal that
+    // interrupted it inside one of these functions.
+    let own = 0u64;
+    signal_frames::move_saved_pcs(&own as *const u64 as u64, resume_at);
+}
+
+/// Where a thread at `pc` strictly inside the bytes a site of `batch` overwrites goes
+/// on: the same instruction in the site's trampoline copy. Pure.
+pub fn resume_point_in_copy(pc: u64, batch: &[Site]) -> Option<u64> {
+    let site = batch.iter().find(|site| {
+        pc > site.patch_at && pc < site.patch_at + site.trampoline.plan.overwritten_len as u64
+    })?;
+    let offset = (pc - site.function()) as usize;
+    site.trampoline
+        .instruction_map
+        .iter()
+        .find(|&&(original, _)| original == offset)
+        .map(|&(_, copy)| site.trampoline.body + copy as u64)
 }
 
 /// A pad to restore: its bytes, the hook it leads to, and its record slot.
@@ -223,22 +264,37 @@ static PENDING_PADS: Mutex<Vec<PendingPad>> = Mutex::new(Vec::new());
 /// Puts back the original bytes of `sites` (see the module comment).
 pub fn restore(sites: &[Site]) {
     let _no_thread_start = agent_threads::code_change();
-    // The code must come back even if some thread keeps SIGTRAP blocked: after the
-    // wait, the restore goes ahead (its int3s last microseconds).
-    let _ = traps::wait_until_deliverable(traps::RESTORE_WAIT);
-    for site in sites {
-        let _ = write(site.patch_at, &[INT3]);
+    match WritableCode::open(sites.iter().map(|s| (s.patch_at, s.jump_len() as u64))) {
+        Ok(writable) => {
+            for site in sites {
+                writable.store_two_bytes(site.patch_at, GUARD);
+            }
+            stop_world::serialize_all_cores();
+            for site in sites {
+                let _ = write(site.patch_at + 2, &site.original[2..site.jump_len()]);
+            }
+            stop_world::serialize_all_cores();
+            for site in sites {
+                writable.store_two_bytes(site.patch_at, [site.original[0], site.original[1]]);
+                active::forget(site.recorded[0]);
+            }
+            stop_world::serialize_all_cores();
+        }
+        Err(_) => {
+            // The pages cannot be made writable (a policy refuses it): write the bytes
+            // with every thread that runs user code stopped; a thread asleep in a
+            // system call would have to wake and reach the entry within microseconds.
+            let _ = stop_world::with_world_stopped(|_| {
+                for site in sites {
+                    let _ = write(site.patch_at, &site.original[..site.jump_len()]);
+                }
+                stop_world::serialize_all_cores();
+            });
+            for site in sites {
+                active::forget(site.recorded[0]);
+            }
+        }
     }
-    stop_world::serialize_all_cores();
-    for site in sites {
-        let _ = write(site.patch_at + 1, &site.original[1..site.jump_len()]);
-    }
-    stop_world::serialize_all_cores();
-    for site in sites {
-        let _ = write(site.patch_at, &site.original[..1]);
-        active::forget(site.recorded[0]);
-    }
-    stop_world::serialize_all_cores();
     let mut pending = PENDING_PADS.lock().unwrap_or_else(|p| p.into_inner());
     pending.extend(sites.iter().filter_map(|site| {
         site.pad.as_ref().map(|pad| PendingPad {
@@ -254,16 +310,9 @@ pub fn restore(sites: &[Site]) {
         return;
     }
     let pads: &[PendingPad] = &pending;
-    let restored = stop_world::with_world_stopped(|parked| {
-        for thread in parked.iter_mut() {
-            let pc = thread.pc();
-            if let Some(pending) = pads
-                .iter()
-                .find(|p| pc >= p.pad.address && pc < p.pad.address + PAD_LEN)
-            {
-                thread.set_pc(pending.hook);
-            }
-        }
+    signal_frames::learn_restorers();
+    let restored = stop_world::with_world_stopped(|world| {
+        move_threads(world, &|pc| resume_point_off_pad(pc, pads));
         for pending in pads {
             let _ = code_memory::write_code(pending.pad.address, &pending.pad.original);
         }
@@ -275,6 +324,13 @@ pub fn restore(sites: &[Site]) {
         }
         pending.clear();
     }
+}
+
+/// Where a thread at `pc` on one of `pads` goes on: the trampoline the pad led to.
+fn resume_point_off_pad(pc: u64, pads: &[PendingPad]) -> Option<u64> {
+    pads.iter()
+        .find(|p| pc >= p.pad.address && pc < p.pad.address + PAD_LEN)
+        .map(|p| p.hook)
 }
 
 /// In a forked child, which has only the thread that forked: put back every byte at
@@ -333,5 +389,69 @@ mod active {
                 visit(at, &bytes[..len]);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::code::entry_plan::plan_entry_patch;
+
+    /// A site for `code` at `function`, its trampoline's body at `body`.
+    fn site(function: u64, code: &[u8], body: u64) -> Site {
+        let plan = plan_entry_patch(function, code).unwrap();
+        let relocated = crate::code::relocate::relocate(function, code, &plan, body).unwrap();
+        let patch_at = function + plan.patch_offset as u64;
+        Site {
+            patch_at,
+            original: [0; MAX_ENTRY_PATCH],
+            pad: None,
+            trampoline: Trampoline {
+                body,
+                hook: body - 0x100,
+                entry_bytes: code[..plan.patch_offset + plan.overwritten_len].to_vec(),
+                plan,
+                instruction_map: relocated.instruction_map,
+            },
+            owner: 1,
+            id: 0,
+            internal: false,
+            recorded: [None, None],
+        }
+    }
+
+    #[test]
+    fn a_thread_between_overwritten_instructions_goes_on_in_the_copy() {
+        let f = 0x7f00_0000_1000;
+        // push rbp (kept); mov rbp,rsp; sub rsp,0x10; leave; ret
+        let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc9, 0xc3];
+        let body = 0x7f00_4000_0000;
+        let batch = [site(f, &code, body)];
+        // The copy is: push rbp (1 byte), mov rbp,rsp (3), sub rsp,0x10 (4), jmp back.
+        assert_eq!(resume_point_in_copy(f + 4, &batch), Some(body + 4));
+        // At the patch itself, or before it (the kept push), or after it: no move.
+        assert_eq!(resume_point_in_copy(f + 1, &batch), None);
+        assert_eq!(resume_point_in_copy(f, &batch), None);
+        assert_eq!(resume_point_in_copy(f + 8, &batch), None);
+        // Inside an instruction (no thread can be there): no move either.
+        assert_eq!(resume_point_in_copy(f + 5, &batch), None);
+    }
+
+    #[test]
+    fn a_thread_on_a_pad_goes_on_to_its_hook() {
+        let pads = [PendingPad {
+            pad: Pad {
+                address: 0x5000,
+                original: [0xcc; PAD_LEN as usize],
+            },
+            hook: 0x9000,
+            recorded: None,
+        }];
+        assert_eq!(resume_point_off_pad(0x5000, &pads), Some(0x9000));
+        assert_eq!(
+            resume_point_off_pad(0x5000 + PAD_LEN - 1, &pads),
+            Some(0x9000)
+        );
+        assert_eq!(resume_point_off_pad(0x5000 + PAD_LEN, &pads), None);
     }
 }

@@ -11,12 +11,13 @@
 //! finishes correctly.
 
 use crate::code::branch_index::BranchIndex;
+use crate::code::entry_plan::{self, EntryPlan, PatchStyle};
 use crate::code::padding::{self, PAD_LEN};
-use crate::code::relocate::{self, EntryPlan, PatchStyle};
+use crate::code::relocate;
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::hooks::{slow_call, thread_layout};
 use crate::patching::patch_protocol::{self, Pad, Site, Trampoline};
-use crate::patching::{stop_world, traps};
+use crate::patching::stop_world;
 use crate::sys::code_memory::{self, CodeArena};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
@@ -97,8 +98,8 @@ fn prepare() -> Result<(), String> {
     crate::sys::own_code::is_agent_code(0);
     slow_call::prepare();
     code_memory::prepare().map_err(|e| e.to_string())?;
-    traps::install()?;
     stop_world::install().map_err(|e| e.0)?;
+    crate::sys::thread_tracer::prepare().map_err(|e| e.0)?;
     Ok(())
 }
 
@@ -354,7 +355,6 @@ impl Engine {
             }
             None => None,
         };
-        traps::register_site(patch_at, trampoline.trap_entry)?;
         Ok(Site {
             patch_at,
             original,
@@ -388,7 +388,7 @@ impl Engine {
             request.kind,
             Hook::Count | Hook::CountReturns | Hook::Record | Hook::RecordRoot
         );
-        let emulates = |plan: &EntryPlan| relocate::emulates_a_call(address, code, plan);
+        let emulates = |plan: &EntryPlan| entry_plan::emulates_a_call(address, code, plan);
         let single = |plan: &EntryPlan| plan.instruction_offsets.len() == 1;
         if let Ok(plan) = &long
             && single(plan)
@@ -441,7 +441,12 @@ impl Engine {
                 Err(reason) => reasons.push(reason),
             }
         }
-        reasons.extend([long, short].into_iter().filter_map(Result::err));
+        for reason in [long, short].into_iter().filter_map(Result::err) {
+            // The same reason for both plans (a guard across a cache line) says it once.
+            if !reasons.contains(&reason) {
+                reasons.push(reason);
+            }
+        }
         Err(reasons.join("; "))
     }
 
@@ -474,10 +479,9 @@ impl Engine {
         let thunk_returns_to = (plan.style == PatchStyle::CallThunk)
             .then(|| address + (plan.patch_offset + plan.overwritten_len) as u64);
         let TrampolineCode {
-            bytes,
-            hook,
+            mut bytes,
+            mut hook,
             body,
-            trap_entry,
             body_sink,
         } = stubs::build(memory, id, kind, thunk_returns_to, |body| {
             let relocated =
@@ -485,6 +489,14 @@ impl Engine {
             instruction_map = relocated.instruction_map;
             Ok(relocated.bytes)
         })?;
+        if plan.lead_pushes > 0 {
+            let adapter = memory + bytes.len() as u64;
+            bytes.extend_from_slice(&pop_lead_pushes(plan.lead_pushes, adapter, hook));
+            if bytes.len() as u64 > stubs::TRAMPOLINE_BYTES {
+                return Err("the trampoline has no room for its entry adapter".into());
+            }
+            hook = adapter;
+        }
         if is_internal(kind) {
             (runtime()?.internal_trampoline_built)(memory, memory + stubs::TRAMPOLINE_BYTES);
         }
@@ -496,7 +508,6 @@ impl Engine {
         Ok(Trampoline {
             body,
             hook,
-            trap_entry,
             entry_bytes: code[..plan.patch_offset + plan.overwritten_len].to_vec(),
             plan,
             instruction_map,
@@ -526,6 +537,17 @@ fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
 
 /// Whether a hook is one of the unwinder's (see `shadow`), which must be in whenever a
 /// return hook is or a frame still holds one's exit.
+/// Where the patch of an entry with lead pushes jumps: `lea rsp,[rsp+8n]` takes the
+/// `n` pushes the thread just made off the stack again (the registers still hold what
+/// was pushed, and `lea` leaves the flags alone), then `jmp hook` — the hook sees the
+/// stack as at the function's entry, and the body makes the pushes again.
+fn pop_lead_pushes(pushes: usize, at: u64, hook: u64) -> [u8; 10] {
+    let mut code = [0x48, 0x8d, 0x64, 0x24, (8 * pushes) as u8, 0xe9, 0, 0, 0, 0];
+    let displacement = hook.wrapping_sub(at + code.len() as u64) as i32;
+    code[6..].copy_from_slice(&displacement.to_le_bytes());
+    code
+}
+
 fn is_internal(kind: Hook) -> bool {
     kind.is_agents_own()
 }
@@ -542,9 +564,9 @@ enum Style {
 fn plan_for(request: &PatchRequest, code: &[u8], style: Style) -> Result<EntryPlan, String> {
     let address = request.address;
     match style {
-        Style::Long => relocate::plan_entry_patch(address, code),
-        Style::Short => relocate::plan_short_entry_patch(address, code),
-        Style::CallThunk => relocate::plan_call_thunk(address, code),
+        Style::Long => entry_plan::plan_entry_patch(address, code),
+        Style::Short => entry_plan::plan_short_entry_patch(address, code),
+        Style::CallThunk => entry_plan::plan_call_thunk(address, code),
     }
     .map_err(|r| r.to_string())
 }
@@ -570,11 +592,10 @@ fn check_neighbours(
         patch_start + plan.overwritten_len as u64,
     );
     // Branches inside the body were checked by the plan, which knows which are its own.
-    match into
-        .iter()
-        .find(|(from, to)| !body.contains(from) && relocate::lands_inside_patch(plan, address, *to))
-    {
-        Some(&(from, to)) => Err(relocate::Refusal::BranchIntoPatch { from, to }.to_string()),
+    match into.iter().find(|(from, to)| {
+        !body.contains(from) && entry_plan::lands_inside_patch(plan, address, *to)
+    }) {
+        Some(&(from, to)) => Err(entry_plan::Refusal::BranchIntoPatch { from, to }.to_string()),
         None => Ok(()),
     }
 }

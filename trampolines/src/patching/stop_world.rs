@@ -9,8 +9,10 @@
 //! overwritten bytes to the same instruction in the trampoline's copy. Threads sleeping
 //! in a system call are left alone — their pc follows a `syscall`, which the planner
 //! never lets sit inside a patch, and a signal would make calls like `nanosleep` or
-//! `epoll_wait` fail with EINTR. A running thread that blocks the signal cannot be
-//! parked; it must be seen asleep in the kernel once before the patch goes ahead.
+//! `epoll_wait` fail with EINTR. A thread that blocks the signal is handled whatever
+//! its mask: asleep in a system call (`/proc/self/task/TID/syscall`), it is left alone
+//! like the others; running user code, it is stopped with ptrace from a helper process
+//! (`thread_tracer`) and its pc moved like any other. No thread is refused.
 //!
 //! Every signal carries the number of the stop it belongs to, so a signal that arrives
 //! late never counts as a thread parked for a later stop. Nothing here allocates once
@@ -18,9 +20,10 @@
 
 use crate::sys;
 use crate::sys::tasks::{self, TaskState};
+use crate::sys::thread_tracer::{self, TracedThreads};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Most threads one stop can park.
 const MAX_PARKED: usize = 4096;
@@ -64,10 +67,18 @@ pub fn set_park_observer(observer: ParkObserver) {
     PARK_OBSERVER.store(observer as usize, Ordering::Release);
 }
 
-/// A parked thread's interrupted context, which the patcher may edit.
+/// A stopped thread's interrupted user context, which the patcher may edit: parked in
+/// the stop signal's handler, or held by the ptrace helper.
 pub struct ParkedThread {
-    context: *mut libc::ucontext_t,
     tid: i32,
+    held: Held,
+}
+
+enum Held {
+    /// Its `ucontext`, in its park handler's frame.
+    Signal(*mut libc::ucontext_t),
+    /// Its index among the helper's threads.
+    Ptrace(usize),
 }
 
 impl ParkedThread {
@@ -76,16 +87,44 @@ impl ParkedThread {
     }
 
     pub fn pc(&self) -> u64 {
-        // SAFETY: the context belongs to a thread parked in our handler until release;
-        // the kernel-provided ucontext stays valid while that handler frame exists.
-        unsafe { (*self.context).uc_mcontext.gregs[libc::REG_RIP as usize] as u64 }
+        match self.held {
+            // SAFETY: the context belongs to a thread parked in our handler until
+            // release; the kernel-provided ucontext stays valid while that frame exists.
+            Held::Signal(context) => unsafe {
+                (*context).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
+            },
+            Held::Ptrace(index) => thread_tracer::held_position(index).0,
+        }
+    }
+
+    /// The stack pointer where it was interrupted.
+    pub fn sp(&self) -> u64 {
+        match self.held {
+            // SAFETY: as in `pc`.
+            Held::Signal(context) => unsafe {
+                (*context).uc_mcontext.gregs[libc::REG_RSP as usize] as u64
+            },
+            Held::Ptrace(index) => thread_tracer::held_position(index).1,
+        }
     }
 
     pub fn set_pc(&mut self, pc: u64) {
-        // SAFETY: as in `pc`; the parked thread does not touch its context until
-        // release, and the kernel restores the edited rip when the handler returns.
-        unsafe { (*self.context).uc_mcontext.gregs[libc::REG_RIP as usize] = pc as i64 }
+        match self.held {
+            // SAFETY: as in `pc`; the parked thread does not touch its context until
+            // release, and the kernel restores the edited rip when the handler returns.
+            Held::Signal(context) => unsafe {
+                (*context).uc_mcontext.gregs[libc::REG_RIP as usize] = pc as i64
+            },
+            Held::Ptrace(index) => thread_tracer::move_held(index, pc),
+        }
     }
+}
+
+/// What `work` gets while the world is stopped: the stopped threads, and the threads
+/// asleep in a system call (left alone; their stacks may still hold signal frames).
+pub struct StoppedWorld<'a> {
+    pub stopped: &'a mut [ParkedThread],
+    pub asleep: &'a [i32],
 }
 
 /// Why the world could not be stopped.
@@ -187,35 +226,102 @@ enum Plan {
     Leave,
     /// Signalled; expected to park.
     Park,
-    /// Running with the park signal blocked: must be seen asleep in the kernel.
-    AwaitSleep,
+    /// Running with the park signal blocked: stopped with ptrace.
+    Trace,
 }
 
-/// Runs `work` with every running thread of the process parked (see the module
-/// comment), passing their contexts. Returns an error — without calling `work` — if
-/// some thread could not be stopped in time. `work` must not allocate or lock.
-pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Result<R, StopError> {
-    let signal = install()?;
+/// The memory one stop needs, allocated ahead: a stop made while guards are in place
+/// must not allocate (the allocator may call code that a guard holds).
+pub struct StopBuffers {
+    threads: Vec<(i32, Plan)>,
+    parked: Vec<ParkedThread>,
+    asleep: Vec<i32>,
+    traced: Vec<i32>,
+}
+
+impl StopBuffers {
+    /// Room for the process's threads now, and as many more starting meanwhile.
+    pub fn new() -> StopBuffers {
+        let mut count = 0;
+        tasks::for_each_thread(|_| count += 1);
+        let room = 2 * count + 64;
+        StopBuffers {
+            threads: Vec::with_capacity(room),
+            parked: Vec::with_capacity(room),
+            asleep: Vec::with_capacity(room),
+            traced: Vec::with_capacity(room),
+        }
+    }
+}
+
+/// Runs `work` with every thread of the process that runs user code stopped — parked
+/// by the stop signal, or held with ptrace if it blocks that signal (see the module
+/// comment) — passing their contexts and the threads left asleep. Returns an error —
+/// without calling `work` — if some thread could not be stopped in time. `work` must
+/// not allocate or lock.
+pub fn with_world_stopped<R>(work: impl FnOnce(StoppedWorld<'_>) -> R) -> Result<R, StopError> {
+    install()?;
+    thread_tracer::prepare().map_err(|e| StopError(e.0))?;
+    with_world_stopped_in(&mut StopBuffers::new(), work)
+}
+
+/// [`with_world_stopped`] with buffers allocated beforehand; after [`install`] and
+/// `thread_tracer::prepare`, this allocates nothing and calls no libc function, so it
+/// may run while guards are in place (until it formats an error).
+pub fn with_world_stopped_in<R>(
+    buffers: &mut StopBuffers,
+    work: impl FnOnce(StoppedWorld<'_>) -> R,
+) -> Result<R, StopError> {
+    let signal = match PARK_SIGNAL.load(Ordering::Acquire) {
+        0 => return Err(StopError("the stop signal is not installed".into())),
+        signal => signal,
+    };
     let me = sys::gettid();
     // Threads still leaving the handler after the last stop run with every signal
     // blocked (the handler's mask) and would look like threads that block ours.
-    let settle = Instant::now() + STOP_TIMEOUT;
-    while IN_HANDLER.load(Ordering::Acquire) > 0 && Instant::now() < settle {
-        std::thread::yield_now();
+    let settle = sys::monotonic_ns() + STOP_TIMEOUT.as_nanos() as u64;
+    while IN_HANDLER.load(Ordering::Acquire) > 0 && sys::monotonic_ns() < settle {
+        sys::yield_cpu();
     }
-    let mut threads: Vec<(i32, Plan)> = Vec::with_capacity(256);
+    let StopBuffers {
+        threads,
+        parked,
+        asleep,
+        traced: traced_tids,
+    } = buffers;
+    threads.clear();
+    parked.clear();
+    asleep.clear();
+    traced_tids.clear();
+    let mut overflow = false;
     tasks::for_each_thread(|tid| {
-        if tid != me {
+        if tid == me {
+        } else if threads.len() < threads.capacity() {
             threads.push((tid, Plan::Leave));
+        } else {
+            overflow = true;
         }
     });
-    let mut parked: Vec<ParkedThread> = Vec::with_capacity(threads.len() + 16);
+    if overflow {
+        return Err(StopError(
+            "threads started faster than tendril could list them; nothing was patched".into(),
+        ));
+    }
     for (tid, plan) in threads.iter_mut() {
         *plan = match tasks::state(*tid) {
             TaskState::Sleeping | TaskState::Stopped | TaskState::Gone => Plan::Leave,
-            _ if tasks::blocks_signal(*tid, signal) => Plan::AwaitSleep,
+            _ if tasks::blocks_signal(*tid, signal) => Plan::Trace,
             _ => Plan::Park,
         };
+        // A thread that blocks the signal is left asleep only inside a system call (not
+        // in a page fault, say, at any pc).
+        if *plan == Plan::Leave
+            && tasks::blocks_signal(*tid, signal)
+            && tasks::state(*tid) == TaskState::Sleeping
+            && tasks::in_system_call(*tid).is_none()
+        {
+            *plan = Plan::Trace;
+        }
     }
     let mut last_stop = STOP_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let stop = *last_stop + 1;
@@ -232,94 +338,102 @@ pub fn with_world_stopped<R>(work: impl FnOnce(&mut [ParkedThread]) -> R) -> Res
             *plan = Plan::Leave; // Exited meanwhile.
         }
     }
-    let signalled_at = Instant::now();
-    let deadline = signalled_at + STOP_TIMEOUT;
-    let mut stubborn = 0;
+    let signalled_at = sys::monotonic_ns();
+    let deadline = signalled_at + STOP_TIMEOUT.as_nanos() as u64;
     let ready = loop {
         let arrivals_seen = ARRIVAL_SIGNAL.load(Ordering::Acquire);
         let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
         for (tid, plan) in threads.iter_mut() {
             // A signalled thread that blocked signals before the signal came (it began
             // a discovery, say, and now waits for the lock this stop's caller holds)
-            // will not park until it unblocks them: await its sleep instead.
+            // will not park until it unblocks them: ptrace holds it instead.
             if *plan == Plan::Park
-                && signalled_at.elapsed() >= BLOCKED_AFTER_SIGNAL_CHECK
+                && sys::monotonic_ns() - signalled_at
+                    >= BLOCKED_AFTER_SIGNAL_CHECK.as_nanos() as u64
                 && !has_parked(*tid, arrived)
                 && tasks::blocks_signal(*tid, signal)
             {
-                *plan = Plan::AwaitSleep;
-            }
-            if *plan != Plan::AwaitSleep {
-                continue;
-            }
-            if matches!(tasks::state(*tid), TaskState::Sleeping | TaskState::Gone) {
-                *plan = Plan::Leave;
-            } else if !tasks::blocks_signal(*tid, signal) {
-                // It unblocked the signal (it left a handler): park it after all.
-                *plan = if sys::signal_thread_with_value(*tid, signal, stop) {
-                    Plan::Park
-                } else {
-                    Plan::Leave
-                };
+                *plan = Plan::Trace;
             }
         }
         let missing = threads.iter().any(|&(tid, plan)| {
             plan == Plan::Park && !has_parked(tid, arrived) && sys::thread_exists(tid)
         });
-        let awaiting = threads.iter().find(|(_, plan)| *plan == Plan::AwaitSleep);
-        if !missing && awaiting.is_none() {
+        if !missing {
             break ARRIVED.load(Ordering::Acquire) <= MAX_PARKED;
         }
-        if Instant::now() >= deadline {
-            stubborn = awaiting.map_or(0, |&(tid, _)| tid);
+        if sys::monotonic_ns() >= deadline {
             break false;
         }
-        // A thread to be seen asleep sends no wake-up: look again soon.
-        let nap = if awaiting.is_some() {
-            STOPPER_NAP_NS / 4
-        } else {
-            STOPPER_NAP_NS
-        };
-        sys::futex_wait_timeout(&ARRIVAL_SIGNAL, arrivals_seen, nap);
+        sys::futex_wait_timeout(&ARRIVAL_SIGNAL, arrivals_seen, STOPPER_NAP_NS);
     };
     let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
     // A thread counts itself in before it publishes its context: wait for the last
     // arrivals to finish publishing (a few instructions, unless it was preempted).
     let ready = ready && all_published(arrived, deadline);
-    let result = if ready {
-        parked.extend(
-            PARKED_CONTEXTS[..arrived]
-                .iter()
-                .zip(&PARKED_TIDS[..arrived])
-                .map(|(context, tid)| ParkedThread {
-                    context: context.load(Ordering::Acquire),
-                    tid: tid.load(Ordering::Acquire),
-                }),
-        );
-        Ok(work(&mut parked))
+    // A thread signalled before it blocked signals may have parked after all: then it
+    // is not traced too.
+    traced_tids.extend(
+        threads
+            .iter()
+            .filter(|&&(tid, plan)| plan == Plan::Trace && !has_parked(tid, arrived))
+            .map(|&(tid, _)| tid),
+    );
+    asleep.extend(
+        threads
+            .iter()
+            .filter(|&&(_, plan)| plan == Plan::Leave)
+            .map(|&(tid, _)| tid),
+    );
+    let traced: Result<Option<TracedThreads>, StopError> = if !ready {
+        Err(StopError(format!(
+            "only {arrived} of {} running threads stopped within {} ms; nothing was patched",
+            threads.iter().filter(|(_, p)| *p == Plan::Park).count(),
+            STOP_TIMEOUT.as_millis()
+        )))
+    } else if traced_tids.is_empty() {
+        Ok(None)
     } else {
-        Err(arrived)
+        let left = Duration::from_nanos(deadline.saturating_sub(sys::monotonic_ns()));
+        thread_tracer::stop(traced_tids, left.max(BLOCKED_AFTER_SIGNAL_CHECK))
+            .map(Some)
+            .map_err(|e| StopError(format!("{}; nothing was patched", e.0)))
+    };
+    let result = match traced {
+        Ok(mut traced) => {
+            parked.extend(
+                PARKED_CONTEXTS[..arrived]
+                    .iter()
+                    .zip(&PARKED_TIDS[..arrived])
+                    .map(|(context, tid)| ParkedThread {
+                        held: Held::Signal(context.load(Ordering::Acquire)),
+                        tid: tid.load(Ordering::Acquire),
+                    }),
+            );
+            if let Some(traced) = &traced {
+                parked.extend((0..traced.len()).filter_map(|index| {
+                    traced.thread(index).map(|(tid, _, _)| ParkedThread {
+                        tid,
+                        held: Held::Ptrace(index),
+                    })
+                }));
+            }
+            let outcome = work(StoppedWorld {
+                stopped: parked.as_mut_slice(),
+                asleep: asleep.as_slice(),
+            });
+            if let Some(traced) = traced.as_mut() {
+                traced.release();
+            }
+            Ok(outcome)
+        }
+        Err(error) => Err(error),
     };
     STOP_IN_PROGRESS.store(0, Ordering::Release);
     RELEASED.store(stop, Ordering::Release);
     sys::futex_wake_all(&RELEASED);
     drop(last_stop);
-    result.map_err(|arrived| {
-        let signalled = threads.iter().filter(|(_, p)| *p == Plan::Park).count();
-        StopError(if stubborn != 0 {
-            format!(
-                "thread {stubborn} blocks tendril's stop signal and kept running for {} ms; \
-                 nothing was patched",
-                STOP_TIMEOUT.as_millis()
-            )
-        } else {
-            format!(
-                "only {arrived} of {signalled} running threads stopped within {} ms; \
-                 nothing was patched",
-                STOP_TIMEOUT.as_millis()
-            )
-        })
-    })
+    result
 }
 
 /// Whether `tid` is among the first `arrived` threads parked by the current stop.
@@ -330,7 +444,7 @@ fn has_parked(tid: i32, arrived: usize) -> bool {
 }
 
 /// Waits until the first `arrived` parked threads have published their contexts.
-fn all_published(arrived: usize, deadline: Instant) -> bool {
+fn all_published(arrived: usize, deadline: u64) -> bool {
     loop {
         if PARKED_TIDS[..arrived]
             .iter()
@@ -338,10 +452,10 @@ fn all_published(arrived: usize, deadline: Instant) -> bool {
         {
             return true;
         }
-        if Instant::now() >= deadline {
+        if sys::monotonic_ns() >= deadline {
             return false;
         }
-        std::thread::yield_now();
+        sys::yield_cpu();
     }
 }
 

@@ -70,7 +70,9 @@ pub fn retire_all_exits(attempts: usize) -> Result<(), Obstacle> {
         }
         let registrations = thread_state::registration_progress();
         let states = live_states();
-        match stop_world::with_world_stopped(|parked| retire_pass(&states, registrations, parked)) {
+        match stop_world::with_world_stopped(|world| {
+            retire_pass(&states, registrations, world.stopped)
+        }) {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(found)) => obstacle = found,
             Err(_) => obstacle = Obstacle::Unknown,

@@ -105,21 +105,23 @@ fn class_index(layout: Layout) -> Option<usize> {
 
 fn map_anonymous(bytes: usize) -> *mut u8 {
     // SAFETY: an anonymous private mapping with no address hint has no preconditions;
-    // the result is checked against MAP_FAILED.
+    // the result is checked for an error. (A raw system call: libc's mmap may be code
+    // being patched.)
     let mapped = unsafe {
-        libc::mmap(
-            null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
+        crate::sys::syscall6(
+            libc::SYS_mmap,
+            0,
+            bytes as u64,
+            (libc::PROT_READ | libc::PROT_WRITE) as u64,
+            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+            u64::MAX,
             0,
         )
     };
-    if mapped == libc::MAP_FAILED {
+    if mapped < 0 {
         null_mut()
     } else {
-        mapped.cast()
+        mapped as *mut u8
     }
 }
 
@@ -169,7 +171,15 @@ unsafe impl GlobalAlloc for AgentAllocator {
     unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
         let Some(index) = class_index(layout) else {
             // SAFETY: large blocks are whole mappings of exactly this length.
-            unsafe { libc::munmap(pointer.cast(), large_mapping_bytes(layout)) };
+            unsafe {
+                crate::sys::syscall4(
+                    libc::SYS_munmap,
+                    pointer as u64,
+                    large_mapping_bytes(layout) as u64,
+                    0,
+                    0,
+                )
+            };
             return;
         };
         self.classes[index].with(|class| {

@@ -61,17 +61,18 @@ pub fn write_code(address: u64, bytes: &[u8]) -> std::io::Result<()> {
     let fd = proc_self_mem()?;
     // SAFETY: pwrite reads `bytes`, which is valid for its length.
     let written = unsafe {
-        libc::pwrite(
-            fd,
-            bytes.as_ptr().cast(),
-            bytes.len(),
-            address as libc::off_t,
-        )
+        crate::sys::syscall4(
+            libc::SYS_pwrite64,
+            fd as u64,
+            bytes.as_ptr() as u64,
+            bytes.len() as u64,
+            address,
+        ) as isize
     };
     if written == bytes.len() as isize {
         Ok(())
     } else if written < 0 {
-        Err(std::io::Error::last_os_error())
+        Err(std::io::Error::from_raw_os_error(-written as i32))
     } else {
         Err(std::io::Error::other(format!(
             "short write of code at {address:#x}"
@@ -88,12 +89,13 @@ pub fn read_memory(address: u64, buffer: &mut [u8]) -> bool {
     };
     // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
     let read = unsafe {
-        libc::pread(
-            fd,
-            buffer.as_mut_ptr().cast(),
-            buffer.len(),
-            address as libc::off_t,
-        )
+        crate::sys::syscall4(
+            libc::SYS_pread64,
+            fd as u64,
+            buffer.as_mut_ptr() as u64,
+            buffer.len() as u64,
+            address,
+        ) as isize
     };
     read == buffer.len() as isize
 }
@@ -104,12 +106,13 @@ pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
     let fd = proc_self_mem()?;
     // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
     let read = unsafe {
-        libc::pread(
-            fd,
-            buffer.as_mut_ptr().cast(),
-            buffer.len(),
-            address as libc::off_t,
-        )
+        crate::sys::syscall4(
+            libc::SYS_pread64,
+            fd as u64,
+            buffer.as_mut_ptr() as u64,
+            buffer.len() as u64,
+            address,
+        ) as isize
     };
     if read == buffer.len() as isize {
         Ok(())

@@ -6,17 +6,23 @@
 //! shows them (`tasks`). Nothing here knows about hooks or patches.
 //!
 //! This file holds the raw system calls for the code that runs inside signal handlers
-//! and hook slow paths. The one idea: that code must not call into the target's libc — libc's `syscall()`,
-//! `futex` wrappers or `tgkill` may themselves be instrumented, or be the very function
-//! being patched — so it makes its few system calls with the `syscall` instruction.
+//! and hook slow paths, and for the patch protocol while guards are in place. The one
+//! idea: that code must not call into the target's libc — any libc function may be
+//! instrumented, or be the very function being patched (a thread that reaches a guard
+//! waits there until the patch is done, so the patching thread itself must never
+//! reach one) — so it makes its system calls with the `syscall` instruction.
 
 pub mod agent_threads;
 pub mod alloc;
 pub mod code_memory;
+pub mod code_pages;
 pub mod maps;
+#[cfg(not(any(test, miri)))]
+pub mod mem_builtins;
 pub mod own_code;
 pub mod queued_signal;
 pub mod tasks;
+pub mod thread_tracer;
 
 use std::arch::asm;
 
@@ -53,6 +59,91 @@ pub unsafe fn syscall4(number: i64, a: u64, b: u64, c: u64, d: u64) -> i64 {
         );
     }
     result
+}
+
+/// A system call with up to six arguments; returns the raw result (negative errno).
+///
+/// # Safety
+/// As for [`syscall4`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn syscall6(number: i64, a: u64, b: u64, c: u64, d: u64, e: u64, f: u64) -> i64 {
+    let result: i64;
+    // SAFETY: as in `syscall4`, with two more argument registers.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") number => result,
+            in("rdi") a,
+            in("rsi") b,
+            in("rdx") c,
+            in("r10") d,
+            in("r8") e,
+            in("r9") f,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    result
+}
+
+/// Opens `path` read-only (close-on-exec, plus `flags`); a negative errno on failure.
+pub fn open_read_only(path: &std::ffi::CStr, flags: i32) -> i32 {
+    // SAFETY: openat reads a NUL-terminated path that lives across the call.
+    unsafe {
+        syscall4(
+            libc::SYS_openat,
+            libc::AT_FDCWD as u64,
+            path.as_ptr() as u64,
+            (libc::O_RDONLY | libc::O_CLOEXEC | flags) as u64,
+            0,
+        ) as i32
+    }
+}
+
+/// Reads into `buffer` from `fd`; the byte count or a negative errno.
+pub fn read_fd(fd: i32, buffer: &mut [u8]) -> isize {
+    // SAFETY: read writes at most buffer.len() bytes into `buffer`.
+    unsafe {
+        syscall4(
+            libc::SYS_read,
+            fd as u64,
+            buffer.as_mut_ptr() as u64,
+            buffer.len() as u64,
+            0,
+        ) as isize
+    }
+}
+
+pub fn close_fd(fd: i32) {
+    // SAFETY: closes a descriptor the caller owns.
+    unsafe { syscall4(libc::SYS_close, fd as u64, 0, 0, 0) };
+}
+
+/// Gives the cpu to another thread.
+pub fn yield_cpu() {
+    // SAFETY: sched_yield takes no arguments.
+    unsafe { syscall4(libc::SYS_sched_yield, 0, 0, 0, 0) };
+}
+
+/// The monotonic clock in ns, read with the system call itself (libc's wrapper, and
+/// the vDSO it leads to, may be code being patched).
+pub fn monotonic_ns() -> u64 {
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes a timespec that lives across the call.
+    unsafe {
+        syscall4(
+            libc::SYS_clock_gettime,
+            libc::CLOCK_MONOTONIC as u64,
+            &mut time as *mut libc::timespec as u64,
+            0,
+            0,
+        )
+    };
+    time.tv_sec as u64 * 1_000_000_000 + time.tv_nsec as u64
 }
 
 pub fn gettid() -> i32 {
@@ -116,8 +207,8 @@ pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
 /// handler can tell which request the signal belongs to. Returns false if the thread
 /// is gone.
 pub fn signal_thread_with_value(tid: i32, signal: i32, value: u32) -> bool {
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
+    // SAFETY: getuid has no arguments.
+    let uid = unsafe { syscall4(libc::SYS_getuid, 0, 0, 0, 0) } as u32;
     let info = queued_signal::QueuedSignalInfo::new(signal, getpid(), uid, value as u64);
     // SAFETY: rt_tgsigqueueinfo reads a siginfo_t, which `info` has the layout of
     // (asserted in `queued_signal`); it lives across the call.

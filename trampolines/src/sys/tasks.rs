@@ -27,22 +27,22 @@ pub enum TaskState {
 
 /// Calls `visit` with the tid of every thread of this process.
 pub fn for_each_thread(mut visit: impl FnMut(i32)) {
-    let path = c"/proc/self/task";
-    // SAFETY: open with a valid NUL-terminated path and constant flags.
-    let fd = unsafe {
-        libc::open(
-            path.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        )
-    };
+    let fd = crate::sys::open_read_only(c"/proc/self/task", libc::O_DIRECTORY);
     if fd < 0 {
         return;
     }
     let mut buffer = [0u8; 4096];
     loop {
         // SAFETY: getdents64 writes at most buffer.len() bytes into the buffer.
-        let read =
-            unsafe { libc::syscall(libc::SYS_getdents64, fd, buffer.as_mut_ptr(), buffer.len()) };
+        let read = unsafe {
+            crate::sys::syscall4(
+                libc::SYS_getdents64,
+                fd as u64,
+                buffer.as_mut_ptr() as u64,
+                buffer.len() as u64,
+                0,
+            )
+        };
         if read <= 0 {
             break;
         }
@@ -61,8 +61,7 @@ pub fn for_each_thread(mut visit: impl FnMut(i32)) {
             offset += record_length;
         }
     }
-    // SAFETY: closes the descriptor opened above.
-    unsafe { libc::close(fd) };
+    crate::sys::close_fd(fd);
 }
 
 fn parse_decimal(bytes: &[u8]) -> Option<i32> {
@@ -80,28 +79,20 @@ fn read_task_file<'a>(tid: i32, file: &str, buffer: &'a mut [u8]) -> Option<&'a 
     let mut writer = &mut path[..];
     use std::io::Write;
     write!(writer, "/proc/self/task/{tid}/{file}\0").ok()?;
-    // SAFETY: `path` holds a NUL-terminated string written just above.
-    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    let path = std::ffi::CStr::from_bytes_until_nul(&path).ok()?;
+    let fd = crate::sys::open_read_only(path, 0);
     if fd < 0 {
         return None;
     }
     let mut filled = 0;
     while filled < buffer.len() {
-        // SAFETY: reads into the unused tail of `buffer`.
-        let n = unsafe {
-            libc::read(
-                fd,
-                buffer[filled..].as_mut_ptr().cast(),
-                buffer.len() - filled,
-            )
-        };
+        let n = crate::sys::read_fd(fd, &mut buffer[filled..]);
         if n <= 0 {
             break;
         }
         filled += n as usize;
     }
-    // SAFETY: closes the descriptor opened above.
-    unsafe { libc::close(fd) };
+    crate::sys::close_fd(fd);
     (filled > 0).then(|| &buffer[..filled])
 }
 
@@ -182,6 +173,22 @@ pub fn user_position(tid: i32) -> Option<(u64, u64)> {
     Some((pc, sp))
 }
 
+/// Where thread `tid` is while it is blocked *in a system call*: (pc, sp), the pc
+/// following its `syscall` instruction. `None` if it runs (or is runnable), sits in
+/// the kernel for another reason (a page fault: "-1 SP PC"), or is gone.
+pub fn in_system_call(tid: i32) -> Option<(u64, u64)> {
+    let mut buffer = [0u8; 256];
+    let text = read_task_file(tid, "syscall", &mut buffer)?;
+    let number = text.split(|&b| b == b' ').next()?;
+    if number.first() == Some(&b'-') || !number.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut fields = text.trim_ascii().rsplit(|&b| b == b' ');
+    let pc = parse_hex(fields.next()?)?;
+    let sp = parse_hex(fields.next()?)?;
+    Some((pc, sp))
+}
+
 /// A `0x`-prefixed hexadecimal number.
 fn parse_hex(bytes: &[u8]) -> Option<u64> {
     let digits = bytes.strip_prefix(b"0x")?;
@@ -244,6 +251,9 @@ mod tests {
         assert!(!blocks_signal(tid, libc::SIGRTMIN() + 2));
         let (pc, sp) = user_position(tid).expect("a sleeping thread's position");
         assert!(pc != 0 && sp != 0);
+        // Asleep in a futex wait: a system call, whose return address follows `syscall`.
+        let (in_call_pc, _) = in_system_call(tid).expect("asleep in a system call");
+        assert_eq!(in_call_pc, pc);
         done_sender.send(()).unwrap();
         sleeper.join().unwrap();
     }

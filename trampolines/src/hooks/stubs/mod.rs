@@ -22,8 +22,7 @@
 //! trampoline, its assembly, and the small instruction sequences (thread state, flags,
 //! slow calls). Each hook kind's code lives in its own file: [`count`], [`returns`]
 //! (with the shadow-stack push and pop), [`record`] (and its template), [`internal`]
-//! (internal and replace hooks). A call thunk's trap entry stays here, in
-//! [`new_layout`]: every hook kind can sit behind a call thunk.
+//! (internal and replace hooks). Every hook kind can sit behind a call thunk.
 
 mod count;
 mod internal;
@@ -107,26 +106,19 @@ pub struct BacktraceStandIn {
 pub struct TrampolineCode {
     /// The whole trampoline, to be written at its address.
     pub bytes: Vec<u8>,
-    /// Where the function-entry patch jumps (and a trapped thread is sent).
+    /// Where the function-entry patch jumps.
     pub hook: u64,
     /// Where the relocated body starts.
     pub body: u64,
-    /// Where a thread that trapped on the entry's transient `int3` continues.
-    pub trap_entry: u64,
     /// Where the body's address goes once the trampoline is written (a replace hook's
     /// original), if anywhere.
     pub body_sink: Option<&'static AtomicU64>,
 }
 
-/// The labels every hook defines: where the patch jumps, where a trapped thread goes,
-/// and where the body goes.
+/// The labels every hook defines: where the patch jumps and where the body goes.
 struct Layout {
     assembler: CodeAssembler,
     entry: CodeLabel,
-    /// Only for a call thunk; otherwise a trapped thread goes to the entry.
-    trap_entry: Option<CodeLabel>,
-    /// Only for a call thunk: the data word holding the address its call returns to.
-    returns_to_word: Option<CodeLabel>,
     body: CodeLabel,
 }
 
@@ -153,7 +145,7 @@ pub fn build(
     let hook = match kind {
         Hook::Record | Hook::RecordRoot => {
             RecordTemplate::get(kind == Hook::RecordRoot, thunk_returns_to.is_some())?
-                .instantiate(id, thunk_returns_to)
+                .instantiate(id)
         }
         _ => assemble_hook(address, id, kind, thunk_returns_to)
             .map_err(|e| format!("cannot assemble a hook: {e}"))?,
@@ -171,7 +163,6 @@ pub fn build(
         bytes,
         hook: address + hook.entry as u64,
         body,
-        trap_entry: address + hook.trap_entry as u64,
         body_sink,
     })
 }
@@ -188,7 +179,6 @@ fn replaces_backtrace(handlers: &Handlers) -> bool {
 struct HookCode {
     bytes: Vec<u8>,
     entry: usize,
-    trap_entry: usize,
     /// Where the body starts: the length of `bytes`.
     body: usize,
 }
@@ -205,13 +195,13 @@ fn assemble_hook(
     thunk_returns_to: Option<u64>,
 ) -> Result<HookCode, IcedError> {
     let after_call = thunk_returns_to.is_some();
-    let layout = new_layout(thunk_returns_to)?;
+    let layout = new_layout()?;
     let handlers = handlers();
     let layout = match kind {
         Hook::Count => count::count_hook(layout, id)?,
         Hook::CountReturns => returns::count_returns_hook(layout, id, after_call)?,
         Hook::Record | Hook::RecordRoot => {
-            let values = RecordValues::new(id, thunk_returns_to);
+            let values = RecordValues::new(id);
             record::record_hook(layout, kind == Hook::RecordRoot, after_call, values)?.0
         }
         Hook::UnwinderStarts => internal::internal_hook(layout, handlers.unwinder_starts)?,
@@ -241,49 +231,19 @@ fn finish_hook(
     };
     let entry = offset(&layout.entry)?;
     let body = offset(&layout.body)?;
-    let trap_entry = match &layout.trap_entry {
-        Some(label) => offset(label)?,
-        None => entry,
-    };
     let mut bytes = result.inner.code_buffer.clone();
     bytes.truncate(body);
-    Ok((
-        HookCode {
-            bytes,
-            entry,
-            trap_entry,
-            body,
-        },
-        result,
-    ))
+    Ok((HookCode { bytes, entry, body }, result))
 }
 
-/// Starts a trampoline. For a call thunk it begins with the trap entry: a thread that
-/// traps on the entry's transient `int3` has not made the thunk's call, so the trap
-/// entry pushes the call's return address first, then goes to the hook.
-fn new_layout(thunk_returns_to: Option<u64>) -> Result<Layout, IcedError> {
+/// Starts a trampoline's hook.
+fn new_layout() -> Result<Layout, IcedError> {
     let mut assembler = CodeAssembler::new(64)?;
     let entry = assembler.create_label();
     let body = assembler.create_label();
-    let mut trap_entry = None;
-    let mut returns_to_word = None;
-    if let Some(returns_to) = thunk_returns_to {
-        let a = &mut assembler;
-        let mut label = a.create_label();
-        let mut word = a.create_label();
-        a.set_label(&mut label)?;
-        trap_entry = Some(label);
-        a.push(qword_ptr(word))?;
-        a.jmp(entry)?;
-        a.set_label(&mut word)?;
-        a.dq(&[returns_to])?;
-        returns_to_word = Some(word);
-    }
     Ok(Layout {
         assembler,
         entry,
-        trap_entry,
-        returns_to_word,
         body,
     })
 }

@@ -26,19 +26,16 @@ pub(super) struct RecordValues {
     /// The shadow entry's function word (the id, marked as recorded).
     shadow_function: u64,
     id: u64,
-    /// For a call thunk: where its call returns.
-    returns_to: u64,
 }
 
 impl RecordValues {
-    pub(super) fn new(id: u32, thunk_returns_to: Option<u64>) -> Self {
+    pub(super) fn new(id: u32) -> Self {
         use tendril_wire::events::EventKind;
         RecordValues {
             entry_event: id as u64 | (EventKind::Entry as u64) << 32,
             exit_event: id as u64 | (EventKind::Exit as u64) << 32,
             shadow_function: id as u64 | thread_state::ENTRY_RECORDED,
             id: id as u64,
-            returns_to: thunk_returns_to.unwrap_or(0),
         }
     }
 }
@@ -56,7 +53,7 @@ pub(super) struct RecordWords {
 pub(super) struct RecordTemplate {
     hook: HookCode,
     /// Offsets of the words of [`RecordValues`], in its field order.
-    words: [Option<usize>; 5],
+    words: [usize; 4],
 }
 
 impl RecordTemplate {
@@ -77,45 +74,36 @@ impl RecordTemplate {
     }
 
     fn assemble(root: bool, thunk_returns_to: Option<u64>) -> Result<RecordTemplate, IcedError> {
-        let layout = new_layout(thunk_returns_to)?;
-        let values = RecordValues::new(0, thunk_returns_to);
+        let layout = new_layout()?;
+        let values = RecordValues::new(0);
         let (layout, words) = record_hook(layout, root, thunk_returns_to.is_some(), values)?;
-        let returns_to_word = layout.returns_to_word;
         let (hook, result) = finish_hook(layout, ASSEMBLY_BASE)?;
         let offset = |label: &CodeLabel| -> Result<usize, IcedError> {
             Ok((result.label_ip(label)? - ASSEMBLY_BASE) as usize)
         };
-        let returns_to = match &returns_to_word {
-            Some(label) => Some(offset(label)?),
-            None => None,
-        };
         Ok(RecordTemplate {
             hook,
             words: [
-                Some(offset(&words.entry_event)?),
-                Some(offset(&words.exit_event)?),
-                Some(offset(&words.shadow_function)?),
-                Some(offset(&words.id)?),
-                returns_to,
+                offset(&words.entry_event)?,
+                offset(&words.exit_event)?,
+                offset(&words.shadow_function)?,
+                offset(&words.id)?,
             ],
         })
     }
 
     /// The hook of function `id`: the template with that function's data words.
-    pub(super) fn instantiate(&self, id: u32, thunk_returns_to: Option<u64>) -> HookCode {
-        let values = RecordValues::new(id, thunk_returns_to);
+    pub(super) fn instantiate(&self, id: u32) -> HookCode {
+        let values = RecordValues::new(id);
         let values = [
             values.entry_event,
             values.exit_event,
             values.shadow_function,
             values.id,
-            values.returns_to,
         ];
         let mut hook = self.hook.clone();
-        for (offset, value) in self.words.iter().zip(values) {
-            if let Some(offset) = *offset {
-                hook.bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
-            }
+        for (&offset, value) in self.words.iter().zip(values) {
+            hook.bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
         }
         hook
     }
@@ -381,18 +369,14 @@ mod tests {
                     let kind = if root { Hook::RecordRoot } else { Hook::Record };
                     let assembled = assemble_hook(ASSEMBLY_BASE, id, kind, returns_to).unwrap();
                     let template = RecordTemplate::get(root, returns_to.is_some()).unwrap();
-                    let instantiated = template.instantiate(id, returns_to);
+                    let instantiated = template.instantiate(id);
                     assert_eq!(
                         instantiated.bytes, assembled.bytes,
                         "{root} {returns_to:?} {id}"
                     );
                     assert_eq!(
-                        (
-                            instantiated.entry,
-                            instantiated.trap_entry,
-                            instantiated.body
-                        ),
-                        (assembled.entry, assembled.trap_entry, assembled.body)
+                        (instantiated.entry, instantiated.body),
+                        (assembled.entry, assembled.body)
                     );
                 }
             }

@@ -1,0 +1,121 @@
+//! `tendril compare A.json B.json [--root SYM] [--top N]`: how far two profiles'
+//! calling context trees agree, and the call paths where they differ most.
+//!
+//! The one idea: the first line is always `overlap X.XXX  hotcover Y.YYY` (see
+//! `profile::overlap` for the definitions), so scripts read it; the table below it
+//! lists each call path's self share in A and in B. A sampled whole-process tree and an
+//! instrumented tree compare below the instrumented tree's roots unless `--root` says
+//! otherwise.
+
+use crate::profile::Profile;
+use crate::profile::names::printable;
+use crate::profile::overlap::{HOT_THRESHOLD, agreement, path_weights, root_names};
+use std::io::Write;
+use std::path::Path;
+
+/// Rows listed when `--top` is not given.
+pub const DEFAULT_ROWS: usize = 20;
+
+pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Result<()> {
+    let profile_a = Profile::load(a)?;
+    let profile_b = Profile::load(b)?;
+    let roots = comparison_roots(&profile_a, &profile_b, root);
+    for (path, profile) in [(a, &profile_a), (b, &profile_b)] {
+        let weights = path_weights(profile, &roots);
+        if weights.is_empty() || weights.values().all(|w| w.total_share == 0.0) {
+            let below = if roots.is_empty() {
+                String::new()
+            } else {
+                format!(" below {}", roots.join(", "))
+            };
+            anyhow::bail!(
+                "{} has no time{below} to compare{}",
+                path.display(),
+                if roots.is_empty() {
+                    ""
+                } else {
+                    " (is the name spelled as in `tendril report`?)"
+                }
+            );
+        }
+    }
+    let weights_a = path_weights(&profile_a, &roots);
+    let weights_b = path_weights(&profile_b, &roots);
+    let result = agreement(&weights_a, &weights_b);
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = (|| -> std::io::Result<()> {
+        writeln!(
+            out,
+            "overlap {:.3}  hotcover {:.3}",
+            result.overlap, result.hotcover
+        )?;
+        writeln!(
+            out,
+            "A: {} ({})  B: {} ({}){}",
+            printable(&a.display().to_string()),
+            describe(&profile_a),
+            printable(&b.display().to_string()),
+            describe(&profile_b),
+            if roots.is_empty() {
+                String::new()
+            } else {
+                format!("; below {}", printable(&roots.join(", ")))
+            }
+        )?;
+        writeln!(
+            out,
+            "overlap: Σ over call paths of min(self share in A, in B); hotcover: {} of A's {} \
+             call paths with ≥ {:.0}% of the total are in B",
+            result.hot_covered,
+            result.hot_paths,
+            HOT_THRESHOLD * 100.0
+        )?;
+        writeln!(
+            out,
+            "{:>7} {:>7} {:>7}  call path",
+            "A self", "B self", "B−A"
+        )?;
+        for (path, share_a, share_b) in result.differences.iter().take(rows) {
+            writeln!(
+                out,
+                "{:>6.1}% {:>6.1}% {:>+6.1}%  {}",
+                share_a * 100.0,
+                share_b * 100.0,
+                (share_b - share_a) * 100.0,
+                printable(path)
+            )?;
+        }
+        out.flush()
+    })();
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
+/// The roots the comparison starts at: `--root`, else the instrumented profile's roots
+/// when exactly one of the two is sampled, else the whole trees.
+fn comparison_roots(a: &Profile, b: &Profile, root: Option<&str>) -> Vec<String> {
+    if let Some(root) = root {
+        return vec![root.to_owned()];
+    }
+    match (is_sampled(a), is_sampled(b)) {
+        (true, false) => root_names(b),
+        (false, true) => root_names(a),
+        _ => Vec::new(),
+    }
+}
+
+fn is_sampled(profile: &Profile) -> bool {
+    profile.scheme == "sampled"
+}
+
+fn describe(profile: &Profile) -> String {
+    match &profile.sampling {
+        Some(sampling) => format!(
+            "sampled, {} samples at {} Hz, {} clock",
+            sampling.samples, sampling.rate_hz, sampling.clock
+        ),
+        None => format!("scheme {}", printable(&profile.scheme)),
+    }
+}

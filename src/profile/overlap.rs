@@ -1,0 +1,195 @@
+//! How far two calling context trees agree: the overlap of their call-path weights and
+//! the coverage of hot edges (Arnold–Grove, Zhuang et al., used by Gnedt), for
+//! `tendril compare` — a sampled tree against an instrumented one, or two of a kind.
+//!
+//! The one idea: each call path (the function names from a root down to a node) gets a
+//! relative weight, its self time over the tree's whole; so the weights of a tree add
+//! up to one. *Overlap* is Σ over all paths of min(weight in A, weight in B): 1 for trees that
+//! agree exactly, 0 for trees with no common time. *Hot-edge coverage* at threshold T
+//! is the share of A's hot call edges (a path whose total time, callees included, is at
+//! least T of the tree's) that B has too. With `root`, only the subtrees below the
+//! outermost calls of those functions count, each path starting at the root, so a
+//! sampled whole-process tree compares with an instrumented tree of one root.
+
+use std::collections::HashMap;
+
+use super::model::{Node, Profile, Visit, walk};
+
+/// The hotness threshold of [`Agreement::hotcover`].
+pub const HOT_THRESHOLD: f64 = 0.1;
+
+/// One call path's relative weights in a tree.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PathWeight {
+    /// Self time over the tree's total.
+    pub self_share: f64,
+    /// Total time (callees included) over the tree's total.
+    pub total_share: f64,
+}
+
+/// Call path (names joined by `;`) → its weights.
+pub type PathWeights = HashMap<String, PathWeight>;
+
+/// The result of comparing two trees.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Agreement {
+    pub overlap: f64,
+    pub hotcover: f64,
+    /// Hot paths of A, and how many of them B has.
+    pub hot_paths: usize,
+    pub hot_covered: usize,
+    /// Every path of either tree: (path, A's self share, B's self share), the largest
+    /// difference first.
+    pub differences: Vec<(String, f64, f64)>,
+}
+
+/// The relative weights of `profile`'s merged tree, or of the subtrees below the
+/// outermost calls of any of `roots` (all of the tree when `roots` is empty).
+pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
+    let mut raw: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut path: Vec<&str> = Vec::new();
+    // Depth of the outermost root the walk is inside, if any.
+    let mut inside: Option<usize> = None;
+    let _ = walk(&profile.merged.roots, |step| -> Result<(), ()> {
+        match step {
+            Visit::Enter { node, depth } => {
+                if inside.is_none() && (roots.is_empty() || roots.contains(&node.name)) {
+                    inside = Some(depth);
+                    path.clear();
+                }
+                if inside.is_some() {
+                    path.push(&node.name);
+                    let weights = raw.entry(path.join(";")).or_default();
+                    weights.0 += node.self_ns;
+                    weights.1 += node.total_ns;
+                }
+            }
+            Visit::Leave { depth, .. } => {
+                if inside.is_some() {
+                    path.pop();
+                }
+                if inside == Some(depth) {
+                    inside = None;
+                }
+            }
+        }
+        Ok(())
+    });
+    let whole: u64 = raw.values().map(|&(self_ns, _)| self_ns).sum();
+    raw.into_iter()
+        .map(|(path, (self_ns, total_ns))| {
+            let share = |ns: u64| {
+                if whole == 0 {
+                    0.0
+                } else {
+                    ns as f64 / whole as f64
+                }
+            };
+            (
+                path,
+                PathWeight {
+                    self_share: share(self_ns),
+                    total_share: share(total_ns),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Compares two trees' path weights (A is the reference for hot edges).
+pub fn agreement(a: &PathWeights, b: &PathWeights) -> Agreement {
+    let mut overlap = 0.0;
+    let mut differences = Vec::with_capacity(a.len().max(b.len()));
+    for (path, weight_a) in a {
+        let self_b = b.get(path).map_or(0.0, |w| w.self_share);
+        overlap += weight_a.self_share.min(self_b);
+        differences.push((path.clone(), weight_a.self_share, self_b));
+    }
+    for (path, weight_b) in b {
+        if !a.contains_key(path) {
+            differences.push((path.clone(), 0.0, weight_b.self_share));
+        }
+    }
+    differences.sort_by(|x, y| {
+        let gap = |d: &(String, f64, f64)| (d.1 - d.2).abs();
+        gap(y).total_cmp(&gap(x)).then_with(|| x.0.cmp(&y.0))
+    });
+    let hot: Vec<&String> = a
+        .iter()
+        .filter(|(_, w)| w.total_share >= HOT_THRESHOLD)
+        .map(|(path, _)| path)
+        .collect();
+    let covered = hot
+        .iter()
+        .filter(|path| b.get(**path).is_some_and(|w| w.total_share > 0.0))
+        .count();
+    Agreement {
+        overlap: overlap.min(1.0),
+        hotcover: if hot.is_empty() {
+            1.0
+        } else {
+            covered as f64 / hot.len() as f64
+        },
+        hot_paths: hot.len(),
+        hot_covered: covered,
+        differences,
+    }
+}
+
+/// The names of a profile's merged roots (what an instrumented profile was rooted at).
+pub fn root_names(profile: &Profile) -> Vec<String> {
+    let mut names: Vec<String> = profile
+        .merged
+        .roots
+        .iter()
+        .map(|node: &Node| node.name.clone())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::file::tests::small_profile;
+
+    fn tree(leaves: &[(&str, u64)]) -> Profile {
+        let mut profile = small_profile();
+        let mut root = Node::leaf("main", "app", 0, 0, 0);
+        let mut work = Node::leaf("work", "app", 0, 0, 0);
+        for &(name, ns) in leaves {
+            work.children.push(Node::leaf(name, "app", 0, ns, ns));
+            work.total_ns += ns;
+        }
+        root.total_ns = work.total_ns;
+        root.children.push(work);
+        profile.merged.roots = vec![root];
+        profile
+    }
+
+    #[test]
+    fn identical_trees_overlap_fully_and_disjoint_ones_not_at_all() {
+        let a = path_weights(&tree(&[("x", 25), ("y", 50), ("z", 25)]), &[]);
+        let same = agreement(&a, &a);
+        assert!((same.overlap - 1.0).abs() < 1e-9);
+        assert_eq!(same.hotcover, 1.0);
+        let b = path_weights(&tree(&[("q", 100)]), &[]);
+        let apart = agreement(&a, &b);
+        assert!(apart.overlap.abs() < 1e-9);
+        // main and main;work are hot in A and present in B; x, y and z are not.
+        assert_eq!((apart.hot_paths, apart.hot_covered), (5, 2));
+    }
+
+    #[test]
+    fn a_shifted_split_overlaps_by_the_common_part_and_root_cuts_the_tree() {
+        let a = path_weights(&tree(&[("x", 25), ("y", 50), ("z", 25)]), &[]);
+        let b = path_weights(&tree(&[("x", 30), ("y", 40), ("z", 30)]), &[]);
+        let result = agreement(&a, &b);
+        assert!((result.overlap - 0.9).abs() < 1e-9, "{}", result.overlap);
+        assert_eq!(result.differences[0].0, "main;work;y");
+        let below = path_weights(&tree(&[("x", 1)]), &["work".to_string()]);
+        assert!(below.contains_key("work;x"));
+        assert!(!below.contains_key("main"));
+    }
+}

@@ -1,0 +1,128 @@
+//! From a sample to a named stack in the trees: unwind the copied stack, look each
+//! frame up in tendril's symbol tables, add the path to the sampled trees.
+//!
+//! The one idea: this is all the controller does per sample, and it is what must keep
+//! up with the kernel (benches/sampling.rs measures it against 64 threads × 1 kHz). A
+//! walk that stops early is kept under a `[truncated stack]` root, never dropped, and a
+//! frame outside every known module (a library loaded after sampling began) asks for
+//! the tables to be read again, at most once every [`RELOAD_INTERVAL`].
+
+use std::time::{Duration, Instant};
+
+use super::records::{Record, Sample, parse};
+use super::tree::{SampledTrees, TRUNCATED, UNKNOWN};
+use super::unwind::{StackUnwinder, WalkEnd};
+use crate::symbols::{ProcessSymbols, SymbolError};
+
+/// The shortest time between two reloads of the symbol and unwind tables.
+pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Walks and names samples, and keeps the trees and counts they build.
+pub struct SampleWalker {
+    pid: i32,
+    symbols: ProcessSymbols,
+    unwinder: StackUnwinder,
+    pub trees: SampledTrees,
+    frames: Vec<u64>,
+    stack: Vec<u32>,
+    /// What one CPU-clock sample stands for.
+    pub period_ns: u64,
+    /// Samples the kernel dropped (its `PERF_RECORD_LOST` counts).
+    pub lost: u64,
+    /// Samples whose walk stopped before the outermost frame.
+    pub truncated: u64,
+    /// Frames outside every known module since the tables were last read.
+    unknown_frames: u64,
+    last_reload: Instant,
+}
+
+impl SampleWalker {
+    pub fn new(
+        pid: i32,
+        symbols: ProcessSymbols,
+        unwinder: StackUnwinder,
+        period_ns: u64,
+    ) -> SampleWalker {
+        SampleWalker {
+            pid,
+            symbols,
+            unwinder,
+            trees: SampledTrees::default(),
+            frames: Vec::new(),
+            stack: Vec::new(),
+            period_ns,
+            lost: 0,
+            truncated: 0,
+            unknown_frames: 0,
+            last_reload: Instant::now(),
+        }
+    }
+
+    /// A walker over the tables of `pid` as it is mapped now.
+    pub fn for_process(pid: i32, period_ns: u64) -> Result<SampleWalker, SymbolError> {
+        Ok(SampleWalker::new(
+            pid,
+            ProcessSymbols::load(pid)?,
+            StackUnwinder::for_process(pid)?,
+            period_ns,
+        ))
+    }
+
+    /// Adds a raw CPU-clock sample record (as read from a ring) to the trees, weighing
+    /// one period; returns whether it was a sample with a stack.
+    pub fn add_record(&mut self, bytes: &[u8]) -> bool {
+        let Record::Sample(sample) = parse(bytes) else {
+            return false;
+        };
+        match self.stack_of(&sample) {
+            Some(stack) => {
+                self.trees.add(sample.tid, &stack, self.period_ns);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The named stack of a sample, outermost frame first; None without user registers.
+    pub fn stack_of(&mut self, sample: &Sample) -> Option<Vec<u32>> {
+        let regs = sample.regs?;
+        let end = self.unwinder.walk(regs, sample.stack, &mut self.frames);
+        self.stack.clear();
+        if end == WalkEnd::Truncated {
+            self.truncated += 1;
+            self.stack
+                .push(self.trees.functions.intern(TRUNCATED, "", None));
+        }
+        for &address in self.frames.iter().rev() {
+            let function = self.trees.functions.symbolize(&self.symbols, address);
+            if self.trees.functions.name(function).0 == UNKNOWN {
+                self.unknown_frames += 1;
+            }
+            self.stack.push(function);
+        }
+        Some(self.stack.clone())
+    }
+
+    /// The symbol tables in use (the modules a profile lists).
+    pub fn symbols(&self) -> &ProcessSymbols {
+        &self.symbols
+    }
+
+    /// Reads the symbol and unwind tables again if frames were found outside every
+    /// known module (a library was loaded) and the last reload is old enough.
+    pub fn reload_tables_if_needed(&mut self) {
+        if self.unknown_frames == 0 || self.last_reload.elapsed() < RELOAD_INTERVAL {
+            return;
+        }
+        self.last_reload = Instant::now();
+        self.unknown_frames = 0;
+        if let (Ok(symbols), Ok(unwinder)) = (
+            ProcessSymbols::load(self.pid),
+            StackUnwinder::for_process(self.pid),
+        ) {
+            self.symbols = symbols;
+            self.unwinder = unwinder;
+            self.trees.functions.forget_addresses();
+        }
+    }
+}
