@@ -8,7 +8,8 @@
 use super::job::Job;
 use super::roots::{function_entries, pattern_for};
 use super::save_path::snapshot_path;
-use super::session::{DETACHING_NOTE, Flow, Recording, Session, Symbols, WhenLoaded};
+use super::session::{DETACHING_NOTE, Flow, Session, Symbols, WhenLoaded};
+use super::stage::Recording;
 use crate::process;
 use crate::profile::trace::{DEFAULT_TRACE_SECONDS, MAX_TRACE_EVENTS};
 use crate::recording::Recorder;

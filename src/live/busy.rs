@@ -9,21 +9,10 @@
 //! it: its connection closes, and the agent restores the code by itself.
 
 use super::job::{Job, JobState};
-use super::session::{Recording, Session};
-use crate::recording::{Finished, RecordError, Recorder};
+use super::session::Session;
+use super::stage::{BusyJob, Recording};
+use crate::recording::Recorder;
 use tendril_tui::App;
-
-/// An operation on the recorder in the background: the recorder comes back with the
-/// line to show.
-pub(super) struct BusyJob {
-    pub(super) job: Job<(Box<Recorder>, String)>,
-    /// What is being done ("pausing"), for keys pressed meanwhile.
-    pub(super) doing: &'static str,
-}
-
-/// A detach in the background: the final profile (or why there is none), and the
-/// line to show.
-pub(super) type DetachJob = Job<(Result<Finished, RecordError>, String)>;
 
 impl Session {
     /// Runs `operation` on the live recorder in the background, showing `note`
@@ -133,20 +122,5 @@ impl Session {
     ) -> Option<Box<Recorder>> {
         progress(&format!("waiting for {} to finish…", busy.doing));
         busy.job.wait_done().map(|(recorder, _)| recorder)
-    }
-}
-
-impl Recording {
-    /// Why an action that needs the live recorder cannot run now.
-    pub(super) fn not_live_note(&self) -> String {
-        match self {
-            Recording::Busy(busy) => format!("still {}; try again in a moment", busy.doing),
-            Recording::Detaching(_) => "still detaching; the data stays once it is done".into(),
-            Recording::Starting(_) => "still attaching; try again in a moment".into(),
-            Recording::Ended(_) | Recording::Saved => {
-                "the target is detached: there is nothing to change".into()
-            }
-            Recording::NotStarted | Recording::Live(_) => "nothing is being recorded yet".into(),
-        }
     }
 }

@@ -20,6 +20,7 @@ pub mod processes;
 pub mod roots;
 pub mod save_path;
 pub mod session;
+mod stage;
 pub mod stderr;
 
 use crate::process::TargetProcess;

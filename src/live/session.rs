@@ -10,11 +10,11 @@
 //! halfway through its ptrace calls â€” so that the recorder it makes can be finished.
 //! The UI's [`tendril_tui::Action`]s are carried out in `actions.rs`.
 
-use super::busy::{BusyJob, DetachJob};
 use super::convert::{EventRate, snapshot_of, target_label};
 use super::job::{Job, JobState};
 use super::processes::list_processes;
 use super::roots::function_entries;
+use super::stage::Recording;
 use crate::departure::{Departure, agent_departure};
 use crate::process::{self, TargetProcess};
 use crate::profile::{Profile, ProfileError};
@@ -38,23 +38,6 @@ pub(super) const DETACHING_NOTE: &str = "detaching: restoring the target's codeâ
 
 /// A profile being written to a file: the file, and how the write went.
 pub(super) type SaveJob = Job<(PathBuf, Result<(), ProfileError>)>;
-
-/// The recording's stage.
-pub(super) enum Recording {
-    /// No recording yet: a process or a root is being chosen.
-    NotStarted,
-    /// Attaching and instrumenting the roots, on a background thread.
-    Starting(Job<Result<Recorder, RecordError>>),
-    Live(Box<Recorder>),
-    /// Pausing, resuming or changing the roots, on a background thread.
-    Busy(BusyJob),
-    /// Detaching (the code being restored), on a background thread.
-    Detaching(DetachJob),
-    /// Detached, or the target exited: the final profile stays browsable and saveable.
-    Ended(Box<Profile>),
-    /// A saved profile (`tendril view`).
-    Saved,
-}
 
 /// The target's functions, for the root picker.
 pub(super) enum Symbols {

@@ -11,6 +11,7 @@
 //! may call, make a system call or end the function) nor by a branch (so the body is
 //! scanned for branch targets). Whatever could break that is refused, with the reason.
 
+use crate::sys::error::AgentError;
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind};
 use std::fmt;
 
@@ -136,6 +137,13 @@ impl fmt::Display for Refusal {
 }
 
 impl std::error::Error for Refusal {}
+
+/// A refusal reaches the controller as the agent's error, with its reason.
+impl From<Refusal> for AgentError {
+    fn from(refusal: Refusal) -> AgentError {
+        AgentError::Refused(refusal.to_string())
+    }
+}
 
 /// Decides what to overwrite at the entry of the function at `function_address`, whose
 /// whole body (symbol or FDE size) is `code`, for a 5-byte `jmp rel32`, or why nothing

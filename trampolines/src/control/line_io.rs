@@ -1,6 +1,7 @@
 //! Reading a request line without ever holding more than the cap, reading a recording's
 //! function table after it, and sending an answer with a descriptor attached.
 
+use crate::sys::error::AgentError;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 
@@ -34,17 +35,17 @@ pub(super) fn read_request_line(
 pub(super) fn read_table(
     reader: &mut BufReader<UnixStream>,
     bytes: u64,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, AgentError> {
     if bytes > tendril_wire::MAX_TABLE_BYTES {
-        return Err(format!(
+        return Err(AgentError::Request(format!(
             "function table of {bytes} bytes refused (at most {} MiB); the connection is closed",
             tendril_wire::MAX_TABLE_BYTES >> 20
-        ));
+        )));
     }
     let mut table = vec![0u8; bytes as usize];
     reader
         .read_exact(&mut table)
-        .map_err(|e| format!("the function table did not arrive whole: {e}"))?;
+        .map_err(|e| AgentError::io("the function table did not arrive whole", e))?;
     Ok(table)
 }
 

@@ -7,6 +7,7 @@
 //! inode) and, if not, binds a new one there — recreating the private runtime directory
 //! if it is gone.
 
+use crate::sys::error::AgentError;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -24,37 +25,41 @@ impl ControlListener {
     /// Binds the control socket of this process (uid and pid as the agent sees them),
     /// replacing whatever file has its name: a socket left there by an earlier process
     /// that had this pid is stale, nothing listens on it.
-    pub fn bind(uid: u32, pid: i32) -> Result<ControlListener, String> {
+    pub fn bind(uid: u32, pid: i32) -> Result<ControlListener, AgentError> {
         let dir = tendril_wire::runtime_dir(uid);
-        let meta = std::fs::symlink_metadata(&dir)
-            .map_err(|e| format!("runtime directory {} is unusable: {e}", dir.display()))?;
+        let meta = std::fs::symlink_metadata(&dir).map_err(|e| {
+            AgentError::io(
+                format!("runtime directory {} is unusable", dir.display()),
+                e,
+            )
+        })?;
         if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o777 != 0o700 {
-            return Err(format!(
+            return Err(AgentError::Unusable(format!(
                 "runtime directory {} must be a directory owned by uid {uid} with mode 0700",
                 dir.display()
-            ));
+            )));
         }
         let path = tendril_wire::control_socket_path(uid, pid);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                return Err(format!(
+                return Err(AgentError::Unusable(format!(
                     "{} is taken by something that cannot be removed ({e})",
                     path.display()
-                ));
+                )));
             }
         }
         let listener = UnixListener::bind(&path)
-            .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+            .map_err(|e| AgentError::io(format!("cannot listen on {}", path.display()), e))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("cannot restrict {}: {e}", path.display()))?;
+            .map_err(|e| AgentError::io(format!("cannot restrict {}", path.display()), e))?;
         // The control thread polls the socket and accepts only what is waiting.
         listener
             .set_nonblocking(true)
-            .map_err(|e| format!("cannot configure {}: {e}", path.display()))?;
+            .map_err(|e| AgentError::io(format!("cannot configure {}", path.display()), e))?;
         let meta = std::fs::symlink_metadata(&path)
-            .map_err(|e| format!("cannot inspect {}: {e}", path.display()))?;
+            .map_err(|e| AgentError::io(format!("cannot inspect {}", path.display()), e))?;
         let _ = std::fs::remove_file(tendril_wire::agent_error_path(uid, pid));
         Ok(ControlListener {
             listener,
@@ -90,7 +95,7 @@ impl ControlListener {
     /// Binds the socket again if its file was deleted or replaced; the old listener is
     /// closed once the new one listens. The runtime directory is recreated (private,
     /// this uid's) if it is gone. An error leaves this listener as it was.
-    pub fn rebind_if_unreachable(&mut self, uid: u32, pid: i32) -> Result<(), String> {
+    pub fn rebind_if_unreachable(&mut self, uid: u32, pid: i32) -> Result<(), AgentError> {
         if self.is_reachable() {
             return Ok(());
         }

@@ -32,6 +32,7 @@ use crate::control::sessions::{
 };
 use crate::patching::patcher;
 use crate::runtime::{lingering, threads};
+use crate::sys::error::AgentError;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -64,7 +65,7 @@ pub fn start_once() -> i32 {
         Ok(Ok(())) => 0,
         Ok(Err(error)) => {
             CONTROL_STARTED.store(false, Ordering::Release);
-            report_startup_error(&error);
+            report_startup_error(&error.to_string());
             -1
         }
         Err(_) => {
@@ -81,19 +82,19 @@ fn forget_control_in_forked_child() {
 }
 
 /// Binds the control socket and starts the thread that serves it.
-fn spawn_control_thread() -> Result<(), String> {
+fn spawn_control_thread() -> Result<(), AgentError> {
     crate::runtime::install();
     fork::register_fork_handler();
     let (uid, pid) = identity();
     let listener = ControlListener::bind(uid, pid)?;
     let sessions = SessionThreads::new()
-        .map_err(|e| format!("cannot set up the agent's session threads: {e}"))?;
+        .map_err(|e| AgentError::io("cannot set up the agent's session threads", e))?;
     forget_inherited_sessions();
     threads::spawn_agent_thread("control", threads::Start::Immediately, move || {
         serve(listener, sessions)
     })
     .map(|_| ())
-    .map_err(|e| format!("cannot start the agent's control thread: {e}"))
+    .map_err(|e| AgentError::io("cannot start the agent's control thread", e))
 }
 
 /// Records why the agent could not start, for the controller to show. The note is a
@@ -130,7 +131,8 @@ fn serve(mut listener: ControlListener, mut sessions: SessionThreads) {
         close_silent_sessions();
         match listener.rebind_if_unreachable(uid, pid) {
             Ok(()) => last_rebind_error = None,
-            Err(message) => {
+            Err(error) => {
+                let message = error.to_string();
                 if last_rebind_error.as_ref() != Some(&message) {
                     report_startup_error(&format!(
                         "the agent cannot recreate its control socket: {message}"

@@ -7,6 +7,7 @@
 use super::line_io::{RequestLine, read_request_line, read_table, send_with_descriptor};
 use super::sessions::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
 use crate::patching::patcher::{self, PatchRequest};
+use crate::sys::error::AgentError;
 use crate::{
     runtime::calibration, runtime::counting, runtime::discovery, runtime::lingering,
     runtime::recording, runtime::threads,
@@ -49,8 +50,10 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                 Request::StartRecording { table_bytes, .. } | Request::UpdateTable { table_bytes },
             ) => match read_table(&mut reader, *table_bytes) {
                 Ok(table) => Some(table),
-                Err(message) => {
-                    let refusal = Response::Error { message };
+                Err(error) => {
+                    let refusal = Response::Error {
+                        message: error.to_string(),
+                    };
                     let _ = writer.write_all(&tendril_wire::encode(&refusal));
                     return;
                 }
@@ -94,7 +97,9 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                         rings = Some(fd);
                         response
                     }
-                    Err(message) => Response::Error { message },
+                    Err(error) => Response::Error {
+                        message: error.to_string(),
+                    },
                 }
             }
             Ok(Request::StopRecording) => stop_recording(session),
@@ -178,14 +183,16 @@ fn start_recording(
     session: u64,
     table: Vec<u8>,
     discover: bool,
-) -> Result<(Response, std::os::fd::OwnedFd), String> {
+) -> Result<(Response, std::os::fd::OwnedFd), AgentError> {
     if RECORDING_SESSION
         .compare_exchange(0, session, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
-        return Err("another tendril is recording this process; stop it first".into());
+        return Err(AgentError::Request(
+            "another tendril is recording this process; stop it first".into(),
+        ));
     }
-    let started = (|| -> Result<(Response, std::os::fd::OwnedFd), String> {
+    let started = (|| -> Result<(Response, std::os::fd::OwnedFd), AgentError> {
         let rings = recording::open_rings()?;
         discovery::start(session, table, discover)?;
         recording::start();
@@ -248,7 +255,7 @@ fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> R
         .map(|(target, result)| PatchOutcome {
             address: target.address,
             id: result.as_ref().ok().copied(),
-            refused: result.err(),
+            refused: result.err().map(|reason| reason.to_string()),
         })
         .collect();
     Response::Patched { outcomes }

@@ -33,6 +33,7 @@ use crate::patching::stop_world::{self, StopBuffers, StoppedWorld};
 use crate::sys::agent_threads;
 use crate::sys::code_memory;
 use crate::sys::code_pages::WritableCode;
+use crate::sys::error::AgentError;
 use std::sync::Mutex;
 
 /// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).
@@ -116,15 +117,15 @@ fn rel32_jump(from: u64, to: u64) -> [u8; 5] {
     jump
 }
 
-fn write(address: u64, bytes: &[u8]) -> Result<(), String> {
-    code_memory::write_code(address, bytes).map_err(|e| format!("cannot write code: {e}"))
+fn write(address: u64, bytes: &[u8]) -> Result<(), AgentError> {
+    code_memory::write_code(address, bytes).map_err(|e| AgentError::io("cannot write code", e))
 }
 
 /// Writes the jumps of a prepared batch (see the module comment).
-pub fn install(batch: &mut [Site]) -> Result<(), String> {
+pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     let _no_thread_start = agent_threads::code_change();
     let writable = WritableCode::open(batch.iter().map(|s| (s.patch_at, s.jump_len() as u64)))
-        .map_err(|e| format!("cannot make the code writable for a moment: {e}"))?;
+        .map_err(|e| AgentError::io("cannot make the code writable for a moment", e))?;
     // The pads need no serialisation of their own: nothing can reach them before the
     // entry jumps are written, two serialisations later.
     let mut pads_written = 0;
@@ -174,8 +175,7 @@ pub fn install(batch: &mut [Site]) -> Result<(), String> {
         Some(buffers) => stop_world::with_world_stopped_in(buffers, |world| {
             move_threads(world, &|pc| resume_point_in_copy(pc, batch_view));
             write_jumps()
-        })
-        .map_err(|e| e.0),
+        }),
         None => Ok(write_jumps()),
     };
     match written {
@@ -193,7 +193,7 @@ pub fn install(batch: &mut [Site]) -> Result<(), String> {
         Ok(Err(error)) => {
             drop(writable);
             restore(batch);
-            Err(format!("cannot write code: {error}"))
+            Err(AgentError::io("cannot write code", error))
         }
         Err(reason) => {
             // Only the guards and the pads were written, and no thread can be on a pad

@@ -10,14 +10,15 @@
 //! its own code, and do not pay for it.
 
 use crate::patching::patcher::{self, PatchRequest};
+use crate::sys::error::AgentError;
 use crate::sys::maps::{self, Mapping};
 
 /// Why `address` may not be patched, if it may not.
-fn refusal(maps: &[Mapping], address: u64) -> Option<String> {
+fn refusal(maps: &[Mapping], address: u64) -> Option<AgentError> {
     let Some(mapping) = maps.iter().find(|m| m.contains(address)) else {
-        return Some(format!(
+        return Some(AgentError::Refused(format!(
             "{address:#x} is not in any mapping of the process; give the address of a function"
-        ));
+        )));
     };
     let place = if mapping.name.is_empty() {
         "anonymous memory".to_string()
@@ -25,15 +26,15 @@ fn refusal(maps: &[Mapping], address: u64) -> Option<String> {
         mapping.name.clone()
     };
     if !mapping.executable() {
-        return Some(format!(
+        return Some(AgentError::Refused(format!(
             "{address:#x} is not code: it lies in {place}, which is not executable"
-        ));
+        )));
     }
     if !mapping.is_file() {
-        return Some(format!(
+        return Some(AgentError::Refused(format!(
             "{address:#x} lies in {place}, executable memory no program or library file backs \
              (JIT code or tendril's own trampolines); tendril patches only functions of mapped files"
-        ));
+        )));
     }
     None
 }
@@ -44,15 +45,15 @@ pub fn patch_mapped(
     owner: u64,
     requests: &[PatchRequest],
     code_ranges: &[(u64, u64)],
-) -> Vec<Result<u32, String>> {
+) -> Vec<Result<u32, AgentError>> {
     let maps = match maps::read_own() {
         Ok(mappings) => mappings,
         Err(e) => {
-            let reason = format!("cannot read this process's mappings: {e}");
+            let reason = AgentError::io("cannot read this process's mappings", e);
             return requests.iter().map(|_| Err(reason.clone())).collect();
         }
     };
-    let refusals: Vec<Option<String>> = requests
+    let refusals: Vec<Option<AgentError>> = requests
         .iter()
         .map(|request| refusal(&maps, request.address))
         .collect();
@@ -74,7 +75,7 @@ pub fn patch_mapped(
             Some(reason) => Err(reason),
             None => patched
                 .next()
-                .unwrap_or_else(|| Err("the patcher gave no answer".into())),
+                .unwrap_or_else(|| Err(AgentError::Refused("the patcher gave no answer".into()))),
         })
         .collect()
 }
@@ -95,17 +96,18 @@ mod tests {
         let maps = maps::parse(MAPS);
         assert_eq!(maps.len(), 4);
         assert_eq!(maps[1].name, "/usr/bin/my program");
-        assert_eq!(refusal(&maps, 0x55d0c0a01010), None);
-        let stack = refusal(&maps, 0x7ffc00000100).unwrap();
+        let refused = |address| refusal(&maps, address).map(|reason| reason.to_string());
+        assert_eq!(refused(0x55d0c0a01010), None);
+        let stack = refused(0x7ffc00000100).unwrap();
         assert!(
             stack.contains("[stack], which is not executable"),
             "{stack}"
         );
-        let data = refusal(&maps, 0x55d0c0a00010).unwrap();
+        let data = refused(0x55d0c0a00010).unwrap();
         assert!(data.contains("/usr/bin/my program, which is not executable"));
-        let jit = refusal(&maps, 0x7f0000000010).unwrap();
+        let jit = refused(0x7f0000000010).unwrap();
         assert!(jit.contains("anonymous memory"), "{jit}");
-        let nowhere = refusal(&maps, 0x10).unwrap();
+        let nowhere = refused(0x10).unwrap();
         assert!(nowhere.contains("not in any mapping"));
     }
 }

@@ -19,6 +19,7 @@ use crate::hooks::{slow_call, thread_layout};
 use crate::patching::patch_protocol::{self, Pad, Site, Trampoline};
 use crate::patching::stop_world;
 use crate::sys::code_memory::{self, CodeArena};
+use crate::sys::error::AgentError;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard};
 use tendril_wire::Hook;
@@ -61,7 +62,7 @@ fn engine() -> MutexGuard<'static, Option<Engine>> {
 #[derive(Clone, Copy)]
 pub struct RuntimeHooks {
     /// Sets up what the stubs rely on (the agent threads' shared state).
-    pub prepare: fn() -> Result<(), String>,
+    pub prepare: fn() -> Result<(), AgentError>,
     /// Function `id` is about to get its hooks: its counters start from zero.
     pub before_patching: fn(id: u32),
     /// Function `id` got its id; it lives at `address`.
@@ -71,7 +72,7 @@ pub struct RuntimeHooks {
     /// Puts the real return address back in every frame that holds a return hook's
     /// exit, trying up to `attempts` passes; an error says what keeps them (the
     /// unwinder's hooks must then stay in).
-    pub retire_exits: fn(attempts: usize) -> Result<(), String>,
+    pub retire_exits: fn(attempts: usize) -> Result<(), AgentError>,
 }
 
 static RUNTIME: std::sync::OnceLock<RuntimeHooks> = std::sync::OnceLock::new();
@@ -81,10 +82,8 @@ pub fn install_runtime(hooks: RuntimeHooks) {
     let _ = RUNTIME.set(hooks);
 }
 
-fn runtime() -> Result<&'static RuntimeHooks, String> {
-    RUNTIME
-        .get()
-        .ok_or_else(|| "the agent's runtime is not installed".to_string())
+fn runtime() -> Result<&'static RuntimeHooks, AgentError> {
+    RUNTIME.get().ok_or(AgentError::RuntimeNotInstalled)
 }
 
 /// The owner of the agent's self-test patches (calibration): the only owner that may
@@ -92,14 +91,14 @@ fn runtime() -> Result<&'static RuntimeHooks, String> {
 pub const SELF_TEST_OWNER: u64 = u64::MAX;
 
 /// Everything the stubs and the protocol rely on, set up before the first patch.
-fn prepare() -> Result<(), String> {
+fn prepare() -> Result<(), AgentError> {
     (runtime()?.prepare)()?;
     // Computed now, so signal handlers can ask without allocating.
     crate::sys::own_code::is_agent_code(0);
     slow_call::prepare();
-    code_memory::prepare().map_err(|e| e.to_string())?;
-    stop_world::install().map_err(|e| e.0)?;
-    crate::sys::thread_tracer::prepare().map_err(|e| e.0)?;
+    code_memory::prepare()?;
+    stop_world::install()?;
+    crate::sys::thread_tracer::prepare()?;
     Ok(())
 }
 
@@ -142,7 +141,7 @@ pub fn patched_count() -> usize {
 
 /// The unwinder's hooks that a restore had to leave in, and why (see `retire`): they
 /// come out by themselves once nothing holds them (`lingering`).
-pub fn pending_restore() -> (usize, Option<String>) {
+pub fn pending_restore() -> (usize, Option<AgentError>) {
     let guard = engine();
     let pending = guard.as_ref().map_or(0, |e| {
         e.sites.values().filter(|s| s.owner == LINGERING).count()
@@ -179,7 +178,7 @@ pub fn patch(
     owner: u64,
     requests: &[PatchRequest],
     code_ranges: &[(u64, u64)],
-) -> Vec<Result<u32, String>> {
+) -> Vec<Result<u32, AgentError>> {
     let mut guard = engine();
     let engine = guard.get_or_insert_with(Engine::default);
     if let Err(reason) = prepare() {
@@ -189,7 +188,7 @@ pub fn patch(
         branches: BranchIndex::new(code_ranges),
         ranges: code_ranges,
     };
-    let mut results: Vec<Result<u32, String>> = Vec::with_capacity(requests.len());
+    let mut results: Vec<Result<u32, AgentError>> = Vec::with_capacity(requests.len());
     let mut batch: Vec<Site> = Vec::new();
     for request in requests {
         let result = match engine.sites.get(&request.address) {
@@ -201,7 +200,7 @@ pub fn patch(
                 }
                 Ok(id)
             }
-            Some(_) => Err("already instrumented by another tendril session".to_string()),
+            Some(_) => Err(AgentError::OwnedByAnotherSession),
             None if batch.iter().any(|s| s.function() == request.address) => Ok(batch
                 .iter()
                 .find(|s| s.function() == request.address)
@@ -311,16 +310,18 @@ impl Engine {
         request: &PatchRequest,
         nearby: &Nearby,
         batch: &[Site],
-    ) -> Result<Site, String> {
+    ) -> Result<Site, AgentError> {
         let address = request.address;
         if let Some(reason) = own_code(owner, address, request.size) {
-            return Err(reason.into());
+            return Err(AgentError::Refused(reason.into()));
         }
         if request.size == 0 {
-            return Err("its size is unknown (no symbol size and no unwind information)".into());
+            return Err(AgentError::Refused(
+                "its size is unknown (no symbol size and no unwind information)".into(),
+            ));
         }
         let mut code = vec![0u8; request.size.min(MAX_BODY_SCAN) as usize];
-        code_memory::read_code(address, &mut code).map_err(|e| e.to_string())?;
+        code_memory::read_code(address, &mut code).map_err(unreadable)?;
         self.put_back_originals(address, &mut code);
         let (plan, pad_address) = self.choose_plan(request, &code, nearby, batch)?;
         let id = self.id_for(address)?;
@@ -346,8 +347,7 @@ impl Engine {
         let pad = match pad_address {
             Some(pad_address) => {
                 let mut pad_original = [0u8; PAD_LEN as usize];
-                code_memory::read_code(pad_address, &mut pad_original)
-                    .map_err(|e| e.to_string())?;
+                code_memory::read_code(pad_address, &mut pad_original).map_err(unreadable)?;
                 Some(Pad {
                     address: pad_address,
                     original: pad_original,
@@ -381,7 +381,7 @@ impl Engine {
         code: &[u8],
         nearby: &Nearby,
         batch: &[Site],
-    ) -> Result<(EntryPlan, Option<u64>), String> {
+    ) -> Result<(EntryPlan, Option<u64>), AgentError> {
         let address = request.address;
         let long = plan_for(request, code, Style::Long);
         let thunk_allowed = matches!(
@@ -412,7 +412,9 @@ impl Engine {
             let read = |at: u64, buffer: &mut [u8]| code_memory::read_code(at, buffer).is_ok();
             padding::find_pad(jump_end, &ranges, &taken, read)
                 .map(|pad| (plan, pad))
-                .ok_or_else(|| "there is no padding nearby for a short jump".to_string())
+                .ok_or_else(|| {
+                    AgentError::Refused("there is no padding nearby for a short jump".into())
+                })
         });
         if let Ok((plan, pad)) = &short
             && single(plan)
@@ -438,28 +440,28 @@ impl Engine {
         for (plan, pad) in candidates {
             match check_neighbours(self, request, plan, nearby) {
                 Ok(()) => return Ok((plan.clone(), *pad)),
-                Err(reason) => reasons.push(reason),
+                Err(reason) => reasons.push(reason.to_string()),
             }
         }
         for reason in [long, short].into_iter().filter_map(Result::err) {
             // The same reason for both plans (a guard across a cache line) says it once.
+            let reason = reason.to_string();
             if !reasons.contains(&reason) {
                 reasons.push(reason);
             }
         }
-        Err(reasons.join("; "))
+        Err(AgentError::Refused(reasons.join("; ")))
     }
 
-    fn id_for(&mut self, address: u64) -> Result<u32, String> {
+    fn id_for(&mut self, address: u64) -> Result<u32, AgentError> {
         if let Some(&id) = self.ids.get(&address) {
             return Ok(id);
         }
         let id = self.ids.len() as u32;
         if id as usize >= thread_layout::MAX_FUNCTION_IDS {
-            return Err(format!(
-                "more than {} different functions instrumented in this process",
-                thread_layout::MAX_FUNCTION_IDS
-            ));
+            return Err(AgentError::TooManyFunctions {
+                max: thread_layout::MAX_FUNCTION_IDS,
+            });
         }
         self.ids.insert(address, id);
         (runtime()?.function_registered)(id, address);
@@ -473,7 +475,7 @@ impl Engine {
         plan: EntryPlan,
         id: u32,
         kind: Hook,
-    ) -> Result<Trampoline, String> {
+    ) -> Result<Trampoline, AgentError> {
         let memory = self.arena.allocate_near(address, stubs::TRAMPOLINE_BYTES)?;
         let mut instruction_map = Vec::new();
         let thunk_returns_to = (plan.style == PatchStyle::CallThunk)
@@ -484,8 +486,7 @@ impl Engine {
             body,
             body_sink,
         } = stubs::build(memory, id, kind, thunk_returns_to, |body| {
-            let relocated =
-                relocate::relocate(address, code, &plan, body).map_err(|r| r.to_string())?;
+            let relocated = relocate::relocate(address, code, &plan, body)?;
             instruction_map = relocated.instruction_map;
             Ok(relocated.bytes)
         })?;
@@ -493,7 +494,7 @@ impl Engine {
             let adapter = memory + bytes.len() as u64;
             bytes.extend_from_slice(&pop_lead_pushes(plan.lead_pushes, adapter, hook));
             if bytes.len() as u64 > stubs::TRAMPOLINE_BYTES {
-                return Err("the trampoline has no room for its entry adapter".into());
+                return Err(AgentError::NoRoomForEntryAdapter);
             }
             hook = adapter;
         }
@@ -501,7 +502,7 @@ impl Engine {
             (runtime()?.internal_trampoline_built)(memory, memory + stubs::TRAMPOLINE_BYTES);
         }
         code_memory::write_code(memory, &bytes)
-            .map_err(|e| format!("cannot write a trampoline: {e}"))?;
+            .map_err(|e| AgentError::io("cannot write a trampoline", e))?;
         if let Some(sink) = body_sink {
             sink.store(body, std::sync::atomic::Ordering::Release);
         }
@@ -548,6 +549,11 @@ fn pop_lead_pushes(pushes: usize, at: u64, hook: u64) -> [u8; 10] {
     code
 }
 
+/// A function whose code cannot be read is refused with what the read said.
+fn unreadable(error: std::io::Error) -> AgentError {
+    AgentError::Refused(error.to_string())
+}
+
 fn is_internal(kind: Hook) -> bool {
     kind.is_agents_own()
 }
@@ -561,14 +567,14 @@ enum Style {
 }
 
 /// Plans an entry patch of the given style.
-fn plan_for(request: &PatchRequest, code: &[u8], style: Style) -> Result<EntryPlan, String> {
+fn plan_for(request: &PatchRequest, code: &[u8], style: Style) -> Result<EntryPlan, AgentError> {
     let address = request.address;
     match style {
         Style::Long => entry_plan::plan_entry_patch(address, code),
         Style::Short => entry_plan::plan_short_entry_patch(address, code),
         Style::CallThunk => entry_plan::plan_call_thunk(address, code),
     }
-    .map_err(|r| r.to_string())
+    .map_err(AgentError::from)
 }
 
 /// Checks that no nearby code branches into what `plan` overwrites beyond its first
@@ -579,7 +585,7 @@ fn check_neighbours(
     request: &PatchRequest,
     plan: &EntryPlan,
     nearby: &Nearby,
-) -> Result<(), String> {
+) -> Result<(), AgentError> {
     if plan.instruction_offsets.len() == 1 {
         return Ok(());
     }
@@ -595,7 +601,7 @@ fn check_neighbours(
     match into.iter().find(|(from, to)| {
         !body.contains(from) && entry_plan::lands_inside_patch(plan, address, *to)
     }) {
-        Some(&(from, to)) => Err(entry_plan::Refusal::BranchIntoPatch { from, to }.to_string()),
+        Some(&(from, to)) => Err(entry_plan::Refusal::BranchIntoPatch { from, to }.into()),
         None => Ok(()),
     }
 }
@@ -636,7 +642,7 @@ pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
 const LINGERING: u64 = u64::MAX - 1;
 
 /// Why the lingering hooks could not come out at the last try.
-static LINGERING_BECAUSE: Mutex<Option<String>> = Mutex::new(None);
+static LINGERING_BECAUSE: Mutex<Option<AgentError>> = Mutex::new(None);
 
 /// Passes a restore tries before leaving the unwinder's hooks in for the background.
 const RETIRE_ATTEMPTS: usize = 40;

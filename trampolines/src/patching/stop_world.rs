@@ -19,6 +19,7 @@
 //! the first signal is sent: a parked thread may hold the allocator's lock.
 
 use crate::sys;
+use crate::sys::error::AgentError;
 use crate::sys::tasks::{self, TaskState};
 use crate::sys::thread_tracer::{self, TracedThreads};
 use std::sync::Mutex;
@@ -127,12 +128,8 @@ pub struct StoppedWorld<'a> {
     pub asleep: &'a [i32],
 }
 
-/// Why the world could not be stopped.
-#[derive(Debug)]
-pub struct StopError(pub String);
-
 /// Installs the park handler on a free real-time signal. Idempotent.
-pub fn install() -> Result<i32, StopError> {
+pub fn install() -> Result<i32, AgentError> {
     let installed = PARK_SIGNAL.load(Ordering::Acquire);
     if installed != 0 {
         return Ok(installed);
@@ -167,7 +164,7 @@ pub fn install() -> Result<i32, StopError> {
             return Ok(signal);
         }
     }
-    Err(StopError(
+    Err(AgentError::NotStopped(
         "no free real-time signal to stop threads with".into(),
     ))
 }
@@ -259,9 +256,9 @@ impl StopBuffers {
 /// comment) — passing their contexts and the threads left asleep. Returns an error —
 /// without calling `work` — if some thread could not be stopped in time. `work` must
 /// not allocate or lock.
-pub fn with_world_stopped<R>(work: impl FnOnce(StoppedWorld<'_>) -> R) -> Result<R, StopError> {
+pub fn with_world_stopped<R>(work: impl FnOnce(StoppedWorld<'_>) -> R) -> Result<R, AgentError> {
     install()?;
-    thread_tracer::prepare().map_err(|e| StopError(e.0))?;
+    thread_tracer::prepare()?;
     with_world_stopped_in(&mut StopBuffers::new(), work)
 }
 
@@ -271,9 +268,13 @@ pub fn with_world_stopped<R>(work: impl FnOnce(StoppedWorld<'_>) -> R) -> Result
 pub fn with_world_stopped_in<R>(
     buffers: &mut StopBuffers,
     work: impl FnOnce(StoppedWorld<'_>) -> R,
-) -> Result<R, StopError> {
+) -> Result<R, AgentError> {
     let signal = match PARK_SIGNAL.load(Ordering::Acquire) {
-        0 => return Err(StopError("the stop signal is not installed".into())),
+        0 => {
+            return Err(AgentError::NotStopped(
+                "the stop signal is not installed".into(),
+            ));
+        }
         signal => signal,
     };
     let me = sys::gettid();
@@ -303,7 +304,7 @@ pub fn with_world_stopped_in<R>(
         }
     });
     if overflow {
-        return Err(StopError(
+        return Err(AgentError::NotStopped(
             "threads started faster than tendril could list them; nothing was patched".into(),
         ));
     }
@@ -385,8 +386,8 @@ pub fn with_world_stopped_in<R>(
             .filter(|&&(_, plan)| plan == Plan::Leave)
             .map(|&(tid, _)| tid),
     );
-    let traced: Result<Option<TracedThreads>, StopError> = if !ready {
-        Err(StopError(format!(
+    let traced: Result<Option<TracedThreads>, AgentError> = if !ready {
+        Err(AgentError::NotStopped(format!(
             "only {arrived} of {} running threads stopped within {} ms; nothing was patched",
             threads.iter().filter(|(_, p)| *p == Plan::Park).count(),
             STOP_TIMEOUT.as_millis()
@@ -397,7 +398,7 @@ pub fn with_world_stopped_in<R>(
         let left = Duration::from_nanos(deadline.saturating_sub(sys::monotonic_ns()));
         thread_tracer::stop(traced_tids, left.max(BLOCKED_AFTER_SIGNAL_CHECK))
             .map(Some)
-            .map_err(|e| StopError(format!("{}; nothing was patched", e.0)))
+            .map_err(|e| AgentError::NotStopped(format!("{e}; nothing was patched")))
     };
     let result = match traced {
         Ok(mut traced) => {

@@ -16,6 +16,7 @@
 
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::thread_state;
+use crate::sys::error::AgentError;
 use crate::{runtime::recording, sys};
 use std::hint::black_box;
 use std::sync::atomic::Ordering;
@@ -73,7 +74,7 @@ pub struct HookCost {
 
 /// Measures the recording hook's cost (see the module comment). Runs on an agent
 /// thread, with a recording file open (the hook needs its invoked table).
-pub fn calibrate() -> Result<HookCost, String> {
+pub fn calibrate() -> Result<HookCost, AgentError> {
     let target = tendril_calibration_target as *const () as u64;
     let twin = tendril_calibration_twin as *const () as u64;
     let request = PatchRequest {
@@ -84,18 +85,19 @@ pub fn calibrate() -> Result<HookCost, String> {
     let ranges = [(target, FUNCTION_BYTES), (twin, FUNCTION_BYTES)];
     let id = patcher::patch(CALIBRATION_OWNER, &[request], &ranges)
         .pop()
-        .ok_or("calibration: no patch result")??;
+        .ok_or_else(|| AgentError::Unusable("calibration: no patch result".into()))??;
     recording::set_invoked_quietly(id);
     let result = measure();
     patcher::restore(Some(CALIBRATION_OWNER));
     result
 }
 
-fn measure() -> Result<HookCost, String> {
+fn measure() -> Result<HookCost, AgentError> {
     const RING: usize = 1024;
     let mut events = vec![Event::default(); RING];
     let mut ring_header = [0u64; 32];
-    let state = thread_state::map_private_state().ok_or("calibration: cannot map a state")?;
+    let state = thread_state::map_private_state()
+        .ok_or_else(|| AgentError::Unusable("calibration: cannot map a state".into()))?;
     // The state is this thread's alone; the ring fields point at `events` and
     // `ring_header`, which outlive every use below (the slot is switched back before
     // they are dropped). The hooked calls write the state and the events behind the
@@ -141,7 +143,9 @@ fn measure() -> Result<HookCost, String> {
     }
     thread_state::set_current_slot(previous);
     if inner == f64::MAX {
-        return Err("calibration: the hook recorded no events".into());
+        return Err(AgentError::Unusable(
+            "calibration: the hook recorded no events".into(),
+        ));
     }
     Ok(HookCost {
         inner_ticks: inner,

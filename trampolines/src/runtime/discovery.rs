@@ -29,6 +29,7 @@ use crate::runtime::thread_state::StatePtr;
 use crate::runtime::thread_state::with_own_state;
 use crate::sys;
 use crate::sys::code_memory;
+use crate::sys::error::AgentError;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use tendril_wire::Hook;
@@ -63,8 +64,10 @@ struct Context {
 static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
 
 /// Starts discovery for a recording of `session`.
-pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(), String> {
-    FunctionTable::parse(&table).ok_or("the function table is not a tendril function table")?;
+pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(), AgentError> {
+    FunctionTable::parse(&table).ok_or_else(|| {
+        AgentError::Request("the function table is not a tendril function table".into())
+    })?;
     *CONTEXT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Context {
         session,
         table,
@@ -334,7 +337,7 @@ fn patch_callees(
             Ok(_) => instrumented += 1,
             Err(reason) => {
                 recording::add_to_header(header::REFUSED_CALLEES, 1);
-                refused.push((callee.start, reason));
+                refused.push((callee.start, reason.to_string()));
             }
         }
     }

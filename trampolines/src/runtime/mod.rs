@@ -48,7 +48,7 @@ pub fn install() {
         before_patching: counting::reset_before_patching,
         function_registered: recording::register_function,
         internal_trampoline_built: retire::note_internal_trampoline,
-        retire_exits: |attempts| retire::retire_all_exits(attempts).map_err(|o| o.to_string()),
+        retire_exits: |attempts| retire::retire_all_exits(attempts).map_err(Into::into),
     });
     stop_world::set_park_observer(recording::adjust_after_park);
 }

@@ -17,6 +17,7 @@
 use crate::hooks::slow_call::SavedRegisters;
 use crate::runtime::thread_state::{StatePtr, current_state, with_own_state};
 use crate::sys;
+use crate::sys::error::AgentError;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use tendril_wire::events::{Event, EventKind};
@@ -75,7 +76,7 @@ static RINGS_FD: std::sync::Mutex<Option<std::os::fd::OwnedFd>> = std::sync::Mut
 /// directory, so nothing there can be swapped for something else, and nothing is left
 /// behind when the process ends. It is sealed against shrinking and growing, so the
 /// controller's mapping can never lose its pages under it (no `SIGBUS`).
-pub fn open_rings() -> Result<std::os::fd::OwnedFd, String> {
+pub fn open_rings() -> Result<std::os::fd::OwnedFd, AgentError> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     let mut held = RINGS_FD.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(fd) = held.as_ref()
@@ -83,14 +84,9 @@ pub fn open_rings() -> Result<std::os::fd::OwnedFd, String> {
     {
         return fd
             .try_clone()
-            .map_err(|e| format!("cannot share the rings: {e}"));
+            .map_err(|e| AgentError::io("cannot share the rings", e));
     }
-    let fail = |what: &str| {
-        format!(
-            "cannot {what} the rings: {}",
-            std::io::Error::last_os_error()
-        )
-    };
+    let fail = |what: &str| AgentError::last_os(format!("cannot {what} the rings"));
     // SAFETY: memfd_create reads a valid NUL-terminated name and returns a new fd or -1.
     let raw = unsafe {
         libc::memfd_create(
@@ -134,7 +130,7 @@ pub fn open_rings() -> Result<std::os::fd::OwnedFd, String> {
     crate::patching::patcher::for_each_id(register_function);
     let shared = fd
         .try_clone()
-        .map_err(|e| format!("cannot share the rings: {e}"))?;
+        .map_err(|e| AgentError::io("cannot share the rings", e))?;
     // In a forked child this drops the parent's descriptor inherited by the fork.
     *held = Some(fd);
     Ok(shared)

@@ -28,9 +28,11 @@
 //! blocked) leaves the unwinder's hooks in; `patcher` keeps them as lingering and
 //! `lingering` tries again in the background until they are out.
 
+use crate::hooks::thread_layout::ShadowEntry;
 use crate::patching::stop_world::{self, ParkedThread};
 use crate::runtime::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, StatePtr};
 use crate::sys::code_memory;
+use crate::sys::error::AgentError;
 use crate::sys::tasks;
 use crate::sys::{self, agent_threads};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -108,18 +110,34 @@ impl std::fmt::Display for Obstacle {
     }
 }
 
+/// What keeps the unwinder's hooks in, as the reason the controller shows.
+impl From<Obstacle> for AgentError {
+    fn from(obstacle: Obstacle) -> AgentError {
+        AgentError::HooksStillNeeded(obstacle.to_string())
+    }
+}
+
 /// The state of every live target thread: the most recently registered one for each
 /// thread id that still exists (a thread id can be reused after a thread ends).
 fn live_states() -> Vec<StatePtr> {
     let registered = thread_state::registered_threads();
-    let mut live: Vec<StatePtr> = Vec::new();
-    for state in registered.into_iter().rev() {
-        let tid = tid_of(state);
-        if state.is_agent().load(Ordering::Relaxed) == 0
-            && !live.iter().any(|&l| tid_of(l) == tid)
-            && tasks::state(tid) != tasks::TaskState::Gone
-        {
-            live.push(state);
+    let threads: Vec<(i32, bool)> = registered
+        .iter()
+        .map(|&state| (tid_of(state), state.is_agent().load(Ordering::Relaxed) != 0))
+        .collect();
+    latest_of_live_threads(&threads, |tid| tasks::state(tid) == tasks::TaskState::Gone)
+        .into_iter()
+        .map(|index| registered[index])
+        .collect()
+}
+
+/// Of the registrations `(tid, is_agent)`, oldest first, the indexes of the newest one
+/// of each target thread that is not `gone`, newest first.
+fn latest_of_live_threads(registered: &[(i32, bool)], gone: impl Fn(i32) -> bool) -> Vec<usize> {
+    let mut live: Vec<usize> = Vec::new();
+    for (index, &(tid, is_agent)) in registered.iter().enumerate().rev() {
+        if !is_agent && !live.iter().any(|&l| registered[l].0 == tid) && !gone(tid) {
+            live.push(index);
         }
     }
     live
@@ -137,12 +155,7 @@ fn retire_pass(
     for &state in states {
         retire_entries(state);
     }
-    // A thread that registered since `states` was listed is not in it; one registering
-    // now is inside a hook.
-    let (registering, registered) = thread_state::registration_progress();
-    if registering != 0 || registered != registrations.1 {
-        return Err(Obstacle::Moving);
-    }
+    registration_verdict(registrations, thread_state::registration_progress())?;
     if let Some(&state) = states.iter().find(|&&state| inside_slow_call(state)) {
         return Err(Obstacle::InsideHook(tid_of(state)));
     }
@@ -163,15 +176,8 @@ fn retire_pass(
             .find(|p| p.tid() == tid)
             .map(|p| p.pc())
             .or_else(|| tasks::user_position(tid).map(|(pc, _)| pc));
-        verdict = match position {
-            Some(pc) if in_return_hook_code(pc) || crate::sys::own_code::is_agent_code(pc) => {
-                Err(Obstacle::InsideHook(tid))
-            }
-            Some(_) => Ok(()),
-            // Running without having parked, or gone meanwhile.
-            None if sys::thread_exists(tid) => Err(Obstacle::Unstoppable(tid)),
-            None => Ok(()),
-        };
+        let in_hook_code = |pc| in_return_hook_code(pc) || crate::sys::own_code::is_agent_code(pc);
+        verdict = thread_verdict(tid, position, in_hook_code, || sys::thread_exists(tid));
     });
     verdict?;
     // An exit written back while the pass ran (a hook that was already past its check
@@ -180,6 +186,36 @@ fn retire_pass(
         return Err(Obstacle::Moving);
     }
     Ok(())
+}
+
+/// Whether threads registered while a pass ran: `before` and `now` are
+/// `thread_state::registration_progress` (registering, registered) from before the
+/// states were listed and after the entries were retired. A thread that registered
+/// meanwhile is not among the states; one registering now is inside a hook.
+fn registration_verdict(before: (usize, usize), now: (usize, usize)) -> Result<(), Obstacle> {
+    let (registering, registered) = now;
+    if registering != 0 || registered != before.1 {
+        return Err(Obstacle::Moving);
+    }
+    Ok(())
+}
+
+/// What thread `tid` at `position` (its PC, parked or asleep; `None` when it neither
+/// parked nor sleeps in the kernel) says of the pass: it keeps the hooks in while it is
+/// in hook code, or while it runs where no one knows.
+fn thread_verdict(
+    tid: i32,
+    position: Option<u64>,
+    in_hook_code: impl Fn(u64) -> bool,
+    still_exists: impl FnOnce() -> bool,
+) -> Result<(), Obstacle> {
+    match position {
+        Some(pc) if in_hook_code(pc) => Err(Obstacle::InsideHook(tid)),
+        Some(_) => Ok(()),
+        // Running without having parked, or gone meanwhile.
+        None if still_exists() => Err(Obstacle::Unstoppable(tid)),
+        None => Ok(()),
+    }
 }
 
 /// Whether the thread of `state` is inside a slow call (a hook's slow path): read from
@@ -194,36 +230,64 @@ fn tid_of(state: StatePtr) -> i32 {
     state.tid().load(Ordering::Relaxed)
 }
 
-/// Retires `state`'s entries, from the top: the newest entry for a slot claims it.
+/// The stack words shadow entries name, as a retire pass reaches them.
+trait StackWords {
+    /// The word at `address`, or `None` if it is not mapped.
+    fn read(&self, address: u64) -> Option<u64>;
+    /// Puts `new` at `address` if it still holds `current`.
+    fn replace(&self, address: u64, current: u64, new: u64);
+}
+
+/// The live process's stacks.
+struct LiveStacks;
+
+impl StackWords for LiveStacks {
+    fn read(&self, address: u64) -> Option<u64> {
+        read_word(address)
+    }
+
+    fn replace(&self, address: u64, current: u64, new: u64) {
+        // SAFETY: only called for a slot just read (so mapped); it lies on the stack of
+        // a live thread, which is parked or asleep, or inside a return that stores the
+        // same real address. A compare-and-swap changes it only if it still holds
+        // `current`.
+        let slot = unsafe { AtomicU64::from_ptr(address as *mut u64) };
+        let _ = slot.compare_exchange(current, new, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// Retires `state`'s entries (see [`retire_entry`]), from the top.
 fn retire_entries(state: StatePtr) {
     for pointer in state.shadow_entries(Ordering::SeqCst).rev() {
-        let entry = pointer.load();
-        if read_word(entry.slot) == Some(entry.exit) {
-            // SAFETY: the slot was just read, so it is mapped; it lies on the stack of a
-            // live thread, which is parked or asleep, or inside a return that stores the
-            // same real address. A compare-and-swap changes it only if it still holds
-            // the exit.
-            let slot = unsafe { AtomicU64::from_ptr(entry.slot as *mut u64) };
-            let _ = slot.compare_exchange(
-                entry.exit,
-                entry.return_address,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            );
-        }
+        retire_entry(pointer.load(), &LiveStacks);
         pointer.function().fetch_or(ENTRY_RETIRED, Ordering::SeqCst);
     }
 }
 
-/// Whether some entry's slot still holds its exit, or will get it back (an entry whose
-/// address was put back for an unwinder and is not retired).
+/// Puts `entry`'s real return address back in its slot if the slot still holds the
+/// entry's exit. Called from the top of a shadow stack down, so the newest entry for
+/// a slot claims it: an older one finds its exit gone and leaves the slot alone.
+/// Every entry is then marked retired by the caller, whether its slot changed or not.
+fn retire_entry(entry: ShadowEntry, stacks: &impl StackWords) {
+    if stacks.read(entry.slot) == Some(entry.exit) {
+        stacks.replace(entry.slot, entry.exit, entry.return_address);
+    }
+}
+
+/// Whether some entry's slot still holds its exit, or will get it back.
 fn holds_an_exit(state: StatePtr) -> bool {
     state.shadow_entries(Ordering::SeqCst).any(|pointer| {
         let flags = pointer.function().load(Ordering::SeqCst);
-        let entry = pointer.load();
-        read_word(entry.slot) == Some(entry.exit)
-            || (flags & ENTRY_RESTORED != 0 && flags & ENTRY_RETIRED == 0)
+        entry_holds_an_exit(pointer.load(), flags, &LiveStacks)
     })
+}
+
+/// Whether `entry` (its `function` word now `flags`) keeps an exit: its slot holds
+/// it, or its address was put back for an unwinder and, not retired, the next hook
+/// would put the exit back.
+fn entry_holds_an_exit(entry: ShadowEntry, flags: u64, stacks: &impl StackWords) -> bool {
+    stacks.read(entry.slot) == Some(entry.exit)
+        || (flags & ENTRY_RESTORED != 0 && flags & ENTRY_RETIRED == 0)
 }
 
 /// The word at `address`, or `None` if it is not mapped (a gone frame's slot on an
@@ -238,8 +302,16 @@ fn read_word(address: u64) -> Option<u64> {
 /// one that is not listed yet.
 fn in_return_hook_code(address: u64) -> bool {
     let count = INTERNAL_COUNT.load(Ordering::Acquire).min(MAX_INTERNAL);
-    code_memory::is_trampoline_code(address)
-        && !INTERNAL_TRAMPOLINES[..count].iter().any(|(start, end)| {
-            (start.load(Ordering::Acquire)..end.load(Ordering::Acquire)).contains(&address)
-        })
+    let internal = INTERNAL_TRAMPOLINES[..count]
+        .iter()
+        .map(|(start, end)| (start.load(Ordering::Acquire), end.load(Ordering::Acquire)));
+    code_memory::is_trampoline_code(address) && !in_any(address, internal)
 }
+
+/// Whether `address` lies in one of the `(start, end)` ranges.
+fn in_any(address: u64, mut ranges: impl Iterator<Item = (u64, u64)>) -> bool {
+    ranges.any(|(start, end)| (start..end).contains(&address))
+}
+
+#[cfg(test)]
+mod tests;

@@ -10,6 +10,7 @@
 //! makes every hook step aside, so the agent never counts or hooks its own calls.
 
 use crate::hooks::slow_call::SavedRegisters;
+use crate::sys::error::AgentError;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
@@ -66,11 +67,11 @@ pub fn map_private_state() -> Option<StatePtr> {
 }
 
 /// Prepares what the stubs rely on; call before the first patch.
-pub fn prepare() -> Result<(), String> {
+pub fn prepare() -> Result<(), AgentError> {
     agent_state().map(drop)
 }
 
-fn agent_state() -> Result<StatePtr, String> {
+fn agent_state() -> Result<StatePtr, AgentError> {
     let state = *AGENT_STATE.get_or_init(|| {
         let state = map_region()?;
         state.flags().store(FLAG_PASSTHROUGH, Ordering::Relaxed);
@@ -80,7 +81,7 @@ fn agent_state() -> Result<StatePtr, String> {
         state.shadow_limit().store(base, Ordering::Relaxed);
         Some(state)
     });
-    state.ok_or_else(|| "cannot map the agent threads' state".into())
+    state.ok_or_else(|| AgentError::Unusable("cannot map the agent threads' state".into()))
 }
 
 /// Points the calling agent thread's slot at the shared pass-through state.

@@ -103,25 +103,67 @@ fn class_index(layout: Layout) -> Option<usize> {
     Some((shift - SMALLEST_CLASS_SHIFT) as usize)
 }
 
-fn map_anonymous(bytes: usize) -> *mut u8 {
-    // SAFETY: an anonymous private mapping with no address hint has no preconditions;
-    // the result is checked for an error. (A raw system call: libc's mmap may be code
-    // being patched.)
-    let mapped = unsafe {
-        crate::sys::syscall6(
-            libc::SYS_mmap,
-            0,
-            bytes as u64,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        )
+/// Gives back a mapping made by [`map_anonymous`].
+///
+/// # Safety
+/// `pointer..pointer + bytes` must be a whole mapping that nothing uses any more.
+unsafe fn unmap(pointer: *mut u8, bytes: usize) {
+    // SAFETY: the caller vouches for the mapping. (Miri runs no inline assembly.)
+    #[cfg(miri)]
+    unsafe {
+        libc::munmap(pointer.cast(), bytes)
     };
-    if mapped < 0 {
-        null_mut()
-    } else {
-        mapped as *mut u8
+    // SAFETY: as above; a raw system call, as libc's munmap may be code being patched.
+    #[cfg(not(miri))]
+    unsafe {
+        crate::sys::syscall4(libc::SYS_munmap, pointer as u64, bytes as u64, 0, 0)
+    };
+}
+
+fn map_anonymous(bytes: usize) -> *mut u8 {
+    #[cfg(miri)]
+    {
+        // Miri runs no inline assembly; its mmap gives the block the mapping's
+        // provenance.
+        // SAFETY: an anonymous private mapping with no address hint has no
+        // preconditions; the result is checked against MAP_FAILED.
+        let mapped = unsafe {
+            libc::mmap(
+                null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            null_mut()
+        } else {
+            mapped.cast()
+        }
+    }
+    #[cfg(not(miri))]
+    {
+        // SAFETY: an anonymous private mapping with no address hint has no
+        // preconditions; the result is checked for an error. (A raw system call:
+        // libc's mmap may be code being patched.)
+        let mapped = unsafe {
+            crate::sys::syscall6(
+                libc::SYS_mmap,
+                0,
+                bytes as u64,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            )
+        };
+        if mapped < 0 {
+            null_mut()
+        } else {
+            mapped as *mut u8
+        }
     }
 }
 
@@ -171,15 +213,7 @@ unsafe impl GlobalAlloc for AgentAllocator {
     unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
         let Some(index) = class_index(layout) else {
             // SAFETY: large blocks are whole mappings of exactly this length.
-            unsafe {
-                crate::sys::syscall4(
-                    libc::SYS_munmap,
-                    pointer as u64,
-                    large_mapping_bytes(layout) as u64,
-                    0,
-                    0,
-                )
-            };
+            unsafe { unmap(pointer, large_mapping_bytes(layout)) };
             return;
         };
         self.classes[index].with(|class| {

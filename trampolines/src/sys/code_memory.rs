@@ -15,6 +15,7 @@
 //! pages. Arenas are never unmapped: a thread may still be inside a trampoline long
 //! after its function was restored.
 
+use super::error::AgentError;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
@@ -51,8 +52,10 @@ fn proc_self_mem() -> std::io::Result<i32> {
 
 /// Opens `/proc/self/mem` ahead of time, so that [`write_code`] neither allocates nor
 /// opens files while the target's threads are parked.
-pub fn prepare() -> std::io::Result<()> {
-    proc_self_mem().map(drop)
+pub fn prepare() -> Result<(), AgentError> {
+    proc_self_mem()
+        .map(drop)
+        .map_err(|e| AgentError::Unusable(e.to_string()))
 }
 
 /// Writes `bytes` at `address` in this process, whatever the page's protection.
@@ -84,9 +87,25 @@ pub fn write_code(address: u64, bytes: &[u8]) -> std::io::Result<()> {
 /// for an unmapped address. After [`prepare`], allocates nothing (safe while threads
 /// are parked).
 pub fn read_memory(address: u64, buffer: &mut [u8]) -> bool {
-    let Ok(fd) = proc_self_mem() else {
-        return false;
-    };
+    proc_self_mem().is_ok_and(|fd| read_whole(fd, address, buffer))
+}
+
+/// Reads `buffer.len()` bytes at `address` in this process; fails instead of faulting
+/// on an unmapped or unreadable address.
+pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
+    if read_whole(proc_self_mem()?, address, buffer) {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "cannot read {} bytes of code at {address:#x}",
+            buffer.len()
+        )))
+    }
+}
+
+/// Whether one `pread` of `/proc/self/mem` (open as `fd`) filled `buffer` from
+/// `address`. A raw system call; allocates nothing.
+fn read_whole(fd: i32, address: u64, buffer: &mut [u8]) -> bool {
     // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
     let read = unsafe {
         crate::sys::syscall4(
@@ -98,30 +117,6 @@ pub fn read_memory(address: u64, buffer: &mut [u8]) -> bool {
         ) as isize
     };
     read == buffer.len() as isize
-}
-
-/// Reads `buffer.len()` bytes at `address` in this process; fails instead of faulting
-/// on an unmapped or unreadable address.
-pub fn read_code(address: u64, buffer: &mut [u8]) -> std::io::Result<()> {
-    let fd = proc_self_mem()?;
-    // SAFETY: pread writes at most buffer.len() bytes into `buffer`.
-    let read = unsafe {
-        crate::sys::syscall4(
-            libc::SYS_pread64,
-            fd as u64,
-            buffer.as_mut_ptr() as u64,
-            buffer.len() as u64,
-            address,
-        ) as isize
-    };
-    if read == buffer.len() as isize {
-        Ok(())
-    } else {
-        Err(std::io::Error::other(format!(
-            "cannot read {} bytes of code at {address:#x}",
-            buffer.len()
-        )))
-    }
 }
 
 /// The chunks mapped so far, readable without a lock (from signal handlers).
@@ -164,7 +159,7 @@ impl CodeArena {
 
     /// Returns the address of `len` bytes (16-byte aligned) of executable memory within
     /// rel32 reach of `near`, or an explanation when the address space there is full.
-    pub fn allocate_near(&self, near: u64, len: u64) -> Result<u64, String> {
+    pub fn allocate_near(&self, near: u64, len: u64) -> Result<u64, AgentError> {
         let len = (len + 15) & !15;
         let mut chunks = self.chunks.lock().unwrap_or_else(|p| p.into_inner());
         let reachable =
@@ -189,9 +184,9 @@ impl CodeArena {
 }
 
 /// Maps a fresh read+execute chunk in a gap of the address space within reach of `near`.
-fn map_chunk_near(near: u64) -> Result<u64, String> {
+fn map_chunk_near(near: u64) -> Result<u64, AgentError> {
     let mut taken: Vec<(u64, u64)> = super::maps::read_own()
-        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?
+        .map_err(|e| AgentError::io("cannot read /proc/self/maps", e))?
         .into_iter()
         .map(|mapping| (mapping.start, mapping.end))
         .collect();
@@ -226,9 +221,7 @@ fn map_chunk_near(near: u64) -> Result<u64, String> {
             return Ok(candidate);
         }
     }
-    Err(format!(
-        "no free address space within ±2 GiB of {near:#x} for a trampoline"
-    ))
+    Err(AgentError::NoAddressSpace { near })
 }
 
 #[cfg(test)]

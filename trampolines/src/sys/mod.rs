@@ -2,8 +2,9 @@
 //!
 //! Submodules: the agent's own allocator (`alloc`), executable pages for trampolines
 //! (`code_memory`), where the agent's library lies (`own_code`), the agent's threads
-//! and the code-change lock (`agent_threads`), and the target's threads as `/proc`
-//! shows them (`tasks`). Nothing here knows about hooks or patches.
+//! and the code-change lock (`agent_threads`), the target's threads as `/proc`
+//! shows them (`tasks`), and the agent's one error type (`error`). Nothing here knows
+//! about hooks or patches.
 //!
 //! This file holds the raw system calls for the code that runs inside signal handlers
 //! and hook slow paths, and for the patch protocol while guards are in place. The one
@@ -16,6 +17,7 @@ pub mod agent_threads;
 pub mod alloc;
 pub mod code_memory;
 pub mod code_pages;
+pub mod error;
 pub mod maps;
 #[cfg(not(any(test, miri)))]
 pub mod mem_builtins;

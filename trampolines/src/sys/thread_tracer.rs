@@ -18,6 +18,7 @@
 //! The helper shares this thread's TLS (no `CLONE_SETTLS`), so its code touches only
 //! [`SHARED`] and raw system calls: no allocation, no `errno`, no panics.
 
+use crate::sys::error::AgentError;
 use crate::sys::{futex_wait_timeout, futex_wake_all, monotonic_ns, syscall4};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -74,10 +75,6 @@ static STACK_TOP: OnceLock<u64> = OnceLock::new();
 /// Whether the helper needs `PR_SET_PTRACER` to trace us (read once, by `prepare`).
 static YAMA_NEEDS_PTRACER: AtomicBool = AtomicBool::new(false);
 
-/// Why threads could not be stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TraceError(pub String);
-
 /// Threads held by the helper until [`TracedThreads::release`] (or drop).
 pub struct TracedThreads {
     helper: i32,
@@ -87,7 +84,7 @@ pub struct TracedThreads {
 }
 
 /// Maps the helper's stack ahead of time, so [`stop`] allocates nothing.
-pub fn prepare() -> Result<(), TraceError> {
+pub fn prepare() -> Result<(), AgentError> {
     if STACK_TOP.get().is_some() {
         return Ok(());
     }
@@ -104,7 +101,7 @@ pub fn prepare() -> Result<(), TraceError> {
         )
     };
     if stack == libc::MAP_FAILED {
-        return Err(TraceError(format!(
+        return Err(AgentError::NotStopped(format!(
             "cannot map a stack for the ptrace helper: {}",
             std::io::Error::last_os_error()
         )));
@@ -122,15 +119,17 @@ pub fn prepare() -> Result<(), TraceError> {
 /// process, within `timeout`. Threads that exit meanwhile are left out. One stopper at
 /// a time (the caller holds the stop lock). Once [`prepare`] has run, this allocates
 /// nothing and calls no libc function (except to format an error).
-pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, TraceError> {
+pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError> {
     if tids.len() > MAX_TRACED {
-        return Err(TraceError(format!(
+        return Err(AgentError::NotStopped(format!(
             "{} threads block every signal; tendril stops at most {MAX_TRACED} at once",
             tids.len()
         )));
     }
     let Some(&stack_top) = STACK_TOP.get() else {
-        return Err(TraceError("the ptrace helper is not prepared".into()));
+        return Err(AgentError::NotStopped(
+            "the ptrace helper is not prepared".into(),
+        ));
     };
     SHARED.phase.store(0, Ordering::Release);
     SHARED.error.store(0, Ordering::Relaxed);
@@ -144,7 +143,7 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, TraceError
     SHARED.count.store(tids.len() as u32, Ordering::Release);
     let helper = spawn_helper(stack_top);
     if helper < 0 {
-        return Err(TraceError(format!(
+        return Err(AgentError::NotStopped(format!(
             "cannot start the ptrace helper: {}",
             std::io::Error::from_raw_os_error(-helper as i32)
         )));
@@ -190,7 +189,7 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, TraceError
     traced.release();
     let error = -SHARED.error.load(Ordering::Acquire);
     let tid = SHARED.error_tid.load(Ordering::Acquire);
-    Err(TraceError(if error != 0 {
+    Err(AgentError::NotStopped(if error != 0 {
         format!(
             "thread {tid} blocks every signal and runs, and tendril could not stop it with \
              ptrace: {} (is a debugger attached, or is the process not dumpable?)",

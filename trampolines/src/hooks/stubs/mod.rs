@@ -31,6 +31,7 @@ mod returns;
 
 use crate::hooks::slow_call::{self, Handler};
 use crate::hooks::thread_layout as thread_state;
+use crate::sys::error::AgentError;
 use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::*;
 use record::{RecordTemplate, RecordValues};
@@ -135,10 +136,10 @@ pub fn build(
     id: u32,
     kind: Hook,
     thunk_returns_to: Option<u64>,
-    body_at: impl FnOnce(u64) -> Result<Vec<u8>, String>,
-) -> Result<TrampolineCode, String> {
+    body_at: impl FnOnce(u64) -> Result<Vec<u8>, AgentError>,
+) -> Result<TrampolineCode, AgentError> {
     let Some(handlers) = HANDLERS.get() else {
-        return Err("the runtime's hook handlers are not installed".into());
+        return Err(AgentError::HandlersNotInstalled);
     };
     let body_sink = (kind == Hook::Backtrace && replaces_backtrace(handlers))
         .then_some(handlers.backtrace.body);
@@ -147,17 +148,16 @@ pub fn build(
             RecordTemplate::get(kind == Hook::RecordRoot, thunk_returns_to.is_some())?
                 .instantiate(id)
         }
-        _ => assemble_hook(address, id, kind, thunk_returns_to)
-            .map_err(|e| format!("cannot assemble a hook: {e}"))?,
+        _ => assemble_hook(address, id, kind, thunk_returns_to).map_err(AgentError::Assembly)?,
     };
     let body = address + hook.body as u64;
     let mut bytes = hook.bytes;
     bytes.extend_from_slice(&body_at(body)?);
     if bytes.len() as u64 > TRAMPOLINE_BYTES {
-        return Err(format!(
-            "a trampoline needs {} bytes, more than the {TRAMPOLINE_BYTES} reserved",
-            bytes.len()
-        ));
+        return Err(AgentError::TrampolineTooLarge {
+            needed: bytes.len(),
+            reserved: TRAMPOLINE_BYTES,
+        });
     }
     Ok(TrampolineCode {
         bytes,
@@ -314,6 +314,7 @@ fn pop_registers(a: &mut CodeAssembler, registers: &[AsmRegister64]) -> Result<(
 mod test_code {
     //! What the hook kinds' tests share: a disassembler and a stand-in body.
 
+    use crate::sys::error::AgentError;
     use iced_x86::{Decoder, DecoderOptions, Formatter, IntelFormatter};
 
     pub fn disassemble(code: &[u8], ip: u64) -> Vec<String> {
@@ -329,7 +330,7 @@ mod test_code {
     }
 
     /// A body of `len` bytes: nops, then a 5-byte `jmp` standing for the jump back.
-    pub fn body(len: usize) -> impl FnOnce(u64) -> Result<Vec<u8>, String> {
+    pub fn body(len: usize) -> impl FnOnce(u64) -> Result<Vec<u8>, AgentError> {
         move |_| {
             let mut bytes = vec![0x90; len];
             bytes.extend_from_slice(&[0xe9, 0, 0, 0, 0]);

@@ -3,18 +3,20 @@
 //! while the target waits, so each comes from a [`RecordTemplate`] assembled once, with
 //! the function's own values in data words of the hook.
 
-use super::returns::{ShadowLabels, Word, check_shadow_top, pop_shadow_entry, push_shadow_entry};
+use super::returns::{
+    EntryLabels, HookFrame, ShadowLabels, Word, check_shadow_top, enter_with_state,
+    entry_slow_paths, pop_shadow_entry, push_shadow_entry, return_slots, special_path,
+};
 use super::{
     ASSEMBLY_BASE, HookCode, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers,
-    load_state, new_layout, pop_registers, push_registers, restore_flags, return_to_caller,
-    save_flags, slow_call_pointer,
+    load_state, new_layout, return_to_caller,
 };
 use crate::hooks::slow_call::Handler;
 use crate::hooks::thread_layout::{
-    self as thread_state, ENTRY_EXIT, ENTRY_SIZE, FLAG_PASSTHROUGH, FLAG_RECONCILE, STATE_FLAGS,
-    STATE_GRAPH_DEPTH, STATE_RING_EVENTS, STATE_RING_HEAD, STATE_RING_HEADER, STATE_RING_LIMIT,
-    STATE_RING_MASK, STATE_SHADOW_OVERFLOWS, STATE_SHADOW_TOP,
+    self as thread_state, ENTRY_EXIT, ENTRY_SIZE, STATE_GRAPH_DEPTH, STATE_RING_EVENTS,
+    STATE_RING_HEAD, STATE_RING_HEADER, STATE_RING_LIMIT, STATE_RING_MASK,
 };
+use crate::sys::error::AgentError;
 use iced_x86::code_asm::*;
 
 /// The per-function values a recording hook reads from data words of its own, so that
@@ -58,17 +60,14 @@ pub(super) struct RecordTemplate {
 
 impl RecordTemplate {
     /// The template for a root or inner hook, with or without a call thunk.
-    pub(super) fn get(root: bool, thunk: bool) -> Result<RecordTemplate, String> {
+    pub(super) fn get(root: bool, thunk: bool) -> Result<RecordTemplate, AgentError> {
         static TEMPLATES: std::sync::Mutex<[Option<RecordTemplate>; 4]> =
             std::sync::Mutex::new([None, None, None, None]);
         let mut templates = TEMPLATES.lock().unwrap_or_else(|p| p.into_inner());
         let slot = &mut templates[root as usize * 2 + thunk as usize];
         if slot.is_none() {
             let thunk_returns_to = thunk.then_some(0);
-            *slot = Some(
-                Self::assemble(root, thunk_returns_to)
-                    .map_err(|e| format!("cannot assemble a hook: {e}"))?,
-            );
+            *slot = Some(Self::assemble(root, thunk_returns_to).map_err(AgentError::Assembly)?);
         }
         Ok(slot.clone().expect("just assembled"))
     }
@@ -109,17 +108,12 @@ impl RecordTemplate {
     }
 }
 
-/// The registers the recording hook saves.
-const RECORD_HOOK_REGISTERS: [AsmRegister64; RECORD_HOOK_PUSHES as usize] =
-    [rax, rcx, rdx, r10, r11];
-
-fn push_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    push_registers(a, &RECORD_HOOK_REGISTERS)
-}
-
-fn pop_record_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    pop_registers(a, &RECORD_HOOK_REGISTERS)
-}
+/// The registers the recording hook saves; its flags live in r10.
+const RECORD_HOOK_FRAME: HookFrame = HookFrame {
+    registers: &[rax, rcx, rdx, r10, r11],
+    flags_in_r10: true,
+};
+const _: () = assert!(RECORD_HOOK_FRAME.registers.len() == RECORD_HOOK_PUSHES as usize);
 
 /// `rdtsc` into `rax` as one 64-bit value (clobbers rdx and the flags).
 fn read_tsc(a: &mut CodeAssembler) -> Result<(), IcedError> {
@@ -153,8 +147,8 @@ pub(super) fn record_hook(
     after_call: bool,
     values: RecordValues,
 ) -> Result<(Layout, RecordWords), IcedError> {
-    let slot = (RECORD_HOOK_PUSHES * 8) as i32;
-    let entry_slot = slot + if after_call { 8 } else { 0 };
+    let frame = RECORD_HOOK_FRAME;
+    let (slot, entry_slot) = return_slots(RECORD_HOOK_PUSHES, after_call);
     let handlers = handlers();
     let before_push: Handler = if after_call {
         handlers.record_before_push_after_call
@@ -169,17 +163,17 @@ pub(super) fn record_hook(
         shadow_function: a.create_label(),
         id: a.create_label(),
     };
-    let mut have_state = a.create_label();
-    let mut register = a.create_label();
-    let mut special = a.create_label();
+    let mut entry = EntryLabels::new(a);
     let mut activation = a.create_label();
     let mut counted = a.create_label();
     let mut discover = a.create_label();
-    let mut prune = a.create_label();
     let mut same_slot = a.create_label();
-    let mut passthrough = a.create_label();
-    let mut overflow = a.create_label();
-    let push_entry = a.create_label();
+    let mut shadow = ShadowLabels {
+        overflow: a.create_label(),
+        prune: a.create_label(),
+        same_slot: Some(same_slot),
+        push_entry: a.create_label(),
+    };
     let mut entry_ring = a.create_label();
     let mut entry_room = a.create_label();
     let mut entry_done = a.create_label();
@@ -191,38 +185,21 @@ pub(super) fn record_hook(
     let mut slow_call = a.create_label();
 
     a.set_label(&mut layout.entry)?;
-    push_record_hook_registers(a)?;
-    save_flags(a)?;
-    a.mov(r10d, eax)?;
-    load_state(a, rcx)?;
-    a.test(rcx, rcx)?;
-    a.jz(register)?;
-    a.set_label(&mut have_state)?;
-    a.test(
-        byte_ptr(rcx + STATE_FLAGS),
-        (FLAG_PASSTHROUGH | FLAG_RECONCILE) as i32,
-    )?;
-    a.jnz(special)?;
+    enter_with_state(a, frame, &mut entry)?;
     a.set_label(&mut activation)?;
     if !root {
         // Outside the call graph a function records nothing.
         a.cmp(qword_ptr(rcx + STATE_GRAPH_DEPTH), 0)?;
-        a.je(passthrough)?;
+        a.je(entry.passthrough)?;
     }
     a.mov(r11, (handlers.invoked_table)())?;
     a.add(r11, qword_ptr(words.id))?;
     a.cmp(byte_ptr(r11), 0)?;
     a.je(discover)?;
     a.set_label(&mut counted)?;
-    let mut labels = ShadowLabels {
-        overflow,
-        prune,
-        same_slot: Some(same_slot),
-        push_entry,
-    };
-    check_shadow_top(a, entry_slot, &mut labels)?;
+    check_shadow_top(a, entry_slot, &mut shadow)?;
     let function_word = Word::Data(words.shadow_function);
-    push_shadow_entry(a, entry_slot, function_word, exit, &mut labels.push_entry)?;
+    push_shadow_entry(a, entry_slot, function_word, exit, &mut shadow.push_entry)?;
     if after_call {
         a.mov(qword_ptr(rsp + entry_slot), r11)?;
     }
@@ -234,9 +211,7 @@ pub(super) fn record_hook(
     read_tsc(a)?;
     write_event(a, words.entry_event)?;
     a.set_label(&mut entry_done)?;
-    a.mov(eax, r10d)?;
-    restore_flags(a)?;
-    pop_record_hook_registers(a)?;
+    frame.restore(a)?;
     if after_call {
         a.jmp(body)?;
     } else {
@@ -248,9 +223,7 @@ pub(super) fn record_hook(
     // Exit: the function returned here; rsp is S + 8.
     a.set_label(&mut exit)?;
     a.lea(rsp, qword_ptr(rsp - 8))?;
-    push_record_hook_registers(a)?;
-    save_flags(a)?;
-    a.mov(r10d, eax)?;
+    frame.save(a)?;
     read_tsc(a)?;
     load_state(a, rcx)?;
     pop_shadow_entry(a, slot, mismatch)?;
@@ -261,9 +234,7 @@ pub(super) fn record_hook(
     a.set_label(&mut exit_room)?;
     write_event(a, words.exit_event)?;
     a.set_label(&mut exit_done)?;
-    a.mov(eax, r10d)?;
-    restore_flags(a)?;
-    pop_record_hook_registers(a)?;
+    frame.restore(a)?;
     return_to_caller(a, after_call)?;
 
     // Exit slow paths (the timestamp is in rax).
@@ -291,32 +262,22 @@ pub(super) fn record_hook(
     a.mov(edx, dword_ptr(words.id))?;
     call_slow(a, handlers.discover, slow_call)?;
     a.jmp(counted)?;
-    a.set_label(&mut special)?;
-    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
-    a.jnz(passthrough)?;
-    call_slow(a, before_push, slow_call)?;
-    a.jmp(activation)?;
+    special_path(a, &mut entry, before_push, slow_call, activation)?;
     // The top frame's slot is ours: a tail call from it if the slot holds its exit.
     a.set_label(&mut same_slot)?;
     a.mov(rax, qword_ptr(r11))?;
     a.cmp(rax, qword_ptr(rdx + (ENTRY_EXIT - ENTRY_SIZE)))?;
-    a.je(push_entry)?;
-    a.set_label(&mut prune)?;
-    call_slow(a, before_push, slow_call)?;
-    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
-    a.lea(r11, qword_ptr(rsp + entry_slot))?;
-    a.jmp(push_entry)?;
-    a.set_label(&mut overflow)?;
-    a.inc(qword_ptr(rcx + STATE_SHADOW_OVERFLOWS))?;
-    a.set_label(&mut passthrough)?;
-    a.mov(eax, r10d)?;
-    restore_flags(a)?;
-    pop_record_hook_registers(a)?;
-    a.jmp(body)?;
-    a.set_label(&mut register)?;
-    call_slow(a, handlers.register_thread, slow_call)?;
-    a.jmp(have_state)?;
-    slow_call_pointer(a, &mut slow_call)?;
+    a.je(shadow.push_entry)?;
+    entry_slow_paths(
+        a,
+        frame,
+        &mut entry,
+        &mut shadow,
+        before_push,
+        entry_slot,
+        body,
+        &mut slow_call,
+    )?;
     // The per-function data words (see `RecordTemplate`).
     for (label, value) in [
         (&mut words.entry_event, values.entry_event),

@@ -110,16 +110,140 @@ pub(super) fn pop_shadow_entry(
     a.mov(qword_ptr(rcx + STATE_SHADOW_TOP), rdx)
 }
 
+/// The return slot's offsets while `pushes` registers are pushed: at the exit, and at
+/// the entry (above the thunk's own return address when `after_call`).
+pub(super) fn return_slots(pushes: u64, after_call: bool) -> (i32, i32) {
+    let slot = (pushes * 8) as i32;
+    (slot, slot + if after_call { 8 } else { 0 })
+}
+
+/// How a return-hooking stub keeps the target's registers and flags while its own code
+/// runs: the registers it pushes, and whether the flags move on to r10 (the recording
+/// hook's `rdtsc` needs rax).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HookFrame {
+    pub(super) registers: &'static [AsmRegister64],
+    pub(super) flags_in_r10: bool,
+}
+
+impl HookFrame {
+    /// Pushes the registers and saves the flags.
+    pub(super) fn save(self, a: &mut CodeAssembler) -> Result<(), IcedError> {
+        push_registers(a, self.registers)?;
+        save_flags(a)?;
+        if self.flags_in_r10 {
+            a.mov(r10d, eax)?;
+        }
+        Ok(())
+    }
+
+    /// Restores the flags and pops the registers.
+    pub(super) fn restore(self, a: &mut CodeAssembler) -> Result<(), IcedError> {
+        if self.flags_in_r10 {
+            a.mov(eax, r10d)?;
+        }
+        restore_flags(a)?;
+        pop_registers(a, self.registers)
+    }
+}
+
+/// Labels of a return-hooking stub's entry and its slow paths.
+pub(super) struct EntryLabels {
+    /// The thread has no state yet: register it.
+    pub(super) register: CodeLabel,
+    /// Where the entry goes on once the thread has a state (rcx).
+    pub(super) have_state: CodeLabel,
+    /// The thread passes through or must reconcile its shadow stack.
+    pub(super) special: CodeLabel,
+    /// Run the function without a return hook.
+    pub(super) passthrough: CodeLabel,
+}
+
+impl EntryLabels {
+    pub(super) fn new(a: &mut CodeAssembler) -> EntryLabels {
+        EntryLabels {
+            register: a.create_label(),
+            have_state: a.create_label(),
+            special: a.create_label(),
+            passthrough: a.create_label(),
+        }
+    }
+}
+
+/// The start of a return-hooking stub's entry: saves the registers, loads the thread's
+/// state into rcx, and branches off to the slow paths if it has none yet or its flags
+/// ask for one.
+pub(super) fn enter_with_state(
+    a: &mut CodeAssembler,
+    frame: HookFrame,
+    labels: &mut EntryLabels,
+) -> Result<(), IcedError> {
+    frame.save(a)?;
+    load_state(a, rcx)?;
+    a.test(rcx, rcx)?;
+    a.jz(labels.register)?;
+    a.set_label(&mut labels.have_state)?;
+    a.test(
+        byte_ptr(rcx + STATE_FLAGS),
+        (FLAG_PASSTHROUGH | FLAG_RECONCILE) as i32,
+    )?;
+    a.jnz(labels.special)
+}
+
+/// The entry's special path: a thread passing through goes to `passthrough`; one whose
+/// return hooks an unwinder took out has the agent re-install them (`before_push`),
+/// then goes on at `resume` as usual.
+pub(super) fn special_path(
+    a: &mut CodeAssembler,
+    labels: &mut EntryLabels,
+    before_push: Handler,
+    slow_call: CodeLabel,
+    resume: CodeLabel,
+) -> Result<(), IcedError> {
+    a.set_label(&mut labels.special)?;
+    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
+    a.jnz(labels.passthrough)?;
+    call_slow(a, before_push, slow_call)?;
+    a.jmp(resume)
+}
+
+/// The entry's other slow paths, then the slow-call pointer (at `slow_call`): a
+/// shadow stack to prune, a full one (counted, then passed through), passing through,
+/// and registering the thread.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn entry_slow_paths(
+    a: &mut CodeAssembler,
+    frame: HookFrame,
+    labels: &mut EntryLabels,
+    shadow: &mut ShadowLabels,
+    before_push: Handler,
+    entry_slot: i32,
+    body: CodeLabel,
+    slow_call: &mut CodeLabel,
+) -> Result<(), IcedError> {
+    a.set_label(&mut shadow.prune)?;
+    // Drop the entries of frames that are gone (or keep them, on a signal stack).
+    call_slow(a, before_push, *slow_call)?;
+    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
+    a.lea(r11, qword_ptr(rsp + entry_slot))?;
+    a.jmp(shadow.push_entry)?;
+    a.set_label(&mut shadow.overflow)?;
+    a.inc(qword_ptr(rcx + STATE_SHADOW_OVERFLOWS))?;
+    a.set_label(&mut labels.passthrough)?;
+    frame.restore(a)?;
+    a.jmp(body)?;
+    a.set_label(&mut labels.register)?;
+    call_slow(a, handlers().register_thread, *slow_call)?;
+    a.jmp(labels.have_state)?;
+    slow_call_pointer(a, slow_call)
+}
+
 /// The registers the return hook saves ([`RETURN_HOOK_PUSHES`] of them).
-const RETURN_HOOK_REGISTERS: [AsmRegister64; RETURN_HOOK_PUSHES as usize] = [rax, rcx, rdx, r11];
-
-fn push_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    push_registers(a, &RETURN_HOOK_REGISTERS)
-}
-
-fn pop_return_hook_registers(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    pop_registers(a, &RETURN_HOOK_REGISTERS)
-}
+const RETURN_HOOK_FRAME: HookFrame = HookFrame {
+    registers: &[rax, rcx, rdx, r11],
+    flags_in_r10: false,
+};
+const _: () = assert!(RETURN_HOOK_FRAME.registers.len() == RETURN_HOOK_PUSHES as usize);
 
 /// `after_call`: the hook runs from a call thunk, so the thunk's own return address is
 /// on the stack above the function's return slot.
@@ -128,10 +252,8 @@ pub(super) fn count_returns_hook(
     id: u32,
     after_call: bool,
 ) -> Result<Layout, IcedError> {
-    // Stack offsets while the four registers are pushed: the return-address slot S at
-    // entry (above the thunk's return address for a thunk), and at exit.
-    let slot = (RETURN_HOOK_PUSHES * 8) as i32;
-    let entry_slot = slot + if after_call { 8 } else { 0 };
+    let frame = RETURN_HOOK_FRAME;
+    let (slot, entry_slot) = return_slots(RETURN_HOOK_PUSHES, after_call);
     let handlers = handlers();
     let before_push: Handler = if after_call {
         handlers.returns_before_push_after_call
@@ -140,56 +262,40 @@ pub(super) fn count_returns_hook(
     };
     let body = layout.body;
     let a = &mut layout.assembler;
-    let mut have_state = a.create_label();
-    let mut register = a.create_label();
-    let mut special = a.create_label();
+    let mut entry = EntryLabels::new(a);
     let mut counted = a.create_label();
-    let mut prune = a.create_label();
-    let mut passthrough = a.create_label();
-    let mut overflow = a.create_label();
-    let push_entry = a.create_label();
     let mut exit = a.create_label();
     let mut mismatch = a.create_label();
     let mut slow_call = a.create_label();
+    let mut shadow = ShadowLabels {
+        overflow: a.create_label(),
+        prune: a.create_label(),
+        same_slot: None,
+        push_entry: a.create_label(),
+    };
 
     // Entry: [rsp] is the caller's return address.
     a.set_label(&mut layout.entry)?;
-    push_return_hook_registers(a)?;
-    save_flags(a)?;
-    load_state(a, rcx)?;
-    a.test(rcx, rcx)?;
-    a.jz(register)?;
-    a.set_label(&mut have_state)?;
-    a.test(
-        byte_ptr(rcx + STATE_FLAGS),
-        (FLAG_PASSTHROUGH | FLAG_RECONCILE) as i32,
-    )?;
-    a.jnz(special)?;
+    enter_with_state(a, frame, &mut entry)?;
     a.set_label(&mut counted)?;
     a.inc(qword_ptr(rcx + thread_state::calls_displacement(id)))?;
-    let mut labels = ShadowLabels {
-        overflow,
-        prune,
-        same_slot: None,
-        push_entry,
-    };
-    check_shadow_top(a, entry_slot, &mut labels)?;
+    check_shadow_top(a, entry_slot, &mut shadow)?;
     push_shadow_entry(
         a,
         entry_slot,
         Word::Immediate(id as u64),
         exit,
-        &mut labels.push_entry,
+        &mut shadow.push_entry,
     )?;
     restore_flags(a)?;
     if after_call {
         // The return address lives in the shadow entry; the exit takes its place, and
         // the thunk goes on to the callee.
         a.mov(qword_ptr(rsp + entry_slot), r11)?;
-        pop_return_hook_registers(a)?;
+        pop_registers(a, frame.registers)?;
         a.jmp(body)?;
     } else {
-        pop_return_hook_registers(a)?;
+        pop_registers(a, frame.registers)?;
         // The return address lives in the shadow entry; `call` puts the exit in its slot.
         a.lea(rsp, qword_ptr(rsp + 8))?;
         a.call(body)?;
@@ -198,43 +304,29 @@ pub(super) fn count_returns_hook(
     // Exit: the function returned here; rsp is S + 8.
     a.set_label(&mut exit)?;
     a.lea(rsp, qword_ptr(rsp - 8))?;
-    push_return_hook_registers(a)?;
-    save_flags(a)?;
+    frame.save(a)?;
     load_state(a, rcx)?;
     pop_shadow_entry(a, slot, mismatch)?;
     a.inc(qword_ptr(rcx + thread_state::returns_displacement(id)))?;
-    restore_flags(a)?;
-    pop_return_hook_registers(a)?;
+    frame.restore(a)?;
     return_to_caller(a, after_call)?;
     a.set_label(&mut mismatch)?;
     call_slow(a, handlers.returns_mismatched_return, slow_call)?;
-    restore_flags(a)?;
-    pop_return_hook_registers(a)?;
+    frame.restore(a)?;
     return_to_caller(a, after_call)?;
 
     // Entry slow paths.
-    a.set_label(&mut special)?;
-    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
-    a.jnz(passthrough)?;
-    // Re-install return hooks an unwinder took out, then count and push as usual.
-    call_slow(a, before_push, slow_call)?;
-    a.jmp(counted)?;
-    a.set_label(&mut prune)?;
-    // Drop the entries of frames that are gone (or keep them, on a signal stack).
-    call_slow(a, before_push, slow_call)?;
-    a.mov(rdx, qword_ptr(rcx + STATE_SHADOW_TOP))?;
-    a.lea(r11, qword_ptr(rsp + entry_slot))?;
-    a.jmp(labels.push_entry)?;
-    a.set_label(&mut overflow)?;
-    a.inc(qword_ptr(rcx + STATE_SHADOW_OVERFLOWS))?;
-    a.set_label(&mut passthrough)?;
-    restore_flags(a)?;
-    pop_return_hook_registers(a)?;
-    a.jmp(body)?;
-    a.set_label(&mut register)?;
-    call_slow(a, handlers.register_thread, slow_call)?;
-    a.jmp(have_state)?;
-    slow_call_pointer(a, &mut slow_call)?;
+    special_path(a, &mut entry, before_push, slow_call, counted)?;
+    entry_slow_paths(
+        a,
+        frame,
+        &mut entry,
+        &mut shadow,
+        before_push,
+        entry_slot,
+        body,
+        &mut slow_call,
+    )?;
     Ok(layout)
 }
 
