@@ -5,7 +5,7 @@
 //! Worker threads loop over `demo_serve_requests` → `demo_handle_request`, which parses
 //! (libc `strlen`/`memcpy`), looks up a cache (the hot leaf `demo_hash_block`), renders
 //! (the recursive `demo_fib`) and sorts (libc `qsort` calling back `demo_compare` through
-//! a function pointer, which Scheme B does not follow: it shows as an indirect call site).
+//! a function pointer: a call through a pointer, followed into the tree below `qsort`).
 //! The functions have C names and are never inlined, so they are easy to pick as roots.
 //! The process names itself `tendril-demo`.
 

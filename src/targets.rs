@@ -183,6 +183,18 @@ pub fn patch_request(symbols: &ProcessSymbols, functions: &[(&Function, Hook)]) 
 /// few bytes in; a `.cold` part may jump back anywhere), sorted and without repeats.
 fn code_ranges(symbols: &ProcessSymbols, functions: &[&Function]) -> Vec<(u64, u64)> {
     let all = symbols.functions();
+    // `.cold` parts by the name and module of the function they belong to, found once:
+    // a batch may hold thousands of functions (the address-taken ones).
+    let mut cold_parts: std::collections::HashMap<(&str, &str), Vec<(u64, u64)>> =
+        std::collections::HashMap::new();
+    for f in all {
+        if let Some(owner) = f.raw_name.strip_suffix(".cold") {
+            cold_parts
+                .entry((owner, f.module.as_str()))
+                .or_default()
+                .push((f.addr, f.size));
+        }
+    }
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     for function in functions {
         let low = function.addr.saturating_sub(NEIGHBOURHOOD);
@@ -195,12 +207,10 @@ fn code_ranges(symbols: &ProcessSymbols, functions: &[&Function]) -> Vec<(u64, u
                 .filter(|f| f.size > 0 && f.module == function.module)
                 .map(|f| (f.addr, f.size)),
         );
-        let cold = format!("{}.cold", function.raw_name);
-        ranges.extend(
-            all.iter()
-                .filter(|f| f.raw_name == cold && f.module == function.module)
-                .map(|f| (f.addr, f.size)),
-        );
+        if let Some(cold) = cold_parts.get(&(function.raw_name.as_str(), function.module.as_str()))
+        {
+            ranges.extend(cold.iter().copied());
+        }
     }
     ranges.sort_unstable();
     ranges.dedup();

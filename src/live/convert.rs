@@ -65,6 +65,8 @@ pub fn fill_counters(profile: &Profile, status: &mut Status) {
     status.instrumented_functions = profile.stats.instrumented_functions;
     status.invoked_functions = profile.stats.invoked_functions;
     status.indirect_call_sites = profile.stats.indirect_call_sites;
+    status.indirect_sites_followed = profile.stats.indirect_sites_followed;
+    status.indirect_targets = profile.stats.indirect_targets;
     status.lost_events = profile.stats.lost_events;
     status.estimated_overhead_percent = profile.estimated_overhead_percent();
 }

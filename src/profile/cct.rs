@@ -315,6 +315,7 @@ impl CctBuilder {
                 unmatched_exits: counters.unmatched_exits,
                 stack_switches: counters.stack_switches,
                 dropped_frames: counters.dropped_frames,
+                ..Stats::default()
             },
             threads,
             merged: MergedProfile {

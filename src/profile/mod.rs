@@ -44,8 +44,8 @@ pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use file::ProfileError;
 pub use model::{
-    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, Profile,
-    SamplingInfo, Stats, ThreadProfile, Visit, walk,
+    Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, NotFollowed,
+    Profile, SamplingInfo, Stats, ThreadProfile, Visit, walk,
 };
 pub use prune::{Prune, PruneError};
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};

@@ -92,7 +92,7 @@ pub struct ModuleMapping {
 }
 
 /// What discovery (JFluid's Scheme B) did during a recording.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct DiscoveryStats {
     /// Functions whose first invocation in the graph instrumented their callees.
     pub discoveries: u64,
@@ -103,6 +103,10 @@ pub struct DiscoveryStats {
     pub median_pause_ns: u64,
     /// Callees found but not instrumented (the agent refused to patch them).
     pub refused_callees: u64,
+    /// Targets of calls through pointers that are not followed, with the reason: a
+    /// subtree stops at a call into one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indirect_not_followed: Vec<NotFollowed>,
     /// Invocations on other threads that waited while a discovery ran (one discovery
     /// at a time; also removed from the times).
     #[serde(default)]
@@ -160,6 +164,14 @@ pub struct Calibration {
     pub outer_ns: f64,
 }
 
+/// A target of calls through pointers that a recording does not follow.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NotFollowed {
+    /// `function (module)`, or a module's file name.
+    pub target: String,
+    pub reason: String,
+}
+
 /// Counts that say how complete and how costly a recording was.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Stats {
@@ -171,9 +183,22 @@ pub struct Stats {
     pub events: u64,
     /// Events the agent could not deliver (0 unless a lossy mode was chosen).
     pub lost_events: u64,
-    /// `call reg` / `call [mem]` sites found in instrumented code (their callees are only
-    /// instrumented if reached some other way).
+    /// `call reg` / `call [mem]` sites and tail jumps through pointers found in
+    /// instrumented code.
     pub indirect_call_sites: u64,
+    /// Of those, the sites seen entering an instrumented function for the first time (a
+    /// lower bound of the sites followed: a site whose targets had all been reached
+    /// from elsewhere first is not counted).
+    #[serde(default)]
+    pub indirect_sites_followed: u64,
+    /// Address-taken functions (the candidate targets of calls through pointers)
+    /// instrumented.
+    #[serde(default)]
+    pub indirect_candidates: u64,
+    /// Address-taken functions that ran inside the call graph: distinct targets of
+    /// calls through pointers found.
+    #[serde(default)]
+    pub indirect_targets: u64,
     /// Total time tendril paused the target's threads (removed from the times above).
     pub pause_ns: u64,
     /// Frames closed by an unwind (exception, panic, longjmp, thread exit) or because the

@@ -15,6 +15,8 @@ use std::fmt;
 use std::io::{self, Write};
 use std::str::FromStr;
 
+/// Targets of calls through pointers that are not followed, listed by the header.
+const NOT_FOLLOWED_SHOWN: usize = 5;
 /// Rows deeper than this stop indenting and show their depth as a number instead.
 pub const MAX_TREE_INDENT: usize = 40;
 
@@ -209,9 +211,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         out,
         "events: {} ({} lost, {} unmatched exits, {} unwound exits — frames ended by an \
          exception, longjmp, thread exit or the recording's end, not a return); functions: {} \
-         instrumented, {} invoked; {} (calls through pointers; their targets are recorded \
-         only if also called directly); pauses removed: {:.3} ms (tendril's waits in the \
-         target, summed over threads)",
+         instrumented, {} invoked; {} (calls through pointers), {} seen entering a \
+         target, {} distinct targets of {} address-taken functions instrumented; pauses \
+         removed: {:.3} ms (tendril's waits in the target, summed over threads)",
         stats.events,
         stats.lost_events,
         stats.unmatched_exits,
@@ -223,8 +225,30 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             "indirect call site",
             "indirect call sites"
         ),
+        stats.indirect_sites_followed,
+        stats.indirect_targets,
+        stats.indirect_candidates,
         ms(stats.pause_ns)
     )?;
+    let not_followed = profile
+        .discovery
+        .as_ref()
+        .map_or(&[][..], |d| d.indirect_not_followed.as_slice());
+    for item in not_followed.iter().take(NOT_FOLLOWED_SHOWN) {
+        writeln!(
+            out,
+            "not followed through pointers: {} — {}",
+            printable(&item.target),
+            printable(&item.reason)
+        )?;
+    }
+    if not_followed.len() > NOT_FOLLOWED_SHOWN {
+        writeln!(
+            out,
+            "not followed through pointers: ... and {} more (the profile's \"discovery\" lists them all)",
+            not_followed.len() - NOT_FOLLOWED_SHOWN
+        )?;
+    }
     if let Some(warning) = stack_switch_warning(profile) {
         writeln!(out, "{warning}")?;
     }

@@ -3,6 +3,9 @@
 //! The one idea: JFluid's eager scheme, for comparison with Scheme B — every function
 //! reachable from a root through direct calls (and calls through GOT slots, read from
 //! the target's memory now) is instrumented up front, whether it will ever run or not.
+//! Calls through pointers are answered as JFluid answered virtual calls (class
+//! hierarchy analysis: every override): once the graph holds an indirect call site,
+//! every address-taken function joins it, with its own static graph.
 
 use crate::refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
@@ -25,8 +28,13 @@ pub struct Closure<'a> {
     pub indirect_call_sites: u64,
 }
 
-/// The static call graph below `roots` (see [`Closure`]).
-pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> Closure<'a> {
+/// The static call graph below `roots` (see [`Closure`]); `indirect_targets` (the
+/// address-taken functions) join it at its first indirect call site.
+pub fn static_closure<'a>(
+    symbols: &'a ProcessSymbols,
+    roots: &[&Function],
+    indirect_targets: &[&'a Function],
+) -> Closure<'a> {
     let Ok(memory) = std::fs::File::open(format!("/proc/{}/mem", symbols.pid())) else {
         return Closure::default();
     };
@@ -40,7 +48,21 @@ pub fn static_closure<'a>(symbols: &'a ProcessSymbols, roots: &[&Function]) -> C
     let mut seen: HashSet<u64> = roots.iter().map(|f| f.addr).collect();
     let mut queue: VecDeque<u64> = roots.iter().map(|f| f.addr).collect();
     let mut closure = Closure::default();
-    while let Some(address) = queue.pop_front() {
+    let mut targets_joined = false;
+    loop {
+        let Some(address) = queue.pop_front() else {
+            if closure.indirect_call_sites == 0 || targets_joined {
+                break;
+            }
+            targets_joined = true;
+            for &target in indirect_targets {
+                if seen.insert(target.addr) && closure.functions.len() < MAX_FUNCTIONS {
+                    closure.functions.push(target);
+                    queue.push_back(target.addr);
+                }
+            }
+            continue;
+        };
         let Some(function) = symbols.lookup(address).filter(|f| f.addr == address) else {
             continue;
         };

@@ -8,15 +8,20 @@
 //! directory the target's user could tamper with. Functions
 //! that must never be instrumented — the dynamic loader's (they run while the process
 //! is half set up, with their own calling conventions), the vDSO's, the agent's, and
-//! those refused by name (`refusals`) — are marked excluded.
+//! those refused by name (`refusals`) — are marked excluded. Address-taken functions
+//! (`address_taken`) are marked as such: the agent counts them as targets of calls
+//! through pointers when they first run in the graph.
 
+use super::address_taken::AddressTaken;
 use crate::refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::HashMap;
-use tendril_wire::function_table::{self, FLAG_EXCLUDED, FLAG_PLT, FunctionEntry};
+use tendril_wire::function_table::{
+    self, FLAG_ADDRESS_TAKEN, FLAG_EXCLUDED, FLAG_PLT, FunctionEntry,
+};
 
-/// The table for `symbols`.
-pub fn entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
+/// The table for `symbols`, with the address-taken functions `taken`.
+pub fn entries(symbols: &ProcessSymbols, taken: &AddressTaken) -> Vec<FunctionEntry> {
     let exported: HashMap<&str, &Function> = symbols
         .functions()
         .iter()
@@ -40,6 +45,9 @@ pub fn entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
         if is_excluded(&function.module) || refusals::reason(function, true).is_some() {
             flags |= FLAG_EXCLUDED;
         }
+        if taken.contains(function.addr) {
+            flags |= FLAG_ADDRESS_TAKEN;
+        }
         entries.push(FunctionEntry {
             start: function.addr,
             size: function.size,
@@ -59,6 +67,6 @@ fn is_excluded(module: &str) -> bool {
 }
 
 /// The encoded table for `symbols`, as `StartRecording` carries it.
-pub fn encode(symbols: &ProcessSymbols) -> Vec<u8> {
-    function_table::encode(&entries(symbols))
+pub fn encode(symbols: &ProcessSymbols, taken: &AddressTaken) -> Vec<u8> {
+    function_table::encode(&entries(symbols, taken))
 }

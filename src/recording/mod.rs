@@ -4,6 +4,8 @@
 //! * [`rings`]: reading the agent's shared-memory rings and counters;
 //! * [`function_table`]: the bounds of every function, handed to the agent for
 //!   discovery;
+//! * [`address_taken`]: the candidate targets of calls through pointers;
+//! * [`indirect`]: which of them a recording instruments, and what became of them;
 //! * [`closure`]: Scheme A's static call graph;
 //! * [`gross`]: `--gross-only` time distributions;
 //! * [`tsc`]: the time-stamp counter's frequency.
@@ -11,9 +13,11 @@
 //! The one idea: the agent only patches and writes raw events; names, trees and the
 //! cost correction are built here (`crate::profile`).
 
+pub mod address_taken;
 pub mod closure;
 pub mod function_table;
 pub mod gross;
+pub mod indirect;
 pub mod recorder;
 pub mod rings;
 pub mod tsc;

@@ -10,6 +10,7 @@
 //! the cost correction — happens here, at the controller's pace, so a recording can be
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
+mod late_modules;
 mod snapshot;
 mod tracing;
 
@@ -18,6 +19,7 @@ pub use tracing::TraceStatus;
 use super::closure;
 use super::function_table;
 use super::gross::GrossTimes;
+use super::indirect::{self, IndirectTargets};
 use super::rings::{AgentCounters, Rings};
 use super::tsc;
 use crate::inject;
@@ -110,6 +112,11 @@ pub struct Recorder {
     refused: Vec<(String, String)>,
     /// The raw events of a trace, once one is started.
     trace: Option<crate::profile::trace::TraceCapture>,
+    /// The targets of calls through pointers (found at the first start; not with
+    /// `--gross-only`).
+    indirect: Option<IndirectTargets>,
+    /// Modules loaded after the recording started are looked for now and then.
+    late_modules: late_modules::Watch,
 }
 
 /// `name (module)`, for a refusal.
@@ -168,6 +175,8 @@ impl Recorder {
             static_indirect_call_sites: 0,
             refused: Vec::new(),
             trace: None,
+            indirect: None,
+            late_modules: late_modules::Watch::default(),
         };
         recorder.begin()?;
         Ok(recorder)
@@ -204,7 +213,14 @@ impl Recorder {
                 .into_iter()
                 .partition(|c| refusals::reason(&c.function, true).is_none());
         let discover = self.scheme == Scheme::B && !self.gross_only;
-        let table = function_table::encode(&self.symbols);
+        if !self.gross_only && self.indirect.is_none() {
+            self.indirect = Some(IndirectTargets::find(&self.symbols));
+        }
+        let mut no_targets = IndirectTargets::default();
+        let table = match &self.indirect {
+            Some(indirect) => function_table::encode(&self.symbols, &indirect.taken),
+            None => function_table::encode(&self.symbols, &no_targets.taken),
+        };
         let started = self.session.request_with_payload(
             &Request::StartRecording {
                 table_bytes: table.len() as u64,
@@ -251,13 +267,15 @@ impl Recorder {
         }
 
         let symbols = &self.symbols;
+        let indirect_targets = self.indirect.as_mut().unwrap_or(&mut no_targets);
         let mut patched: Vec<(&Function, Hook)> = chosen
             .iter()
             .map(|c| (&c.function, Hook::RecordRoot))
             .collect();
+        let candidates = indirect::functions_at(symbols, &indirect_targets.taken.addresses);
         let closure = if self.scheme == Scheme::A && !self.gross_only {
             let roots: Vec<&Function> = chosen.iter().map(|c| &c.function).collect();
-            closure::static_closure(symbols, &roots)
+            closure::static_closure(symbols, &roots, &candidates)
         } else {
             closure::Closure::default()
         };
@@ -274,6 +292,11 @@ impl Recorder {
             .filter(|f| !patched.iter().any(|(p, _)| p.addr == f.addr))
             .collect();
         patched.extend(again.into_iter().map(|f| (f, Hook::Record)));
+        let exe = (self.target.exe.file_name())
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
+        let candidates = indirect_targets.to_patch(symbols, &patched, exe);
+        patched.extend(candidates.into_iter().map(|f| (f, Hook::Record)));
         let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(symbols)
             .into_iter()
             .filter(|(f, _)| !patched.iter().any(|(p, _)| p.addr == f.addr))
@@ -335,6 +358,11 @@ impl Recorder {
         }
         if !refusals.is_empty() {
             eprintln!("tendril: roots not instrumented: {}", summarize(&refusals));
+        }
+        if let Some(indirect) = self.indirect.as_mut() {
+            indirect.forget_outcomes();
+            indirect.note_outcomes(&patched, &outcomes);
+            eprintln!("tendril: {}", indirect.summary());
         }
         self.root_names = root_names;
         self.instrumented_up_front = recorded;
@@ -586,6 +614,7 @@ impl Recorder {
             }
         });
         self.events += drained;
+        self.follow_late_modules();
         drained
     }
 

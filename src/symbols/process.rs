@@ -150,6 +150,11 @@ impl ProcessSymbols {
         self.modules[..i].last().filter(|m| addr < m.end)
     }
 
+    /// Every PLT stub, sorted by address, with the GOT slot it jumps through.
+    pub fn plt_stubs(&self) -> &[PltStub] {
+        &self.plt_stubs
+    }
+
     /// The PLT stub containing `addr`, with its GOT slot.
     pub fn plt_stub(&self, addr: u64) -> Option<&PltStub> {
         let i = self.plt_stubs.partition_point(|s| s.addr <= addr);

@@ -23,6 +23,13 @@ enum Recipe {
     CExceptions,
     /// `gcc -O2 -g -static`: no dynamic loader, no libc.so.
     CStatic,
+    /// `gcc -O2 -g -pthread ... -ldl`: C that loads libraries with `dlopen`.
+    CDlopen,
+    /// `gcc -O2 -g -shared -fPIC`: a shared library (the fixture's name is its file name).
+    CSharedLibrary,
+    /// `g++ -O2 -g -shared -fPIC` of the named source into `lib<stem>.so` next to the
+    /// program, then the program linked with it (`-Wl,-rpath,$ORIGIN`).
+    CxxWithLibrary(&'static str),
     /// `gcc -O2 -g -fomit-frame-pointer -pthread`: only `.eh_frame` can unwind it.
     CNoFramePointers,
     /// `g++ -O2 -g -pthread`.
@@ -41,7 +48,27 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 20] = [
+const FIXTURES: [Fixture; 24] = [
+    Fixture {
+        name: "indirect",
+        source: "indirect.c",
+        recipe: Recipe::CDlopen,
+    },
+    Fixture {
+        name: "indirect_plugin.so",
+        source: "indirect_plugin.c",
+        recipe: Recipe::CSharedLibrary,
+    },
+    Fixture {
+        name: "virtuals",
+        source: "virtuals.cpp",
+        recipe: Recipe::CxxWithLibrary("virtuals_codec.cpp"),
+    },
+    Fixture {
+        name: "rust_dyn",
+        source: "rust_dyn.rs",
+        recipe: Recipe::Rust,
+    },
     Fixture {
         name: "calltree",
         source: "calltree.c",
@@ -201,6 +228,10 @@ fn is_up_to_date(fixture: &Fixture, binary: &Path) -> bool {
     if let Recipe::StrippedCopyOf(original) = fixture.recipe {
         inputs.push(self::fixture(original));
     }
+    if let Recipe::CxxWithLibrary(library) = fixture.recipe {
+        inputs.push(workspace_dir().join("fixtures").join(library));
+        inputs.push(fixtures_dir().join(library_file_name(library)));
+    }
     // An input that cannot be found (this file, under an unusual layout) does not count.
     inputs
         .iter()
@@ -227,13 +258,29 @@ fn build(fixture: &Fixture, binary: &Path) -> Result<(), String> {
     }
 
     let result = compile(fixture, &scratch).and_then(|output| {
-        // Readable and executable by everyone: some tests run fixtures as another user.
-        fs::set_permissions(&output, fs::Permissions::from_mode(0o755))
-            .and_then(|()| fs::rename(&output, binary))
-            .map_err(|e| format!("cannot move {} into place: {e}", output.display()))
+        // A library the program needs goes into place first, then the program.
+        if let Recipe::CxxWithLibrary(library) = fixture.recipe {
+            let name = library_file_name(library);
+            move_into_place(&scratch.join(&name), &dir.join(&name))?;
+        }
+        move_into_place(&output, binary)
     });
     let _ = fs::remove_dir_all(&scratch);
     result
+}
+
+/// Makes `built` readable and executable by everyone (some tests run fixtures as
+/// another user) and renames it to `destination`.
+fn move_into_place(built: &Path, destination: &Path) -> Result<(), String> {
+    fs::set_permissions(built, fs::Permissions::from_mode(0o755))
+        .and_then(|()| fs::rename(built, destination))
+        .map_err(|e| format!("cannot move {} into place: {e}", built.display()))
+}
+
+/// `lib<stem>.so` for a library source `<stem>.cpp`.
+fn library_file_name(source: &str) -> String {
+    let stem = source.rsplit_once('.').map_or(source, |(stem, _)| stem);
+    format!("lib{stem}.so")
 }
 
 /// Runs the recipe's commands in `scratch` and returns the path of the program built.
@@ -247,6 +294,40 @@ fn compile(fixture: &Fixture, scratch: &Path) -> Result<PathBuf, String> {
     match fixture.recipe {
         Recipe::C => run(scratch, "gcc", &c_args("-pthread"))?,
         Recipe::CStatic => run(scratch, "gcc", &c_args("-static"))?,
+        Recipe::CDlopen => {
+            let mut args = c_args("-pthread");
+            args.push("-ldl");
+            run(scratch, "gcc", &args)?
+        }
+        Recipe::CSharedLibrary => {
+            let mut args = c_args("-shared");
+            args.insert(0, "-fPIC");
+            run(scratch, "gcc", &args)?
+        }
+        Recipe::CxxWithLibrary(library) => {
+            let name = library_file_name(library);
+            let library_source = workspace_dir().join("fixtures").join(library);
+            let library_source = library_source
+                .to_str()
+                .expect("the workspace path is UTF-8");
+            let library_args = [
+                "-O2",
+                "-g",
+                "-Wall",
+                "-Wextra",
+                "-shared",
+                "-fPIC",
+                "-o",
+                &name,
+                library_source,
+            ];
+            run(scratch, "g++", &library_args)?;
+            let stem = name.trim_start_matches("lib").trim_end_matches(".so");
+            let link = format!("-l{stem}");
+            let mut args = c_args("-L.");
+            args.extend([link.as_str(), "-Wl,-rpath,$ORIGIN"]);
+            run(scratch, "g++", &args)?
+        }
         Recipe::CNoFramePointers => {
             let mut args = c_args("-pthread");
             args.insert(0, "-fomit-frame-pointer");

@@ -52,6 +52,11 @@ impl Recording {
         }
     }
 
+    /// Waits for tendril to print a line starting with `prefix` on stderr.
+    pub fn wait_for_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        self.running.wait_for_line(prefix, timeout)
+    }
+
     /// Ends the recording with SIGINT and reads the profile, which must be consistent
     /// (`check_profile`).
     pub fn finish(self) -> Recorded {

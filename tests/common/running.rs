@@ -70,6 +70,32 @@ impl RunningTendril {
         self.child.id()
     }
 
+    /// Waits for a stderr line starting with `prefix` (lines before it are kept for
+    /// [`RunningTendril::wait`]); panics if tendril ends first or says nothing of the
+    /// kind within `timeout`.
+    pub fn wait_for_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        if let Some(line) = self.stderr_seen.iter().find(|l| l.starts_with(prefix)) {
+            return line.clone();
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            match self.stderr_lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    self.stderr_seen.push(line.clone());
+                    if line.starts_with(prefix) {
+                        return line;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        panic!(
+            "tendril did not print '{prefix}...':\n{}",
+            self.stderr_seen.join("\n")
+        );
+    }
+
     /// Sends SIGINT, as Ctrl-C does.
     pub fn interrupt(&self) {
         // SAFETY: kill only sends a signal; the child has not been reaped.

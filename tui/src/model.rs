@@ -203,6 +203,10 @@ pub struct Status {
     pub instrumented_functions: u64,
     pub invoked_functions: u64,
     pub indirect_call_sites: u64,
+    /// Of those, the sites seen entering an instrumented target.
+    pub indirect_sites_followed: u64,
+    /// Distinct targets of calls through pointers that ran in the graph.
+    pub indirect_targets: u64,
     pub lost_events: u64,
     /// Estimated slowdown of the instrumented code, in percent.
     pub estimated_overhead_percent: f64,

@@ -57,7 +57,12 @@ pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
             count(status.invoked_functions)
         )),
         Span::raw(SEPARATOR),
-        Span::raw(format!("{} indirect", count(status.indirect_call_sites))),
+        Span::raw(format!(
+            "{} indirect: {} followed, {} targets",
+            count(status.indirect_call_sites),
+            count(status.indirect_sites_followed),
+            count(status.indirect_targets)
+        )),
         Span::raw(SEPARATOR),
         Span::styled(format!("{} lost", count(status.lost_events)), lost_style),
         Span::raw(SEPARATOR),

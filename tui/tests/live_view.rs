@@ -195,7 +195,7 @@ fn status_bar_shows_the_session_and_counters() {
         "00:01:23",
         "1.2M ev/s",
         "12 instr / 8 invoked",
-        "3 indirect",
+        "3 indirect: 2 followed, 5 targets",
         "0 lost",
         "~2.5% overhead",
     ] {

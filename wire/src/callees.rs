@@ -8,7 +8,10 @@
 //! (`mov r12, [rip+x]` ... `call r12`, how compilers hoist a GOT load out of a loop) or
 //! with a code address (`lea rax, [rip+f]` ... `call rax`) counts as a call through
 //! that pointer or to that address. Other calls through registers or computed
-//! addresses cannot be read off the code; they are counted.
+//! addresses cannot be read off the code; they are listed as indirect sites, and so are
+//! tail jumps through a pointer (`jmp reg`, `jmp [reg+x]`) — but not the jumps of a
+//! switch's jump table (`notrack jmp`, an indexed operand, or a register just computed
+//! from the table), which stay inside the function.
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
@@ -21,8 +24,11 @@ pub struct Callees {
     pub direct: Vec<u64>,
     /// Addresses of pointers called or jumped through (read them for the callee).
     pub through_pointers: Vec<u64>,
-    /// `call reg` / `call [reg+...]` sites: callees unknown until run time.
+    /// `call reg` / `call [reg+...]` sites and tail jumps through a pointer: callees
+    /// unknown until run time (`indirect_sites.len()`).
     pub indirect_call_sites: u64,
+    /// Where those sites are (the address of each call or jump instruction).
+    pub indirect_sites: Vec<u64>,
 }
 
 /// Scans the body `code` of the function at `start`.
@@ -32,11 +38,15 @@ pub fn scan(code: &[u8], start: u64) -> Callees {
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut instruction = Instruction::default();
     let mut loaded = LoadedRegisters::default();
+    // The register the previous instruction wrote by arithmetic (a jump table's target
+    // is computed just before its `jmp reg`).
+    let mut computed = Register::None;
     while decoder.can_decode() {
         decoder.decode_out(&mut instruction);
         if instruction.is_invalid() {
             continue;
         }
+        let just_computed = std::mem::replace(&mut computed, computed_register(&instruction));
         if let Some(known) = loaded.branch_through_register(&instruction) {
             match known {
                 Loaded::Pointer(slot) => callees.through_pointers.push(slot),
@@ -63,15 +73,50 @@ pub fn scan(code: &[u8], start: u64) -> Callees {
                     .through_pointers
                     .push(instruction.ip_rel_memory_address());
             }
-            FlowControl::IndirectCall => callees.indirect_call_sites += 1,
+            FlowControl::IndirectCall => callees.indirect_sites.push(instruction.ip()),
+            FlowControl::IndirectBranch if is_tail_jump(&instruction, just_computed) => {
+                callees.indirect_sites.push(instruction.ip())
+            }
             _ => {}
         }
     }
+    callees.indirect_call_sites = callees.indirect_sites.len() as u64;
     callees.direct.sort_unstable();
     callees.direct.dedup();
     callees.through_pointers.sort_unstable();
     callees.through_pointers.dedup();
     callees
+}
+
+/// Whether an indirect `jmp` (not ip-relative) leaves the function through a pointer,
+/// rather than dispatching through a switch's jump table: a table jump is marked
+/// `notrack` (CET builds), indexes its table (`jmp [reg*8+table]`), or jumps through
+/// the register the instruction before computed (`movsxd`/`add` of a table entry).
+fn is_tail_jump(instruction: &Instruction, just_computed: Register) -> bool {
+    if instruction.segment_prefix() == Register::DS {
+        return false; // `notrack`
+    }
+    match instruction.op0_kind() {
+        OpKind::Register => instruction.op0_register().full_register() != just_computed,
+        OpKind::Memory => instruction.memory_index() == Register::None,
+        _ => false,
+    }
+}
+
+/// The full register `instruction` writes by arithmetic on a table entry, if any.
+fn computed_register(instruction: &Instruction) -> Register {
+    let arithmetic = matches!(
+        instruction.mnemonic(),
+        Mnemonic::Add | Mnemonic::Movsxd | Mnemonic::Sub | Mnemonic::Mov
+    ) && instruction.op_count() == 2
+        && instruction.op0_kind() == OpKind::Register
+        && (instruction.op1_kind() == OpKind::Register
+            || instruction.memory_index() != Register::None);
+    if arithmetic {
+        instruction.op0_register().full_register()
+    } else {
+        Register::None
+    }
 }
 
 /// What a register holds, as far as a straight read of the code can tell.
@@ -150,6 +195,25 @@ impl LoadedRegisters {
     }
 }
 
+/// The indirect call that returns to `return_address`, given the `code` that precedes it
+/// (`code` ends at `return_address`): the address of a `call reg` / `call [reg+x]`
+/// ending exactly there, if one does. Calls through an ip-relative pointer (a GOT slot)
+/// are direct calls to [`scan`], so they are not answered. The longest such call is 9
+/// bytes (`notrack`, REX, opcode, ModRM, SIB, disp32); the shortest encoding that
+/// decodes to a call ending at the return address wins.
+pub fn indirect_call_ending_at(code: &[u8], return_address: u64) -> Option<u64> {
+    (2..=9usize.min(code.len())).find_map(|length| {
+        let start = return_address - length as u64;
+        let bytes = &code[code.len() - length..];
+        let instruction = Decoder::with_ip(64, bytes, start, DecoderOptions::NONE).decode();
+        (!instruction.is_invalid()
+            && instruction.len() == length
+            && instruction.flow_control() == FlowControl::IndirectCall
+            && !instruction.is_ip_rel_memory_operand())
+        .then_some(start)
+    })
+}
+
 /// The GOT slot a PLT stub (code at `start`) jumps through.
 pub fn plt_slot(code: &[u8], start: u64) -> Option<u64> {
     Decoder::with_ip(64, code, start, DecoderOptions::NONE)
@@ -161,6 +225,41 @@ pub fn plt_slot(code: &[u8], start: u64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_indirect_call_before_a_return_address_is_found() {
+        // mov rax, [rdi]; call [rax+0x10]: returns to 0x4005
+        let code = [0x48, 0x8b, 0x07, 0xff, 0x50, 0x10];
+        assert_eq!(indirect_call_ending_at(&code[..6], 0x4006), Some(0x4003));
+        // call rax
+        assert_eq!(
+            indirect_call_ending_at(&[0x90, 0xff, 0xd0], 0x5003),
+            Some(0x5001)
+        );
+        // call rel32 is not indirect; call [rip+x] goes through a GOT slot
+        let direct = [0xe8, 0x00, 0x01, 0x00, 0x00];
+        assert_eq!(indirect_call_ending_at(&direct, 0x6005), None);
+        let got = [0xff, 0x15, 0x00, 0x02, 0x00, 0x00];
+        assert_eq!(indirect_call_ending_at(&got, 0x6006), None);
+    }
+
+    #[test]
+    fn tail_jumps_through_pointers_are_sites_and_jump_table_dispatch_is_not() {
+        let start = 0x3000;
+        let code = [
+            0x48, 0x8b, 0x47, 0x10, // mov rax, [rdi+0x10]
+            0xff, 0x60, 0x18, // jmp [rax+0x18]: a tail call through a vtable slot
+            0x48, 0x63, 0x04, 0x82, // movsxd rax, [rdx+rax*4]
+            0x48, 0x01, 0xd0, // add rax, rdx
+            0xff, 0xe0, // jmp rax: the switch's dispatch
+            0x3e, 0xff, 0xe1, // notrack jmp rcx: a switch's dispatch (CET)
+            0xff, 0x24, 0xc5, 0x00, 0x10, 0x00, 0x00, // jmp [rax*8+0x1000]: a table
+            0x48, 0x8b, 0x06, // mov rax, [rsi]
+            0xff, 0xe0, // jmp rax: a tail call through a loaded pointer
+        ];
+        let callees = scan(&code, start);
+        assert_eq!(callees.indirect_sites, [0x3004, 0x301d]);
+    }
 
     #[test]
     fn finds_calls_tail_calls_got_calls_and_counts_indirect_ones() {
@@ -176,6 +275,7 @@ mod tests {
         let callees = scan(&code, start);
         assert_eq!(callees.direct, [0x1100, 0x1404]);
         assert_eq!(callees.through_pointers, [0x120b]);
+        assert_eq!(callees.indirect_sites, [0x100b]);
         assert_eq!(callees.indirect_call_sites, 1);
         // endbr64; bnd jmp [rip+0x2ff2]
         let stub = [
@@ -199,6 +299,8 @@ mod tests {
         let callees = scan(&code, start);
         assert_eq!(callees.direct, [0x4000]);
         assert_eq!(callees.through_pointers, [0x3000]);
-        assert_eq!(callees.indirect_call_sites, 1, "the second call rax");
+        // The second `call rax`, and `jmp r12`: a tail jump through an unknown pointer.
+        assert_eq!(callees.indirect_sites, [0x2010, 0x2018]);
+        assert_eq!(callees.indirect_call_sites, 2);
     }
 }

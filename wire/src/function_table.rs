@@ -18,6 +18,10 @@ pub const ENTRY_BYTES: usize = 32;
 pub const FLAG_PLT: u64 = 1;
 /// `FunctionEntry::flags`: never to be instrumented (dynamic loader, vDSO).
 pub const FLAG_EXCLUDED: u64 = 2;
+/// `FunctionEntry::flags`: an address-taken function (a pointer to it lies in data, or
+/// code loads its address): a candidate target of calls through pointers, instrumented
+/// up front so that such calls inside the graph are followed.
+pub const FLAG_ADDRESS_TAKEN: u64 = 4;
 
 /// One function, at its runtime address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

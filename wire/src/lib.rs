@@ -6,8 +6,9 @@
 //! the agent answers with exactly one [`Response`]. Control traffic is rare and small;
 //! the hot event path goes through shared-memory rings, not through here.
 //!
-//! Two requests carry more than their line: [`Request::StartRecording`] is followed by
-//! the function table's bytes (`table_bytes` of them), and its answer
+//! Three requests carry more than their line: [`Request::StartRecording`] and
+//! [`Request::UpdateTable`] are followed by the function table's bytes (`table_bytes` of
+//! them), and the answer to the first,
 //! [`Response::RecordingStarted`] carries the rings' memory as a file descriptor
 //! (`SCM_RIGHTS`). So no file of a recording ever lies in a directory the target's user
 //! controls. Neither side trusts the other's sizes: a request line is at most
@@ -23,7 +24,7 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire3");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire4");
 
 /// The longest request line the agent reads (newline included). A `Patch` target and
 /// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
@@ -67,6 +68,10 @@ pub enum Request {
     StartRecording { table_bytes: u64, discover: bool },
     /// End the recording: restore every function this session patched.
     StopRecording,
+    /// Replace the recording's function table (followed by `table_bytes` bytes, as for
+    /// `StartRecording`): modules loaded since it started (`dlopen`) join it, so
+    /// discovery can decode and follow their functions. Answered with `TableUpdated`.
+    UpdateTable { table_bytes: u64 },
 }
 
 /// How a patched function is hooked: the one hook vocabulary, shared by the controller's
@@ -199,6 +204,8 @@ pub enum Response {
         restored: usize,
         refused: Vec<(u64, String)>,
     },
+    /// Answer to [`Request::UpdateTable`]: the number of functions the table now holds.
+    TableUpdated { functions: u64 },
     /// The request was refused; the message says why and what to do.
     Error { message: String },
 }

@@ -46,7 +46,8 @@ pub mod header {
     pub const INSTRUMENTED: usize = 16;
     /// Functions that ran inside the call graph.
     pub const INVOKED: usize = 24;
-    /// Indirect call sites (`call reg`, `call [mem]`) met by discovery.
+    /// Indirect call sites (`call reg`, `call [mem]`, tail jumps through a pointer) met by
+    /// discovery.
     pub const INDIRECT_CALL_SITES: usize = 32;
     /// Events that could not be written (no ring left for a thread).
     pub const LOST_EVENTS: usize = 40;
@@ -76,6 +77,12 @@ pub mod header {
     /// discovering another function), and waited (count and total ticks).
     pub const DISCOVERY_WAITS: usize = 120;
     pub const DISCOVERY_WAIT_TICKS: usize = 128;
+    /// Indirect call sites met by discovery from which a thread was seen entering an
+    /// instrumented function for the first time (a lower bound of the sites followed).
+    pub const INDIRECT_SITES_FOLLOWED: usize = 136;
+    /// Address-taken functions that ran inside the call graph (distinct targets of
+    /// calls through pointers found).
+    pub const INDIRECT_TARGETS: usize = 144;
     pub const DISCOVERY_SAMPLE_WORDS: usize = 512;
     pub const DISCOVERY_SAMPLES: usize = (super::HEADER_BYTES - DISCOVERY_SAMPLE_WORDS) / 8;
 }

@@ -74,7 +74,7 @@ fn report(profile: &Profile, format: ReportFormat) -> String {
 
 const HEADER: &str = "\
 tendril profile of pid 4242 (/usr/bin/app), scheme B, roots: main
-events: 52 (0 lost, 0 unmatched exits, 2 unwound exits — frames ended by an exception, longjmp, thread exit or the recording's end, not a return); functions: 6 instrumented, 5 invoked; 1 indirect call site (calls through pointers; their targets are recorded only if also called directly); pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)
+events: 52 (0 lost, 0 unmatched exits, 2 unwound exits — frames ended by an exception, longjmp, thread exit or the recording's end, not a return); functions: 6 instrumented, 5 invoked; 1 indirect call site (calls through pointers), 0 seen entering a target, 0 distinct targets of 0 address-taken functions instrumented; pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)
 calibration: TSC 2.995 GHz, 12.2 ns inner and 20.5 ns outer removed per call
 ";
 

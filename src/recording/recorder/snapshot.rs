@@ -36,7 +36,8 @@ impl Recorder {
         }
     }
 
-    /// Fields beyond the builder's: pauses, the gross-time distribution, the duration.
+    /// Fields beyond the builder's: pauses, the gross-time distribution, the duration,
+    /// how calls through pointers were followed.
     fn add_extras(&self, profile: &mut Profile, counters: &AgentCounters) {
         let hz = profile.calibration.tsc_hz.max(1) as f64;
         profile.stats.pause_ns = (counters.pause_ticks as f64 * 1e9 / hz) as u64;
@@ -62,7 +63,15 @@ impl Recorder {
             refused_callees: counters.refused_callees,
             waits: counters.discovery_waits,
             mean_wait_ns: mean_ns(counters.discovery_wait_ticks, counters.discovery_waits),
+            indirect_not_followed: self
+                .indirect
+                .as_ref()
+                .map(|i| i.all_not_followed())
+                .unwrap_or_default(),
         });
+        profile.stats.indirect_sites_followed = counters.indirect_sites_followed;
+        profile.stats.indirect_targets = counters.indirect_targets;
+        profile.stats.indirect_candidates = self.indirect.as_ref().map_or(0, |i| i.instrumented);
         if let Some(gross) = &self.gross {
             profile.gross = gross.summaries(&|id| self.name_of(id));
         }

@@ -1,8 +1,8 @@
 //! A session's requests: reading them, and what the agent does for each.
 //!
 //! One request line at a time (capped, see `line_io`), answered with exactly one
-//! response line; a `StartRecording` brings its function table after the line and gets
-//! the rings' descriptor back with its answer.
+//! response line; a `StartRecording` (and an `UpdateTable`) brings its function table
+//! after the line, and a `StartRecording` gets the rings' descriptor back with its answer.
 
 use super::line_io::{RequestLine, read_request_line, read_table, send_with_descriptor};
 use super::sessions::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
@@ -46,18 +46,18 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
         // A table follows its request on the connection: take it before anything else,
         // so the next line is a request again (or end a connection that lies about it).
         let table = match &request {
-            Ok(Request::StartRecording { table_bytes, .. }) => {
-                match read_table(&mut reader, *table_bytes) {
-                    Ok(table) => Some(table),
-                    Err(error) => {
-                        let refusal = Response::Error {
-                            message: error.to_string(),
-                        };
-                        let _ = writer.write_all(&tendril_wire::encode(&refusal));
-                        return;
-                    }
+            Ok(
+                Request::StartRecording { table_bytes, .. } | Request::UpdateTable { table_bytes },
+            ) => match read_table(&mut reader, *table_bytes) {
+                Ok(table) => Some(table),
+                Err(error) => {
+                    let refusal = Response::Error {
+                        message: error.to_string(),
+                    };
+                    let _ = writer.write_all(&tendril_wire::encode(&refusal));
+                    return;
                 }
-            }
+            },
             _ => None,
         };
         let mut rings = None;
@@ -103,6 +103,12 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                 }
             }
             Ok(Request::StopRecording) => stop_recording(session),
+            Ok(Request::UpdateTable { .. }) => {
+                match discovery::update_table(session, table.unwrap_or_default()) {
+                    Ok(functions) => Response::TableUpdated { functions },
+                    Err(message) => Response::Error { message },
+                }
+            }
         };
         let answer = tendril_wire::encode(&response);
         let sent = match &rings {

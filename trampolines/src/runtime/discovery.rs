@@ -6,9 +6,16 @@
 //! whole time slice): it decodes the function (bounds from the controller's function
 //! table), collects where it calls and tail-jumps — direct `call`/`jmp`/`jcc` targets
 //! outside its body, and calls through a GOT slot, read now — follows PLT stubs to the
-//! function they lead to, counts indirect call sites, and patches the callees not
+//! function they lead to, notes its indirect call sites, and patches the callees not
 //! patched yet, in one batch. Then it marks the function invoked; the time it took is
 //! tendril's pause (an Adjust event).
+//!
+//! Calls through pointers: the controller instruments every address-taken function up
+//! front (`FLAG_ADDRESS_TAKEN` in the table), with the recording hook that steps aside
+//! outside the graph. So a target reached through a pointer inside the graph arrives
+//! here like any other function on its first call, and is discovered as usual. Its
+//! return address says where it was called from: when that is an indirect call site
+//! discovery has met, the site counts as followed.
 //!
 //! The one idea: the thread may be anywhere — inside `malloc`, in a signal handler, on a
 //! small stack — so the work runs on a stack of the agent's own, with the thread's
@@ -23,11 +30,14 @@ use crate::runtime::thread_state::with_own_state;
 use crate::sys;
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use tendril_wire::Hook;
 use tendril_wire::callees;
 use tendril_wire::events::{Event, EventKind};
-use tendril_wire::function_table::{FLAG_EXCLUDED, FLAG_PLT, FunctionEntry, FunctionTable};
+use tendril_wire::function_table::{
+    FLAG_ADDRESS_TAKEN, FLAG_EXCLUDED, FLAG_PLT, FunctionEntry, FunctionTable,
+};
 use tendril_wire::rings::header;
 
 /// How far around a callee to look for code that might branch into its entry.
@@ -45,6 +55,10 @@ struct Context {
     discover_callees: bool,
     /// Functions that could not be patched, with the reason.
     refused: Vec<(u64, String)>,
+    /// Indirect call sites met in the functions discovered, and those seen entering an
+    /// instrumented function for the first time.
+    indirect_sites: HashSet<u64>,
+    followed_sites: HashSet<u64>,
 }
 
 static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
@@ -59,8 +73,26 @@ pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(),
         table,
         discover_callees,
         refused: Vec::new(),
+        indirect_sites: HashSet::new(),
+        followed_sites: HashSet::new(),
     });
     Ok(())
+}
+
+/// Replaces the recording's function table (modules loaded since it started joined
+/// it); returns the number of functions it holds.
+pub fn update_table(session: u64, table: Vec<u8>) -> Result<u64, String> {
+    let functions = FunctionTable::parse(&table)
+        .ok_or("the function table is not a tendril function table")?
+        .len() as u64;
+    let mut guard = CONTEXT.lock().unwrap_or_else(|p| p.into_inner());
+    match guard.as_mut() {
+        Some(context) if context.session == session => {
+            context.table = table;
+            Ok(functions)
+        }
+        _ => Err("this session is not recording".into()),
+    }
 }
 
 /// Ends discovery; returns the functions that could not be patched, with the reason.
@@ -73,9 +105,21 @@ pub fn stop() -> Vec<(u64, String)> {
         .unwrap_or_default()
 }
 
+/// Where a recording hook's slow path finds the function's return address: above the
+/// registers the hook pushed (for a call thunk, this is the thunk's own return).
+const RETURN_ADDRESS_OFFSET: u64 = crate::hooks::stubs::RECORD_HOOK_PUSHES * 8;
+
 /// Slow path of a recording stub: function `rdx` runs in the graph for the first time.
 pub extern "C" fn discover(registers: &mut SavedRegisters) {
     let id = registers.rdx as u32;
+    // The function's return address, on the thread's stack above the hook's pushes.
+    // Read in place: nothing here may call a function (libc's `pread` is hooked too,
+    // and the hooks only step aside once `with_own_state` says so).
+    let slot = (registers.caller_stack_pointer() + RETURN_ADDRESS_OFFSET) as *const u64;
+    // SAFETY: the hook pushed RECORD_HOOK_PUSHES registers below the return address slot
+    // of the call being entered, on this thread's stack, and has not popped them: the
+    // word is mapped, aligned and this thread's own.
+    let entered_from = Some(unsafe { std::ptr::read_volatile(slot) });
     if recording::is_invoked(id) {
         return;
     }
@@ -88,6 +132,7 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
         let mask = sys::block_signals();
         let mut request = DiscoveryRequest {
             id,
+            entered_from,
             discovered_here: false,
         };
         // SAFETY: `stack` is the top of a mapping of DISCOVERY_STACK_BYTES owned by this
@@ -147,6 +192,8 @@ fn agent_stack(state: StatePtr) -> Option<u64> {
 /// What `discover` asks of the code on the discovery stack, and what it did.
 struct DiscoveryRequest {
     id: u32,
+    /// The function's return address, if it could be read.
+    entered_from: Option<u64>,
     /// This thread discovered the function (rather than waiting while another did).
     discovered_here: bool,
 }
@@ -157,8 +204,8 @@ extern "C" fn run_discovery(argument: *mut libc::c_void) {
     // touch it until this returns.
     let request = unsafe { &mut *(argument as *mut DiscoveryRequest) };
     // Nothing may unwind off this stack: a panic here ends discovery for this call.
-    let id = request.id;
-    if let Ok(discovered) = std::panic::catch_unwind(|| discover_batch(&[id])) {
+    let (id, entered_from) = (request.id, request.entered_from);
+    if let Ok(discovered) = std::panic::catch_unwind(|| discover_batch(&[id], entered_from)) {
         request.discovered_here = discovered;
     }
 }
@@ -201,7 +248,8 @@ unsafe extern "C" {
 
 /// Discovers the callees of functions `ids` and patches them in one batch, then marks
 /// the functions invoked. Returns whether any of them was still to be discovered.
-fn discover_batch(ids: &[u32]) -> bool {
+/// `entered_from`: the return address of the call that entered them, if known.
+fn discover_batch(ids: &[u32], entered_from: Option<u64>) -> bool {
     let mut guard = CONTEXT.lock().unwrap_or_else(|p| p.into_inner());
     let Some(context) = guard.as_mut() else {
         // No recording: let the waiters go on.
@@ -228,8 +276,19 @@ fn discover_batch(ids: &[u32]) -> bool {
             let Some(function) = table.starting_at(address) else {
                 continue;
             };
+            if function.flags & FLAG_ADDRESS_TAKEN != 0 {
+                recording::add_to_header(header::INDIRECT_TARGETS, 1);
+                let site = entered_from.and_then(indirect_call_before);
+                if let Some(site) = site.filter(|s| context.indirect_sites.contains(s))
+                    && context.followed_sites.insert(site)
+                {
+                    recording::add_to_header(header::INDIRECT_SITES_FOLLOWED, 1);
+                }
+            }
             let scan = scan(&function, &table);
-            indirect_sites += scan.indirect_call_sites;
+            for site in scan.indirect_sites {
+                indirect_sites += context.indirect_sites.insert(site) as u64;
+            }
             callees.extend(scan.callees);
         }
         callees.sort_unstable_by_key(|f| f.start);
@@ -326,7 +385,7 @@ fn table_index_at_or_after(table: &FunctionTable, address: u64) -> usize {
 #[derive(Debug, Default)]
 struct Scan {
     callees: Vec<FunctionEntry>,
-    indirect_call_sites: u64,
+    indirect_sites: Vec<u64>,
 }
 
 /// Decodes `function` and finds its direct callees (see the module comment).
@@ -342,8 +401,17 @@ fn scan(function: &FunctionEntry, table: &FunctionTable) -> Scan {
         .chain(found.through_pointers.into_iter().filter_map(read_pointer));
     Scan {
         callees: targets.filter_map(|t| resolve(t, table)).collect(),
-        indirect_call_sites: found.indirect_call_sites,
+        indirect_sites: found.indirect_sites,
     }
+}
+
+/// The indirect call site that returns to `return_address`, if the instruction before
+/// it is one.
+fn indirect_call_before(return_address: u64) -> Option<u64> {
+    let mut code = [0u8; 9];
+    let start = return_address.checked_sub(code.len() as u64)?;
+    code_memory::read_code(start, &mut code).ok()?;
+    callees::indirect_call_ending_at(&code, return_address)
 }
 
 /// The function a branch to `target` enters: a function of the table that starts

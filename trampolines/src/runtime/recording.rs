@@ -153,6 +153,8 @@ pub fn start() {
         header::STOPPED_AT_TICKS,
         header::DISCOVERY_WAITS,
         header::DISCOVERY_WAIT_TICKS,
+        header::INDIRECT_SITES_FOLLOWED,
+        header::INDIRECT_TARGETS,
     ] {
         set_header(field, 0);
     }

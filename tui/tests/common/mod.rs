@@ -57,6 +57,8 @@ pub fn status() -> Status {
         instrumented_functions: 12,
         invoked_functions: 8,
         indirect_call_sites: 3,
+        indirect_sites_followed: 2,
+        indirect_targets: 5,
         lost_events: 0,
         estimated_overhead_percent: 2.5,
         paused: false,

@@ -1,0 +1,233 @@
+//! Calls through pointers inside the recorded call graph: a C dispatch table, `qsort`'s
+//! comparator, C++ virtual calls (one interface implemented in another shared library,
+//! one override that throws), Rust `dyn Trait` and `&dyn Fn` closures, and a callback in
+//! a library loaded with `dlopen` after the recording started. Each target must appear
+//! under its real caller with its exact call count.
+
+mod common;
+
+use common::{Recording, Target, code_bytes_match_file, fixture, node_at};
+use std::time::Duration;
+use tendril::profile::{Node, Profile};
+
+const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Every node of `roots` with the names of the nodes above it (root first).
+fn nodes_with_paths(roots: &[Node]) -> Vec<(Vec<&str>, &Node)> {
+    let mut found = Vec::new();
+    let mut stack: Vec<(Vec<&str>, &Node)> = roots.iter().map(|n| (Vec::new(), n)).collect();
+    while let Some((path, node)) = stack.pop() {
+        let mut below = path.clone();
+        below.push(node.name.as_str());
+        stack.extend(node.children.iter().map(|child| (below.clone(), child)));
+        found.push((path, node));
+    }
+    found
+}
+
+/// The calls of every node named `name` (by `matches`), summed over contexts.
+fn calls_of(profile: &Profile, matches: impl Fn(&str) -> bool) -> u64 {
+    nodes_with_paths(&profile.merged.roots)
+        .iter()
+        .filter(|(_, node)| matches(&node.name))
+        .map(|(_, node)| node.calls)
+        .sum()
+}
+
+/// The number that follows `key` in a fixture's output line.
+fn value_after(line: &str, key: &str) -> u64 {
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == key);
+    words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {key:?} in {line:?}"))
+}
+
+#[test]
+fn a_dispatch_table_and_a_qsort_comparator_are_followed_under_their_callers() {
+    let mut target = Target::spawn("indirect", &[]);
+    let recording = Recording::start(
+        target.pid(),
+        &["--root", "table_root", "--root", "sort_root"],
+    );
+    target.write_stdin("table 300\n");
+    target.expect_line("table calls 300 ", LINE_TIMEOUT);
+    target.write_stdin("sort 1000\n");
+    let sorted = target.expect_line("sort compares ", LINE_TIMEOUT);
+    assert!(sorted.ends_with("sorted 1"), "{sorted}");
+    let compares = value_after(&sorted, "compares");
+    let recorded = recording.finish();
+    let profile = &recorded.profile;
+    let merged = &profile.merged.roots;
+    let count = |path: &[&str]| node_at(merged, path).map(|n| n.calls);
+    for op in ["op_add", "op_mul", "op_xor"] {
+        assert_eq!(
+            count(&["table_root", op]),
+            Some(100),
+            "{op}\n{}",
+            recorded.stderr
+        );
+    }
+    // The comparator runs below qsort (and whatever of libc's sort qsort calls), with
+    // exactly the count the fixture kept.
+    let comparators: Vec<(Vec<&str>, &Node)> = nodes_with_paths(merged)
+        .into_iter()
+        .filter(|(_, node)| node.name == "compare_numbers")
+        .collect();
+    assert!(!comparators.is_empty(), "{}", recorded.stderr);
+    for (path, _) in &comparators {
+        assert_eq!(path.first(), Some(&"sort_root"), "{path:?}");
+        assert!(path.contains(&"qsort"), "below qsort: {path:?}");
+    }
+    let counted: u64 = comparators.iter().map(|(_, node)| node.calls).sum();
+    assert_eq!(counted, compares, "{}", recorded.stderr);
+    let stats = &profile.stats;
+    assert!(stats.indirect_targets >= 4, "{stats:?}");
+    assert!(stats.indirect_sites_followed >= 2, "{stats:?}");
+    assert!(stats.indirect_call_sites >= stats.indirect_sites_followed);
+    assert!(stats.indirect_candidates >= 4, "{stats:?}");
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn scheme_a_instruments_the_address_taken_functions_up_front() {
+    let mut target = Target::spawn("indirect", &[]);
+    let recording = Recording::start(target.pid(), &["--root", "table_root", "--scheme", "a"]);
+    target.write_stdin("table 30\n");
+    target.expect_line("table calls 30 ", LINE_TIMEOUT);
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    for op in ["op_add", "op_mul", "op_xor"] {
+        let calls = node_at(merged, &["table_root", op]).map(|n| n.calls);
+        assert_eq!(calls, Some(10), "{op}\n{}", recorded.stderr);
+    }
+    // Nothing was discovered: the graph, targets included, was patched before it ran.
+    let discovery = recorded.profile.discovery.as_ref().unwrap();
+    assert_eq!(discovery.refused_callees, 0);
+    assert!(recorded.profile.stats.indirect_candidates >= 3);
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn virtual_calls_are_counted_under_their_caller_across_libraries_and_exceptions() {
+    let mut target = Target::spawn("virtuals", &[]);
+    let recording = Recording::start(
+        target.pid(),
+        &[
+            "--root",
+            "shapes_root",
+            "--root",
+            "codec_root",
+            "--root",
+            "throw_root",
+        ],
+    );
+    target.write_stdin("shapes 100\n");
+    target.expect_line("shapes passes 100 ", LINE_TIMEOUT);
+    target.write_stdin("codec 50\n");
+    target.expect_line("codec calls 50 ", LINE_TIMEOUT);
+    target.write_stdin("throw 20\n");
+    assert_eq!(
+        target.expect_line("throw calls ", LINE_TIMEOUT),
+        "throw calls 20 caught 20"
+    );
+    // The program goes on as before after exceptions passed through a recorded frame.
+    target.write_stdin("shapes 1\n");
+    target.expect_line("shapes passes 1 ", LINE_TIMEOUT);
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    // C++ names carry their parameters: `shapes_root(long)`.
+    let root = |name: &str| merged.iter().find(|n| n.name == format!("{name}(long)"));
+    let child_calls = |name: &str, callee: &str| {
+        root(name)
+            .into_iter()
+            .flat_map(|n| n.children.iter())
+            .filter(|n| n.name.contains(callee))
+            .map(|n| (n.calls, n.module.clone()))
+            .next()
+    };
+    let shapes = root("shapes_root").map(|n| n.calls);
+    assert_eq!(shapes, Some(2), "{}", recorded.stderr);
+    assert_eq!(child_calls("shapes_root", "Square::area").unwrap().0, 303);
+    assert_eq!(child_calls("shapes_root", "Circle::area").unwrap().0, 202);
+    assert_eq!(child_calls("shapes_root", "Triangle::area").unwrap().0, 101);
+    let (encodes, module) = child_calls("codec_root", "RotateCodec::encode").unwrap();
+    assert_eq!(encodes, 50);
+    assert_eq!(module, "libvirtuals_codec.so");
+    let checks = child_calls("throw_root", "Triangle::check").unwrap().0;
+    assert_eq!(checks, 20, "{}", recorded.stderr);
+    assert!(recorded.profile.stats.unwound_exits >= 20);
+    assert_eq!(
+        calls_of(&recorded.profile, |n| n.contains("Shape::check")),
+        0
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn rust_dyn_trait_calls_and_dyn_fn_closures_are_followed() {
+    let mut target = Target::spawn("rust_dyn", &[]);
+    let recording = Recording::start(
+        target.pid(),
+        &["--root", "animals_root", "--root", "closure_root"],
+    );
+    target.write_stdin("animals 100\n");
+    target.expect_line("animals passes 100 ", LINE_TIMEOUT);
+    target.write_stdin("closure 50\n");
+    target.expect_line("closure calls 50 ", LINE_TIMEOUT);
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    let below = |path: &[&str], name: &str| {
+        node_at(merged, path)
+            .into_iter()
+            .flat_map(|n| n.children.iter())
+            .filter(|n| n.name.contains(name))
+            .map(|n| n.calls)
+            .sum::<u64>()
+    };
+    assert_eq!(
+        below(&["animals_root"], "Dog as rust_dyn::Animal>::speak"),
+        200,
+        "{}",
+        recorded.stderr
+    );
+    assert_eq!(
+        below(&["animals_root"], "Cat as rust_dyn::Animal>::speak"),
+        100
+    );
+    assert_eq!(
+        below(&["closure_root", "apply_n"], "closure_root::{{closure}}"),
+        50,
+        "{}",
+        recorded.stderr
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn a_callback_in_a_library_loaded_after_the_recording_started_is_followed() {
+    let plugin = fixture("indirect_plugin.so");
+    let mut target = Target::spawn("indirect", &[]);
+    let mut recording = Recording::start(target.pid(), &["--root", "plugin_root"]);
+    target.write_stdin(&format!("load {}\n", plugin.display()));
+    assert_eq!(target.expect_line("load ", LINE_TIMEOUT), "load ok");
+    let followed = recording.wait_for_line("tendril: new module indirect_plugin.so", LINE_TIMEOUT);
+    assert!(followed.contains("address-taken"), "{followed}");
+    target.write_stdin("plugin 40\n");
+    target.expect_line("plugin calls 40 ", LINE_TIMEOUT);
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    let count = |path: &[&str]| node_at(merged, path).map(|n| (n.calls, n.module.clone()));
+    assert_eq!(
+        count(&["plugin_root", "plugin_callback"]),
+        Some((40, "indirect_plugin.so".to_string())),
+        "{}",
+        recorded.stderr
+    );
+    assert_eq!(
+        count(&["plugin_root", "plugin_callback", "plugin_step"]).map(|c| c.0),
+        Some(40)
+    );
+    code_bytes_match_file(target.pid()).unwrap();
+}
