@@ -71,16 +71,20 @@ impl IndirectTargets {
         first: &str,
     ) -> Vec<&'a Function> {
         let already: HashSet<u64> = patched.iter().map(|(f, _)| f.addr).collect();
-        let mut candidates: Vec<&Function> = functions_at(symbols, &self.taken.addresses)
+        let all = functions_at(symbols, &self.taken.addresses);
+        // Candidates already in `patched` (Scheme A's closure takes them) use the budget.
+        let budget =
+            MAX_UP_FRONT.saturating_sub(all.iter().filter(|f| already.contains(&f.addr)).count());
+        let mut candidates: Vec<&Function> = all
             .into_iter()
             .filter(|f| !already.contains(&f.addr))
             .collect();
         // Stable: address order within each group.
         candidates.sort_by_key(|f| f.module != first);
         self.capped.clear();
-        if candidates.len() > MAX_UP_FRONT {
+        if candidates.len() > budget {
             let mut left_out: Vec<(String, usize)> = Vec::new();
-            for function in &candidates[MAX_UP_FRONT..] {
+            for function in &candidates[budget..] {
                 match left_out.iter_mut().find(|(m, _)| *m == function.module) {
                     Some((_, count)) => *count += 1,
                     None => left_out.push((function.module.clone(), 1)),
@@ -96,7 +100,7 @@ impl IndirectTargets {
                     ),
                 })
                 .collect();
-            candidates.truncate(MAX_UP_FRONT);
+            candidates.truncate(budget);
         }
         candidates
     }

@@ -272,9 +272,16 @@ impl Recorder {
             .iter()
             .map(|c| (&c.function, Hook::RecordRoot))
             .collect();
-        let candidates = indirect::functions_at(symbols, &indirect_targets.taken.addresses);
+        let exe = (self.target.exe.file_name())
+            .and_then(|n| n.to_str())
+            .unwrap_or("");
         let closure = if self.scheme == Scheme::A && !self.gross_only {
             let roots: Vec<&Function> = chosen.iter().map(|c| &c.function).collect();
+            // The same cap as the candidates patched up front (the executable's first);
+            // the rest are noted as not followed below.
+            let mut candidates = indirect::functions_at(symbols, &indirect_targets.taken.addresses);
+            candidates.sort_by_key(|f| f.module != exe);
+            candidates.truncate(indirect::MAX_UP_FRONT);
             closure::static_closure(symbols, &roots, &candidates)
         } else {
             closure::Closure::default()
@@ -292,9 +299,6 @@ impl Recorder {
             .filter(|f| !patched.iter().any(|(p, _)| p.addr == f.addr))
             .collect();
         patched.extend(again.into_iter().map(|f| (f, Hook::Record)));
-        let exe = (self.target.exe.file_name())
-            .and_then(|n| n.to_str())
-            .unwrap_or("");
         let candidates = indirect_targets.to_patch(symbols, &patched, exe);
         patched.extend(candidates.into_iter().map(|f| (f, Hook::Record)));
         let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(symbols)
