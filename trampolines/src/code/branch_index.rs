@@ -134,8 +134,9 @@ fn for_each_candidate(code: &[u8], start: u64, mut visit: impl FnMut(u64)) {
     }
 }
 
-/// Every direct branch of the function, decoded from its start.
-fn decode_branches(code: &[u8], start: u64) -> Vec<(u64, u64)> {
+/// Every direct branch (from, to) of the code at `start`, decoded linearly; bytes that
+/// do not decode (data, padding) are skipped one at a time.
+pub fn decode_branches(code: &[u8], start: u64) -> Vec<(u64, u64)> {
     let mut branches = Vec::new();
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut instruction = Instruction::default();

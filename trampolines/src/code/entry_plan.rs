@@ -11,8 +11,9 @@
 //! may call, make a system call or end the function) nor by a branch (so the body is
 //! scanned for branch targets). Whatever could break that is refused, with the reason.
 
+use super::branch_index::decode_branches;
 use crate::sys::error::AgentError;
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, OpKind};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction};
 use std::fmt;
 
 /// Length of the `jmp rel32` written at the patch point.
@@ -332,21 +333,7 @@ fn scan_branches(
     let first_push = patch_start - plan.lead_pushes as u64;
     let offset = |address: u64| address.wrapping_sub(function_address) as usize;
     let mut entry_sources = Vec::new();
-    let mut decoder = Decoder::with_ip(64, code, code_address, DecoderOptions::NONE);
-    let mut instruction = Instruction::default();
-    while decoder.can_decode() {
-        let position = decoder.position();
-        decoder.decode_out(&mut instruction);
-        if instruction.is_invalid() {
-            // Cannot fail: position + 1 <= code.len().
-            let _ = decoder.set_position(position + 1);
-            decoder.set_ip(code_address + position as u64 + 1);
-            continue;
-        }
-        if instruction.op0_kind() != OpKind::NearBranch64 {
-            continue;
-        }
-        let (from, to) = (instruction.ip(), instruction.near_branch_target());
+    for (from, to) in decode_branches(code, code_address) {
         let internal = patch.contains(&from) && plan.instruction_offsets.contains(&offset(to));
         if to != patch_start && patch.contains(&to) && !internal {
             return Err(Refusal::BranchIntoPatch { from, to });
