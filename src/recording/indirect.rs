@@ -33,9 +33,9 @@ pub struct IndirectTargets {
     pub capped: Vec<NotFollowed>,
 }
 
-/// The most address-taken functions instrumented when a recording starts: the patch
-/// engine takes about a millisecond per function (BENCHMARKS.md), so a program with
-/// tens of thousands would take a minute to start.
+/// The most address-taken functions instrumented when a recording starts. Patching
+/// 4,000 of them keeps a start under half a second (BENCHMARKS.md, "Calls through
+/// pointers"); a program with tens of thousands would take seconds to start.
 pub const MAX_UP_FRONT: usize = 4000;
 
 impl IndirectTargets {
@@ -95,8 +95,8 @@ impl IndirectTargets {
                 .map(|(module, count)| NotFollowed {
                     target: format!("{count} address-taken functions of {module}"),
                     reason: format!(
-                        "beyond the first {MAX_UP_FRONT} instrumented up front (each \
-                         takes the patch engine about a millisecond)"
+                        "beyond the first {MAX_UP_FRONT} instrumented up front (more \
+                         would make the start take seconds)"
                     ),
                 })
                 .collect();

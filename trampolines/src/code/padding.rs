@@ -13,38 +13,90 @@ use iced_x86::{Decoder, DecoderOptions, Mnemonic};
 /// Bytes of a `jmp rel32` placed in padding.
 pub const PAD_LEN: u64 = 5;
 
+/// The known code ranges around a batch, sorted once so that each pad search looks
+/// only at the few ranges near its jump (sorting them all again for each of thousands of
+/// functions was most of a large batch's time).
+pub struct KnownRanges {
+    /// (start, end) of every non-empty range, sorted.
+    ranges: Vec<(u64, u64)>,
+    /// `furthest_end[i]`: the largest end among `ranges[..=i]` (ranges may nest).
+    furthest_end: Vec<u64>,
+}
+
+impl KnownRanges {
+    /// Sorts `ranges`, given as (start, size) pairs.
+    pub fn new(ranges: &[(u64, u64)]) -> KnownRanges {
+        let mut sorted: Vec<(u64, u64)> = ranges
+            .iter()
+            .filter(|&&(_, size)| size > 0)
+            .map(|&(start, size)| (start, start + size))
+            .collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let furthest_end = sorted
+            .iter()
+            .scan(0u64, |furthest, &(_, end)| {
+                *furthest = (*furthest).max(end);
+                Some(*furthest)
+            })
+            .collect();
+        KnownRanges {
+            ranges: sorted,
+            furthest_end,
+        }
+    }
+
+    /// The gaps no range covers within `low..high`, between the furthest end so far and
+    /// the next start (nothing before the first range or after the last one counts), with
+    /// `extra` (start, size) counted as one more range.
+    fn gaps_within(&self, low: u64, high: u64, extra: (u64, u64)) -> Vec<(u64, u64)> {
+        // Only a range starting after `low` can end a gap inside `low..high`, and after
+        // the first one starting past `high` no gap reaches back into it.
+        let first = self.ranges.partition_point(|&(start, _)| start <= low);
+        let past = self.ranges.partition_point(|&(start, _)| start <= high);
+        let mut covered_to = first.checked_sub(1).map(|i| self.furthest_end[i]);
+        let mut window: Vec<(u64, u64)> =
+            self.ranges[first..(past + 1).min(self.ranges.len())].to_vec();
+        let (extra_start, extra_size) = extra;
+        if extra_size > 0 {
+            let extra_end = extra_start + extra_size;
+            if extra_start <= low {
+                covered_to = Some(covered_to.map_or(extra_end, |c| c.max(extra_end)));
+            } else {
+                window.push((extra_start, extra_end));
+                window.sort_unstable();
+            }
+        }
+        let mut gaps = Vec::new();
+        for (start, end) in window {
+            if let Some(covered_to) = covered_to
+                && start > covered_to
+            {
+                let (gap_low, gap_high) = (covered_to.max(low), start.min(high));
+                if gap_high >= gap_low + PAD_LEN {
+                    gaps.push((gap_low, gap_high));
+                }
+            }
+            covered_to = Some(covered_to.map_or(end, |c| c.max(end)));
+        }
+        gaps
+    }
+}
+
 /// A place for a pad within reach of a `jmp rel8` that ends at `jump_end`: 5 bytes of
-/// padding between the known code ranges `ranges` (the function and its neighbours),
-/// not overlapping `taken` pads. `read` fetches code bytes.
+/// padding between the known code ranges (the neighbours, and `function` (start, size)
+/// itself), not overlapping `taken` pads. `read` fetches code bytes.
 pub fn find_pad(
     jump_end: u64,
-    ranges: &[(u64, u64)],
+    known: &KnownRanges,
+    function: (u64, u64),
     taken: &[u64],
     read: impl Fn(u64, &mut [u8]) -> bool,
 ) -> Option<u64> {
     let reach_low = jump_end.saturating_sub(128);
     let reach_high = jump_end + 127 + PAD_LEN; // a pad must start at most 127 after
-    let mut sorted: Vec<(u64, u64)> = ranges
-        .iter()
-        .filter(|&&(_, size)| size > 0)
-        .map(|&(start, size)| (start, start + size))
-        .collect();
-    sorted.sort_unstable();
-    // Gaps that no known range covers, between the furthest end so far and the next
-    // start, clipped to the reach; nearest to the jump first.
-    let mut gaps: Vec<(u64, u64)> = Vec::new();
-    let mut covered_to = None;
-    for &(start, end) in &sorted {
-        if let Some(covered_to) = covered_to
-            && start > covered_to
-        {
-            let (low, high) = (covered_to.max(reach_low), start.min(reach_high));
-            if high >= low + PAD_LEN {
-                gaps.push((low, high));
-            }
-        }
-        covered_to = Some(covered_to.map_or(end, |c: u64| c.max(end)));
-    }
+    // Gaps nearest to the jump first.
+    let mut gaps = known.gaps_within(reach_low, reach_high, function);
     gaps.sort_by_key(|&(low, _)| low.abs_diff(jump_end));
     for (low, high) in gaps {
         let mut bytes = vec![0u8; (high - low) as usize];
@@ -115,11 +167,12 @@ mod tests {
     #[test]
     fn a_pad_goes_in_the_padding_between_two_functions() {
         let code = image();
-        let ranges = [(0x1000, 0x10), (0x1020, 0x10)];
+        let known = KnownRanges::new(&[(0x1000, 0x10), (0x1020, 0x10)]);
+        let b = (0x1020, 0x10);
         // B's short jump ends at 0x1022; the gap before it is padding.
-        let pad = find_pad(0x1022, &ranges, &[], reader(&code)).unwrap();
+        let pad = find_pad(0x1022, &known, b, &[], reader(&code)).unwrap();
         assert!((0x1010..=0x101b).contains(&pad), "{pad:#x}");
-        let second = find_pad(0x1022, &ranges, &[pad], reader(&code)).unwrap();
+        let second = find_pad(0x1022, &known, b, &[pad], reader(&code)).unwrap();
         assert!(second >= pad + PAD_LEN, "pads never overlap");
     }
 
@@ -127,12 +180,66 @@ mod tests {
     fn code_or_an_unknown_gap_is_never_used() {
         let mut code = image();
         code[0x18] = 0x55; // something real in the gap
-        let ranges = [(0x1000, 0x10), (0x1020, 0x10)];
-        assert_eq!(find_pad(0x1022, &ranges, &[], reader(&code)), None);
+        let known = KnownRanges::new(&[(0x1000, 0x10), (0x1020, 0x10)]);
+        let b = (0x1020, 0x10);
+        assert_eq!(find_pad(0x1022, &known, b, &[], reader(&code)), None);
         // Without neighbours there is no gap to speak of.
-        assert_eq!(
-            find_pad(0x1022, &[(0x1020, 0x10)], &[], reader(&image())),
-            None
-        );
+        let alone = KnownRanges::new(&[]);
+        assert_eq!(find_pad(0x1022, &alone, b, &[], reader(&image())), None);
+        // The function itself counts as known code even when the list misses it.
+        let only_a = KnownRanges::new(&[(0x1000, 0x10)]);
+        let pad = find_pad(0x1022, &only_a, b, &[], reader(&image())).unwrap();
+        assert!((0x1010..=0x101b).contains(&pad), "{pad:#x}");
+    }
+
+    /// The old way, for comparison: every range sorted for each question.
+    fn gaps_by_sorting_all(ranges: &[(u64, u64)], low: u64, high: u64) -> Vec<(u64, u64)> {
+        let mut sorted: Vec<(u64, u64)> = ranges
+            .iter()
+            .filter(|&&(_, size)| size > 0)
+            .map(|&(start, size)| (start, start + size))
+            .collect();
+        sorted.sort_unstable();
+        let mut gaps = Vec::new();
+        let mut covered_to: Option<u64> = None;
+        for (start, end) in sorted {
+            if let Some(c) = covered_to
+                && start > c
+                && start.min(high) >= c.max(low) + PAD_LEN
+            {
+                gaps.push((c.max(low), start.min(high)));
+            }
+            covered_to = Some(covered_to.map_or(end, |c| c.max(end)));
+        }
+        gaps
+    }
+
+    #[test]
+    fn the_window_of_sorted_ranges_finds_the_gaps_sorting_everything_finds() {
+        // Nested, overlapping, touching, empty and far-away ranges, in no order.
+        let ranges = [
+            (0x2000, 0x40),
+            (0x1000, 0x30),
+            (0x1010, 0x8),
+            (0x1100, 0x0),
+            (0x1080, 0x20),
+            (0x10a0, 0x10),
+            (0x1200, 0x400),
+            (0x1250, 0x10),
+            (0x1700, 0x10),
+            (0x9000, 0x10),
+        ];
+        let known = KnownRanges::new(&ranges[1..]);
+        for low in (0x0f00..0x2100).step_by(0x13) {
+            for width in [0x20, 0x84, 0x100, 0x400] {
+                let high = low + width;
+                let expected = gaps_by_sorting_all(&ranges, low, high);
+                assert_eq!(
+                    known.gaps_within(low, high, ranges[0]),
+                    expected,
+                    "{low:#x}..{high:#x}"
+                );
+            }
+        }
     }
 }

@@ -12,7 +12,7 @@
 
 use crate::code::branch_index::BranchIndex;
 use crate::code::entry_plan::{self, EntryPlan, PatchStyle};
-use crate::code::padding::{self, PAD_LEN};
+use crate::code::padding::{self, KnownRanges, PAD_LEN};
 use crate::code::relocate;
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::hooks::{slow_call, thread_layout};
@@ -186,10 +186,19 @@ pub fn patch(
     }
     let nearby = Nearby {
         branches: BranchIndex::new(code_ranges),
-        ranges: code_ranges,
+        known: KnownRanges::new(code_ranges),
     };
     let mut results: Vec<Result<u32, AgentError>> = Vec::with_capacity(requests.len());
     let mut batch: Vec<Site> = Vec::new();
+    // The batch's functions (address → id), and the pads taken so far, kept as the
+    // batch grows: looking them up by going over the batch made thousands of functions
+    // cost quadratic time.
+    let mut batch_ids: HashMap<u64, u32> = HashMap::new();
+    let mut pads_taken: Vec<u64> = engine
+        .sites
+        .values()
+        .filter_map(|site| site.pad.as_ref().map(|pad| pad.address))
+        .collect();
     for request in requests {
         let result = match engine.sites.get(&request.address) {
             Some(site) if site.owner == owner => Ok(site.id),
@@ -201,17 +210,18 @@ pub fn patch(
                 Ok(id)
             }
             Some(_) => Err(AgentError::OwnedByAnotherSession),
-            None if batch.iter().any(|s| s.function() == request.address) => Ok(batch
-                .iter()
-                .find(|s| s.function() == request.address)
-                .map_or(0, |s| s.id)),
-            None => engine
-                .prepare_site(owner, request, &nearby, &batch)
-                .map(|site| {
-                    let id = site.id;
-                    batch.push(site);
-                    id
-                }),
+            None => match batch_ids.get(&request.address) {
+                Some(&id) => Ok(id),
+                None => engine
+                    .prepare_site(owner, request, &nearby, &pads_taken)
+                    .map(|site| {
+                        let id = site.id;
+                        batch_ids.insert(request.address, id);
+                        pads_taken.extend(site.pad.as_ref().map(|pad| pad.address));
+                        batch.push(site);
+                        id
+                    }),
+            },
         };
         results.push(result);
     }
@@ -228,7 +238,7 @@ pub fn patch(
     }
     let (mut internal, mut others): (Vec<Site>, Vec<Site>) =
         batch.into_iter().partition(|site| site.internal);
-    let batch_ids: Vec<u32> = internal.iter().chain(&others).map(|s| s.id).collect();
+    let batch_ids: Vec<u32> = batch_ids.into_values().collect();
     let mut installed: Vec<Site> = Vec::new();
     for part in [&mut internal, &mut others] {
         if part.is_empty() {
@@ -267,13 +277,13 @@ impl Engine {
 }
 
 /// What is known of the code around a batch.
-struct Nearby<'a> {
+struct Nearby {
     branches: BranchIndex,
-    /// (start, size) of the known functions.
-    ranges: &'a [(u64, u64)],
+    /// The known functions' ranges, for pads in the padding between them.
+    known: KnownRanges,
 }
 
-impl Nearby<'_> {
+impl Nearby {
     /// The neighbours' direct branches into `low..high`, read from their original code.
     fn branches_into(&self, engine: &Engine, low: u64, high: u64) -> Vec<(u64, u64)> {
         self.branches.landing_in(low, high, |at, buffer| {
@@ -302,14 +312,14 @@ impl Engine {
         }
     }
 
-    /// Plans the patch of one function and builds (or reuses) its trampoline. `batch`
-    /// holds the sites prepared so far in this batch (their pads are taken).
+    /// Plans the patch of one function and builds (or reuses) its trampoline, with a pad
+    /// (if it needs one) clear of the `pads_taken`.
     fn prepare_site(
         &mut self,
         owner: u64,
         request: &PatchRequest,
         nearby: &Nearby,
-        batch: &[Site],
+        pads_taken: &[u64],
     ) -> Result<Site, AgentError> {
         let address = request.address;
         if let Some(reason) = own_code(owner, address, request.size) {
@@ -323,7 +333,7 @@ impl Engine {
         let mut code = vec![0u8; request.size.min(MAX_BODY_SCAN) as usize];
         code_memory::read_code(address, &mut code).map_err(unreadable)?;
         self.put_back_originals(address, &mut code);
-        let (plan, pad_address) = self.choose_plan(request, &code, nearby, batch)?;
+        let (plan, pad_address) = self.choose_plan(request, &code, nearby, pads_taken)?;
         let id = self.id_for(address)?;
         let key = (address, request.kind);
         let entry_len = plan.patch_offset + plan.overwritten_len;
@@ -380,7 +390,7 @@ impl Engine {
         request: &PatchRequest,
         code: &[u8],
         nearby: &Nearby,
-        batch: &[Site],
+        pads_taken: &[u64],
     ) -> Result<(EntryPlan, Option<u64>), AgentError> {
         let address = request.address;
         let long = plan_for(request, code, Style::Long);
@@ -401,16 +411,9 @@ impl Engine {
         }
         let short = plan_for(request, code, Style::Short).and_then(|plan| {
             let jump_end = address + (plan.patch_offset + plan.jump_len) as u64;
-            let taken: Vec<u64> = self
-                .sites
-                .values()
-                .chain(batch)
-                .filter_map(|s| s.pad.as_ref().map(|p| p.address))
-                .collect();
-            let mut ranges = nearby.ranges.to_vec();
-            ranges.push((address, request.size));
             let read = |at: u64, buffer: &mut [u8]| code_memory::read_code(at, buffer).is_ok();
-            padding::find_pad(jump_end, &ranges, &taken, read)
+            let function = (address, request.size);
+            padding::find_pad(jump_end, &nearby.known, function, pads_taken, read)
                 .map(|pad| (plan, pad))
                 .ok_or_else(|| {
                     AgentError::Refused("there is no padding nearby for a short jump".into())

@@ -9,6 +9,8 @@
 //! never taking `PROT_EXEC` away, since threads run there — and put back as they were
 //! when the [`WritableCode`] is dropped. A `mov word` inside one cache line is atomic
 //! for every core (the planner refuses a patch whose two bytes straddle a line).
+//! The rest of an entry jump, behind its guard, is stored the same way, a byte at a
+//! time ([`WritableCode::store_bytes`]): no system call while guards hold threads.
 //!
 //! The pages' own protection comes from `/proc/self/maps`, read once per mapping and
 //! kept ([`refresh_protections`] reads it again), so a batch patched from a target's
@@ -126,6 +128,24 @@ impl WritableCode {
                 value = in(reg) value,
                 options(nostack, preserves_flags),
             );
+        }
+    }
+
+    /// Stores `bytes` at `address`, a byte at a time, with no system call: for bytes no
+    /// thread can be executing while they change (the tail of an entry jump behind its
+    /// guard). `address..address + bytes.len()` must lie in a span given to
+    /// [`open`](Self::open).
+    pub fn store_bytes(&self, address: u64, bytes: &[u8]) {
+        debug_assert!(
+            self.covers(address, bytes.len() as u64),
+            "{address:#x} was not opened"
+        );
+        for (offset, &byte) in bytes.iter().enumerate() {
+            // SAFETY: the page is mapped and writable (opened above), and the caller
+            // guarantees no thread executes these bytes while they change. Volatile,
+            // so the stores stay byte stores and never become a `memcpy` call (the
+            // caller may hold guards over libc's code).
+            unsafe { std::ptr::write_volatile((address + offset as u64) as *mut u8, byte) };
         }
     }
 
