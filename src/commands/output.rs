@@ -7,6 +7,7 @@
 //! profile is written; a file tendril created is removed again if no profile ever
 //! reaches it.
 
+use crate::live::save_path::{FreshFileError, create_first_free};
 use crate::profile::Profile;
 use anyhow::Context;
 use std::fs::{File, OpenOptions};
@@ -111,37 +112,28 @@ impl OutputFile {
         Ok(output)
     }
 
-    /// Creates the first of `names` that does not exist yet, with `O_CREAT | O_EXCL`:
-    /// a name that is there — a file, or a link someone put there — is never opened,
-    /// the next one is tried instead.
+    /// Creates the first of `names` that does not exist yet, never through a name that
+    /// is there (see [`create_first_free`]).
     pub fn create_fresh(names: impl IntoIterator<Item = PathBuf>) -> anyhow::Result<OutputFile> {
-        /// Names tried before giving up (each one was taken).
-        const ATTEMPTS: usize = 1000;
-        let mut last = None;
-        for path in names.into_iter().take(ATTEMPTS) {
-            match OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(file) => {
-                    return Ok(OutputFile {
-                        path,
-                        file,
-                        created: true,
-                        written: false,
-                    });
-                }
-                Err(e) if e.kind() == ErrorKind::AlreadyExists => last = Some(path),
-                Err(e) => {
-                    let reason = describe(&path, &e);
-                    anyhow::bail!(
-                        "cannot write the profile to {}: {reason} (give another place with -o FILE)",
-                        path.display()
-                    );
-                }
+        match create_first_free(names) {
+            Ok((path, file)) => Ok(OutputFile {
+                path,
+                file,
+                created: true,
+                written: false,
+            }),
+            Err(FreshFileError::Failed(path, e)) => {
+                let reason = describe(&path, &e);
+                anyhow::bail!(
+                    "cannot write the profile to {}: {reason} (give another place with -o FILE)",
+                    path.display()
+                )
             }
+            Err(FreshFileError::AllTaken(last)) => anyhow::bail!(
+                "cannot write the profile: {} and the names after it exist already — give -o FILE",
+                last.map_or_else(|| "every name".into(), |p| p.display().to_string())
+            ),
         }
-        anyhow::bail!(
-            "cannot write the profile: {} and the names after it exist already — give -o FILE",
-            last.map_or_else(|| "every name".into(), |p| p.display().to_string())
-        )
     }
 
     /// Replaces the file's contents with `bytes` (an export of a profile).

@@ -7,7 +7,7 @@
 
 use super::job::Job;
 use super::roots::{function_entries, pattern_for};
-use super::save_path::snapshot_path;
+use super::save_path::{FreshFileError, create_first_free, snapshot_paths};
 use super::session::{DETACHING_NOTE, Flow, Session, Symbols, WhenLoaded};
 use super::stage::Recording;
 use crate::process;
@@ -216,10 +216,27 @@ impl Session {
                 return;
             }
         };
-        let path = snapshot_path(pid);
+        // The file is created here, at once, so the message names it.
+        let (path, file) = match create_first_free(snapshot_paths(pid)) {
+            Ok(created) => created,
+            Err(FreshFileError::Failed(path, error)) => {
+                app.set_message(format!(
+                    "cannot save the profile to {}: {error}",
+                    path.display()
+                ));
+                return;
+            }
+            Err(FreshFileError::AllTaken(_)) => {
+                app.set_message(
+                    "cannot save the profile: every tendril-PID-TIME name is taken here",
+                );
+                return;
+            }
+        };
         let message = format!("saving the profile to {}…", path.display());
+        let created = path.clone();
         let job = Job::spawn("tendril-save", move || {
-            let saved = profile.save(&path);
+            let saved = profile.write_to_file(file, &path);
             (path, saved)
         });
         match job {
@@ -227,7 +244,11 @@ impl Session {
                 self.saving = Some(job);
                 app.set_message(message);
             }
-            Err(error) => app.set_message(format!("cannot save the profile: {error}")),
+            Err(error) => {
+                // Nothing was written: the empty file made for it goes.
+                let _ = std::fs::remove_file(&created);
+                app.set_message(format!("cannot save the profile: {error}"));
+            }
         }
     }
 

@@ -5,19 +5,42 @@
 //! The one idea: the name says which process and when, in local time, and never
 //! overwrites a file that is there (a second save in the same second gets `-2`).
 
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
 use std::path::PathBuf;
 
-/// `tendril-<pid>-<YYYYmmdd-HHMMSS>.json` in the current directory (with `-2`, `-3`…
-/// added if that file exists), from the root.
-pub fn snapshot_path(pid: i32) -> PathBuf {
-    snapshot_paths(pid)
-        .find(|path| !path.exists())
-        .expect("the names go on without end")
+/// Names tried before giving up (each one was taken).
+const ATTEMPTS: usize = 1000;
+
+/// Why no fresh file could be created.
+#[derive(Debug)]
+pub enum FreshFileError {
+    /// Every name tried exists already (the last one, if any was tried).
+    AllTaken(Option<PathBuf>),
+    /// Creating this name failed for another reason.
+    Failed(PathBuf, std::io::Error),
 }
 
-/// The names [`snapshot_path`] tries, in order: `tendril-<pid>-<time>.json`, then
-/// `-2`, `-3`… — for a caller that creates the file itself, without following a
-/// name someone else put there (`OutputFile::create_fresh`).
+/// Creates the first of `names` that does not exist yet, with `O_CREAT | O_EXCL`: a
+/// name that is there — a file, or a link someone put there — is never opened or
+/// followed, the next one is tried instead. tendril often runs as root in a directory
+/// other users can write to, so it never writes through a name it did not create.
+pub fn create_first_free(
+    names: impl IntoIterator<Item = PathBuf>,
+) -> Result<(PathBuf, File), FreshFileError> {
+    let mut last = None;
+    for path in names.into_iter().take(ATTEMPTS) {
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(file) => return Ok((path, file)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => last = Some(path),
+            Err(e) => return Err(FreshFileError::Failed(path, e)),
+        }
+    }
+    Err(FreshFileError::AllTaken(last))
+}
+
+/// The names a snapshot of `pid` is saved under, in order: `tendril-<pid>-<time>.json`
+/// in the current directory, then `-2`, `-3`… — for [`create_first_free`].
 pub fn snapshot_paths(pid: i32) -> impl Iterator<Item = PathBuf> {
     let directory = std::env::current_dir().unwrap_or_default();
     let stem = format!("tendril-{pid}-{}", local_timestamp());
@@ -54,7 +77,7 @@ mod tests {
 
     #[test]
     fn snapshot_files_are_named_after_the_pid_and_the_time() {
-        let path = snapshot_path(4242);
+        let path = snapshot_paths(4242).next().unwrap();
         assert!(path.is_absolute(), "{}", path.display());
         assert_eq!(path.parent(), std::env::current_dir().ok().as_deref());
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -70,5 +93,29 @@ mod tests {
             stamp.chars().all(|c| c.is_ascii_digit() || c == '-'),
             "{name}"
         );
+    }
+
+    #[test]
+    fn a_fresh_file_never_goes_through_a_name_that_is_there() {
+        let directory = std::env::temp_dir().join(format!("tendril-fresh-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let victim = directory.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let names: Vec<PathBuf> = ["a.json", "b.json", "c.json"]
+            .iter()
+            .map(|name| directory.join(name))
+            .collect();
+        // Someone else's link at the first name, a dangling one at the second.
+        std::os::unix::fs::symlink(&victim, &names[0]).unwrap();
+        std::os::unix::fs::symlink(directory.join("nowhere"), &names[1]).unwrap();
+        let (path, _file) = create_first_free(names.clone()).unwrap();
+        assert_eq!(path, names[2]);
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert!(!directory.join("nowhere").exists());
+        match create_first_free(names[..2].to_vec()) {
+            Err(FreshFileError::AllTaken(Some(last))) => assert_eq!(last, names[1]),
+            other => panic!("{other:?}"),
+        }
+        std::fs::remove_dir_all(&directory).unwrap();
     }
 }

@@ -58,13 +58,14 @@ impl Profile {
         read_profile(text).map_err(|problem| problem.into_error(source_name))
     }
 
-    /// Writes the profile file (pretty JSON).
-    pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
+    /// Writes the profile (pretty JSON) into `file`, opened for it at `path` (named in
+    /// errors). The caller creates the file, so it decides how names are trusted
+    /// (`live::save_path::create_first_free` never follows a name that is there).
+    pub fn write_to_file(&self, file: std::fs::File, path: &Path) -> Result<(), ProfileError> {
         let write_error = |source| ProfileError::Write {
             path: path.display().to_string(),
             source,
         };
-        let file = std::fs::File::create(path).map_err(write_error)?;
         let mut out = io::BufWriter::new(file);
         self.write_json(&mut out).map_err(write_error)?;
         out.flush().map_err(write_error)
@@ -533,7 +534,8 @@ pub(crate) mod tests {
         let profile = small_profile();
         let path =
             std::env::temp_dir().join(format!("tendril-profile-{}.json", std::process::id()));
-        profile.save(&path).unwrap();
+        let file = std::fs::File::create(&path).unwrap();
+        profile.write_to_file(file, &path).unwrap();
         let loaded = Profile::load(&path);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(loaded.unwrap(), profile);
