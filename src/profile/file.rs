@@ -58,6 +58,23 @@ impl Profile {
         read_profile(text).map_err(|problem| problem.into_error(source_name))
     }
 
+    /// Writes the profile file (pretty JSON) at `path`, replacing a file there but never
+    /// following a symbolic link at that name (`O_NOFOLLOW`: the write fails instead).
+    pub fn save(&self, path: &Path) -> Result<(), ProfileError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|source| ProfileError::Write {
+                path: path.display().to_string(),
+                source,
+            })?;
+        self.write_to_file(file, path)
+    }
+
     /// Writes the profile (pretty JSON) into `file`, opened for it at `path` (named in
     /// errors). The caller creates the file, so it decides how names are trusted
     /// (`live::save_path::create_first_free` never follows a name that is there).
@@ -530,12 +547,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn save_never_writes_through_a_link() {
+        let directory = std::env::temp_dir().join(format!("tendril-link-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let victim = directory.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let link = directory.join("profile.json");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let error = small_profile().save(&link).unwrap_err();
+        assert!(matches!(error, ProfileError::Write { .. }), "{error}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        std::fs::remove_dir_all(&directory).unwrap();
+    }
+
+    #[test]
     fn save_then_load_gives_the_same_profile() {
         let profile = small_profile();
         let path =
             std::env::temp_dir().join(format!("tendril-profile-{}.json", std::process::id()));
-        let file = std::fs::File::create(&path).unwrap();
-        profile.write_to_file(file, &path).unwrap();
+        profile.save(&path).unwrap();
         let loaded = Profile::load(&path);
         std::fs::remove_file(&path).unwrap();
         assert_eq!(loaded.unwrap(), profile);

@@ -177,7 +177,10 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
             move_threads(world, &|pc| resume_point_in_copy(pc, batch_view));
             write_jumps()
         }),
-        None => Ok(write_jumps()),
+        None => {
+            write_jumps();
+            Ok(())
+        }
     };
     match written {
         Ok(()) => {
