@@ -10,10 +10,9 @@
 //!    `sampled deep 100` and `deep 1000`), then unwound, named and added to the trees
 //!    by `SampleWalker` on one core; samples per second against the 64,000 a second
 //!    that 64 threads × 1 kHz bring.
-//! 3. stack marking (Whaley, Gnedt): what a walk could save by stopping at a frame
-//!    already walked at the previous sample — the walk's cost at depth 1000 minus at
-//!    depth 5 — against what proving a frame unchanged costs without writing to the
-//!    target (comparing the copied stack bytes above it).
+//! 3. stack marking (Whaley, Gnedt; `sampling::marks`): each walking figure with marks
+//!    off and on, on the same records — a walk stops at a frame the thread's previous
+//!    sample walked, whose registers and stack bytes outward are unchanged.
 //! 4. top: one refresh (per-function rows from the counts, sort, draw at 120×40) after
 //!    sampling calltree's 64 threads, and the controller's CPU time while sampling them.
 
@@ -158,8 +157,9 @@ fn capture(pid: i32, seconds: f64) -> Vec<Vec<u8>> {
 
 /// Unwinds, names and adds `records` again and again for at least a second; samples
 /// per second, and the frames per sample.
-fn walk_rate(pid: i32, records: &[Vec<u8>]) -> (f64, f64) {
+fn walk_rate(pid: i32, records: &[Vec<u8>], marking: bool) -> (f64, f64) {
     let mut walker = SampleWalker::for_process(pid, 1_000_000).unwrap();
+    walker.set_marking(marking);
     let mut walked = 0u64;
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(1) {
@@ -210,8 +210,7 @@ fn depth_weighted(root: &tendril::profile::Node) -> f64 {
     sum
 }
 
-fn walking() -> Vec<(String, f64, f64)> {
-    let mut rows = Vec::new();
+fn walking() {
     for (name, args) in [
         ("calltree 8 threads", ("calltree", vec!["8"])),
         ("sampled deep 5", ("sampled", vec!["deep", "5"])),
@@ -220,51 +219,20 @@ fn walking() -> Vec<(String, f64, f64)> {
     ] {
         let target = Target::spawn(args.0, &args.1);
         let records = capture(target.pid(), 1.5);
-        let (rate, frames) = walk_rate(target.pid(), &records);
-        println!(
-            "walk+name+add, {name:<20} {} records, {frames:6.1} frames/sample: {:>9.0} samples/s \
-             on one core = {:.1}× the 64 threads × 1 kHz budget ({:.2} µs per sample)",
-            records.len(),
-            rate,
-            rate / BUDGET_SAMPLES_PER_SECOND,
-            1e6 / rate
-        );
-        rows.push((name.to_owned(), rate, frames));
+        for marking in [false, true] {
+            let (rate, frames) = walk_rate(target.pid(), &records, marking);
+            println!(
+                "walk+name+add, {name:<20} {}, {} records, {frames:6.1} frames/sample: \
+                 {:>9.0} samples/s on one core = {:.1}× the 64 threads × 1 kHz budget \
+                 ({:.2} µs per sample)",
+                if marking { "marks on " } else { "marks off" },
+                records.len(),
+                rate,
+                rate / BUDGET_SAMPLES_PER_SECOND,
+                1e6 / rate
+            );
+        }
     }
-    rows
-}
-
-fn marking(rows: &[(String, f64, f64)]) {
-    let cost = |name: &str| {
-        rows.iter()
-            .find(|r| r.0 == name)
-            .map(|r| (1e6 / r.1, r.2))
-            .unwrap()
-    };
-    let (shallow_us, shallow_frames) = cost("sampled deep 5");
-    let (deep_us, deep_frames) = cost("sampled deep 1000");
-    // What proving the frames above a mark unchanged costs without writing to the
-    // target: comparing the sample's copied stack with the previous one's.
-    let stack = vec![7u8; SamplerOptions::default().stack_bytes as usize];
-    let previous = stack.clone();
-    let started = Instant::now();
-    let mut equal = 0u64;
-    let rounds = 200_000;
-    for _ in 0..rounds {
-        equal += u64::from(std::hint::black_box(&stack) == std::hint::black_box(&previous));
-    }
-    let compare_us = started.elapsed().as_secs_f64() * 1e6 / rounds as f64;
-    assert_eq!(equal, rounds);
-    let saving = deep_us - shallow_us - compare_us;
-    println!(
-        "stack marking: a walk of {deep_frames:.0} frames costs {deep_us:.2} µs, of \
-         {shallow_frames:.0} frames {shallow_us:.2} µs; checking the {} stack bytes above a \
-         mark costs {compare_us:.2} µs; best case saving {saving:.2} µs per deep sample \
-         ({:.1}% of the per-sample budget {:.2} µs)",
-        stack.len(),
-        100.0 * saving / (1e6 / BUDGET_SAMPLES_PER_SECOND),
-        1e6 / BUDGET_SAMPLES_PER_SECOND
-    );
 }
 
 fn top_refresh() {
@@ -316,8 +284,7 @@ fn main() {
         slowdown();
     }
     if wanted("walking") || wanted("marking") {
-        let rows = walking();
-        marking(&rows);
+        walking();
     }
     if wanted("top") {
         top_refresh();

@@ -393,3 +393,66 @@ fn a_process_another_user_cannot_sample_is_refused_in_one_line() {
 }
 
 use std::os::unix::process::CommandExt;
+
+/// Raw sample records of every thread of `pid`, as the kernel wrote them, until at
+/// least `count` arrived.
+fn raw_samples(pid: i32, count: usize) -> Vec<Vec<u8>> {
+    use tendril::sampling::perf::{EventKind, PerfEvent, Ring};
+    let options = SamplerOptions::default();
+    let mut rings = Vec::new();
+    for tid in tendril::process::thread_ids(pid).expect("thread ids") {
+        let kind = EventKind::CpuClock {
+            period_ns: 1_000_000,
+        };
+        let event = PerfEvent::open(tid, kind, options.stack_bytes, false, 1).expect("event");
+        let ring = Ring::map(&event, options.ring_pages).expect("ring");
+        event.enable().expect("enable");
+        rings.push((event, ring));
+    }
+    let mut records = Vec::new();
+    let deadline = Instant::now() + SAMPLES_TIMEOUT;
+    while records.len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "{} samples of {count}",
+            records.len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        for (_, ring) in rings.iter_mut() {
+            ring.drain(|bytes| records.push(bytes.to_vec()));
+        }
+    }
+    records
+}
+
+#[test]
+fn stack_marking_gives_the_trees_a_full_walk_of_every_sample_gives() {
+    let target = Target::spawn("sampled", &["deep", "300"]);
+    let records = raw_samples(target.pid(), 200);
+    let walker = |marking: bool| {
+        let mut walker =
+            tendril::sampling::walker::SampleWalker::for_process(target.pid(), 1_000_000)
+                .expect("walker");
+        walker.set_marking(marking);
+        for record in &records {
+            walker.add_record(record);
+        }
+        walker
+    };
+    let (marked, plain) = (walker(true), walker(false));
+    let trees = |walker: &tendril::sampling::walker::SampleWalker| {
+        walker.trees.merged.to_nodes(&walker.trees.functions)
+    };
+    assert_eq!(trees(&marked), trees(&plain));
+    assert_eq!(marked.truncated, plain.truncated);
+    assert!(marked.trees.samples >= 200, "{}", marked.trees.samples);
+    // 300 frames deep, spinning at the bottom: nearly every walk meets the previous
+    // one's frames a frame or two in.
+    assert!(
+        marked.marks.frames_reused > 250 * (marked.trees.samples - 10),
+        "{} frames reused over {} samples",
+        marked.marks.frames_reused,
+        marked.trees.samples
+    );
+    assert_eq!(plain.marks.frames_reused, 0);
+}

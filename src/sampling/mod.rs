@@ -15,9 +15,11 @@
 //! - [`records`]: the records read from a ring;
 //! - [`unwind`]: framehop over the process's modules;
 //! - [`tree`]: the sampled trees and the function table;
+//! - [`marks`]: a deep walk stops where the thread's previous one is unchanged;
 //! - [`walker`]: one sample to a named stack in the trees;
 //! - [`sampler`]: a session over all of a process's threads, and its profile.
 
+pub mod marks;
 pub mod perf;
 pub mod records;
 pub mod sampler;

@@ -136,27 +136,39 @@ pub struct ContextTree {
 impl ContextTree {
     /// Adds one sample whose stack is `stack` (outermost first), weighing `weight_ns`.
     pub fn add(&mut self, stack: &[u32], weight_ns: u64) {
-        let mut parent = u32::MAX;
-        for &function in stack {
-            let child = match self.index.get(&(parent, function)) {
-                Some(&child) => child,
-                None => {
-                    let child = self.nodes.len() as u32;
-                    self.nodes.push(ContextNode {
-                        function,
-                        ..Default::default()
-                    });
-                    self.index.insert((parent, function), child);
-                    match parent {
-                        u32::MAX => self.roots.push(child),
-                        _ => self.nodes[parent as usize].children.push(child),
-                    }
-                    child
-                }
-            };
+        self.add_following(stack, weight_ns, &[], &mut Vec::new());
+    }
+
+    /// Adds one sample like [`add`](Self::add), given the same thread's previous stack
+    /// `previous` and the nodes it went through, `path` (which becomes this sample's):
+    /// the outer part the two stacks share takes the same nodes without looking each
+    /// context up again — most of the cost of a deep stack.
+    pub fn add_following(
+        &mut self,
+        stack: &[u32],
+        weight_ns: u64,
+        previous: &[u32],
+        path: &mut Vec<u32>,
+    ) {
+        let shared = stack
+            .iter()
+            .zip(previous)
+            .take_while(|(now, before)| now == before)
+            .count()
+            .min(path.len());
+        path.truncate(shared);
+        for &node in path.iter() {
+            let node = &mut self.nodes[node as usize];
+            node.samples += 1;
+            node.weight_ns += weight_ns;
+        }
+        let mut parent = path.last().copied().unwrap_or(u32::MAX);
+        for &function in &stack[shared..] {
+            let child = self.child_of(parent, function);
             let node = &mut self.nodes[child as usize];
             node.samples += 1;
             node.weight_ns += weight_ns;
+            path.push(child);
             parent = child;
         }
         if parent != u32::MAX {
@@ -164,6 +176,24 @@ impl ContextTree {
             leaf.self_samples += 1;
             leaf.self_weight_ns += weight_ns;
         }
+    }
+
+    /// The context of `function` called from `parent` (`u32::MAX`: a root), made if new.
+    fn child_of(&mut self, parent: u32, function: u32) -> u32 {
+        if let Some(&child) = self.index.get(&(parent, function)) {
+            return child;
+        }
+        let child = self.nodes.len() as u32;
+        self.nodes.push(ContextNode {
+            function,
+            ..Default::default()
+        });
+        self.index.insert((parent, function), child);
+        match parent {
+            u32::MAX => self.roots.push(child),
+            _ => self.nodes[parent as usize].children.push(child),
+        }
+        child
     }
 
     /// The tree as profile nodes, children by weight (largest first).
@@ -213,14 +243,34 @@ pub struct SampledTrees {
     /// The sample number that last counted each function's total (once per sample).
     counted_in: Vec<u64>,
     pub samples: u64,
+    /// Each thread's last stack and the nodes it went through in its tree and in the
+    /// merged tree (see [`ContextTree::add_following`]).
+    last: FastMap<u32, LastSample>,
+}
+
+/// A thread's last sample: its stack and its paths of nodes.
+#[derive(Default)]
+struct LastSample {
+    stack: Vec<u32>,
+    thread_path: Vec<u32>,
+    merged_path: Vec<u32>,
 }
 
 impl SampledTrees {
     /// Adds one sample of thread `tid` (stack outermost first).
     pub fn add(&mut self, tid: u32, stack: &[u32], weight_ns: u64) {
         self.samples += 1;
-        self.threads.entry(tid).or_default().add(stack, weight_ns);
-        self.merged.add(stack, weight_ns);
+        let last = self.last.entry(tid).or_default();
+        self.threads.entry(tid).or_default().add_following(
+            stack,
+            weight_ns,
+            &last.stack,
+            &mut last.thread_path,
+        );
+        self.merged
+            .add_following(stack, weight_ns, &last.stack, &mut last.merged_path);
+        last.stack.clear();
+        last.stack.extend_from_slice(stack);
         let needed = self.functions.len();
         if self.counts.len() < needed {
             self.counts.resize(needed, FunctionCounts::default());
@@ -292,5 +342,38 @@ mod tests {
             }
         );
         assert_eq!(trees.threads.len(), 2);
+    }
+
+    #[test]
+    fn following_the_previous_sample_builds_the_trees_looking_every_context_up_builds() {
+        let mut trees = SampledTrees::default();
+        let f: Vec<u32> = (0..6)
+            .map(|i| trees.functions.intern(&format!("f{i}"), "app", None))
+            .collect();
+        // Two threads' stacks, interleaved: shared outer parts, a changed middle frame,
+        // a shorter and a longer stack, recursion, and an empty stack.
+        let samples: [(u32, Vec<u32>); 9] = [
+            (1, vec![f[0], f[1], f[2], f[3]]),
+            (2, vec![f[0], f[1], f[2]]),
+            (1, vec![f[0], f[1], f[2], f[4]]),
+            (1, vec![f[0], f[5], f[2], f[4]]),
+            (2, vec![f[0], f[1]]),
+            (1, vec![f[0], f[5], f[5], f[5], f[5]]),
+            (2, vec![]),
+            (2, vec![f[0], f[1], f[2], f[3], f[4]]),
+            (1, vec![f[0], f[5], f[5]]),
+        ];
+        let mut plain_threads: BTreeMap<u32, ContextTree> = BTreeMap::new();
+        let mut plain_merged = ContextTree::default();
+        for (tid, stack) in &samples {
+            trees.add(*tid, stack, 7);
+            plain_threads.entry(*tid).or_default().add(stack, 7);
+            plain_merged.add(stack, 7);
+        }
+        let nodes = |tree: &ContextTree| tree.to_nodes(&trees.functions);
+        assert_eq!(nodes(&trees.merged), nodes(&plain_merged));
+        for (tid, tree) in &plain_threads {
+            assert_eq!(nodes(&trees.threads[tid]), nodes(tree), "thread {tid}");
+        }
     }
 }

@@ -71,6 +71,8 @@ pub struct StackUnwinder {
     cache: CacheX86_64<MayAllocateDuringUnwind>,
     /// Code objects that could not be read (their frames end walks as truncated).
     pub skipped: Vec<(String, String)>,
+    /// The frames of the last [`walk`](Self::walk), kept to save an allocation.
+    scratch: Vec<WalkedFrame>,
 }
 
 impl StackUnwinder {
@@ -81,6 +83,7 @@ impl StackUnwinder {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             skipped: Vec::new(),
+            scratch: Vec::new(),
         };
         for object in maps::code_objects(&mappings) {
             match module_for(pid, &object) {
@@ -98,34 +101,114 @@ impl StackUnwinder {
     /// innermost first (the instruction pointer, then each return address minus one,
     /// so that a call at a function's very end is looked up in that function).
     pub fn walk(&mut self, regs: UserRegs, stack: &[u8], frames: &mut Vec<u64>) -> WalkEnd {
+        let mut walked = std::mem::take(&mut self.scratch);
+        let end = match self.walk_frames(regs, stack, &mut walked, |_| false) {
+            WalkStop::End(end) => end,
+            WalkStop::Stopped => WalkEnd::Truncated,
+        };
+        frames.clear();
+        frames.extend(walked.iter().map(|frame| frame.address));
+        self.scratch = walked;
+        end
+    }
+
+    /// Walks like [`walk`](Self::walk), keeping with each frame the registers the
+    /// unwinder had there and the stack bytes its steps read, and asking `stop` at each
+    /// frame (before unwinding it) whether to go on: a walk that meets a frame already
+    /// known stops there (`marks`).
+    pub fn walk_frames(
+        &mut self,
+        regs: UserRegs,
+        stack: &[u8],
+        frames: &mut Vec<WalkedFrame>,
+        mut stop: impl FnMut(&WalkedFrame) -> bool,
+    ) -> WalkStop {
         frames.clear();
         let stack_start = regs.sp;
+        // The lowest and highest stack address the current step reads (8 bytes each),
+        // failed reads included: a walk that reused this frame must see the same bytes.
+        let reads = std::cell::Cell::new((u64::MAX, 0u64));
         let mut read_stack = |address: u64| -> Result<u64, ()> {
+            let (low, high) = reads.get();
+            reads.set((low.min(address), high.max(address.saturating_add(8))));
             let offset = address.checked_sub(stack_start).ok_or(())? as usize;
             let bytes = stack
                 .get(offset..offset.checked_add(8).ok_or(())?)
                 .ok_or(())?;
             Ok(u64::from_ne_bytes(bytes.try_into().map_err(|_| ())?))
         };
-        let mut iter = self.unwinder.iter_frames(
-            regs.ip,
-            UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
-            &mut self.cache,
-            &mut read_stack,
-        );
-        loop {
-            match iter.next() {
-                Ok(Some(frame)) => {
-                    if frames.len() == MAX_FRAMES {
-                        return WalkEnd::Truncated;
-                    }
-                    frames.push(lookup_address(frame));
-                }
-                Ok(None) => return WalkEnd::Complete,
-                Err(_) => return WalkEnd::Truncated,
+        let mut unwind_regs = UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp);
+        let mut address = FrameAddress::InstructionPointer(regs.ip);
+        let end = loop {
+            if frames.len() == MAX_FRAMES {
+                break Some(WalkEnd::Truncated);
             }
+            frames.push(WalkedFrame {
+                address: lookup_address(address),
+                sp: unwind_regs.sp(),
+                bp: unwind_regs.bp(),
+                reads_from: u64::MAX,
+                reads_to: 0,
+            });
+            if stop(frames.last().expect("just pushed")) {
+                break None;
+            }
+            reads.set((u64::MAX, 0));
+            let step = self.unwinder.unwind_frame(
+                address,
+                &mut unwind_regs,
+                &mut self.cache,
+                &mut read_stack,
+            );
+            let frame = frames.last_mut().expect("just pushed");
+            (frame.reads_from, frame.reads_to) = reads.get();
+            match step {
+                Ok(Some(return_address)) => match FrameAddress::from_return_address(return_address)
+                {
+                    Some(next) => address = next,
+                    None => break Some(WalkEnd::Truncated),
+                },
+                Ok(None) => break Some(WalkEnd::Complete),
+                Err(_) => break Some(WalkEnd::Truncated),
+            }
+        };
+        // Each frame's range covers the reads of its own step and of every step after
+        // it: all that its outer frames were computed from.
+        let mut outer = (u64::MAX, 0u64);
+        for frame in frames.iter_mut().rev() {
+            outer = (outer.0.min(frame.reads_from), outer.1.max(frame.reads_to));
+            (frame.reads_from, frame.reads_to) = outer;
+        }
+        match end {
+            Some(end) => WalkStop::End(end),
+            None => WalkStop::Stopped,
         }
     }
+}
+
+/// One frame of a walk, with what the unwinder knew there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalkedFrame {
+    /// The frame's lookup address (see [`StackUnwinder::walk`]).
+    pub address: u64,
+    /// The stack and frame pointers the unwinder had at this frame.
+    pub sp: u64,
+    pub bp: u64,
+    /// The stack addresses `reads_from..reads_to` that the steps from this frame
+    /// outward read (an empty range if none did): the outer frames depend only on
+    /// these bytes and on the frame's address and registers.
+    pub reads_from: u64,
+    pub reads_to: u64,
+}
+
+/// Why [`StackUnwinder::walk_frames`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalkStop {
+    /// The walk ended by itself.
+    End(WalkEnd),
+    /// `stop` said so at the last frame pushed, which was not unwound (its read range
+    /// is empty; the others' cover only the steps made).
+    Stopped,
 }
 
 fn lookup_address(frame: FrameAddress) -> u64 {

@@ -9,9 +9,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::marks::StackMarks;
 use super::records::{Record, Sample, parse};
 use super::tree::{SampledTrees, TRUNCATED, UNKNOWN};
-use super::unwind::{StackUnwinder, WalkEnd};
+use super::unwind::{StackUnwinder, WalkEnd, WalkStop, WalkedFrame};
 use crate::symbols::{ProcessSymbols, SymbolError};
 
 /// The shortest time between two reloads of the symbol and unwind tables.
@@ -23,7 +24,13 @@ pub struct SampleWalker {
     symbols: ProcessSymbols,
     unwinder: StackUnwinder,
     pub trees: SampledTrees,
-    frames: Vec<u64>,
+    /// Each thread's previous deep walk, where the next one may stop (`marks`).
+    pub marks: StackMarks,
+    /// Whether walks stop at marks (on unless turned off, for comparison).
+    marking: bool,
+    frames: Vec<WalkedFrame>,
+    /// The sample's functions, innermost first.
+    functions: Vec<u32>,
     stack: Vec<u32>,
     /// What one CPU-clock sample stands for.
     pub period_ns: u64,
@@ -48,7 +55,10 @@ impl SampleWalker {
             symbols,
             unwinder,
             trees: SampledTrees::default(),
+            marks: StackMarks::default(),
+            marking: true,
             frames: Vec::new(),
+            functions: Vec::new(),
             stack: Vec::new(),
             period_ns,
             lost: 0,
@@ -84,23 +94,89 @@ impl SampleWalker {
     }
 
     /// The named stack of a sample, outermost frame first; None without user registers.
+    /// A deep walk stops at a frame the thread's previous sample walked and takes its
+    /// outer frames from there (`marks`).
     pub fn stack_of(&mut self, sample: &Sample) -> Option<Vec<u32>> {
         let regs = sample.regs?;
-        let end = self.unwinder.walk(regs, sample.stack, &mut self.frames);
+        let marks = match self.marking {
+            true => self.marks.for_thread(sample.tid),
+            false => None,
+        };
+        let mut mark = None;
+        let stop = self
+            .unwinder
+            .walk_frames(regs, sample.stack, &mut self.frames, |frame| {
+                mark = marks
+                    .as_ref()
+                    .and_then(|marks| marks.find(regs.sp, sample.stack, frame));
+                mark.is_some()
+            });
+        // The marked frame itself is named by the previous walk.
+        let walked = match stop {
+            WalkStop::Stopped => self.frames.len() - 1,
+            WalkStop::End(_) => self.frames.len(),
+        };
+        self.functions.clear();
+        for frame in &self.frames[..walked] {
+            let function = self.trees.functions.symbolize(&self.symbols, frame.address);
+            if self.trees.functions.name(function).0 == UNKNOWN {
+                self.unknown_frames += 1;
+            }
+            self.functions.push(function);
+        }
+        let end = match (stop, mark) {
+            (WalkStop::Stopped, Some(mark)) => {
+                let end = match self.marks.reuse(sample.tid, mark) {
+                    Some(reused) => {
+                        self.functions.extend_from_slice(reused.functions);
+                        reused.end
+                    }
+                    None => WalkEnd::Truncated,
+                };
+                self.marks.remember_after_mark(
+                    sample.tid,
+                    regs.sp,
+                    sample.stack,
+                    &self.frames[..walked],
+                    &self.functions[..walked],
+                    mark,
+                );
+                end
+            }
+            (stop, _) => {
+                let end = match stop {
+                    WalkStop::End(end) => end,
+                    // (A stop is only ever asked for with a mark.)
+                    WalkStop::Stopped => WalkEnd::Truncated,
+                };
+                if self.marking {
+                    self.marks.remember(
+                        sample.tid,
+                        regs.sp,
+                        sample.stack,
+                        &self.frames,
+                        &self.functions,
+                        end,
+                    );
+                }
+                end
+            }
+        };
         self.stack.clear();
         if end == WalkEnd::Truncated {
             self.truncated += 1;
             self.stack
                 .push(self.trees.functions.intern(TRUNCATED, "", None));
         }
-        for &address in self.frames.iter().rev() {
-            let function = self.trees.functions.symbolize(&self.symbols, address);
-            if self.trees.functions.name(function).0 == UNKNOWN {
-                self.unknown_frames += 1;
-            }
-            self.stack.push(function);
-        }
+        self.stack.extend(self.functions.iter().rev());
         Some(self.stack.clone())
+    }
+
+    /// Turns stack marking on or off (it is on): the trees are the same either way,
+    /// marking only saves walking and naming the outer frames of deep stacks again.
+    pub fn set_marking(&mut self, marking: bool) {
+        self.marking = marking;
+        self.marks.clear();
     }
 
     /// The symbol tables in use (the modules a profile lists).
@@ -123,6 +199,7 @@ impl SampleWalker {
             self.symbols = symbols;
             self.unwinder = unwinder;
             self.trees.functions.forget_addresses();
+            self.marks.clear();
         }
     }
 }
