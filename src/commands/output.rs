@@ -219,6 +219,11 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(error.ends_with("exist already — give -o FILE"), "{error}");
+        // A dangling link is a name that is there too: nothing is made where it points.
+        let dangling = directory.join("dangling.json");
+        std::os::unix::fs::symlink(directory.join("nowhere"), &dangling).unwrap();
+        assert!(OutputFile::create_fresh(vec![dangling]).is_err());
+        assert!(!directory.join("nowhere").exists());
         // Not written: the file it made is gone again.
         drop(OutputFile::create_fresh(vec![directory.join("d.json")]).unwrap());
         assert!(!directory.join("d.json").exists());

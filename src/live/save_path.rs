@@ -94,28 +94,4 @@ mod tests {
             "{name}"
         );
     }
-
-    #[test]
-    fn a_fresh_file_never_goes_through_a_name_that_is_there() {
-        let directory = std::env::temp_dir().join(format!("tendril-fresh-{}", std::process::id()));
-        std::fs::create_dir_all(&directory).unwrap();
-        let victim = directory.join("victim");
-        std::fs::write(&victim, "keep").unwrap();
-        let names: Vec<PathBuf> = ["a.json", "b.json", "c.json"]
-            .iter()
-            .map(|name| directory.join(name))
-            .collect();
-        // Someone else's link at the first name, a dangling one at the second.
-        std::os::unix::fs::symlink(&victim, &names[0]).unwrap();
-        std::os::unix::fs::symlink(directory.join("nowhere"), &names[1]).unwrap();
-        let (path, _file) = create_first_free(names.clone()).unwrap();
-        assert_eq!(path, names[2]);
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
-        assert!(!directory.join("nowhere").exists());
-        match create_first_free(names[..2].to_vec()) {
-            Err(FreshFileError::AllTaken(Some(last))) => assert_eq!(last, names[1]),
-            other => panic!("{other:?}"),
-        }
-        std::fs::remove_dir_all(&directory).unwrap();
-    }
 }
