@@ -427,32 +427,38 @@ fn raw_samples(pid: i32, count: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn stack_marking_gives_the_trees_a_full_walk_of_every_sample_gives() {
-    let target = Target::spawn("sampled", &["deep", "300"]);
-    let records = raw_samples(target.pid(), 200);
-    let walker = |marking: bool| {
-        let mut walker =
-            tendril::sampling::walker::SampleWalker::for_process(target.pid(), 1_000_000)
-                .expect("walker");
-        walker.set_marking(marking);
-        for record in &records {
-            walker.add_record(record);
+    // 300 frames, and 1100: deeper than a walk keeps (1,024 frames, then truncated).
+    for depth in ["300", "1100"] {
+        let target = Target::spawn("sampled", &["deep", depth]);
+        let records = raw_samples(target.pid(), 200);
+        let walker = |marking: bool| {
+            let mut walker =
+                tendril::sampling::walker::SampleWalker::for_process(target.pid(), 1_000_000)
+                    .expect("walker");
+            walker.set_marking(marking);
+            for record in &records {
+                walker.add_record(record);
+            }
+            walker
+        };
+        let (marked, plain) = (walker(true), walker(false));
+        let trees = |walker: &tendril::sampling::walker::SampleWalker| {
+            walker.trees.merged.to_nodes(&walker.trees.functions)
+        };
+        assert_eq!(trees(&marked), trees(&plain), "depth {depth}");
+        assert_eq!(marked.truncated, plain.truncated, "depth {depth}");
+        if depth == "1100" {
+            assert_eq!(plain.truncated, plain.trees.samples, "every walk is cut at 1,024");
         }
-        walker
-    };
-    let (marked, plain) = (walker(true), walker(false));
-    let trees = |walker: &tendril::sampling::walker::SampleWalker| {
-        walker.trees.merged.to_nodes(&walker.trees.functions)
-    };
-    assert_eq!(trees(&marked), trees(&plain));
-    assert_eq!(marked.truncated, plain.truncated);
-    assert!(marked.trees.samples >= 200, "{}", marked.trees.samples);
-    // 300 frames deep, spinning at the bottom: nearly every walk meets the previous
-    // one's frames a frame or two in.
-    assert!(
-        marked.marks.frames_reused > 250 * (marked.trees.samples - 10),
-        "{} frames reused over {} samples",
-        marked.marks.frames_reused,
-        marked.trees.samples
-    );
-    assert_eq!(plain.marks.frames_reused, 0);
+        assert!(marked.trees.samples >= 200, "{}", marked.trees.samples);
+        // Spinning at the bottom of the recursion: nearly every walk meets the previous
+        // one's frames a frame or two in.
+        assert!(
+            marked.marks.frames_reused > 250 * (marked.trees.samples - 10),
+            "depth {depth}: {} frames reused over {} samples",
+            marked.marks.frames_reused,
+            marked.trees.samples
+        );
+        assert_eq!(plain.marks.frames_reused, 0);
+    }
 }

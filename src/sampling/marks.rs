@@ -10,7 +10,7 @@
 //! would find now. Only deep walks are kept ([`MARKED_DEPTH`] frames or more): for a
 //! short stack, copying its bytes costs about what walking it again does.
 
-use super::unwind::{WalkEnd, WalkedFrame};
+use super::unwind::{MAX_FRAMES, WalkEnd, WalkedFrame};
 use foldhash::HashMap;
 
 /// The fewest frames for which a walk is kept for the thread's next sample.
@@ -70,15 +70,18 @@ impl StackMarks {
         self.for_thread(tid)?.find(stack_start, stack, frame)
     }
 
-    /// The outer frames of thread `tid`'s previous walk from `mark` on.
-    pub fn reuse(&mut self, tid: u32, mark: Mark) -> Option<Reused<'_>> {
+    /// The outer frames of thread `tid`'s previous walk from `mark` on, at most `room`
+    /// of them: a walk keeps [`MAX_FRAMES`] at most, so one that would be longer ends
+    /// truncated there, as a full walk would.
+    pub fn reuse(&mut self, tid: u32, mark: Mark, room: usize) -> Option<Reused<'_>> {
         let previous = self.threads.get(&tid)?;
-        let functions = previous.functions.get(mark.previous_index..)?;
+        let outer = previous.functions.get(mark.previous_index..)?;
+        let (functions, end) = match outer.len() > room {
+            true => (&outer[..room], WalkEnd::Truncated),
+            false => (outer, previous.end),
+        };
         self.frames_reused += functions.len() as u64;
-        Some(Reused {
-            functions,
-            end: previous.end,
-        })
+        Some(Reused { functions, end })
     }
 
     /// Keeps thread `tid`'s walk for its next sample if it is deep enough, and forgets
@@ -149,9 +152,15 @@ impl StackMarks {
             })
             .collect();
         frames.extend_from_slice(&previous.frames[at..]);
-        previous.frames = frames;
         let mut functions = inner_functions.to_vec();
         functions.extend_from_slice(&previous.functions[at..]);
+        // As long as a walk may be, like the samples' own stacks (see `reuse`).
+        if frames.len() > MAX_FRAMES {
+            frames.truncate(MAX_FRAMES);
+            functions.truncate(MAX_FRAMES);
+            previous.end = WalkEnd::Truncated;
+        }
+        previous.frames = frames;
         previous.functions = functions;
         previous.stack_start = stack_start;
         previous.stack.clear();
@@ -245,10 +254,14 @@ mod tests {
         now[..64 * 10].fill(0xee);
         let mark = marks.find(7, 0x1000, &now, &frames[10]).unwrap();
         assert_eq!(mark.previous_index, 10);
-        let reused = marks.reuse(7, mark).unwrap();
+        let reused = marks.reuse(7, mark, MAX_FRAMES).unwrap();
         assert_eq!(reused.functions, &functions[10..]);
         assert_eq!(reused.end, WalkEnd::Complete);
         assert_eq!(marks.frames_reused, 30);
+        // With room for 20 frames only, the walk ends truncated after them.
+        let reused = marks.reuse(7, mark, 20).unwrap();
+        assert_eq!(reused.functions, &functions[10..30]);
+        assert_eq!(reused.end, WalkEnd::Truncated);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::marks::StackMarks;
 use super::records::{Record, Sample, parse};
 use super::tree::{SampledTrees, TRUNCATED, UNKNOWN};
-use super::unwind::{StackUnwinder, WalkEnd, WalkStop, WalkedFrame};
+use super::unwind::{MAX_FRAMES, StackUnwinder, WalkEnd, WalkStop, WalkedFrame};
 use crate::symbols::{ProcessSymbols, SymbolError};
 
 /// The shortest time between two reloads of the symbol and unwind tables.
@@ -126,7 +126,8 @@ impl SampleWalker {
         }
         let end = match (stop, mark) {
             (WalkStop::Stopped, Some(mark)) => {
-                let end = match self.marks.reuse(sample.tid, mark) {
+                let room = MAX_FRAMES - walked;
+                let end = match self.marks.reuse(sample.tid, mark, room) {
                     Some(reused) => {
                         self.functions.extend_from_slice(reused.functions);
                         reused.end
