@@ -448,7 +448,10 @@ fn stack_marking_gives_the_trees_a_full_walk_of_every_sample_gives() {
         assert_eq!(trees(&marked), trees(&plain), "depth {depth}");
         assert_eq!(marked.truncated, plain.truncated, "depth {depth}");
         if depth == "1100" {
-            assert_eq!(plain.truncated, plain.trees.samples, "every walk is cut at 1,024");
+            assert_eq!(
+                plain.truncated, plain.trees.samples,
+                "every walk is cut at 1,024"
+            );
         }
         assert!(marked.trees.samples >= 200, "{}", marked.trees.samples);
         // Spinning at the bottom of the recursion: nearly every walk meets the previous
