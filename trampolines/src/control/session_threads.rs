@@ -1,8 +1,9 @@
 //! The threads that serve control sessions: one per session, ended when it ends.
 //!
 //! The one idea: glibc ends a thread with every signal blocked while it runs libc
-//! functions (`madvise`, `free`...), and a thread that meets a patch's transient `int3`
-//! with SIGTRAP blocked ends the whole process. So a session thread whose work is done
+//! functions (`madvise`, `free`...), and the patcher, which leaves the agent's own
+//! threads out when it stops the target's, must never change code an agent thread is
+//! running. So a session thread whose work is done
 //! does not simply return: it says so (through an eventfd the control thread polls) and
 //! waits. The control thread, which never ends, takes `agent_threads::code_change()` — no
 //! patch goes in or out meanwhile — lets the thread go, joins it (the kernel has then

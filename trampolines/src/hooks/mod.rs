@@ -8,7 +8,9 @@
 //! below the code that answers them. `unwind_probe` (tests only) checks that the
 //! agent's assembly routines carry the unwind information a backtrace needs.
 
+pub mod handler_abi;
 pub mod slow_call;
+mod state;
 pub mod state_access;
 pub mod stubs;
 pub mod thread_layout;

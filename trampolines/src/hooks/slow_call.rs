@@ -18,44 +18,9 @@
 //! return hook's exit once the handler returns (see `retire`, which must know exactly
 //! which threads are inside tendril's code before the unwinder's hooks come out).
 
-use std::sync::Once;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// The registers as `tendril_slow_call` saved them, lowest address first. The stub's own
-/// pushes lie above `return_address`.
-#[repr(C)]
-#[derive(Debug)]
-pub struct SavedRegisters {
-    pub r15: u64,
-    pub r14: u64,
-    pub r13: u64,
-    pub r12: u64,
-    pub r11: u64,
-    pub r10: u64,
-    pub r9: u64,
-    pub r8: u64,
-    pub rdi: u64,
-    pub rsi: u64,
-    pub rdx: u64,
-    pub rcx: u64,
-    pub rbx: u64,
-    pub rax: u64,
-    pub rflags: u64,
-    pub rbp: u64,
-    /// Where `tendril_slow_call` returns to, inside the stub.
-    pub return_address: u64,
-}
-
-impl SavedRegisters {
-    /// The address just above the return address: the stub's stack pointer before it
-    /// called `tendril_slow_call`.
-    pub fn caller_stack_pointer(&self) -> u64 {
-        &self.return_address as *const u64 as u64 + 8
-    }
-}
-
-/// A slow-path handler, called with the thread's saved registers.
-pub type Handler = extern "C" fn(&mut SavedRegisters);
+pub use crate::hooks::handler_abi::{Handler, SavedRegisters};
+use crate::hooks::state::{HooksState, STATE};
+use std::sync::atomic::Ordering;
 
 // The `.cfi_*` lines tell an unwinder (a backtrace, a sampler, an exception passing
 // through a handler) where the caller's frame is at every instruction: the CFA (the
@@ -96,7 +61,7 @@ core::arch::global_asm!(
     "mov rbx, rsp",
     // rbx (callee-saved, so the handler keeps it) holds the frame while rsp moves.
     ".cfi_def_cfa_register rbx",
-    "sub rsp, qword ptr [rip + {xsave_size}]",
+    "sub rsp, qword ptr [rip + {state} + {xsave_size}]",
     "and rsp, -64",
     // XRSTOR requires the reserved bytes of the xsave header to be zero.
     "mov qword ptr [rsp + 512], 0", "mov qword ptr [rsp + 520], 0",
@@ -139,7 +104,8 @@ core::arch::global_asm!(
     ".cfi_endproc",
     ".size tendril_slow_call, . - tendril_slow_call",
     ".popsection",
-    xsave_size = sym XSAVE_AREA_BYTES,
+    state = sym STATE,
+    xsave_size = const std::mem::offset_of!(HooksState, xsave_area_bytes),
 );
 
 core::arch::global_asm!(
@@ -177,23 +143,18 @@ pub fn current_depth_address() -> u64 {
     thread_pointer.wrapping_add_signed(offset)
 }
 
-/// Bytes `tendril_slow_call` reserves for `xsave`: the size CPUID gives for the enabled
-/// features, plus room to align to 64. Set by [`prepare`] before any stub runs.
-/// (An atomic: the same bytes as a `u64`, which the assembly reads by symbol, written
-/// without `static mut`.)
-static XSAVE_AREA_BYTES: AtomicU64 = AtomicU64::new(16 * 1024);
-
 /// Sizes the xsave area from CPUID. Call before the first patch.
 pub fn prepare() {
-    static SIZED: Once = Once::new();
-    SIZED.call_once(|| {
+    STATE.xsave_sized.call_once(|| {
         // CPUID leaf 0xD sub-leaf 0 exists on every cpu with XSAVE, which every x86-64
         // Linux machine tendril supports has; EBX is the xsave area size for the
         // features enabled in XCR0.
         let size = std::arch::x86_64::__cpuid_count(0xd, 0).ebx as u64;
         // Written once, before the first stub that reads it is patched in (the patch is
         // published after this store).
-        XSAVE_AREA_BYTES.store(size.max(576) + 64, Ordering::SeqCst);
+        STATE
+            .xsave_area_bytes
+            .store(size.max(576) + 64, Ordering::SeqCst);
     });
 }
 

@@ -6,21 +6,20 @@
 //! "is this an agent thread?" from memory, since it is asked for every thread before
 //! each patch.
 
-use std::sync::{Mutex, MutexGuard};
+use crate::sys::state::STATE;
+use std::sync::MutexGuard;
 
 /// Every thread the agent creates has a name starting with this prefix.
 pub const AGENT_THREAD_PREFIX: &str = "tendril-";
 
-/// The agent's threads that are running, by thread id (see `runtime::threads::spawn_agent_thread`).
-static AGENT_THREADS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
-
 fn agent_threads() -> MutexGuard<'static, Vec<i32>> {
-    AGENT_THREADS
+    STATE
+        .agent_threads
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The calling agent thread's entry in [`AGENT_THREADS`], removed when the thread ends
+/// The calling agent thread's entry in `STATE.agent_threads`, removed when the thread ends
 /// (returning or unwinding), so a later thread given the same id is not taken for one.
 pub struct AgentThread(i32);
 
@@ -44,20 +43,19 @@ pub fn is_agent_thread(tid: i32) -> bool {
     agent_threads().contains(&tid)
 }
 
-/// Held while the target's code holds a transient `int3` (a patch going in or coming
-/// out), and while an agent thread starts or ends.
+/// Held while code changes (a patch going in or out) and while an agent thread starts
+/// or ends.
 ///
-/// glibc starts and ends a thread with every signal blocked, SIGTRAP included, and
-/// runs libc functions meanwhile (`__ctype_init`, `madvise`, `free`...). A thread that
-/// meets an `int3` with SIGTRAP blocked is not sent to tendril's handler: the kernel
-/// ends the whole process. So the agent starts threads only while no `int3` is in the
-/// code, and a thread whose work is done ends only while another thread holds this lock
-/// and waits for it to be gone (see `session_threads`).
-static CODE_CHANGE: Mutex<()> = Mutex::new(());
-
-/// Holds off agent thread starts and ends while code changes (see [`CODE_CHANGE`]).
+/// The patcher leaves the agent's own threads out when it stops the target's, so an
+/// agent thread must not be inside the target's code while that code changes. glibc
+/// starts and ends a thread with every signal blocked and runs libc functions
+/// meanwhile (`__ctype_init`, `madvise`, `free`...), any of which may be the function
+/// being patched. So the agent starts threads only between code changes, and a thread
+/// whose work is done ends only while another thread holds this lock and waits for it
+/// to be gone (see `session_threads`).
 pub fn code_change() -> MutexGuard<'static, ()> {
-    CODE_CHANGE
+    STATE
+        .code_change
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

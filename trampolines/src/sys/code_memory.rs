@@ -16,8 +16,9 @@
 //! after its function was restored.
 
 use super::error::AgentError;
+use super::state::{MAX_CHUNKS, STATE};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 /// Size of each mapping the arena takes from the kernel.
 const CHUNK_SIZE: u64 = 256 * 1024;
@@ -25,15 +26,10 @@ const CHUNK_SIZE: u64 = 256 * 1024;
 const REACH: u64 = (1 << 31) - 64 * 1024;
 const PAGE: u64 = 4096;
 
-/// `/proc/self/mem`, opened by the process whose pid is in `MEM_OWNER`: a forked child
-/// inherits the descriptor, which still names its parent's memory, and must reopen.
-static MEM_FD: AtomicI32 = AtomicI32::new(-1);
-static MEM_OWNER: AtomicI32 = AtomicI32::new(0);
-
 fn proc_self_mem() -> std::io::Result<i32> {
     let pid = crate::sys::getpid();
-    let fd = MEM_FD.load(Ordering::Acquire);
-    if fd >= 0 && MEM_OWNER.load(Ordering::Acquire) == pid {
+    let fd = STATE.mem_fd.load(Ordering::Acquire);
+    if fd >= 0 && STATE.mem_owner.load(Ordering::Acquire) == pid {
         return Ok(fd);
     }
     // SAFETY: open with a valid NUL-terminated path and constant flags.
@@ -45,8 +41,8 @@ fn proc_self_mem() -> std::io::Result<i32> {
             format!("cannot open /proc/self/mem: {error}"),
         ));
     }
-    MEM_FD.store(fd, Ordering::Release);
-    MEM_OWNER.store(pid, Ordering::Release);
+    STATE.mem_fd.store(fd, Ordering::Release);
+    STATE.mem_owner.store(pid, Ordering::Release);
     Ok(fd)
 }
 
@@ -119,15 +115,10 @@ fn read_whole(fd: i32, address: u64, buffer: &mut [u8]) -> bool {
     read == buffer.len() as isize
 }
 
-/// The chunks mapped so far, readable without a lock (from signal handlers).
-const MAX_CHUNKS: usize = 4096;
-static CHUNK_STARTS: [AtomicU64; MAX_CHUNKS] = [const { AtomicU64::new(0) }; MAX_CHUNKS];
-static CHUNK_COUNT: AtomicUsize = AtomicUsize::new(0);
-
 /// Whether `pc` lies in trampoline memory. Lock-free, for signal handlers.
 pub fn is_trampoline_code(pc: u64) -> bool {
-    let count = CHUNK_COUNT.load(Ordering::Acquire).min(MAX_CHUNKS);
-    CHUNK_STARTS[..count].iter().any(|start| {
+    let count = STATE.chunk_count.load(Ordering::Acquire).min(MAX_CHUNKS);
+    STATE.chunk_starts[..count].iter().any(|start| {
         let start = start.load(Ordering::Acquire);
         start != 0 && (start..start + CHUNK_SIZE).contains(&pc)
     })
@@ -174,10 +165,10 @@ impl CodeArena {
         }
         let start = map_chunk_near(near)?;
         chunks.push(Chunk { start, used: len });
-        let index = CHUNK_COUNT.load(Ordering::Acquire);
+        let index = STATE.chunk_count.load(Ordering::Acquire);
         if index < MAX_CHUNKS {
-            CHUNK_STARTS[index].store(start, Ordering::Release);
-            CHUNK_COUNT.store(index + 1, Ordering::Release);
+            STATE.chunk_starts[index].store(start, Ordering::Release);
+            STATE.chunk_count.store(index + 1, Ordering::Release);
         }
         Ok(start)
     }

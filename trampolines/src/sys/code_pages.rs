@@ -17,17 +17,14 @@
 //! thread during discovery does not parse the maps each time.
 
 use crate::sys::maps;
-use std::sync::Mutex;
+use crate::sys::state::STATE;
 
 const PAGE: u64 = 4096;
-
-/// (start, end, protection) of the executable mappings seen in `/proc/self/maps`.
-static PROTECTIONS: Mutex<Vec<(u64, u64, i32)>> = Mutex::new(Vec::new());
 
 /// Reads the executable mappings' protection from `/proc/self/maps` again.
 pub fn refresh_protections() -> std::io::Result<()> {
     let mappings = maps::read_own()?;
-    let mut protections = PROTECTIONS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut protections = STATE.protections.lock().unwrap_or_else(|p| p.into_inner());
     protections.clear();
     protections.extend(
         mappings
@@ -56,7 +53,8 @@ fn protection_of(permissions: &str) -> i32 {
 /// it is not known.
 fn page_protection(page: u64) -> std::io::Result<i32> {
     let known = |page: u64| {
-        PROTECTIONS
+        STATE
+            .protections
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()

@@ -23,6 +23,7 @@ pub mod maps;
 pub mod mem_builtins;
 pub mod own_code;
 pub mod queued_signal;
+mod state;
 pub mod tasks;
 pub mod thread_tracer;
 

@@ -3,9 +3,8 @@
 
 /// Whether `address` lies in the agent library's own code: it is never instrumented.
 pub fn is_agent_code(address: u64) -> bool {
-    use std::sync::OnceLock;
-    static RANGES: OnceLock<Vec<(u64, u64)>> = OnceLock::new();
-    let ranges = RANGES.get_or_init(|| {
+    use crate::sys::state::STATE;
+    let ranges = STATE.own_code_ranges.get_or_init(|| {
         // SAFETY: dladdr fills `info` for an address inside a loaded object; this
         // function's own address is one.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };

@@ -6,7 +6,7 @@
 //! group. So the agent clones a helper with `CLONE_VM` but without `CLONE_THREAD` (a
 //! process of its own that shares this memory, as Frida's `gum_linux_modify_thread`
 //! does). The helper seizes and interrupts each thread, publishes its pc and sp in
-//! [`SHARED`], waits until the patcher says where each thread must resume, applies that
+//! `STATE.tracer`, waits until the patcher says where each thread must resume, applies that
 //! and detaches. The threads never see a signal: a thread stopped in a signal-delivery
 //! stop gets its signal back at the detach.
 //!
@@ -16,16 +16,14 @@
 //! [`HELPER_PATIENCE_NS`] and exits.
 //!
 //! The helper shares this thread's TLS (no `CLONE_SETTLS`), so its code touches only
-//! [`SHARED`] and raw system calls: no allocation, no `errno`, no panics.
+//! `STATE.tracer` and raw system calls: no allocation, no `errno`, no panics.
 
 use crate::sys::error::AgentError;
+use crate::sys::state::{MAX_TRACED, STATE};
 use crate::sys::{futex_wait_timeout, futex_wake_all, monotonic_ns, syscall4};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Most threads one helper stops.
-pub const MAX_TRACED: usize = 512;
 /// How long the helper waits for the patcher before it lets the threads go.
 const HELPER_PATIENCE_NS: u64 = 2_000_000_000;
 const HELPER_STACK: usize = 64 * 1024;
@@ -36,44 +34,8 @@ const PHASE_STOPPED: u32 = 2;
 const PHASE_RELEASE: u32 = 3;
 const PHASE_DONE: u32 = 4;
 
-/// What the patcher and the helper share (the helper reads and writes nothing else).
-struct Shared {
-    phase: AtomicU32,
-    count: AtomicU32,
-    tids: [AtomicI32; MAX_TRACED],
-    /// Set by the helper: 1 stopped, 2 gone (exited, or never seen).
-    states: [AtomicU32; MAX_TRACED],
-    pcs: [AtomicU64; MAX_TRACED],
-    sps: [AtomicU64; MAX_TRACED],
-    /// Set by the patcher: where a thread resumes (0: where it was).
-    new_pcs: [AtomicU64; MAX_TRACED],
-    /// A signal a thread was stopped with, handed back at the detach.
-    signals: [AtomicU32; MAX_TRACED],
-    /// The first failure: a negative errno, and the thread it concerned.
-    error: AtomicI32,
-    error_tid: AtomicI32,
-}
-
 const STOPPED: u32 = 1;
 const GONE: u32 = 2;
-
-static SHARED: Shared = Shared {
-    phase: AtomicU32::new(0),
-    count: AtomicU32::new(0),
-    tids: [const { AtomicI32::new(0) }; MAX_TRACED],
-    states: [const { AtomicU32::new(0) }; MAX_TRACED],
-    pcs: [const { AtomicU64::new(0) }; MAX_TRACED],
-    sps: [const { AtomicU64::new(0) }; MAX_TRACED],
-    new_pcs: [const { AtomicU64::new(0) }; MAX_TRACED],
-    signals: [const { AtomicU32::new(0) }; MAX_TRACED],
-    error: AtomicI32::new(0),
-    error_tid: AtomicI32::new(0),
-};
-
-/// The helper's stack, mapped once.
-static STACK_TOP: OnceLock<u64> = OnceLock::new();
-/// Whether the helper needs `PR_SET_PTRACER` to trace us (read once, by `prepare`).
-static YAMA_NEEDS_PTRACER: AtomicBool = AtomicBool::new(false);
 
 /// Threads held by the helper until [`TracedThreads::release`] (or drop).
 pub struct TracedThreads {
@@ -85,10 +47,12 @@ pub struct TracedThreads {
 
 /// Maps the helper's stack ahead of time, so [`stop`] allocates nothing.
 pub fn prepare() -> Result<(), AgentError> {
-    if STACK_TOP.get().is_some() {
+    if STATE.tracer_stack_top.get().is_some() {
         return Ok(());
     }
-    YAMA_NEEDS_PTRACER.store(yama_needs_ptracer(), Ordering::Relaxed);
+    STATE
+        .yama_needs_ptracer
+        .store(yama_needs_ptracer(), Ordering::Relaxed);
     // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
     let stack = unsafe {
         libc::mmap(
@@ -107,7 +71,7 @@ pub fn prepare() -> Result<(), AgentError> {
         )));
     }
     let top = (stack as u64 + HELPER_STACK as u64) & !15;
-    if STACK_TOP.set(top).is_err() {
+    if STATE.tracer_stack_top.set(top).is_err() {
         // Another thread mapped one first: give this one back.
         // SAFETY: unmaps exactly the mapping made above, which nothing else uses.
         unsafe { libc::munmap(stack, HELPER_STACK) };
@@ -126,21 +90,24 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
             tids.len()
         )));
     }
-    let Some(&stack_top) = STACK_TOP.get() else {
+    let Some(&stack_top) = STATE.tracer_stack_top.get() else {
         return Err(AgentError::NotStopped(
             "the ptrace helper is not prepared".into(),
         ));
     };
-    SHARED.phase.store(0, Ordering::Release);
-    SHARED.error.store(0, Ordering::Relaxed);
-    SHARED.error_tid.store(0, Ordering::Relaxed);
+    STATE.tracer.phase.store(0, Ordering::Release);
+    STATE.tracer.error.store(0, Ordering::Relaxed);
+    STATE.tracer.error_tid.store(0, Ordering::Relaxed);
     for (index, &tid) in tids.iter().enumerate() {
-        SHARED.tids[index].store(tid, Ordering::Relaxed);
-        SHARED.states[index].store(0, Ordering::Relaxed);
-        SHARED.new_pcs[index].store(0, Ordering::Relaxed);
-        SHARED.signals[index].store(0, Ordering::Relaxed);
+        STATE.tracer.tids[index].store(tid, Ordering::Relaxed);
+        STATE.tracer.states[index].store(0, Ordering::Relaxed);
+        STATE.tracer.new_pcs[index].store(0, Ordering::Relaxed);
+        STATE.tracer.signals[index].store(0, Ordering::Relaxed);
     }
-    SHARED.count.store(tids.len() as u32, Ordering::Release);
+    STATE
+        .tracer
+        .count
+        .store(tids.len() as u32, Ordering::Release);
     let helper = spawn_helper(stack_top);
     if helper < 0 {
         return Err(AgentError::NotStopped(format!(
@@ -149,7 +116,7 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
         )));
     }
     let helper = helper as i32;
-    let needed_ptracer = YAMA_NEEDS_PTRACER.load(Ordering::Relaxed);
+    let needed_ptracer = STATE.yama_needs_ptracer.load(Ordering::Relaxed);
     if needed_ptracer {
         // SAFETY: prctl with integer arguments; lets the helper (our child) trace us
         // under Yama's relational scope. Cleared again at the release.
@@ -169,11 +136,11 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
         released: false,
         needed_ptracer,
     };
-    SHARED.phase.store(PHASE_START, Ordering::Release);
-    futex_wake_all(&SHARED.phase);
+    STATE.tracer.phase.store(PHASE_START, Ordering::Release);
+    futex_wake_all(&STATE.tracer.phase);
     let deadline = monotonic_ns() + timeout.as_nanos() as u64;
     loop {
-        let phase = SHARED.phase.load(Ordering::Acquire);
+        let phase = STATE.tracer.phase.load(Ordering::Acquire);
         if phase == PHASE_STOPPED {
             return Ok(traced);
         }
@@ -184,11 +151,11 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
         if now >= deadline {
             break;
         }
-        futex_wait_timeout(&SHARED.phase, phase, (deadline - now).min(10_000_000));
+        futex_wait_timeout(&STATE.tracer.phase, phase, (deadline - now).min(10_000_000));
     }
     traced.release();
-    let error = -SHARED.error.load(Ordering::Acquire);
-    let tid = SHARED.error_tid.load(Ordering::Acquire);
+    let error = -STATE.tracer.error.load(Ordering::Acquire);
+    let tid = STATE.tracer.error_tid.load(Ordering::Acquire);
     Err(AgentError::NotStopped(if error != 0 {
         format!(
             "thread {tid} blocks every signal and runs, and tendril could not stop it with \
@@ -210,13 +177,15 @@ impl TracedThreads {
 
     /// Thread `index`'s tid, pc and sp, or `None` if it exited before it stopped.
     pub fn thread(&self, index: usize) -> Option<(i32, u64, u64)> {
-        (index < self.count && SHARED.states[index].load(Ordering::Acquire) == STOPPED).then(|| {
-            (
-                SHARED.tids[index].load(Ordering::Relaxed),
-                SHARED.pcs[index].load(Ordering::Relaxed),
-                SHARED.sps[index].load(Ordering::Relaxed),
-            )
-        })
+        (index < self.count && STATE.tracer.states[index].load(Ordering::Acquire) == STOPPED).then(
+            || {
+                (
+                    STATE.tracer.tids[index].load(Ordering::Relaxed),
+                    STATE.tracer.pcs[index].load(Ordering::Relaxed),
+                    STATE.tracer.sps[index].load(Ordering::Relaxed),
+                )
+            },
+        )
     }
 
     /// Lets the threads go (at their new pcs) and waits for the helper to end.
@@ -225,8 +194,8 @@ impl TracedThreads {
             return;
         }
         self.released = true;
-        SHARED.phase.store(PHASE_RELEASE, Ordering::Release);
-        futex_wake_all(&SHARED.phase);
+        STATE.tracer.phase.store(PHASE_RELEASE, Ordering::Release);
+        futex_wake_all(&STATE.tracer.phase);
         let mut status = 0i32;
         // SAFETY: waits for our own clone child; `status` is a valid out-pointer.
         unsafe {
@@ -255,16 +224,16 @@ impl Drop for TracedThreads {
 pub fn held_position(index: usize) -> (u64, u64) {
     let index = index.min(MAX_TRACED - 1);
     (
-        SHARED.pcs[index].load(Ordering::Acquire),
-        SHARED.sps[index].load(Ordering::Acquire),
+        STATE.tracer.pcs[index].load(Ordering::Acquire),
+        STATE.tracer.sps[index].load(Ordering::Acquire),
     )
 }
 
 /// Makes held thread `index` resume at `pc`, while a [`TracedThreads`] holds it.
 pub fn move_held(index: usize, pc: u64) {
     if index < MAX_TRACED {
-        SHARED.new_pcs[index].store(pc, Ordering::Release);
-        SHARED.pcs[index].store(pc, Ordering::Release);
+        STATE.tracer.new_pcs[index].store(pc, Ordering::Release);
+        STATE.tracer.pcs[index].store(pc, Ordering::Release);
     }
 }
 
@@ -286,7 +255,7 @@ fn spawn_helper(stack_top: u64) -> i64 {
     let flags = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_UNTRACED) as u64;
     let pid: i64;
     // SAFETY: the child starts on its own stack (mapped by `prepare`, used by one
-    // helper at a time), calls `helper_main`, which touches only SHARED and raw system
+    // helper at a time), calls `helper_main`, which touches only STATE.tracer and raw system
     // calls, and exits with its result; it never returns into this function. The
     // parent continues after the block with every register but rax, rcx and r11 kept.
     unsafe {
@@ -330,10 +299,10 @@ extern "C" fn helper_main() -> libc::c_int {
         );
     }
     wait_for_phase_change(0);
-    let count = (SHARED.count.load(Ordering::Acquire) as usize).min(MAX_TRACED);
+    let count = (STATE.tracer.count.load(Ordering::Acquire) as usize).min(MAX_TRACED);
     let mut seized = 0;
     for index in 0..count {
-        let tid = SHARED.tids[index].load(Ordering::Relaxed);
+        let tid = STATE.tracer.tids[index].load(Ordering::Relaxed);
         // SAFETY: as above.
         let result = unsafe {
             syscall4(
@@ -345,10 +314,10 @@ extern "C" fn helper_main() -> libc::c_int {
             )
         };
         if result == -(libc::ESRCH as i64) {
-            SHARED.states[index].store(GONE, Ordering::Release);
+            STATE.tracer.states[index].store(GONE, Ordering::Release);
         } else if result < 0 {
-            SHARED.error.store(result as i32, Ordering::Release);
-            SHARED.error_tid.store(tid, Ordering::Release);
+            STATE.tracer.error.store(result as i32, Ordering::Release);
+            STATE.tracer.error_tid.store(tid, Ordering::Release);
             break;
         } else {
             // SAFETY: as above.
@@ -364,24 +333,24 @@ extern "C" fn helper_main() -> libc::c_int {
         }
         seized = index + 1;
     }
-    let failed = SHARED.error.load(Ordering::Acquire) != 0;
+    let failed = STATE.tracer.error.load(Ordering::Acquire) != 0;
     for index in 0..seized {
-        if SHARED.states[index].load(Ordering::Relaxed) != GONE {
+        if STATE.tracer.states[index].load(Ordering::Relaxed) != GONE {
             await_stop(index);
         }
     }
     if !failed {
-        SHARED.phase.store(PHASE_STOPPED, Ordering::Release);
-        futex_wake_all(&SHARED.phase);
+        STATE.tracer.phase.store(PHASE_STOPPED, Ordering::Release);
+        futex_wake_all(&STATE.tracer.phase);
         wait_for_phase_change(PHASE_STOPPED);
     }
     for index in 0..seized {
-        if SHARED.states[index].load(Ordering::Relaxed) == STOPPED {
+        if STATE.tracer.states[index].load(Ordering::Relaxed) == STOPPED {
             resume(index);
         }
     }
-    SHARED.phase.store(PHASE_DONE, Ordering::Release);
-    futex_wake_all(&SHARED.phase);
+    STATE.tracer.phase.store(PHASE_DONE, Ordering::Release);
+    futex_wake_all(&STATE.tracer.phase);
     0
 }
 
@@ -389,15 +358,15 @@ extern "C" fn helper_main() -> libc::c_int {
 fn wait_for_phase_change(phase: u32) {
     let step = 10_000_000;
     let mut waited = 0;
-    while SHARED.phase.load(Ordering::Acquire) == phase && waited < HELPER_PATIENCE_NS {
-        futex_wait_timeout(&SHARED.phase, phase, step);
+    while STATE.tracer.phase.load(Ordering::Acquire) == phase && waited < HELPER_PATIENCE_NS {
+        futex_wait_timeout(&STATE.tracer.phase, phase, step);
         waited += step;
     }
 }
 
 /// Waits for thread `index` to stop and records where it is.
 fn await_stop(index: usize) {
-    let tid = SHARED.tids[index].load(Ordering::Relaxed);
+    let tid = STATE.tracer.tids[index].load(Ordering::Relaxed);
     let mut status: i32 = 0;
     // SAFETY: wait4 on our tracee with a valid status pointer and no rusage.
     let waited = unsafe {
@@ -410,14 +379,14 @@ fn await_stop(index: usize) {
         )
     };
     if waited != tid as i64 || !libc::WIFSTOPPED(status) {
-        SHARED.states[index].store(GONE, Ordering::Release);
+        STATE.tracer.states[index].store(GONE, Ordering::Release);
         return;
     }
     let event = (status >> 16) as u32;
     let signal = libc::WSTOPSIG(status);
     if event == 0 && signal != libc::SIGTRAP {
         // Stopped to deliver a signal: it goes back at the detach.
-        SHARED.signals[index].store(signal as u32, Ordering::Relaxed);
+        STATE.tracer.signals[index].store(signal as u32, Ordering::Relaxed);
     }
     // SAFETY: a zeroed user_regs_struct is a valid buffer for PTRACE_GETREGS.
     let mut registers: libc::user_regs_struct = unsafe { std::mem::zeroed() };
@@ -432,18 +401,18 @@ fn await_stop(index: usize) {
         )
     };
     if read < 0 {
-        SHARED.states[index].store(GONE, Ordering::Release);
+        STATE.tracer.states[index].store(GONE, Ordering::Release);
         return;
     }
-    SHARED.pcs[index].store(registers.rip, Ordering::Relaxed);
-    SHARED.sps[index].store(registers.rsp, Ordering::Relaxed);
-    SHARED.states[index].store(STOPPED, Ordering::Release);
+    STATE.tracer.pcs[index].store(registers.rip, Ordering::Relaxed);
+    STATE.tracer.sps[index].store(registers.rsp, Ordering::Relaxed);
+    STATE.tracer.states[index].store(STOPPED, Ordering::Release);
 }
 
 /// Moves thread `index` if the patcher asked, then detaches it.
 fn resume(index: usize) {
-    let tid = SHARED.tids[index].load(Ordering::Relaxed) as u64;
-    let new_pc = SHARED.new_pcs[index].load(Ordering::Acquire);
+    let tid = STATE.tracer.tids[index].load(Ordering::Relaxed) as u64;
+    let new_pc = STATE.tracer.new_pcs[index].load(Ordering::Acquire);
     if new_pc != 0 {
         // SAFETY: a zeroed user_regs_struct is a valid buffer for PTRACE_GETREGS.
         let mut registers: libc::user_regs_struct = unsafe { std::mem::zeroed() };
@@ -468,7 +437,7 @@ fn resume(index: usize) {
             }
         }
     }
-    let signal = SHARED.signals[index].load(Ordering::Relaxed) as u64;
+    let signal = STATE.tracer.signals[index].load(Ordering::Relaxed) as u64;
     // SAFETY: detaches our tracee, handing back the signal it was stopped with.
     unsafe { syscall4(libc::SYS_ptrace, libc::PTRACE_DETACH as u64, tid, 0, signal) };
 }
@@ -477,7 +446,7 @@ fn resume(index: usize) {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
 
     #[test]
     fn stops_a_thread_that_blocks_every_signal_and_moves_it() {

@@ -28,58 +28,30 @@ mod count;
 mod internal;
 mod record;
 mod returns;
+pub(in crate::hooks) mod template;
 
-use crate::hooks::slow_call::{self, Handler};
+use crate::hooks::handler_abi::Handler;
+pub use crate::hooks::handler_abi::{BacktraceStandIn, Handlers};
+use crate::hooks::slow_call;
+use crate::hooks::state::STATE;
 use crate::hooks::thread_layout as thread_state;
 use crate::sys::error::AgentError;
 use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::*;
-use record::{RecordTemplate, RecordValues};
-use std::sync::OnceLock;
+use record::RecordValues;
 use std::sync::atomic::{AtomicU64, Ordering};
+use template::{HookCode, RecordTemplate};
 use tendril_wire::Hook;
-
-/// The runtime's answers to the stubs' slow paths. The runtime installs them once,
-/// before the first hook is built ([`install_handlers`]); the templates never import
-/// the code that answers them.
-#[derive(Clone, Copy)]
-pub struct Handlers {
-    /// A thread without state yet: registers it, answers its state in `rcx`.
-    pub register_thread: Handler,
-    /// Before a return hook pushes a shadow entry while the thread must reconcile its
-    /// entries; `_after_call` for a call thunk's hook (one more word on the stack).
-    pub returns_before_push: Handler,
-    pub returns_before_push_after_call: Handler,
-    /// A return hook's exit that does not match the top shadow entry.
-    pub returns_mismatched_return: Handler,
-    /// The same three for recording hooks.
-    pub record_before_push: Handler,
-    pub record_before_push_after_call: Handler,
-    pub record_mismatched_return: Handler,
-    /// A recording hook found its ring full, or has none yet.
-    pub ring_space: Handler,
-    /// A recording hook's function runs in the graph for the first time (id in `edx`).
-    pub discover: Handler,
-    /// Address of the recording's invoked bytes (one per function id), or 0.
-    pub invoked_table: fn() -> u64,
-    /// [`Hook::UnwinderStarts`]: the real return addresses go back on the stack.
-    pub unwinder_starts: Handler,
-    /// [`Hook::ExceptionCaught`]: the surviving frames' return hooks go back in.
-    pub exception_caught: Handler,
-    /// [`Hook::Backtrace`].
-    pub backtrace: BacktraceStandIn,
-}
-
-static HANDLERS: OnceLock<Handlers> = OnceLock::new();
 
 /// Installs the runtime's handlers; the first installation stays.
 pub fn install_handlers(handlers: Handlers) {
-    let _ = HANDLERS.set(handlers);
+    let _ = STATE.handlers.set(handlers);
 }
 
 /// The installed handlers; [`build`] checks they are there before assembling.
 fn handlers() -> &'static Handlers {
-    HANDLERS
+    STATE
+        .handlers
         .get()
         .expect("build() checks that the handlers are installed")
 }
@@ -91,16 +63,6 @@ pub const RETURN_HOOK_PUSHES: u64 = 4;
 
 /// Registers the recording hook pushes below the return-address slot.
 pub const RECORD_HOOK_PUSHES: u64 = 5;
-
-/// How tendril's own stand-in for `_Unwind_Backtrace` is reached: the first copy of
-/// the unwinder is replaced ([`internal::replace_hook`]) by `replacement`, which calls
-/// the original through the body whose address goes to `body`; a further copy (an
-/// unwinder linked statically as well) gets the plain unwinder hook.
-#[derive(Clone, Copy)]
-pub struct BacktraceStandIn {
-    pub replacement: u64,
-    pub body: &'static AtomicU64,
-}
 
 /// A trampoline's code and the addresses that matter in it.
 #[derive(Debug, Clone)]
@@ -138,7 +100,7 @@ pub fn build(
     thunk_returns_to: Option<u64>,
     body_at: impl FnOnce(u64) -> Result<Vec<u8>, AgentError>,
 ) -> Result<TrampolineCode, AgentError> {
-    let Some(handlers) = HANDLERS.get() else {
+    let Some(handlers) = STATE.handlers.get() else {
         return Err(AgentError::HandlersNotInstalled);
     };
     let body_sink = (kind == Hook::Backtrace && replaces_backtrace(handlers))
@@ -171,16 +133,6 @@ pub fn build(
 /// stand-in has its original yet.
 fn replaces_backtrace(handlers: &Handlers) -> bool {
     handlers.backtrace.body.load(Ordering::Acquire) == 0
-}
-
-/// A trampoline's hook part, position-independent: its bytes (up to where the body
-/// goes) and the offsets of its entry points.
-#[derive(Debug, Clone)]
-struct HookCode {
-    bytes: Vec<u8>,
-    entry: usize,
-    /// Where the body starts: the length of `bytes`.
-    body: usize,
 }
 
 /// Where a hook is assembled when its address does not matter: every reference it

@@ -7,11 +7,13 @@ use super::returns::{
     EntryLabels, HookFrame, ShadowLabels, Word, check_shadow_top, enter_with_state,
     entry_slow_paths, pop_shadow_entry, push_shadow_entry, return_slots, special_path,
 };
+use super::template::{HookCode, RecordTemplate};
 use super::{
-    ASSEMBLY_BASE, HookCode, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers,
-    load_state, new_layout, return_to_caller,
+    ASSEMBLY_BASE, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers, load_state,
+    new_layout, return_to_caller,
 };
-use crate::hooks::slow_call::Handler;
+use crate::hooks::handler_abi::Handler;
+use crate::hooks::state::STATE;
 use crate::hooks::thread_layout::{
     self as thread_state, ENTRY_EXIT, ENTRY_SIZE, STATE_GRAPH_DEPTH, STATE_RING_EVENTS,
     STATE_RING_HEAD, STATE_RING_HEADER, STATE_RING_LIMIT, STATE_RING_MASK,
@@ -50,20 +52,13 @@ pub(super) struct RecordWords {
     id: CodeLabel,
 }
 
-/// A recording hook assembled once, and where its per-function data words are.
-#[derive(Debug, Clone)]
-pub(super) struct RecordTemplate {
-    hook: HookCode,
-    /// Offsets of the words of [`RecordValues`], in its field order.
-    words: [usize; 4],
-}
-
 impl RecordTemplate {
     /// The template for a root or inner hook, with or without a call thunk.
     pub(super) fn get(root: bool, thunk: bool) -> Result<RecordTemplate, AgentError> {
-        static TEMPLATES: std::sync::Mutex<[Option<RecordTemplate>; 4]> =
-            std::sync::Mutex::new([None, None, None, None]);
-        let mut templates = TEMPLATES.lock().unwrap_or_else(|p| p.into_inner());
+        let mut templates = STATE
+            .record_templates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let slot = &mut templates[root as usize * 2 + thunk as usize];
         if slot.is_none() {
             let thunk_returns_to = thunk.then_some(0);
