@@ -11,4 +11,6 @@ pub mod patch_protocol;
 pub mod patch_targets;
 pub mod patcher;
 pub mod signal_frames;
+mod sites;
+mod state;
 pub mod stop_world;

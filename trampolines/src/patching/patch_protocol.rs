@@ -26,18 +26,17 @@
 //! the same two functions. If the patching thread dies mid-way the process dies with
 //! it; if the controller dies, the agent finishes the batch and then restores.
 
-use crate::code::entry_plan::{EntryPlan, PatchStyle};
+use crate::code::entry_plan::PatchStyle;
 use crate::code::padding::PAD_LEN;
 use crate::patching::signal_frames;
+use crate::patching::sites::PendingPad;
+pub use crate::patching::sites::{MAX_ENTRY_PATCH, Pad, Site, Trampoline};
+use crate::patching::state::STATE;
 use crate::patching::stop_world::{self, StopBuffers, StoppedWorld};
 use crate::sys::agent_threads;
 use crate::sys::code_memory;
 use crate::sys::code_pages::WritableCode;
 use crate::sys::error::AgentError;
-use std::sync::Mutex;
-
-/// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).
-pub const MAX_ENTRY_PATCH: usize = 6;
 
 /// `jmp $`: two bytes that keep an arriving thread where it is.
 const GUARD: [u8; 2] = [0xeb, 0xfe];
@@ -45,42 +44,6 @@ const JMP_REL32: u8 = 0xe9;
 const JMP_REL8: u8 = 0xeb;
 const CALL_REL32: u8 = 0xe8;
 const NOP: u8 = 0x90;
-
-/// A built trampoline, reusable while the function's bytes are unchanged.
-#[derive(Clone)]
-pub struct Trampoline {
-    /// Where the relocated first instructions start.
-    pub body: u64,
-    pub hook: u64,
-    /// Bytes at the function entry the trampoline was built from.
-    pub entry_bytes: Vec<u8>,
-    pub plan: EntryPlan,
-    /// (offset of an overwritten instruction in the function, offset of its copy).
-    pub instruction_map: Vec<(usize, usize)>,
-}
-
-/// A `jmp rel32` placed in padding for a short entry jump, and the bytes it replaced.
-pub struct Pad {
-    pub address: u64,
-    pub original: [u8; PAD_LEN as usize],
-}
-
-/// A patched (or about to be patched) function.
-pub struct Site {
-    /// Where the entry jump is written (the entry, or just after its `endbr64`).
-    pub patch_at: u64,
-    /// The bytes the entry patch replaced (the first `jump_len` are meaningful).
-    pub original: [u8; MAX_ENTRY_PATCH],
-    pub pad: Option<Pad>,
-    pub trampoline: Trampoline,
-    pub owner: u64,
-    pub id: u32,
-    /// An internal hook on the unwinder (see `shadow`): it goes in before, and comes
-    /// out after, every return hook.
-    pub internal: bool,
-    /// Where the lock-free record keeps the entry's and the pad's original bytes.
-    pub recorded: [Option<usize>; 2],
-}
 
 impl Site {
     pub fn function(&self) -> u64 {
@@ -255,16 +218,6 @@ pub fn resume_point_in_copy(pc: u64, batch: &[Site]) -> Option<u64> {
         .map(|&(_, copy)| site.trampoline.body + copy as u64)
 }
 
-/// A pad to restore: its bytes, the hook it leads to, and its record slot.
-struct PendingPad {
-    pad: Pad,
-    hook: u64,
-    recorded: Option<usize>,
-}
-
-/// Pads whose restore could not stop the process yet; retried on every restore.
-static PENDING_PADS: Mutex<Vec<PendingPad>> = Mutex::new(Vec::new());
-
 /// Puts back the original bytes of `sites` (see the module comment).
 pub fn restore(sites: &[Site]) {
     let _no_thread_start = agent_threads::code_change();
@@ -299,7 +252,7 @@ pub fn restore(sites: &[Site]) {
             }
         }
     }
-    let mut pending = PENDING_PADS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut pending = STATE.pending_pads.lock().unwrap_or_else(|p| p.into_inner());
     pending.extend(sites.iter().filter_map(|site| {
         site.pad.as_ref().map(|pad| PendingPad {
             pad: Pad {
@@ -349,14 +302,8 @@ pub fn restore_all_in_forked_child() {
 /// A lock-free record of the bytes patched now (address, original bytes), for the
 /// child of a fork.
 mod active {
-    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-
-    const CAPACITY: usize = 1 << 16;
-    static ADDRESS: [AtomicU64; CAPACITY] = [const { AtomicU64::new(0) }; CAPACITY];
-    /// Where the search for a free slot starts (slots are reused after a restore).
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    /// Up to 7 original bytes, and their count in the top byte.
-    static ORIGINAL: [AtomicU64; CAPACITY] = [const { AtomicU64::new(0) }; CAPACITY];
+    use crate::patching::state::{PATCHED_NOW_CAPACITY as CAPACITY, STATE};
+    use std::sync::atomic::Ordering;
 
     fn pack(bytes: &[u8]) -> u64 {
         let mut word = [0u8; 8];
@@ -367,25 +314,31 @@ mod active {
 
     /// Records patched bytes (called with the engine's lock held); returns the slot.
     pub fn record(address: u64, original: &[u8]) -> Option<usize> {
-        let start = NEXT.load(Ordering::Relaxed);
+        let start = STATE.patched_now_next.load(Ordering::Relaxed);
         let slot = (0..CAPACITY)
             .map(|i| (start + i) % CAPACITY)
-            .find(|&slot| ADDRESS[slot].load(Ordering::Relaxed) == 0)?;
-        ORIGINAL[slot].store(pack(original), Ordering::Relaxed);
-        ADDRESS[slot].store(address, Ordering::Release);
-        NEXT.store((slot + 1) % CAPACITY, Ordering::Relaxed);
+            .find(|&slot| STATE.patched_now_address[slot].load(Ordering::Relaxed) == 0)?;
+        STATE.patched_now_original[slot].store(pack(original), Ordering::Relaxed);
+        STATE.patched_now_address[slot].store(address, Ordering::Release);
+        STATE
+            .patched_now_next
+            .store((slot + 1) % CAPACITY, Ordering::Relaxed);
         Some(slot)
     }
 
     /// Forgets restored bytes (called with the engine's lock held).
     pub fn forget(slot: Option<usize>) {
         if let Some(slot) = slot {
-            ADDRESS[slot].store(0, Ordering::Release);
+            STATE.patched_now_address[slot].store(0, Ordering::Release);
         }
     }
 
     pub fn for_each(mut visit: impl FnMut(u64, &[u8])) {
-        for (address, original) in ADDRESS.iter().zip(&ORIGINAL) {
+        for (address, original) in STATE
+            .patched_now_address
+            .iter()
+            .zip(&STATE.patched_now_original)
+        {
             let at = address.load(Ordering::Acquire);
             if at != 0 {
                 let bytes = original.load(Ordering::Relaxed).to_le_bytes();

@@ -17,11 +17,14 @@ use crate::code::relocate;
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::hooks::{slow_call, thread_layout};
 use crate::patching::patch_protocol::{self, Pad, Site, Trampoline};
+use crate::patching::sites::Engine;
+pub use crate::patching::sites::RuntimeHooks;
+use crate::patching::state::STATE;
 use crate::patching::stop_world;
-use crate::sys::code_memory::{self, CodeArena};
+use crate::sys::code_memory::{self};
 use crate::sys::error::AgentError;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::MutexGuard;
 use tendril_wire::Hook;
 
 /// Longest function body read for planning; longer bodies are scanned up to this much.
@@ -37,53 +40,20 @@ pub struct PatchRequest {
     pub kind: Hook,
 }
 
-#[derive(Default)]
-struct Engine {
-    arena: CodeArena,
-    /// Function address → id. Ids are never reused, so counters stay meaningful.
-    ids: HashMap<u64, u32>,
-    /// Function address → its patch.
-    sites: HashMap<u64, Site>,
-    trampolines: HashMap<(u64, Hook), Trampoline>,
-    /// Address of every entry jump and pad written → the bytes it replaced.
-    originals: BTreeMap<u64, Vec<u8>>,
-}
-
-static ENGINE: Mutex<Option<Engine>> = Mutex::new(None);
-
 fn engine() -> MutexGuard<'static, Option<Engine>> {
-    ENGINE
+    STATE
+        .engine
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What the runtime above does at the patch engine's moments. The runtime installs it
-/// once, before the first patch ([`install_runtime`]); the engine never imports it.
-#[derive(Clone, Copy)]
-pub struct RuntimeHooks {
-    /// Sets up what the stubs rely on (the agent threads' shared state).
-    pub prepare: fn() -> Result<(), AgentError>,
-    /// Function `id` is about to get its hooks: its counters start from zero.
-    pub before_patching: fn(id: u32),
-    /// Function `id` got its id; it lives at `address`.
-    pub function_registered: fn(id: u32, address: u64),
-    /// A trampoline of tendril's own unwinder hooks lies in `start..end`.
-    pub internal_trampoline_built: fn(start: u64, end: u64),
-    /// Puts the real return address back in every frame that holds a return hook's
-    /// exit, trying up to `attempts` passes; an error says what keeps them (the
-    /// unwinder's hooks must then stay in).
-    pub retire_exits: fn(attempts: usize) -> Result<(), AgentError>,
-}
-
-static RUNTIME: std::sync::OnceLock<RuntimeHooks> = std::sync::OnceLock::new();
-
 /// Installs the runtime's hooks; the first installation stays.
 pub fn install_runtime(hooks: RuntimeHooks) {
-    let _ = RUNTIME.set(hooks);
+    let _ = STATE.runtime.set(hooks);
 }
 
 fn runtime() -> Result<&'static RuntimeHooks, AgentError> {
-    RUNTIME.get().ok_or(AgentError::RuntimeNotInstalled)
+    STATE.runtime.get().ok_or(AgentError::RuntimeNotInstalled)
 }
 
 /// The owner of the agent's self-test patches (calibration): the only owner that may
@@ -146,7 +116,8 @@ pub fn pending_restore() -> (usize, Option<AgentError>) {
     let pending = guard.as_ref().map_or(0, |e| {
         e.sites.values().filter(|s| s.owner == LINGERING).count()
     });
-    let obstacle = LINGERING_BECAUSE
+    let obstacle = STATE
+        .lingering_because
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .clone();
@@ -644,9 +615,6 @@ pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
 /// session that hooks returns takes them over.
 const LINGERING: u64 = u64::MAX - 1;
 
-/// Why the lingering hooks could not come out at the last try.
-static LINGERING_BECAUSE: Mutex<Option<AgentError>> = Mutex::new(None);
-
 /// Passes a restore tries before leaving the unwinder's hooks in for the background.
 const RETIRE_ATTEMPTS: usize = 40;
 
@@ -680,7 +648,8 @@ fn restore_addresses(engine: &mut Engine, addresses: &[u64], attempts: usize) ->
     let mut restored = others.len();
     if !internal.is_empty() {
         let retired = runtime().and_then(|runtime| (runtime.retire_exits)(attempts));
-        *LINGERING_BECAUSE
+        *STATE
+            .lingering_because
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = retired.clone().err();
         if retired.is_ok() {

@@ -6,7 +6,7 @@
 //! its alternate signal stack) as `rt_sigframe { pretcode; ucontext; siginfo; ... }`,
 //! where `pretcode` is the handler's return address: the `sa_restorer` of the handler's
 //! `sigaction` (glibc's `__restore_rt`). So a frame is a stack word equal to a known
-//! restorer, followed by a `ucontext`. The scan reads [`SCAN_WINDOW`] bytes above a
+//! restorer, followed by a `ucontext`. The scan reads `state::SCAN_WINDOW` bytes above a
 //! thread's stack pointer with `process_vm_readv` (which stops at unmapped memory
 //! instead of faulting), finds such words, and moves a saved pc that lies strictly
 //! inside a patch, following a frame's saved stack pointer onto another stack (an
@@ -14,18 +14,15 @@
 //! happens to equal a restorer is left alone unless its "saved pc" lies strictly inside
 //! bytes being patched, which no data word does by chance in practice.
 //!
-//! Bound: a signal frame more than [`SCAN_WINDOW`] bytes above the stack pointer of the
+//! Bound: a signal frame more than `state::SCAN_WINDOW` bytes above the stack pointer of the
 //! thread running its handler (a handler deeper than that) is not seen.
 
+use crate::patching::state::{MAX_RESTORERS, STATE};
 use crate::sys::code_memory;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-/// How far above a stack pointer frames are looked for.
-pub const SCAN_WINDOW: usize = 64 * 1024;
 /// Nested frames followed onto other stacks.
 const MAX_STACK_HOPS: usize = 4;
-const MAX_RESTORERS: usize = 8;
 /// `SA_RESTORER` (x86-64 Linux): the action names its own return trampoline.
 const SA_RESTORER: i32 = 0x0400_0000;
 
@@ -37,13 +34,6 @@ const SAVED_PC: u64 = UCONTEXT
 const SAVED_SP: u64 = UCONTEXT
     + std::mem::offset_of!(libc::ucontext_t, uc_mcontext) as u64
     + 8 * libc::REG_RSP as u64;
-
-static RESTORERS: [AtomicU64; MAX_RESTORERS] = [const { AtomicU64::new(0) }; MAX_RESTORERS];
-static RESTORER_COUNT: AtomicUsize = AtomicUsize::new(0);
-
-/// The scan's buffer; scans run one at a time, from the stopper (which holds the stop
-/// lock), so no parked thread ever holds this one.
-static WINDOW: Mutex<[u64; SCAN_WINDOW / 8]> = Mutex::new([0; SCAN_WINDOW / 8]);
 
 /// Learns the restorers of the handlers installed now (each signal's `sa_restorer`),
 /// leaving out tendril's own stop signal (`own_signal`): a frame of its handler lies
@@ -73,38 +63,44 @@ fn note_restorer(restorer: u64) {
     if restorer == 0 {
         return;
     }
-    let count = RESTORER_COUNT.load(Ordering::Acquire).min(MAX_RESTORERS);
-    if RESTORERS[..count]
+    let count = STATE
+        .restorer_count
+        .load(Ordering::Acquire)
+        .min(MAX_RESTORERS);
+    if STATE.restorers[..count]
         .iter()
         .any(|known| known.load(Ordering::Relaxed) == restorer)
         || count == MAX_RESTORERS
     {
         return;
     }
-    RESTORERS[count].store(restorer, Ordering::Relaxed);
-    RESTORER_COUNT.store(count + 1, Ordering::Release);
+    STATE.restorers[count].store(restorer, Ordering::Relaxed);
+    STATE.restorer_count.store(count + 1, Ordering::Release);
 }
 
 fn is_restorer(word: u64) -> bool {
-    let count = RESTORER_COUNT.load(Ordering::Acquire).min(MAX_RESTORERS);
+    let count = STATE
+        .restorer_count
+        .load(Ordering::Acquire)
+        .min(MAX_RESTORERS);
     word != 0
-        && RESTORERS[..count]
+        && STATE.restorers[..count]
             .iter()
             .any(|known| known.load(Ordering::Relaxed) == word)
 }
 
 /// Whether any handler of the program's own could have left a signal frame.
 pub fn any_restorers() -> bool {
-    RESTORER_COUNT.load(Ordering::Acquire) != 0
+    STATE.restorer_count.load(Ordering::Acquire) != 0
 }
 
 /// Moves every saved pc found in the signal frames above `sp` for which `resume_at`
 /// gives a new place; returns how many moved. Allocates nothing.
 pub fn move_saved_pcs(sp: u64, resume_at: &dyn Fn(u64) -> Option<u64>) -> usize {
-    if RESTORER_COUNT.load(Ordering::Acquire) == 0 || sp == 0 {
+    if STATE.restorer_count.load(Ordering::Acquire) == 0 || sp == 0 {
         return 0;
     }
-    let mut window = WINDOW.lock().unwrap_or_else(|p| p.into_inner());
+    let mut window = STATE.scan_window.lock().unwrap_or_else(|p| p.into_inner());
     let mut moved = 0;
     let mut next_stack = Some(sp);
     for _ in 0..MAX_STACK_HOPS {
@@ -200,7 +196,7 @@ pub fn find_frames(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
 
     #[test]
     fn a_frame_is_a_restorer_word_followed_by_a_ucontext() {

@@ -18,16 +18,14 @@
 //! late never counts as a thread parked for a later stop. Nothing here allocates once
 //! the first signal is sent: a parked thread may hold the allocator's lock.
 
+use crate::patching::state::{MAX_PARKED, STATE};
 use crate::sys;
 use crate::sys::error::AgentError;
 use crate::sys::tasks::{self, TaskState};
 use crate::sys::thread_tracer::{self, TracedThreads};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// Most threads one stop can park.
-const MAX_PARKED: usize = 4096;
 /// How long running threads may take to park, or signal-blocking ones to fall asleep.
 const STOP_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -35,37 +33,19 @@ const STOP_TIMEOUT: Duration = Duration::from_millis(500);
 /// has blocked signals since (reading its status costs more than most parks take).
 const BLOCKED_AFTER_SIGNAL_CHECK: Duration = Duration::from_millis(1);
 
-/// The stop in progress (0 when none): handlers park only for their own stop.
-static STOP_IN_PROGRESS: AtomicU32 = AtomicU32::new(0);
-/// The last stop whose threads were released; parked handlers wait until it is theirs.
-static RELEASED: AtomicU32 = AtomicU32::new(0);
-static ARRIVED: AtomicUsize = AtomicUsize::new(0);
-/// Threads inside the park handler now (parked, or leaving after a release).
-static IN_HANDLER: AtomicUsize = AtomicUsize::new(0);
-static PARKED_CONTEXTS: [AtomicPtr<libc::ucontext_t>; MAX_PARKED] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_PARKED];
-/// Bumped by every thread that parks, so the stopper can sleep until one does (a
-/// stopper that spins keeps a core from the very threads it waits for).
-static ARRIVAL_SIGNAL: AtomicU32 = AtomicU32::new(0);
 /// The longest the stopper sleeps before it looks at the threads again.
 const STOPPER_NAP_NS: u64 = 200_000;
-/// The thread id of each parked context, so the stopper knows who is still missing.
-static PARKED_TIDS: [AtomicI32; MAX_PARKED] = [const { AtomicI32::new(0) }; MAX_PARKED];
-/// The signal chosen for parking, once installed.
-static PARK_SIGNAL: AtomicI32 = AtomicI32::new(0);
-/// One stop at a time; holds the number of the last stop.
-static STOP_LOCK: Mutex<u32> = Mutex::new(0);
 
 /// Told, on a parked thread just released, where it was (`pc`) and how many TSC ticks
 /// it was parked: the runtime removes the pause from the frames it fell in. Called in
 /// the stop signal's handler, so it must be async-signal-safe.
 pub type ParkObserver = fn(pc: u64, ticks: u64);
 
-static PARK_OBSERVER: AtomicUsize = AtomicUsize::new(0);
-
 /// Sets the [`ParkObserver`] (the runtime's, installed once before the first stop).
 pub fn set_park_observer(observer: ParkObserver) {
-    PARK_OBSERVER.store(observer as usize, Ordering::Release);
+    STATE
+        .park_observer
+        .store(observer as usize, Ordering::Release);
 }
 
 /// A stopped thread's interrupted user context, which the patcher may edit: parked in
@@ -130,12 +110,12 @@ pub struct StoppedWorld<'a> {
 
 /// The stop signal, once installed (0 before).
 pub fn park_signal() -> i32 {
-    PARK_SIGNAL.load(Ordering::Acquire)
+    STATE.park_signal.load(Ordering::Acquire)
 }
 
 /// Installs the park handler on a free real-time signal. Idempotent.
 pub fn install() -> Result<i32, AgentError> {
-    let installed = PARK_SIGNAL.load(Ordering::Acquire);
+    let installed = STATE.park_signal.load(Ordering::Acquire);
     if installed != 0 {
         return Ok(installed);
     }
@@ -165,7 +145,7 @@ pub fn install() -> Result<i32, AgentError> {
             libc::sigaction(signal, &action, std::ptr::null_mut()) == 0
         };
         if done {
-            PARK_SIGNAL.store(signal, Ordering::Release);
+            STATE.park_signal.store(signal, Ordering::Release);
             return Ok(signal);
         }
     }
@@ -179,32 +159,32 @@ extern "C" fn park_handler(
     info: *mut libc::siginfo_t,
     context: *mut libc::c_void,
 ) {
-    IN_HANDLER.fetch_add(1, Ordering::AcqRel);
+    STATE.in_handler.fetch_add(1, Ordering::AcqRel);
     park(info, context);
-    IN_HANDLER.fetch_sub(1, Ordering::AcqRel);
+    STATE.in_handler.fetch_sub(1, Ordering::AcqRel);
 }
 
 fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // SAFETY: the kernel passes the siginfo of the signal being handled.
     let stop = unsafe { sys::signal_value(info) };
-    if stop == 0 || STOP_IN_PROGRESS.load(Ordering::Acquire) != stop {
+    if stop == 0 || STATE.stop_in_progress.load(Ordering::Acquire) != stop {
         return; // A late signal of a stop that has ended.
     }
     let parked_at = sys::rdtsc();
-    let slot = ARRIVED.fetch_add(1, Ordering::AcqRel);
+    let slot = STATE.arrived.fetch_add(1, Ordering::AcqRel);
     if slot < MAX_PARKED {
         // The context first: a published tid says its context is there.
-        PARKED_CONTEXTS[slot].store(context.cast(), Ordering::Release);
-        PARKED_TIDS[slot].store(sys::gettid(), Ordering::Release);
+        STATE.parked_contexts[slot].store(context.cast(), Ordering::Release);
+        STATE.parked_tids[slot].store(sys::gettid(), Ordering::Release);
     }
-    ARRIVAL_SIGNAL.fetch_add(1, Ordering::AcqRel);
-    sys::futex_wake_all(&ARRIVAL_SIGNAL);
+    STATE.arrival_signal.fetch_add(1, Ordering::AcqRel);
+    sys::futex_wake_all(&STATE.arrival_signal);
     loop {
-        let released = RELEASED.load(Ordering::Acquire);
+        let released = STATE.released.load(Ordering::Acquire);
         if released >= stop {
             break;
         }
-        sys::futex_wait(&RELEASED, released);
+        sys::futex_wait(&STATE.released, released);
     }
     // The stop was tendril's pause: take it out of this thread's open frames. The pc
     // (possibly moved by the patcher) says where the thread will go on.
@@ -212,7 +192,7 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     let pc = unsafe {
         (*context.cast::<libc::ucontext_t>()).uc_mcontext.gregs[libc::REG_RIP as usize] as u64
     };
-    let observer = PARK_OBSERVER.load(Ordering::Acquire);
+    let observer = STATE.park_observer.load(Ordering::Acquire);
     if observer != 0 {
         // SAFETY: only `set_park_observer` stores here, always a `ParkObserver`.
         let observer: ParkObserver =
@@ -274,7 +254,7 @@ pub fn with_world_stopped_in<R>(
     buffers: &mut StopBuffers,
     work: impl FnOnce(StoppedWorld<'_>) -> R,
 ) -> Result<R, AgentError> {
-    let signal = match PARK_SIGNAL.load(Ordering::Acquire) {
+    let signal = match STATE.park_signal.load(Ordering::Acquire) {
         0 => {
             return Err(AgentError::NotStopped(
                 "the stop signal is not installed".into(),
@@ -286,7 +266,7 @@ pub fn with_world_stopped_in<R>(
     // Threads still leaving the handler after the last stop run with every signal
     // blocked (the handler's mask) and would look like threads that block ours.
     let settle = sys::monotonic_ns() + STOP_TIMEOUT.as_nanos() as u64;
-    while IN_HANDLER.load(Ordering::Acquire) > 0 && sys::monotonic_ns() < settle {
+    while STATE.in_handler.load(Ordering::Acquire) > 0 && sys::monotonic_ns() < settle {
         sys::yield_cpu();
     }
     let StopBuffers {
@@ -329,14 +309,14 @@ pub fn with_world_stopped_in<R>(
             *plan = Plan::Trace;
         }
     }
-    let mut last_stop = STOP_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let mut last_stop = STATE.stop_lock.lock().unwrap_or_else(|p| p.into_inner());
     let stop = *last_stop + 1;
     *last_stop = stop;
-    let previous = ARRIVED.swap(0, Ordering::AcqRel).min(MAX_PARKED);
-    for parked in &PARKED_TIDS[..previous] {
+    let previous = STATE.arrived.swap(0, Ordering::AcqRel).min(MAX_PARKED);
+    for parked in &STATE.parked_tids[..previous] {
         parked.store(0, Ordering::Release);
     }
-    STOP_IN_PROGRESS.store(stop, Ordering::Release);
+    STATE.stop_in_progress.store(stop, Ordering::Release);
 
     // From here until release: no allocation.
     for (tid, plan) in threads.iter_mut() {
@@ -347,8 +327,8 @@ pub fn with_world_stopped_in<R>(
     let signalled_at = sys::monotonic_ns();
     let deadline = signalled_at + STOP_TIMEOUT.as_nanos() as u64;
     let ready = loop {
-        let arrivals_seen = ARRIVAL_SIGNAL.load(Ordering::Acquire);
-        let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
+        let arrivals_seen = STATE.arrival_signal.load(Ordering::Acquire);
+        let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
         for (tid, plan) in threads.iter_mut() {
             // A signalled thread that blocked signals before the signal came (it began
             // a discovery, say, and now waits for the lock this stop's caller holds)
@@ -366,14 +346,14 @@ pub fn with_world_stopped_in<R>(
             plan == Plan::Park && !has_parked(tid, arrived) && sys::thread_exists(tid)
         });
         if !missing {
-            break ARRIVED.load(Ordering::Acquire) <= MAX_PARKED;
+            break STATE.arrived.load(Ordering::Acquire) <= MAX_PARKED;
         }
         if sys::monotonic_ns() >= deadline {
             break false;
         }
-        sys::futex_wait_timeout(&ARRIVAL_SIGNAL, arrivals_seen, STOPPER_NAP_NS);
+        sys::futex_wait_timeout(&STATE.arrival_signal, arrivals_seen, STOPPER_NAP_NS);
     };
-    let arrived = ARRIVED.load(Ordering::Acquire).min(MAX_PARKED);
+    let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
     // A thread counts itself in before it publishes its context: wait for the last
     // arrivals to finish publishing (a few instructions, unless it was preempted).
     let ready = ready && all_published(arrived, deadline);
@@ -408,9 +388,9 @@ pub fn with_world_stopped_in<R>(
     let result = match traced {
         Ok(mut traced) => {
             parked.extend(
-                PARKED_CONTEXTS[..arrived]
+                STATE.parked_contexts[..arrived]
                     .iter()
-                    .zip(&PARKED_TIDS[..arrived])
+                    .zip(&STATE.parked_tids[..arrived])
                     .map(|(context, tid)| ParkedThread {
                         held: Held::Signal(context.load(Ordering::Acquire)),
                         tid: tid.load(Ordering::Acquire),
@@ -435,16 +415,16 @@ pub fn with_world_stopped_in<R>(
         }
         Err(error) => Err(error),
     };
-    STOP_IN_PROGRESS.store(0, Ordering::Release);
-    RELEASED.store(stop, Ordering::Release);
-    sys::futex_wake_all(&RELEASED);
+    STATE.stop_in_progress.store(0, Ordering::Release);
+    STATE.released.store(stop, Ordering::Release);
+    sys::futex_wake_all(&STATE.released);
     drop(last_stop);
     result
 }
 
 /// Whether `tid` is among the first `arrived` threads parked by the current stop.
 fn has_parked(tid: i32, arrived: usize) -> bool {
-    PARKED_TIDS[..arrived]
+    STATE.parked_tids[..arrived]
         .iter()
         .any(|parked| parked.load(Ordering::Acquire) == tid)
 }
@@ -452,7 +432,7 @@ fn has_parked(tid: i32, arrived: usize) -> bool {
 /// Waits until the first `arrived` parked threads have published their contexts.
 fn all_published(arrived: usize, deadline: u64) -> bool {
     loop {
-        if PARKED_TIDS[..arrived]
+        if STATE.parked_tids[..arrived]
             .iter()
             .all(|parked| parked.load(Ordering::Acquire) != 0)
         {
@@ -468,14 +448,12 @@ fn all_published(arrived: usize, deadline: u64) -> bool {
 /// Makes every core discard prefetched instructions of this process, so that no thread
 /// executes stale bytes of code that was just rewritten.
 pub fn serialize_all_cores() {
-    use std::sync::Once;
     const MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE: u64 = 1 << 5;
     const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE: u64 = 1 << 6;
-    static REGISTER: Once = Once::new();
     // SAFETY: membarrier takes no pointers; registering first is what the kernel
     // requires before the expedited sync-core command may be used.
     unsafe {
-        REGISTER.call_once(|| {
+        STATE.membarrier_registered.call_once(|| {
             sys::syscall4(
                 libc::SYS_membarrier,
                 MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE,

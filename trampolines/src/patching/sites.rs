@@ -1,0 +1,87 @@
+//! The patch engine's data: a patched function's site, its trampoline and pad, the
+//! engine's tables, and the runtime's callbacks. Data only (the code that acts on it is
+//! `patcher` and `patch_protocol`), so the layer's state can hold it without importing
+//! that code.
+
+use crate::code::entry_plan::EntryPlan;
+use crate::code::padding::PAD_LEN;
+use crate::sys::code_memory::CodeArena;
+use crate::sys::error::AgentError;
+use std::collections::{BTreeMap, HashMap};
+use tendril_wire::Hook;
+
+/// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).
+pub const MAX_ENTRY_PATCH: usize = 6;
+
+/// A built trampoline, reusable while the function's bytes are unchanged.
+#[derive(Clone)]
+pub struct Trampoline {
+    /// Where the relocated first instructions start.
+    pub body: u64,
+    pub hook: u64,
+    /// Bytes at the function entry the trampoline was built from.
+    pub entry_bytes: Vec<u8>,
+    pub plan: EntryPlan,
+    /// (offset of an overwritten instruction in the function, offset of its copy).
+    pub instruction_map: Vec<(usize, usize)>,
+}
+
+/// A `jmp rel32` placed in padding for a short entry jump, and the bytes it replaced.
+pub struct Pad {
+    pub address: u64,
+    pub original: [u8; PAD_LEN as usize],
+}
+
+/// A patched (or about to be patched) function.
+pub struct Site {
+    /// Where the entry jump is written (the entry, or just after its `endbr64`).
+    pub patch_at: u64,
+    /// The bytes the entry patch replaced (the first `jump_len` are meaningful).
+    pub original: [u8; MAX_ENTRY_PATCH],
+    pub pad: Option<Pad>,
+    pub trampoline: Trampoline,
+    pub owner: u64,
+    pub id: u32,
+    /// An internal hook on the unwinder (see `shadow`): it goes in before, and comes
+    /// out after, every return hook.
+    pub internal: bool,
+    /// Where the lock-free record keeps the entry's and the pad's original bytes.
+    pub recorded: [Option<usize>; 2],
+}
+
+/// A pad to restore: its bytes, the hook it leads to, and its record slot.
+pub struct PendingPad {
+    pub(in crate::patching) pad: Pad,
+    pub(in crate::patching) hook: u64,
+    pub(in crate::patching) recorded: Option<usize>,
+}
+
+#[derive(Default)]
+pub struct Engine {
+    pub(in crate::patching) arena: CodeArena,
+    /// Function address → id. Ids are never reused, so counters stay meaningful.
+    pub(in crate::patching) ids: HashMap<u64, u32>,
+    /// Function address → its patch.
+    pub(in crate::patching) sites: HashMap<u64, Site>,
+    pub(in crate::patching) trampolines: HashMap<(u64, Hook), Trampoline>,
+    /// Address of every entry jump and pad written → the bytes it replaced.
+    pub(in crate::patching) originals: BTreeMap<u64, Vec<u8>>,
+}
+
+/// What the runtime above does at the patch engine's moments. The runtime installs it
+/// once, before the first patch ([`install_runtime`]); the engine never imports it.
+#[derive(Clone, Copy)]
+pub struct RuntimeHooks {
+    /// Sets up what the stubs rely on (the agent threads' shared state).
+    pub prepare: fn() -> Result<(), AgentError>,
+    /// Function `id` is about to get its hooks: its counters start from zero.
+    pub before_patching: fn(id: u32),
+    /// Function `id` got its id; it lives at `address`.
+    pub function_registered: fn(id: u32, address: u64),
+    /// A trampoline of tendril's own unwinder hooks lies in `start..end`.
+    pub internal_trampoline_built: fn(start: u64, end: u64),
+    /// Puts the real return address back in every frame that holds a return hook's
+    /// exit, trying up to `attempts` passes; an error says what keeps them (the
+    /// unwinder's hooks must then stay in).
+    pub retire_exits: fn(attempts: usize) -> Result<(), AgentError>,
+}
