@@ -68,6 +68,71 @@ fn no_crate_has_an_import_cycle_but_the_known_ones() {
     );
 }
 
+/// Where the agent's statics may be: each layer's `state.rs` owns all of that layer's
+/// (one struct, one `static STATE`), and the crate root keeps the two that Rust and ELF
+/// want at the top (the global allocator and the `.init_array` constructor).
+const STATIC_OWNERS: [&str; 6] = [
+    "sys/state.rs",
+    "hooks/state.rs",
+    "patching/state.rs",
+    "runtime/state.rs",
+    "control/state.rs",
+    "lib.rs",
+];
+/// Modules compiled for tests only (`#[cfg(test)] mod …` in their parent): their
+/// statics are the tests' own.
+const TEST_ONLY_MODULES: [&str; 1] = ["hooks/unwind_probe.rs"];
+
+#[test]
+fn every_static_of_the_agent_has_its_layers_state_as_owner() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("trampolines/src");
+    let mut strays = Vec::new();
+    for file in rust_files(&src) {
+        let relative = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if STATIC_OWNERS.contains(&relative.as_str())
+            || TEST_ONLY_MODULES.contains(&relative.as_str())
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let outside_tests = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (number, line) in outside_tests.lines().enumerate() {
+            if declares_a_static(line) {
+                strays.push(format!("{relative}:{}: {}", number + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        strays.is_empty(),
+        "statics outside their layer's state.rs (move them into its struct): {strays:#?}"
+    );
+    for owner in STATIC_OWNERS {
+        assert!(
+            src.join(owner).is_file(),
+            "{owner} is gone; update STATIC_OWNERS"
+        );
+    }
+}
+
+/// Whether `line` declares a static (`static`, `static mut`, `thread_local!`), at any
+/// indentation and visibility.
+fn declares_a_static(line: &str) -> bool {
+    let code = line.trim_start();
+    if code.starts_with("//") {
+        return false;
+    }
+    let code = code
+        .strip_prefix("pub(crate) ")
+        .or_else(|| code.strip_prefix("pub(super) "))
+        .or_else(|| code.strip_prefix("pub "))
+        .unwrap_or(code);
+    code.starts_with("static ") || code.starts_with("thread_local!")
+}
+
 #[test]
 fn a_cycle_is_found_and_a_chain_is_not() {
     let graph: BTreeMap<String, BTreeSet<String>> = [
@@ -88,6 +153,11 @@ fn a_cycle_is_found_and_a_chain_is_not() {
     assert_eq!(names("use crate::w;\nuse super::z;"), ["w", "x::z"]);
     assert_eq!(names("use crate::{w, x::z::Thing};"), ["w", "x::z"]);
     assert!(names("#[cfg(test)]\nmod tests { use crate::w; }").is_empty());
+    assert!(declares_a_static("    pub(super) static STATE: X = X;"));
+    assert!(declares_a_static("static mut COUNT: u32 = 0;"));
+    assert!(declares_a_static("thread_local! {"));
+    assert!(!declares_a_static("/// the static closure"));
+    assert!(!declares_a_static("fn f() -> &'static str {"));
 }
 
 /// Module name (`a::b`) → the modules it depends on.

@@ -15,7 +15,7 @@
 //! If the socket file is deleted, the control thread binds a new one (`listener`).
 //! What a session asks and how it is answered is `requests` (reading capped lines and
 //! passing descriptors: `line_io`); who is connected is `sessions`; what happens around a
-//! `fork()` is `fork`.
+//! `fork()` is `fork`. The layer's statics are `state`.
 
 mod fork;
 mod line_io;
@@ -23,19 +23,21 @@ mod listener;
 mod requests;
 mod session_threads;
 mod sessions;
+mod state;
 
 use crate::control::listener::ControlListener;
-use crate::control::requests::{RECORDING_SESSION, run_session, stop_recording};
+use crate::control::requests::{run_session, stop_recording};
 use crate::control::session_threads::SessionThreads;
 use crate::control::sessions::{
     OpenSession, forget_inherited_sessions, identity, mark_ending, open_sessions,
 };
+use crate::control::state::STATE;
 use crate::patching::patcher;
 use crate::runtime::{lingering, threads};
 use crate::sys::error::AgentError;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tendril_wire::Response;
 
@@ -52,24 +54,21 @@ const CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// (its controller gone, its code being restored) to be over.
 const ENDING_WAIT: Duration = Duration::from_secs(5);
 
-/// Set once the control thread has been started in this process image.
-static CONTROL_STARTED: AtomicBool = AtomicBool::new(false);
-
 /// Starts the control thread unless it runs in this process image already; 0 on
 /// success, -1 on failure (the reason goes to the agent's error file).
 pub fn start_once() -> i32 {
-    if CONTROL_STARTED.swap(true, Ordering::AcqRel) {
+    if STATE.control_started.swap(true, Ordering::AcqRel) {
         return 0;
     }
     match std::panic::catch_unwind(spawn_control_thread) {
         Ok(Ok(())) => 0,
         Ok(Err(error)) => {
-            CONTROL_STARTED.store(false, Ordering::Release);
+            STATE.control_started.store(false, Ordering::Release);
             report_startup_error(&error.to_string());
             -1
         }
         Err(_) => {
-            CONTROL_STARTED.store(false, Ordering::Release);
+            STATE.control_started.store(false, Ordering::Release);
             -1
         }
     }
@@ -78,7 +77,7 @@ pub fn start_once() -> i32 {
 /// In a forked child: the parent's control thread is not there, so a later attach may
 /// start one.
 fn forget_control_in_forked_child() {
-    CONTROL_STARTED.store(false, Ordering::Release);
+    STATE.control_started.store(false, Ordering::Release);
 }
 
 /// Binds the control socket and starts the thread that serves it.
@@ -164,7 +163,6 @@ fn wait_for_activity(listener: &ControlListener, sessions: &SessionThreads) {
 /// Starts a session for a new connection, or refuses it with the reason when the agent
 /// already serves [`MAX_SESSIONS`].
 fn admit(stream: UnixStream, sessions: &mut SessionThreads) {
-    static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
     let Some(peer_pid) = trusted_peer(&stream) else {
         return;
     };
@@ -175,7 +173,7 @@ fn admit(stream: UnixStream, sessions: &mut SessionThreads) {
         refuse(stream);
         return;
     }
-    let session = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+    let session = STATE.next_session.fetch_add(1, Ordering::Relaxed);
     let Ok(handle) = stream.try_clone() else {
         return;
     };
@@ -191,7 +189,7 @@ fn admit(stream: UnixStream, sessions: &mut SessionThreads) {
         let _ = std::panic::catch_unwind(move || run_session(session, stream));
         mark_ending(session);
         // However the session ended, nothing it patched stays patched.
-        if RECORDING_SESSION.load(Ordering::Acquire) == session {
+        if STATE.recording_session.load(Ordering::Acquire) == session {
             stop_recording(session);
         }
         patcher::restore(Some(session));

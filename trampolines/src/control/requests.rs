@@ -6,6 +6,7 @@
 
 use super::line_io::{RequestLine, read_request_line, read_table, send_with_descriptor};
 use super::sessions::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
+use super::state::STATE;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::sys::error::AgentError;
 use crate::{
@@ -14,7 +15,7 @@ use crate::{
 };
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tendril_wire::{PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
 
@@ -174,9 +175,6 @@ fn ready() -> Response {
     }
 }
 
-/// The session recording now (0: none).
-pub(super) static RECORDING_SESSION: AtomicU64 = AtomicU64::new(0);
-
 /// Starts a recording with `table` (see `tendril_wire::function_table`); answers with
 /// the response and the rings' descriptor for the controller.
 fn start_recording(
@@ -184,7 +182,8 @@ fn start_recording(
     table: Vec<u8>,
     discover: bool,
 ) -> Result<(Response, std::os::fd::OwnedFd), AgentError> {
-    if RECORDING_SESSION
+    if STATE
+        .recording_session
         .compare_exchange(0, session, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {
@@ -217,7 +216,7 @@ fn start_recording(
 }
 
 pub(super) fn stop_recording(session: u64) -> Response {
-    if RECORDING_SESSION.load(Ordering::Acquire) != session {
+    if STATE.recording_session.load(Ordering::Acquire) != session {
         return Response::Error {
             message: "this session is not recording".into(),
         };
@@ -225,7 +224,7 @@ pub(super) fn stop_recording(session: u64) -> Response {
     recording::stop();
     let restored = patcher::restore(Some(session));
     let refused = discovery::stop();
-    RECORDING_SESSION.store(0, Ordering::Release);
+    STATE.recording_session.store(0, Ordering::Release);
     Response::RecordingStopped { restored, refused }
 }
 

@@ -1,12 +1,14 @@
 //! Layer 3, hook templates: the machine code a patched function jumps to, and the ABI
 //! it shares with the runtime.
 //!
-//! `stubs` assembles each hook kind's trampoline; `slow_call` is the one way a stub calls
+//! `stubs` assembles each hook kind's trampoline (its data: `stubs::template`); `handler_abi`
+//! is what a stub hands the runtime's handlers; `slow_call` is the one way a stub calls
 //! Rust code; `thread_layout` is the per-thread state the stubs address by offset, and `state_access`
 //! the one sound way Rust code reaches it (raw pointers and atomics, never references). The
 //! runtime's handlers are passed in as addresses, never imported, so templates sit
 //! below the code that answers them. `unwind_probe` (tests only) checks that the
-//! agent's assembly routines carry the unwind information a backtrace needs.
+//! agent's assembly routines carry the unwind information a backtrace needs. The layer's
+//! statics are `state`.
 
 pub mod handler_abi;
 pub mod slow_call;

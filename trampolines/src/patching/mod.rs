@@ -4,7 +4,7 @@
 //! resume points saved in signal frames), writing entry jumps safely while other
 //! threads run (`patch_protocol`), checking what a controller
 //! asks to patch (`patch_targets`), and the engine's bookkeeping of what is patched by
-//! whom (`patcher`). The runtime above installs its callbacks here (`patcher::install`);
+//! whom (`patcher`, its data in `sites`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
 //! nothing here imports it.
 
 pub mod patch_protocol;

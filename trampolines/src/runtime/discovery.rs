@@ -25,13 +25,13 @@
 use crate::hooks::slow_call::SavedRegisters;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::recording;
+use crate::runtime::state::{DiscoveryContext, STATE};
 use crate::runtime::thread_state::StatePtr;
 use crate::runtime::thread_state::with_own_state;
 use crate::sys;
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
 use std::collections::HashSet;
-use std::sync::Mutex;
 use tendril_wire::Hook;
 use tendril_wire::callees;
 use tendril_wire::events::{Event, EventKind};
@@ -45,30 +45,12 @@ const NEIGHBOURHOOD: u64 = 4096;
 /// Longest body decoded.
 const MAX_BODY: u64 = 1 << 20;
 
-/// What discovery needs to know of the recording.
-struct Context {
-    /// The session whose patches these are (restored when it ends).
-    session: u64,
-    /// The controller's function table (bytes of the file).
-    table: Vec<u8>,
-    /// Scheme B: patch callees. Otherwise (Scheme A, gross timing) only mark invoked.
-    discover_callees: bool,
-    /// Functions that could not be patched, with the reason.
-    refused: Vec<(u64, String)>,
-    /// Indirect call sites met in the functions discovered, and those seen entering an
-    /// instrumented function for the first time.
-    indirect_sites: HashSet<u64>,
-    followed_sites: HashSet<u64>,
-}
-
-static CONTEXT: Mutex<Option<Context>> = Mutex::new(None);
-
 /// Starts discovery for a recording of `session`.
 pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(), AgentError> {
     FunctionTable::parse(&table).ok_or_else(|| {
         AgentError::Request("the function table is not a tendril function table".into())
     })?;
-    *CONTEXT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Context {
+    *STATE.discovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(DiscoveryContext {
         session,
         table,
         discover_callees,
@@ -85,7 +67,7 @@ pub fn update_table(session: u64, table: Vec<u8>) -> Result<u64, String> {
     let functions = FunctionTable::parse(&table)
         .ok_or("the function table is not a tendril function table")?
         .len() as u64;
-    let mut guard = CONTEXT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
     match guard.as_mut() {
         Some(context) if context.session == session => {
             context.table = table;
@@ -97,7 +79,8 @@ pub fn update_table(session: u64, table: Vec<u8>) -> Result<u64, String> {
 
 /// Ends discovery; returns the functions that could not be patched, with the reason.
 pub fn stop() -> Vec<(u64, String)> {
-    CONTEXT
+    STATE
+        .discovery
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take()
@@ -250,7 +233,7 @@ unsafe extern "C" {
 /// the functions invoked. Returns whether any of them was still to be discovered.
 /// `entered_from`: the return address of the call that entered them, if known.
 fn discover_batch(ids: &[u32], entered_from: Option<u64>) -> bool {
-    let mut guard = CONTEXT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
     let Some(context) = guard.as_mut() else {
         // No recording: let the waiters go on.
         for &id in ids {

@@ -9,19 +9,14 @@
 //! that happens and never ended (see `session_threads` for why agent threads live on),
 //! tries again with growing pauses until they are out, then waits for the next time.
 
+use crate::runtime::state::STATE;
 use crate::{patching::patcher, runtime::threads, sys};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::Ordering;
 
 /// The first pause between two tries, and the longest: every try stops the world, so a
 /// thread that keeps the hooks in for long is asked less and less often.
 const FIRST_PAUSE_MICROSECONDS: u64 = 10_000;
 const LONGEST_PAUSE_MICROSECONDS: u64 = 1_000_000;
-
-static STARTED: AtomicBool = AtomicBool::new(false);
-/// Set when there is (maybe) something to finish; the thread waits on it otherwise.
-static WORK: Mutex<bool> = Mutex::new(false);
-static WORK_ARRIVED: Condvar = Condvar::new();
 
 /// Makes sure hooks a restore left in come out by themselves. Call after a restore,
 /// with no lock of the patcher held.
@@ -29,25 +24,32 @@ pub fn finish_in_background() {
     if patcher::pending_restore().0 == 0 {
         return;
     }
-    *WORK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
-    WORK_ARRIVED.notify_one();
-    if STARTED.swap(true, Ordering::AcqRel) {
+    *STATE
+        .lingering_work
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
+    STATE.lingering_work_arrived.notify_one();
+    if STATE.lingering_started.swap(true, Ordering::AcqRel) {
         return;
     }
     let spawned =
         threads::spawn_agent_thread("restorer", threads::Start::BetweenCodeChanges, serve);
     if spawned.is_err() {
         // A later restore tries again, and so does the next start.
-        STARTED.store(false, Ordering::Release);
+        STATE.lingering_started.store(false, Ordering::Release);
     }
 }
 
 fn serve() {
     loop {
         {
-            let mut work = WORK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut work = STATE
+                .lingering_work
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             while !*work {
-                work = WORK_ARRIVED
+                work = STATE
+                    .lingering_work_arrived
                     .wait(work)
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
             }

@@ -4,7 +4,7 @@
 //! addresses (`shadow`), event rings (`recording`), Scheme B discovery (`discovery`),
 //! calibration of the hooks' cost (`calibration`), counters (`counting`), taking return
 //! hooks out of live frames (`retire`, `lingering`) and the agent's own threads
-//! (`threads`). It uses the patch protocol below it and is driven by `control` above.
+//! (`threads`); the layer's statics are `state`. It uses the patch protocol below it and is driven by `control` above.
 
 pub mod calibration;
 pub mod counting;
@@ -13,6 +13,7 @@ pub mod lingering;
 pub mod recording;
 pub mod retire;
 pub mod shadow;
+mod state;
 pub mod thread_state;
 pub mod threads;
 
@@ -40,7 +41,7 @@ pub fn install() {
         exception_caught: shadow::exception_caught,
         backtrace: BacktraceStandIn {
             replacement: shadow::backtrace_replacement as *const () as u64,
-            body: &shadow::BACKTRACE_BODY,
+            body: &state::STATE.backtrace_body,
         },
     });
     patcher::install_runtime(patcher::RuntimeHooks {

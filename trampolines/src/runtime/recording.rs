@@ -15,22 +15,18 @@
 //! really full it waits — the wait is tendril's pause, reported as an Adjust event.
 
 use crate::hooks::slow_call::SavedRegisters;
+use crate::runtime::state::STATE;
 use crate::runtime::thread_state::{StatePtr, current_state, with_own_state};
 use crate::sys;
 use crate::sys::error::AgentError;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use tendril_wire::events::{Event, EventKind};
 use tendril_wire::rings::{self, header, ring};
 
-/// The mapped rings file (null before the first recording).
-static RINGS: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
-/// Non-zero while a recording is active: hooks that find no ring may claim one.
-static ACTIVE: AtomicU32 = AtomicU32::new(0);
-
 /// The mapped file's base, if there is one.
 fn base() -> Option<*mut u8> {
-    let base = RINGS.load(Ordering::Acquire);
+    let base = STATE.rings.load(Ordering::Acquire);
     (!base.is_null()).then_some(base)
 }
 
@@ -68,9 +64,6 @@ pub fn set_header(field: usize, value: u64) {
     }
 }
 
-/// The rings' memory (a sealed memfd), kept open to hand to each recording's controller.
-static RINGS_FD: std::sync::Mutex<Option<std::os::fd::OwnedFd>> = std::sync::Mutex::new(None);
-
 /// Creates (once per process) and maps the rings' memory; returns a descriptor of it for
 /// the controller. The memory is a memfd, not a file: nothing of it appears in a
 /// directory, so nothing there can be swapped for something else, and nothing is left
@@ -78,7 +71,7 @@ static RINGS_FD: std::sync::Mutex<Option<std::os::fd::OwnedFd>> = std::sync::Mut
 /// controller's mapping can never lose its pages under it (no `SIGBUS`).
 pub fn open_rings() -> Result<std::os::fd::OwnedFd, AgentError> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let mut held = RINGS_FD.lock().unwrap_or_else(|p| p.into_inner());
+    let mut held = STATE.rings_fd.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(fd) = held.as_ref()
         && base().is_some()
     {
@@ -125,7 +118,7 @@ pub fn open_rings() -> Result<std::os::fd::OwnedFd, AgentError> {
     if mapped == libc::MAP_FAILED {
         return Err(fail("map"));
     }
-    RINGS.store(mapped.cast(), Ordering::Release);
+    STATE.rings.store(mapped.cast(), Ordering::Release);
     set_header(header::MAGIC, rings::MAGIC);
     crate::patching::patcher::for_each_id(register_function);
     let shared = fd
@@ -165,14 +158,14 @@ pub fn start() {
             flag.store(0, Relaxed);
         }
     }
-    ACTIVE.store(1, Ordering::Release);
+    STATE.recording_active.store(1, Ordering::Release);
 }
 
 /// Ends a recording: marks where it ends (before any code is restored), and threads
 /// without a ring no longer claim one.
 pub fn stop() {
     set_header(header::STOPPED_AT_TICKS, sys::rdtsc());
-    ACTIVE.store(0, Ordering::Release);
+    STATE.recording_active.store(0, Ordering::Release);
 }
 
 /// In a forked child: the rings are shared with the parent, so the child must never
@@ -180,14 +173,14 @@ pub fn stop() {
 /// claimed any more (the child's code is restored; only frames still open at the fork
 /// can run a hook, and their events are dropped).
 pub fn forget_in_forked_child() {
-    ACTIVE.store(0, Ordering::Release);
+    STATE.recording_active.store(0, Ordering::Release);
     if let Some(state) = current_state() {
         // After fork only this thread exists, and this is its own state.
         state.ring_events().store(0, Relaxed);
         state.ring_head().store(0, Relaxed);
         state.ring_limit().store(0, Relaxed);
     }
-    RINGS.store(std::ptr::null_mut(), Ordering::Release);
+    STATE.rings.store(std::ptr::null_mut(), Ordering::Release);
 }
 
 /// Address of the invoked bytes (the stubs test `invoked[id]`), or 0 before a file.
@@ -254,7 +247,7 @@ pub fn register_function(id: u32, address: u64) {
 /// whose events were all read). Signal-safe, no allocation.
 fn claim_ring(state: StatePtr) -> bool {
     let Some(base) = base() else { return false };
-    if ACTIVE.load(Ordering::Acquire) == 0 {
+    if STATE.recording_active.load(Ordering::Acquire) == 0 {
         return false;
     }
     for index in 0..rings::RING_COUNT {
@@ -321,7 +314,7 @@ fn reclaim(offset: usize, ring_state: &AtomicU32) -> bool {
 pub fn make_room(state: StatePtr) -> bool {
     // After a recording, the frames still open write their exits into nothing: they
     // are not lost, the recording is over.
-    let active = ACTIVE.load(Ordering::Acquire) != 0;
+    let active = STATE.recording_active.load(Ordering::Acquire) != 0;
     if state.ring_events().load(Relaxed) == 0 && !claim_ring(state) {
         if active {
             add_to_header(header::LOST_EVENTS, 1);
@@ -342,7 +335,7 @@ pub fn make_room(state: StatePtr) -> bool {
         if waited_from == 0 {
             waited_from = sys::rdtsc();
         }
-        if ACTIVE.load(Ordering::Acquire) == 0 {
+        if STATE.recording_active.load(Ordering::Acquire) == 0 {
             return false;
         }
         sys::sleep_microseconds(50);

@@ -30,34 +30,30 @@
 
 use crate::hooks::thread_layout::ShadowEntry;
 use crate::patching::stop_world::{self, ParkedThread};
+use crate::runtime::state::{MAX_INTERNAL, STATE};
 use crate::runtime::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, StatePtr};
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
 use crate::sys::tasks;
 use crate::sys::{self, agent_threads};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The pause between two passes, for a thread inside tendril's code to leave it.
 const PAUSE_MICROSECONDS: u64 = 2_000;
 /// Most threads one pass looks at.
 const MAX_THREADS: usize = 4096;
-/// Most trampolines of the unwinder's hooks known.
-const MAX_INTERNAL: usize = 64;
-
-/// (start, end) of each trampoline of an unwinder hook, for [`in_return_hook_code`].
-static INTERNAL_TRAMPOLINES: [(AtomicU64, AtomicU64); MAX_INTERNAL] =
-    [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL];
-static INTERNAL_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// Notes that `start..end` holds the trampoline of one of the unwinder's hooks.
 pub fn note_internal_trampoline(start: u64, end: u64) {
-    let index = INTERNAL_COUNT.load(Ordering::Acquire);
+    let index = STATE.internal_count.load(Ordering::Acquire);
     if index < MAX_INTERNAL {
-        INTERNAL_TRAMPOLINES[index].1.store(end, Ordering::Release);
-        INTERNAL_TRAMPOLINES[index]
+        STATE.internal_trampolines[index]
+            .1
+            .store(end, Ordering::Release);
+        STATE.internal_trampolines[index]
             .0
             .store(start, Ordering::Release);
-        INTERNAL_COUNT.store(index + 1, Ordering::Release);
+        STATE.internal_count.store(index + 1, Ordering::Release);
     }
 }
 
@@ -301,8 +297,11 @@ fn read_word(address: u64) -> Option<u64> {
 /// ones that write exits). Noted when a trampoline is built, so a thread cannot be in
 /// one that is not listed yet.
 fn in_return_hook_code(address: u64) -> bool {
-    let count = INTERNAL_COUNT.load(Ordering::Acquire).min(MAX_INTERNAL);
-    let internal = INTERNAL_TRAMPOLINES[..count]
+    let count = STATE
+        .internal_count
+        .load(Ordering::Acquire)
+        .min(MAX_INTERNAL);
+    let internal = STATE.internal_trampolines[..count]
         .iter()
         .map(|(start, end)| (start.load(Ordering::Acquire), end.load(Ordering::Acquire)));
     code_memory::is_trampoline_code(address) && !in_any(address, internal)

@@ -31,6 +31,7 @@
 //! exit, which the controller could not match.
 
 use crate::hooks::slow_call::SavedRegisters;
+use crate::runtime::state::STATE;
 use crate::runtime::thread_state::{
     self, ENTRY_RESTORED, ENTRY_RETIRED, EntryPtr, FLAG_RECONCILE, GRAVEYARD_ENTRIES,
     MAX_NESTED_UNWINDERS, ShadowEntry, StatePtr, with_own_state,
@@ -304,9 +305,6 @@ pub extern "C" fn exception_caught(registers: &mut SavedRegisters) {
     });
 }
 
-/// The relocated entry of the real `_Unwind_Backtrace`, set when it is patched.
-pub static BACKTRACE_BODY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// Stands in for `_Unwind_Backtrace`: the walk sees the real return addresses, and the
 /// hooks go back in as soon as it returns (it unwinds nothing).
 pub extern "C" fn backtrace_replacement(
@@ -318,8 +316,10 @@ pub extern "C" fn backtrace_replacement(
     // is where our frame begins.
     let slot = stack_pointer_at_entry();
     with_own_state(|state| begin_unwinding(state, slot));
-    let body = BACKTRACE_BODY.load(std::sync::atomic::Ordering::Acquire);
-    // SAFETY: BACKTRACE_BODY holds the relocated entry of the real _Unwind_Backtrace,
+    let body = STATE
+        .backtrace_body
+        .load(std::sync::atomic::Ordering::Acquire);
+    // SAFETY: STATE.backtrace_body holds the relocated entry of the real _Unwind_Backtrace,
     // which has exactly this signature; it is set before the patch that leads here.
     let real: Backtrace = unsafe { std::mem::transmute(body as usize) };
     let result = real(trace, argument);

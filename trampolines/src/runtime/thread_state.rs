@@ -10,26 +10,16 @@
 //! makes every hook step aside, so the agent never counts or hooks its own calls.
 
 use crate::hooks::slow_call::SavedRegisters;
+use crate::runtime::state::{MAX_REGISTERED, STATE};
 use crate::sys::error::AgentError;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 pub use crate::hooks::state_access::{EntryPtr, StatePtr, current_state};
 pub use crate::hooks::thread_layout::*;
 
-/// Threads the registry can list.
-const MAX_THREADS: usize = 1 << 16;
-
 /// `ThreadState::flags_before_fork`: the thread is between fork's prepare handler and
 /// its parent or child handler.
 const FORK_HOLD: u64 = 1 << 63;
-
-static REGISTERED: [AtomicPtr<ThreadState>; MAX_THREADS] =
-    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_THREADS];
-static REGISTERED_COUNT: AtomicUsize = AtomicUsize::new(0);
-/// Threads inside [`register_current_thread`]: inside a hook, but not yet listed.
-static REGISTERING: AtomicUsize = AtomicUsize::new(0);
-static AGENT_STATE: OnceLock<Option<StatePtr>> = OnceLock::new();
 
 /// Maps a zeroed, lazily committed region with system calls only.
 fn map_region() -> Option<StatePtr> {
@@ -72,7 +62,7 @@ pub fn prepare() -> Result<(), AgentError> {
 }
 
 fn agent_state() -> Result<StatePtr, AgentError> {
-    let state = *AGENT_STATE.get_or_init(|| {
+    let state = *STATE.agent_thread_state.get_or_init(|| {
         let state = map_region()?;
         state.flags().store(FLAG_PASSTHROUGH, Ordering::Relaxed);
         state.is_agent().store(1, Ordering::Relaxed);
@@ -96,34 +86,35 @@ pub fn mark_current_thread_as_agent() {
 /// it only makes system calls.
 pub extern "C" fn register_current_thread(registers: &mut SavedRegisters) {
     // Until the state is listed, only this count says the thread is inside a hook.
-    REGISTERING.fetch_add(1, Ordering::SeqCst);
-    let passthrough = AGENT_STATE
+    STATE.registering.fetch_add(1, Ordering::SeqCst);
+    let passthrough = STATE
+        .agent_thread_state
         .get()
         .copied()
         .flatten()
         .map_or(std::ptr::null_mut(), StatePtr::as_ptr);
     // Hooks hit while registering (mmap may be patched) step aside.
     set_current_slot(passthrough);
-    let index = REGISTERED_COUNT.fetch_add(1, Ordering::SeqCst);
+    let index = STATE.registered_count.fetch_add(1, Ordering::SeqCst);
     match map_region() {
         None => registers.rcx = passthrough as u64,
         Some(state) => {
-            if index < MAX_THREADS {
-                REGISTERED[index].store(state.as_ptr(), Ordering::SeqCst);
+            if index < MAX_REGISTERED {
+                STATE.registered[index].store(state.as_ptr(), Ordering::SeqCst);
             }
             set_current_slot(state.as_ptr());
             registers.rcx = state.as_ptr() as u64;
         }
     }
-    REGISTERING.fetch_sub(1, Ordering::SeqCst);
+    STATE.registering.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Threads registering now, and how many registrations were ever started: a pass that
 /// sees both unchanged from its start saw every thread that is inside a hook.
 pub fn registration_progress() -> (usize, usize) {
     (
-        REGISTERING.load(Ordering::SeqCst),
-        REGISTERED_COUNT.load(Ordering::SeqCst),
+        STATE.registering.load(Ordering::SeqCst),
+        STATE.registered_count.load(Ordering::SeqCst),
     )
 }
 
@@ -190,8 +181,11 @@ pub fn release_after_fork() {
 
 /// Every registered target thread's state, in registration order.
 pub fn registered_threads() -> Vec<StatePtr> {
-    let count = REGISTERED_COUNT.load(Ordering::Acquire).min(MAX_THREADS);
-    REGISTERED[..count]
+    let count = STATE
+        .registered_count
+        .load(Ordering::Acquire)
+        .min(MAX_REGISTERED);
+    STATE.registered[..count]
         .iter()
         // SAFETY: the registry holds only null or regions from `map_region`, which are
         // never unmapped.

@@ -3,7 +3,8 @@
 //! Submodules: the agent's own allocator (`alloc`), executable pages for trampolines
 //! (`code_memory`), where the agent's library lies (`own_code`), the agent's threads
 //! and the code-change lock (`agent_threads`), the target's threads as `/proc`
-//! shows them (`tasks`), and the agent's one error type (`error`). Nothing here knows
+//! shows them (`tasks`), the agent's one error type (`error`), and the layer's statics
+//! (`state`). Nothing here knows
 //! about hooks or patches.
 //!
 //! This file holds the raw system calls for the code that runs inside signal handlers

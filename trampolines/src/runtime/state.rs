@@ -1,0 +1,91 @@
+//! The runtime layer's global state: every static of `runtime` in one struct, [`STATE`],
+//! with this module as its one owner (see `sys::state` for the pattern).
+//!
+//! Most of it is read by hooks' slow paths and by collectors without a lock: those
+//! fields are atomics and fixed arrays, published in the order their comments give.
+
+use crate::hooks::state_access::StatePtr;
+use crate::hooks::thread_layout::ThreadState;
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Condvar, Mutex, OnceLock};
+
+/// Threads the registry can list.
+pub const MAX_REGISTERED: usize = 1 << 16;
+/// Most trampolines of the unwinder's hooks known.
+pub const MAX_INTERNAL: usize = 64;
+
+/// The runtime layer's statics.
+pub struct RuntimeState {
+    // --- thread_state ---
+    /// Every registered thread's state (published before `registered_count` covers it).
+    pub registered: [AtomicPtr<ThreadState>; MAX_REGISTERED],
+    pub registered_count: AtomicUsize,
+    /// Threads inside `register_current_thread`: inside a hook, but not yet listed.
+    pub registering: AtomicUsize,
+    /// The state the agent's own threads share (its `PASSTHROUGH` flag makes every
+    /// hook step aside); `None` if it could not be mapped.
+    pub agent_thread_state: OnceLock<Option<StatePtr>>,
+
+    // --- recording ---
+    /// The mapped rings file (null before the first recording).
+    pub rings: AtomicPtr<u8>,
+    /// Non-zero while a recording is active: hooks that find no ring may claim one.
+    pub recording_active: AtomicU32,
+    /// The rings' memory (a sealed memfd), kept open to hand to each recording's
+    /// controller.
+    pub rings_fd: Mutex<Option<OwnedFd>>,
+
+    // --- discovery ---
+    /// What discovery knows of the recording; one lock, taken by discovering threads.
+    pub discovery: Mutex<Option<DiscoveryContext>>,
+
+    // --- retire, lingering, shadow ---
+    /// (start, end) of each trampoline of an unwinder hook, for
+    /// `retire::in_return_hook_code` (published before `internal_count` covers it).
+    pub internal_trampolines: [(AtomicU64, AtomicU64); MAX_INTERNAL],
+    pub internal_count: AtomicUsize,
+    /// The background retry of lingering hooks has started.
+    pub lingering_started: AtomicBool,
+    /// Set when there is (maybe) something to finish; the retry waits on it otherwise.
+    pub lingering_work: Mutex<bool>,
+    pub lingering_work_arrived: Condvar,
+    /// The relocated entry of the real `_Unwind_Backtrace`, set when it is patched; the
+    /// hooks layer gets a reference to it (`BacktraceStandIn::body`).
+    pub backtrace_body: AtomicU64,
+}
+
+/// What discovery needs to know of the recording.
+pub struct DiscoveryContext {
+    /// The session whose patches these are (restored when it ends).
+    pub session: u64,
+    /// The controller's function table (bytes of the file).
+    pub table: Vec<u8>,
+    /// Scheme B: patch callees. Otherwise (Scheme A, gross timing) only mark invoked.
+    pub discover_callees: bool,
+    /// Functions that could not be patched, with the reason.
+    pub refused: Vec<(u64, String)>,
+    /// Indirect call sites met in the functions discovered, and those seen entering an
+    /// instrumented function for the first time.
+    pub indirect_sites: HashSet<u64>,
+    pub followed_sites: HashSet<u64>,
+}
+
+/// The one instance.
+pub static STATE: RuntimeState = RuntimeState {
+    registered: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_REGISTERED],
+    registered_count: AtomicUsize::new(0),
+    registering: AtomicUsize::new(0),
+    agent_thread_state: OnceLock::new(),
+    rings: AtomicPtr::new(std::ptr::null_mut()),
+    recording_active: AtomicU32::new(0),
+    rings_fd: Mutex::new(None),
+    discovery: Mutex::new(None),
+    internal_trampolines: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL],
+    internal_count: AtomicUsize::new(0),
+    lingering_started: AtomicBool::new(false),
+    lingering_work: Mutex::new(false),
+    lingering_work_arrived: Condvar::new(),
+    backtrace_body: AtomicU64::new(0),
+};
