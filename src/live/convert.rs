@@ -9,7 +9,7 @@ use crate::profile::{Node, Profile};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tendril_tui::{ProfileSnapshot, Status, ThreadSummary, TreeNode};
+use tendril_tui::{ProfileSnapshot, SamplingStatus, Status, ThreadSummary, TreeNode};
 
 /// Copies calling context trees into the UI's type, without recursion.
 pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
@@ -17,7 +17,8 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
         let mut copy = TreeNode::new(
             node.name.clone(),
             node.module.clone(),
-            node.calls,
+            // A sampled profile's count is its samples (at or below the node).
+            node.samples.unwrap_or(node.calls),
             node.total_ns as f64,
             node.self_ns as f64,
         );
@@ -80,7 +81,11 @@ pub fn snapshot_of(profile: &Profile, mut status: Status) -> ProfileSnapshot {
         .map(|thread| ThreadSummary {
             tid: thread.tid,
             name: thread.name.clone(),
-            calls: thread.roots.iter().map(|root| root.calls).sum(),
+            calls: thread
+                .roots
+                .iter()
+                .map(|root| root.samples.unwrap_or(root.calls))
+                .sum(),
             total_ns: thread.roots.iter().map(|root| root.total_ns as f64).sum(),
             roots: tree_nodes(&thread.roots),
         })
@@ -93,6 +98,32 @@ pub fn snapshot_of(profile: &Profile, mut status: Status) -> ProfileSnapshot {
         threads,
         status,
     }
+}
+
+/// The view-model of a sampled profile being taken (the Sampled view): `target` as the
+/// status bar names it, `threads` sampled now, `stopped` once sampling has ended.
+pub fn sampled_snapshot(
+    profile: &Profile,
+    target: &str,
+    threads: usize,
+    stopped: bool,
+) -> ProfileSnapshot {
+    let sampling = profile.sampling.as_ref().map(|info| SamplingStatus {
+        rate_hz: info.rate_hz,
+        clock: info.clock.clone(),
+        samples: info.samples,
+        lost_samples: info.lost_samples,
+        truncated_stacks: info.truncated_stacks,
+        threads,
+        stopped,
+    });
+    let status = Status {
+        target: target.to_string(),
+        elapsed: Duration::from_nanos(profile.duration_ns),
+        sampling: Some(sampling.unwrap_or_default()),
+        ..Status::default()
+    };
+    snapshot_of(profile, status)
 }
 
 /// The view-model of a saved profile (`tendril view`): the file is the target, the

@@ -20,6 +20,12 @@ pub enum Action {
     /// Profile exactly these functions as roots, replacing the current ones. The UI has
     /// switched to the live view and waits for snapshots.
     SetRoots(Vec<FunctionEntry>),
+    /// Instrument the function a sampled node or hot spot names (Enter in the Sampled
+    /// view) as the only root, by its sampled name and module (`module+0xOFFSET` for
+    /// stripped code). The UI has switched to the live view; if the function cannot be
+    /// instrumented, the controller says why and may call
+    /// [`crate::App::show_sampled`] to go back.
+    RootFromSamples { name: String, module: String },
     /// Stop collecting events: the target's code is restored (it runs its own code
     /// again) and the roots are kept for [`Action::Resume`]; the data stays browsable.
     Pause,
