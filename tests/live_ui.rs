@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{EXIT_TIMEOUT, Target, Tmux, code_bytes_match_file, tendril};
+use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, tendril};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -112,27 +112,6 @@ fn assert_detached_and_intact(ui: &Tmux, target: &mut Target, expected: u64) {
         "{screen}"
     );
     assert_target_intact(target, expected);
-}
-
-/// A count as the UI prints it: exact, or with a k/M/G suffix.
-fn parse_count(text: &str) -> Option<f64> {
-    let (number, scale) = match text.char_indices().last()? {
-        (at, 'k') => (&text[..at], 1e3),
-        (at, 'M') => (&text[..at], 1e6),
-        (at, 'G') => (&text[..at], 1e9),
-        _ => (text, 1.0),
-    };
-    number.parse::<f64>().ok().map(|n| n * scale)
-}
-
-/// The CALLS cell of the call tree's (or hot spots') first row naming `function`.
-/// Rows are `[indent][▾▸] name module calls total self % bar` at this width.
-fn calls_of(screen: &str, function: &str) -> Option<f64> {
-    screen.lines().find_map(|line| {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let at = words.iter().position(|word| *word == function)?;
-        parse_count(words.get(at + 2)?)
-    })
 }
 
 /// The pid in the status bar's "pid N name".
