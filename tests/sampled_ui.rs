@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Target, Tmux, calls_of, code_bytes_match_file};
+use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -98,6 +98,16 @@ fn sampled_first_then_enter_instruments_the_hot_function() {
     let screen = ui.wait_for_text("SAMPLED │");
     assert!(screen.contains("sampling stopped"), "{screen}");
     assert!(calls_of(&screen, &hottest).is_some(), "{screen}");
+    // w there saves the sampled profile.
+    ui.press("w");
+    let saved = ui.wait_for("the saved file's name", |screen| {
+        let at = screen.find("saved the profile to ")?;
+        Some(screen[at..].split_whitespace().nth(4)?.to_string())
+    });
+    let profile =
+        tendril::profile::Profile::load(&ui.dir.join(&saved)).expect("the saved profile loads");
+    assert_eq!(profile.scheme, "sampled");
+    assert!(profile.sampling.is_some_and(|s| s.samples > 0));
     ui.press("S");
     wait_for_instrumented(&ui, &hottest);
 
@@ -165,4 +175,27 @@ fn refused_perf_events_open_the_root_picker_with_the_reason() {
     ui.press("q");
     assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
     code_bytes_match_file(pid).expect("the target's code equals its files after quitting");
+}
+
+#[test]
+fn a_picked_process_is_sampled_and_its_exit_brings_the_list_back() {
+    let _turn = one_at_a_time();
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    let ui = Tmux::tendril("picker", &[]);
+    ui.wait_for_text("processes");
+    ui.type_text(&format!("{pid} calltree"));
+    ui.wait_for("just the target listed", |screen| {
+        (screen.contains(" 1 of ") && screen.contains(&pid.to_string())).then_some(())
+    });
+    ui.press("Enter");
+    ui.wait_for_text("SAMPLING");
+    target.signal(libc::SIGTERM);
+    assert!(
+        target.wait_exit(EXIT_TIMEOUT).is_some(),
+        "the target did not exit"
+    );
+    ui.wait_for_text("exited; choose another process");
+    ui.press("q");
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
 }

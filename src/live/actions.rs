@@ -40,6 +40,7 @@ impl Session {
             Action::RootFromSamples { name, module } => self.root_from_samples(&name, &module, app),
             Action::Pause | Action::Resume | Action::Reset => self.collection(&action, app),
             Action::Save => self.save(app),
+            Action::SaveSampled => self.save_sampled(app),
             Action::Trace => self.trace(app),
             Action::Detach => self.detach(app),
         }
@@ -206,9 +207,6 @@ impl Session {
     /// Takes the profile as it stands and writes it on a background thread, so the
     /// rings keep being drained while the file is written.
     fn save(&mut self, app: &mut App) {
-        let Some(pid) = self.pid else {
-            return;
-        };
         if self.saving.is_some() {
             app.set_message("still saving the previous profile; w again in a moment");
             return;
@@ -224,6 +222,26 @@ impl Session {
                 app.set_message("nothing recorded yet");
                 return;
             }
+        };
+        self.write_profile(profile, app);
+    }
+
+    /// Writes the sampled profile as it stands (`w` in the Sampled view).
+    fn save_sampled(&mut self, app: &mut App) {
+        if self.saving.is_some() {
+            app.set_message("still saving the previous profile; w again in a moment");
+            return;
+        }
+        match &self.sampling.profile {
+            Some(profile) => self.write_profile(profile.clone(), app),
+            None => app.set_message("nothing sampled yet"),
+        }
+    }
+
+    /// Writes `profile` to the first free `tendril-PID-TIME.json` here, in the background.
+    fn write_profile(&mut self, profile: crate::profile::Profile, app: &mut App) {
+        let Some(pid) = self.pid else {
+            return;
         };
         // The file is created here, at once, so the message names it.
         let (path, file) = match create_first_free(snapshot_paths(pid)) {

@@ -14,7 +14,7 @@ use crate::profile::overlap::PathWeights;
 use crate::sampling::{Sampler, SamplerOptions};
 use crate::symbols::ProcessSymbols;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -25,6 +25,12 @@ use tendril_tui::ProfileSnapshot;
 pub const UPDATE_INTERVAL: Duration = Duration::from_millis(500);
 /// The longest wait for samples before the stop flag is looked at again.
 const POLL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The thread's orders: go on, stop and send the last tree, or just end (nobody will
+/// look at the tree: the session is over).
+const RUN: u8 = 0;
+const STOP: u8 = 1;
+const ABANDON: u8 = 2;
 
 /// The sampling side of a live session (its methods are in `sampled.rs`).
 #[derive(Default)]
@@ -60,7 +66,7 @@ pub enum SamplingUpdate {
 /// The sampling thread, seen from the event loop.
 pub struct SamplingJob {
     updates: Receiver<SamplingUpdate>,
-    stop: Arc<AtomicBool>,
+    orders: Arc<AtomicU8>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -73,14 +79,14 @@ impl SamplingJob {
         target: String,
     ) -> std::io::Result<SamplingJob> {
         let (sender, updates) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread_stop = stop.clone();
+        let orders = Arc::new(AtomicU8::new(RUN));
+        let thread_orders = orders.clone();
         let thread = std::thread::Builder::new()
             .name("tendril-sampler".into())
             .spawn(move || {
                 let options = SamplerOptions::default();
                 match Sampler::start_with_symbols(pid, options, symbols) {
-                    Ok(sampler) => sample(sampler, &target, &thread_stop, |update| {
+                    Ok(sampler) => sample(sampler, &target, &thread_orders, |update| {
                         sender.send(update).is_ok()
                     }),
                     Err(error) => {
@@ -90,14 +96,16 @@ impl SamplingJob {
             })?;
         Ok(SamplingJob {
             updates,
-            stop,
+            orders,
             thread: Some(thread),
         })
     }
 
     /// Asks the thread to stop; it sends the last tree and ends.
     pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        let _ = self
+            .orders
+            .compare_exchange(RUN, STOP, Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// The updates sent since the last call, without waiting: every failure, and only
@@ -121,10 +129,10 @@ impl SamplingJob {
 }
 
 impl Drop for SamplingJob {
-    /// Stops the thread and waits for it (at most one poll timeout and a last drain), so
-    /// no perf event outlives the session.
+    /// Ends the thread and waits for it (at most one poll timeout), so no perf event
+    /// outlives the session.
     fn drop(&mut self) {
-        self.stop();
+        self.orders.store(ABANDON, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -137,7 +145,7 @@ impl Drop for SamplingJob {
 fn sample(
     mut sampler: Sampler,
     target: &str,
-    stop: &AtomicBool,
+    orders: &AtomicU8,
     mut send: impl FnMut(SamplingUpdate) -> bool,
 ) {
     let tree = |sampler: &Sampler, profile: Profile, last: bool, target_exited: bool| {
@@ -151,17 +159,21 @@ fn sample(
     };
     let mut next_update = Instant::now();
     loop {
-        if stop.load(Ordering::SeqCst) {
-            let threads = sampler.thread_count();
-            let profile = sampler.finish();
-            let snapshot = sampled_snapshot(&profile, target, threads, true);
-            send(SamplingUpdate::Tree(Box::new(SampledTree {
-                profile,
-                snapshot,
-                last: true,
-                target_exited: false,
-            })));
-            return;
+        match orders.load(Ordering::SeqCst) {
+            RUN => {}
+            ABANDON => return,
+            _ => {
+                let threads = sampler.thread_count();
+                let profile = sampler.finish();
+                let snapshot = sampled_snapshot(&profile, target, threads, true);
+                send(SamplingUpdate::Tree(Box::new(SampledTree {
+                    profile,
+                    snapshot,
+                    last: true,
+                    target_exited: false,
+                })));
+                return;
+            }
         }
         if let Err(error) = sampler.poll(POLL_TIMEOUT) {
             let last = tree(&sampler, sampler.profile(), true, false);

@@ -35,6 +35,8 @@ pub enum Action {
     Reset,
     /// Write the current profile to a file and report where in the status message.
     Save,
+    /// Write the sampled profile (the Sampled view's tree) to a file, likewise.
+    SaveSampled,
     /// Keep the raw enter and exit events of the next second as a timeline (saved with
     /// the profile, for the chrome and speedscope exports).
     Trace,

@@ -394,6 +394,7 @@ impl App {
                     return self.instrument_selected();
                 }
             }
+            KeyCode::Char('w') => return Some(Action::SaveSampled),
             KeyCode::Char('r') => {}
             KeyCode::Esc => self.message = None,
             _ => {

@@ -261,6 +261,12 @@ pub const SAMPLED_KEYS: &[KeyHelp] = &[
         Some("r roots"),
     ),
     key(
+        "w",
+        "save the sampled profile to a file (tendril report, compare, view read it)",
+        Needs::Nothing,
+        Some("w save"),
+    ),
+    key(
         "S",
         "the instrumented tree, once a root is instrumented",
         Needs::Nothing,

@@ -120,7 +120,11 @@ fn sampled_lines(status: &Status, sampling: &SamplingStatus) -> [Line<'static>; 
         "nothing loaded into the target"
     };
     let counters = Line::from(vec![
-        Span::raw(format!(" {} threads", count(sampling.threads as u64))),
+        Span::raw(format!(
+            " {} thread{}",
+            count(sampling.threads as u64),
+            if sampling.threads == 1 { "" } else { "s" }
+        )),
         Span::raw(SEPARATOR),
         Span::styled(format!("{} lost", count(sampling.lost_samples)), lost_style),
         Span::raw(SEPARATOR),

@@ -231,6 +231,7 @@ fn once_detached_enter_explains_instead_of_instrumenting() {
 #[test]
 fn the_sampled_views_keys_are_listed() {
     let mut app = sampled_app();
+    assert_eq!(press_char(&mut app, 'w'), Some(Action::SaveSampled));
     press_char(&mut app, '?');
     let text = screen_text(&mut app, 110, 30);
     for expected in [
