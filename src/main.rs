@@ -13,8 +13,8 @@ use std::time::Duration;
     about,
     long_about = None,
     after_help = "Plain `tendril`, without a command, opens the terminal UI's process picker: \
-                  choose a running process, then a root function, and watch its call tree \
-                  grow live."
+                  choose a running process, see where it spends its time (sampled from the \
+                  outside), choose a root function there, and watch its call tree grow live."
 )]
 struct Cli {
     /// Without a command: choose a running process to profile, in the terminal UI.
@@ -30,8 +30,9 @@ enum Command {
     Demo,
     /// Profile a running process live in the terminal UI.
     ///
-    /// Choose root functions in the root picker (or give them with --root), watch the
-    /// call tree grow, dig in, detach.
+    /// The process is sampled first (the Sampled view: nothing is loaded into it); Enter
+    /// on a function, or the root picker, chooses the root (or give it with --root);
+    /// watch the call tree grow, dig in, detach.
     Attach {
         /// Process id of the target.
         pid: i32,

@@ -146,7 +146,16 @@ pub fn saved_snapshot(profile: &Profile, path: &Path) -> ProfileSnapshot {
         events_per_second,
         ..Status::default()
     };
-    snapshot_of(profile, status)
+    match profile.sampling {
+        // A sampled profile (`tendril sample`, `w` in the Sampled view) is shown as one.
+        Some(_) => {
+            let mut snapshot =
+                sampled_snapshot(profile, &status.target, profile.threads.len(), true);
+            snapshot.status.elapsed = elapsed;
+            snapshot
+        }
+        None => snapshot_of(profile, status),
+    }
 }
 
 /// Events per second over about the last second, from samples of a growing count.
@@ -295,6 +304,40 @@ mod tests {
         assert_eq!(snapshot.status.elapsed, Duration::from_secs(2));
         assert_eq!(snapshot.status.events_per_second, 500.0);
         assert_eq!(snapshot.status.estimated_overhead_percent, 100.0);
+    }
+
+    #[test]
+    fn a_sampled_profile_shows_samples_as_its_counts() {
+        let mut root = Node::leaf("worker_main", "calltree", 0, 8_000_000, 0);
+        root.samples = Some(4);
+        let mut leaf = Node::leaf("compute", "calltree", 0, 8_000_000, 8_000_000);
+        leaf.samples = Some(4);
+        root.children.push(leaf);
+        let threads = vec![ThreadProfile {
+            tid: 7,
+            roots: vec![root.clone()],
+            ..ThreadProfile::default()
+        }];
+        let mut profile = profile(vec![root], threads);
+        profile.scheme = "sampled".into();
+        profile.sampling = Some(crate::profile::SamplingInfo {
+            clock: "cpu".into(),
+            rate_hz: 499,
+            samples: 4,
+            lost_samples: 0,
+            truncated_stacks: 1,
+            stack_bytes: 32768,
+        });
+        let live = sampled_snapshot(&profile, "pid 4242 calltree", 3, false);
+        let sampling = live.status.sampling.clone().expect("marked as sampled");
+        assert_eq!((sampling.samples, sampling.threads), (4, 3));
+        assert!(!sampling.stopped);
+        assert_eq!(live.merged[0].calls, 4);
+        assert_eq!(live.merged[0].children[0].calls, 4);
+        assert_eq!(live.threads[0].calls, 4);
+        let saved = saved_snapshot(&profile, Path::new("/tmp/sampled.json"));
+        assert!(saved.status.sampling.is_some_and(|s| s.stopped));
+        assert_eq!(saved.status.target, "sampled.json · pid 4242 calltree");
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub fn state_label(status: &Status, read_only: bool) -> (&'static str, Style) {
 /// The two status lines: session, then counters.
 pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
     if let Some(sampling) = &status.sampling {
-        return sampled_lines(status, sampling);
+        return sampled_lines(status, sampling, read_only);
     }
     let (state, state_style) = state_label(status, read_only);
     let roots = if status.roots.is_empty() {
@@ -89,8 +89,14 @@ pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
 }
 
 /// The Sampled view's two lines: what is sampled and how, then its counters.
-fn sampled_lines(status: &Status, sampling: &SamplingStatus) -> [Line<'static>; 2] {
-    let (state, state_style) = if sampling.stopped {
+fn sampled_lines(
+    status: &Status,
+    sampling: &SamplingStatus,
+    read_only: bool,
+) -> [Line<'static>; 2] {
+    let (state, state_style) = if read_only {
+        ("READ-ONLY", theme::strong())
+    } else if sampling.stopped {
         ("SAMPLED", theme::warning())
     } else {
         ("SAMPLING", theme::good())
@@ -114,7 +120,9 @@ fn sampled_lines(status: &Status, sampling: &SamplingStatus) -> [Line<'static>; 
     } else {
         Style::new()
     };
-    let what = if sampling.stopped {
+    let what = if read_only {
+        "a saved sampled profile"
+    } else if sampling.stopped {
         "sampling stopped: the tree stays as it was"
     } else {
         "nothing loaded into the target"
