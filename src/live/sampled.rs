@@ -75,8 +75,7 @@ impl Session {
         if first {
             app.show_sampled();
             app.set_message(format!(
-                "sampling {} from the outside: Enter instruments the selected function, \
-                 r picks one by name",
+                "sampling {}: Enter instruments the selected function, r picks one by name",
                 self.target
             ));
         } else if tree.target_exited && app.screen() == tendril_tui::ScreenKind::Sampled {

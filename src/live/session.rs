@@ -308,8 +308,9 @@ impl Session {
         // process cannot be attached to) ends a session that was about this process.
         let about_the_roots = matches!(error, RecordError::Select(_) | RecordError::Refused { .. });
         match &self.entries {
-            // Chosen in the Sampled view: back there, to choose another.
-            Some(_) if about_the_roots && app.has_sampled() => {
+            // Sampled first: back to the samples, to choose another root or just browse
+            // (sampling needs no ptrace, so it may work where attaching does not).
+            Some(_) if app.has_sampled() => {
                 app.show_sampled();
                 app.set_message(format!("cannot profile that: {error}"));
                 Ok(())
