@@ -69,7 +69,8 @@ fn sampled_first_then_enter_instruments_the_hot_function() {
     let pid = target.pid();
     let expected = target.steady_checksum(2, LINES_TIMEOUT);
 
-    let ui = Tmux::tendril("sampled", &["attach", &pid.to_string()]);
+    // `tendril PID`: `tendril attach PID` without a root.
+    let ui = Tmux::tendril("sampled", &[&pid.to_string()]);
     let screen = ui.wait_for_text("SAMPLING");
     assert!(screen.contains("SAMPLED · all threads"), "{screen}");
     assert!(
