@@ -13,8 +13,9 @@ use std::time::Duration;
     about,
     long_about = None,
     after_help = "Plain `tendril`, without a command, opens the terminal UI's process picker: \
-                  choose a running process, then a root function, and watch its call tree \
-                  grow live."
+                  choose a running process, see where it spends its time (sampled from the \
+                  outside), choose a root function there, and watch its call tree grow live. \
+                  `tendril PID` does the same for that process (`tendril attach PID`)."
 )]
 struct Cli {
     /// Without a command: choose a running process to profile, in the terminal UI.
@@ -30,8 +31,9 @@ enum Command {
     Demo,
     /// Profile a running process live in the terminal UI.
     ///
-    /// Choose root functions in the root picker (or give them with --root), watch the
-    /// call tree grow, dig in, detach.
+    /// The process is sampled first (the Sampled view: nothing is loaded into it); Enter
+    /// on a function, or the root picker, chooses the root (or give it with --root);
+    /// watch the call tree grow, dig in, detach.
     Attach {
         /// Process id of the target.
         pid: i32,
@@ -327,11 +329,24 @@ impl From<SchemeArg> for tendril::recording::Scheme {
     }
 }
 
+/// `tendril PID` is `tendril attach PID`: a lone argument that is a number gets the
+/// command put before it (anything else parses as it is).
+fn with_attach_for_a_lone_pid(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let lone_pid = args.len() == 2
+        && args[1]
+            .to_str()
+            .is_some_and(|arg| arg.parse::<i32>().is_ok_and(|pid| pid > 0));
+    if lone_pid {
+        args.insert(1, "attach".into());
+    }
+    args
+}
+
 /// Parses the command line; a usage error is one line (what is wrong, and where help
 /// is), like every other error of tendril.
 fn parse_command_line() -> Result<Cli, ExitCode> {
     use clap::error::ErrorKind;
-    match Cli::try_parse() {
+    match Cli::try_parse_from(with_attach_for_a_lone_pid(std::env::args_os().collect())) {
         Ok(cli) => Ok(cli),
         Err(error)
             if matches!(
@@ -495,5 +510,38 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
             eprintln!("tendril: {error}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<std::ffi::OsString> {
+        words.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn a_lone_pid_is_attach_pid_and_nothing_else_changes() {
+        assert_eq!(
+            with_attach_for_a_lone_pid(args(&["tendril", "4242"])),
+            args(&["tendril", "attach", "4242"])
+        );
+        for unchanged in [
+            &["tendril"][..],
+            &["tendril", "symbols", "4242"],
+            &["tendril", "4242", "x"],
+            &["tendril", "0"],
+            &["tendril", "-3"],
+            &["tendril", "demo"],
+        ] {
+            assert_eq!(with_attach_for_a_lone_pid(args(unchanged)), args(unchanged));
+        }
+        let cli = Cli::try_parse_from(with_attach_for_a_lone_pid(args(&["tendril", "4242"])))
+            .expect("parses");
+        assert!(matches!(
+            cli.command,
+            Some(Command::Attach { pid: 4242, ref roots }) if roots.is_empty()
+        ));
     }
 }

@@ -9,16 +9,11 @@
 
 mod common;
 
-use common::{Target, code_bytes_match_file, tendril};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, tendril};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// How long any one thing may take to appear on screen (attaching is slow in debug builds).
-const SCREEN_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long tendril may take to exit after `q`.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a fixture may take to print its checksum lines.
 const LINES_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -31,170 +26,6 @@ fn one_at_a_time() -> MutexGuard<'static, ()> {
     LIVE_TARGET
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A tmux server of its own (its own socket, so parallel tests never meet) running one
-/// command in a fixed-size session; killed, with its scratch directory, on drop.
-struct Tmux {
-    socket: String,
-    /// The command's working directory; its exit status lands in `exit-status` here.
-    dir: PathBuf,
-}
-
-impl Tmux {
-    /// Runs `tendril args...` in a new 100×30 session, in a fresh directory.
-    fn tendril(test: &str, args: &[&str]) -> Tmux {
-        let socket = format!("tendril-live-ui-{}-{test}", std::process::id());
-        let dir = std::env::temp_dir().join(&socket);
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("cannot create the test's directory");
-        let mut command = quote(env!("CARGO_BIN_EXE_tendril"));
-        for arg in args {
-            command.push(' ');
-            command.push_str(&quote(arg));
-        }
-        // Keep the pane after tendril exits, so its last screen can still be read.
-        let script = format!(
-            "cd {} && {command}; echo $? > exit-status; sleep 600",
-            quote(&dir.display().to_string())
-        );
-        let tmux = Tmux { socket, dir };
-        tmux.run(&[
-            "new-session",
-            "-d",
-            "-x",
-            "100",
-            "-y",
-            "30",
-            "-s",
-            "ui",
-            "sh",
-            "-c",
-            &script,
-        ]);
-        tmux
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let output = Command::new("tmux")
-            .args(["-L", &self.socket, "-f", "/dev/null"])
-            .args(args)
-            .output()
-            .expect("cannot run tmux (is it installed?)");
-        assert!(
-            output.status.success(),
-            "tmux {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-
-    fn screen(&self) -> String {
-        self.run(&["capture-pane", "-p", "-t", "ui"])
-    }
-
-    /// Types `text` literally.
-    fn type_text(&self, text: &str) {
-        self.run(&["send-keys", "-t", "ui", "-l", text]);
-    }
-
-    /// Presses a key by tmux's name for it (`Enter`, `q`, `C-c`).
-    fn press(&self, key: &str) {
-        self.run(&["send-keys", "-t", "ui", key]);
-    }
-
-    /// Polls the screen until `check` finds what it wants in it; panics with the last
-    /// screen after `SCREEN_TIMEOUT`.
-    fn wait_for<T>(&self, what: &str, mut check: impl FnMut(&str) -> Option<T>) -> T {
-        let deadline = Instant::now() + SCREEN_TIMEOUT;
-        loop {
-            let screen = self.screen();
-            if let Some(found) = check(&screen) {
-                return found;
-            }
-            if let Some(status) = self.exit_status() {
-                panic!(
-                    "tendril exited (status {status}) while waiting for {what}; the screen:\n{screen}"
-                );
-            }
-            if Instant::now() >= deadline {
-                panic!("waited {SCREEN_TIMEOUT:?} for {what}; the screen:\n{screen}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Waits for the text `text` to be on screen.
-    fn wait_for_text(&self, text: &str) -> String {
-        self.wait_for(&format!("{text:?}"), |screen| {
-            screen.contains(text).then(|| screen.to_string())
-        })
-    }
-
-    /// tendril's exit status, once it has exited.
-    fn exit_status(&self) -> Option<i32> {
-        let text = std::fs::read_to_string(self.dir.join("exit-status")).ok()?;
-        text.trim().parse().ok()
-    }
-
-    /// The pid of the `tendril` the session's shell started (a child of the pane's shell).
-    fn tendril_pid(&self) -> i32 {
-        let shell: i32 = self
-            .run(&["display-message", "-p", "-t", "ui", "#{pane_pid}"])
-            .trim()
-            .parse()
-            .expect("tmux names the pane's pid");
-        let ppid = format!("{shell}");
-        let children = std::fs::read_dir("/proc")
-            .expect("/proc is readable")
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|pid| {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status"));
-                status.is_ok_and(|status| {
-                    status.lines().any(|line| {
-                        line.strip_prefix("PPid:").map(str::trim) == Some(ppid.as_str())
-                    }) && status.lines().next() == Some("Name:\ttendril")
-                })
-            });
-        let found: Vec<i32> = children.collect();
-        assert_eq!(
-            found.len(),
-            1,
-            "tendril processes under the pane's shell {shell}"
-        );
-        found[0]
-    }
-
-    /// Waits for tendril to exit; returns its exit status.
-    fn wait_exit(&self) -> i32 {
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        loop {
-            if let Some(status) = self.exit_status() {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "tendril did not exit within {EXIT_TIMEOUT:?}; the screen:\n{}",
-                    self.screen()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = Command::new("tmux")
-            .args(["-L", &self.socket, "kill-server"])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// `text` in single quotes for sh.
-fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
 }
 
 /// Checks that process `pid` is exactly as before tendril looked at it: not traced, no
@@ -283,27 +114,6 @@ fn assert_detached_and_intact(ui: &Tmux, target: &mut Target, expected: u64) {
     assert_target_intact(target, expected);
 }
 
-/// A count as the UI prints it: exact, or with a k/M/G suffix.
-fn parse_count(text: &str) -> Option<f64> {
-    let (number, scale) = match text.char_indices().last()? {
-        (at, 'k') => (&text[..at], 1e3),
-        (at, 'M') => (&text[..at], 1e6),
-        (at, 'G') => (&text[..at], 1e9),
-        _ => (text, 1.0),
-    };
-    number.parse::<f64>().ok().map(|n| n * scale)
-}
-
-/// The CALLS cell of the call tree's (or hot spots') first row naming `function`.
-/// Rows are `[indent][▾▸] name module calls total self % bar` at this width.
-fn calls_of(screen: &str, function: &str) -> Option<f64> {
-    screen.lines().find_map(|line| {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let at = words.iter().position(|word| *word == function)?;
-        parse_count(words.get(at + 2)?)
-    })
-}
-
 /// The pid in the status bar's "pid N name".
 fn target_pid(screen: &str) -> Option<i32> {
     let words: Vec<&str> = screen.split_whitespace().collect();
@@ -339,7 +149,19 @@ fn attach_pick_a_root_watch_the_tree_and_quit() {
     );
 
     let ui = Tmux::tendril("attach", &["attach", &pid.to_string()]);
-    ui.wait_for_text("FUNCTION");
+    // The Sampled view comes first (where perf events are allowed); r opens the root
+    // picker from there.
+    let sampled = ui.wait_for("the Sampled view or the root picker", |screen| {
+        if screen.contains("SAMPLED") {
+            Some(true)
+        } else {
+            screen.contains("SIZE").then_some(false)
+        }
+    });
+    if sampled {
+        ui.press("r");
+        ui.wait_for_text("SIZE");
+    }
     ui.type_text("work_round");
     ui.wait_for("work_round among the matches", |screen| {
         let mut lines = screen.lines();

@@ -37,8 +37,10 @@ impl Session {
             Action::RefreshProcesses => app.set_processes(super::processes::list_processes()),
             Action::LoadFunctions => self.load_functions(app),
             Action::SetRoots(entries) => self.set_roots(&entries, app),
+            Action::RootFromSamples { name, module } => self.root_from_samples(&name, &module, app),
             Action::Pause | Action::Resume | Action::Reset => self.collection(&action, app),
             Action::Save => self.save(app),
+            Action::SaveSampled => self.save_sampled(app),
             Action::Trace => self.trace(app),
             Action::Detach => self.detach(app),
         }
@@ -54,9 +56,9 @@ impl Session {
             Err(error) => app.set_message(error.to_string()),
             Ok(target) => {
                 self.choose_target(&target);
-                match self.load_symbols(WhenLoaded::ShowRootPicker) {
+                match self.load_symbols(WhenLoaded::ShowSampled) {
                     Ok(()) => app.set_message(format!(
-                        "attaching to {}: reading its functions…",
+                        "{}: reading its functions, then sampling it…",
                         self.target
                     )),
                     Err(error) => {
@@ -81,7 +83,7 @@ impl Session {
         }
     }
 
-    fn set_roots(&mut self, entries: &[FunctionEntry], app: &mut App) {
+    pub(super) fn set_roots(&mut self, entries: &[FunctionEntry], app: &mut App) {
         let symbols = match (&self.recording, &self.symbols) {
             (Recording::Live(recorder), _) => recorder.symbols(),
             (_, Symbols::Loaded(symbols)) => symbols,
@@ -90,11 +92,19 @@ impl Session {
                 return;
             }
         };
-        let patterns: Vec<String> = entries
-            .iter()
-            .filter_map(|entry| pattern_for(symbols, entry))
-            .collect();
-        let names: Vec<String> = entries.iter().map(|entry| entry.name.clone()).collect();
+        let mut patterns: Vec<String> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
+        for entry in entries {
+            // Two functions of one symbol name (glibc's versioned `memcpy`) are one pattern.
+            if let Some(pattern) = pattern_for(symbols, entry)
+                && !patterns.contains(&pattern)
+            {
+                patterns.push(pattern);
+            }
+            if !names.contains(&entry.name) {
+                names.push(entry.name.clone());
+            }
+        }
         if patterns.is_empty() {
             app.set_message("none of those functions is in the target any more");
             return;
@@ -197,9 +207,6 @@ impl Session {
     /// Takes the profile as it stands and writes it on a background thread, so the
     /// rings keep being drained while the file is written.
     fn save(&mut self, app: &mut App) {
-        let Some(pid) = self.pid else {
-            return;
-        };
         if self.saving.is_some() {
             app.set_message("still saving the previous profile; w again in a moment");
             return;
@@ -215,6 +222,26 @@ impl Session {
                 app.set_message("nothing recorded yet");
                 return;
             }
+        };
+        self.write_profile(profile, app);
+    }
+
+    /// Writes the sampled profile as it stands (`w` in the Sampled view).
+    fn save_sampled(&mut self, app: &mut App) {
+        if self.saving.is_some() {
+            app.set_message("still saving the previous profile; w again in a moment");
+            return;
+        }
+        match &self.sampling.profile {
+            Some(profile) => self.write_profile(profile.clone(), app),
+            None => app.set_message("nothing sampled yet"),
+        }
+    }
+
+    /// Writes `profile` to the first free `tendril-PID-TIME.json` here, in the background.
+    fn write_profile(&mut self, profile: crate::profile::Profile, app: &mut App) {
+        let Some(pid) = self.pid else {
+            return;
         };
         // The file is created here, at once, so the message names it.
         let (path, file) = match create_first_free(snapshot_paths(pid)) {

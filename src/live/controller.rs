@@ -59,7 +59,7 @@ pub fn event_loop(
                 expand_hottest_path = false;
             }
             if let Some(action) = app.handle_event(event) {
-                if matches!(action, Action::SetRoots(_)) {
+                if matches!(action, Action::SetRoots(_) | Action::RootFromSamples { .. }) {
                     expand_hottest_path = true;
                 }
                 if let Some(note) = session.progress_note(&action) {

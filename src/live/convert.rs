@@ -9,7 +9,7 @@ use crate::profile::{Node, Profile};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tendril_tui::{ProfileSnapshot, Status, ThreadSummary, TreeNode};
+use tendril_tui::{ProfileSnapshot, SamplingStatus, Status, ThreadSummary, TreeNode};
 
 /// Copies calling context trees into the UI's type, without recursion.
 pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
@@ -17,7 +17,8 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
         let mut copy = TreeNode::new(
             node.name.clone(),
             node.module.clone(),
-            node.calls,
+            // A sampled profile's count is its samples (at or below the node).
+            node.samples.unwrap_or(node.calls),
             node.total_ns as f64,
             node.self_ns as f64,
         );
@@ -80,7 +81,11 @@ pub fn snapshot_of(profile: &Profile, mut status: Status) -> ProfileSnapshot {
         .map(|thread| ThreadSummary {
             tid: thread.tid,
             name: thread.name.clone(),
-            calls: thread.roots.iter().map(|root| root.calls).sum(),
+            calls: thread
+                .roots
+                .iter()
+                .map(|root| root.samples.unwrap_or(root.calls))
+                .sum(),
             total_ns: thread.roots.iter().map(|root| root.total_ns as f64).sum(),
             roots: tree_nodes(&thread.roots),
         })
@@ -93,6 +98,32 @@ pub fn snapshot_of(profile: &Profile, mut status: Status) -> ProfileSnapshot {
         threads,
         status,
     }
+}
+
+/// The view-model of a sampled profile being taken (the Sampled view): `target` as the
+/// status bar names it, `threads` sampled now, `stopped` once sampling has ended.
+pub fn sampled_snapshot(
+    profile: &Profile,
+    target: &str,
+    threads: usize,
+    stopped: bool,
+) -> ProfileSnapshot {
+    let sampling = profile.sampling.as_ref().map(|info| SamplingStatus {
+        rate_hz: info.rate_hz,
+        clock: info.clock.clone(),
+        samples: info.samples,
+        lost_samples: info.lost_samples,
+        truncated_stacks: info.truncated_stacks,
+        threads,
+        stopped,
+    });
+    let status = Status {
+        target: target.to_string(),
+        elapsed: Duration::from_nanos(profile.duration_ns),
+        sampling: Some(sampling.unwrap_or_default()),
+        ..Status::default()
+    };
+    snapshot_of(profile, status)
 }
 
 /// The view-model of a saved profile (`tendril view`): the file is the target, the
@@ -115,7 +146,16 @@ pub fn saved_snapshot(profile: &Profile, path: &Path) -> ProfileSnapshot {
         events_per_second,
         ..Status::default()
     };
-    snapshot_of(profile, status)
+    match profile.sampling {
+        // A sampled profile (`tendril sample`, `w` in the Sampled view) is shown as one.
+        Some(_) => {
+            let mut snapshot =
+                sampled_snapshot(profile, &status.target, profile.threads.len(), true);
+            snapshot.status.elapsed = elapsed;
+            snapshot
+        }
+        None => snapshot_of(profile, status),
+    }
 }
 
 /// Events per second over about the last second, from samples of a growing count.
@@ -264,6 +304,40 @@ mod tests {
         assert_eq!(snapshot.status.elapsed, Duration::from_secs(2));
         assert_eq!(snapshot.status.events_per_second, 500.0);
         assert_eq!(snapshot.status.estimated_overhead_percent, 100.0);
+    }
+
+    #[test]
+    fn a_sampled_profile_shows_samples_as_its_counts() {
+        let mut root = Node::leaf("worker_main", "calltree", 0, 8_000_000, 0);
+        root.samples = Some(4);
+        let mut leaf = Node::leaf("compute", "calltree", 0, 8_000_000, 8_000_000);
+        leaf.samples = Some(4);
+        root.children.push(leaf);
+        let threads = vec![ThreadProfile {
+            tid: 7,
+            roots: vec![root.clone()],
+            ..ThreadProfile::default()
+        }];
+        let mut profile = profile(vec![root], threads);
+        profile.scheme = "sampled".into();
+        profile.sampling = Some(crate::profile::SamplingInfo {
+            clock: "cpu".into(),
+            rate_hz: 499,
+            samples: 4,
+            lost_samples: 0,
+            truncated_stacks: 1,
+            stack_bytes: 32768,
+        });
+        let live = sampled_snapshot(&profile, "pid 4242 calltree", 3, false);
+        let sampling = live.status.sampling.clone().expect("marked as sampled");
+        assert_eq!((sampling.samples, sampling.threads), (4, 3));
+        assert!(!sampling.stopped);
+        assert_eq!(live.merged[0].calls, 4);
+        assert_eq!(live.merged[0].children[0].calls, 4);
+        assert_eq!(live.threads[0].calls, 4);
+        let saved = saved_snapshot(&profile, Path::new("/tmp/sampled.json"));
+        assert!(saved.status.sampling.is_some_and(|s| s.stopped));
+        assert_eq!(saved.status.target, "sampled.json · pid 4242 calltree");
     }
 
     #[test]

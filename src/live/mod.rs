@@ -18,6 +18,8 @@ mod input;
 pub mod job;
 pub mod processes;
 pub mod roots;
+mod sampled;
+mod sampler_thread;
 pub mod save_path;
 pub mod session;
 mod stage;
@@ -149,9 +151,10 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
         )),
         Start::Attach { target, roots } if roots.is_empty() => {
             let mut session = Session::for_target(target);
-            session.load_symbols(session::WhenLoaded::ShowRootPicker)?;
+            session.load_symbols(session::WhenLoaded::ShowSampled)?;
             // The process picker, narrowed to this process, says what is happening
-            // until the root picker can open (reading the symbols takes a moment).
+            // until the Sampled view (or the root picker) can open (reading the symbols
+            // takes a moment).
             let entry =
                 processes::process_entry(target.pid as u32).unwrap_or_else(|| ProcessEntry {
                     pid: target.pid as u32,
@@ -161,7 +164,7 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
                 });
             let mut app = App::new(Screen::ProcessPicker(vec![entry]));
             app.set_message(format!(
-                "attaching to {}: reading its functions…",
+                "{}: reading its functions, then sampling it…",
                 session.target
             ));
             Ok((session, app))

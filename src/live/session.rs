@@ -14,6 +14,7 @@ use super::convert::{EventRate, snapshot_of, target_label};
 use super::job::{Job, JobState};
 use super::processes::list_processes;
 use super::roots::function_entries;
+use super::sampler_thread::Sampling;
 use super::stage::Recording;
 use crate::departure::{Departure, agent_departure};
 use crate::process::{self, TargetProcess};
@@ -54,6 +55,9 @@ pub(super) enum WhenLoaded {
     ShowRootPicker,
     /// Hand them to the root picker that asked for them.
     SetFunctions,
+    /// Start sampling the process: the Sampled view (after picking a process, or
+    /// `tendril attach` without a root).
+    ShowSampled,
 }
 
 /// Whether the event loop goes on.
@@ -75,6 +79,8 @@ pub struct Session {
     pub(super) when_loaded: WhenLoaded,
     pub(super) entries: Option<Vec<FunctionEntry>>,
     pub(super) recording: Recording,
+    /// Sampling from the outside, before a root is instrumented (`sampled.rs`).
+    pub(super) sampling: Sampling,
     /// Roots asked for while attaching, applied when the recorder is ready:
     /// (patterns, names).
     pub(super) pending_roots: Option<(Vec<String>, Vec<String>)>,
@@ -96,6 +102,7 @@ impl Session {
             when_loaded: WhenLoaded::Nothing,
             entries: None,
             recording,
+            sampling: Sampling::default(),
             pending_roots: None,
             rate: EventRate::default(),
             saving: None,
@@ -141,6 +148,7 @@ impl Session {
         self.when_loaded = WhenLoaded::Nothing;
         self.entries = None;
         self.pending_roots = None;
+        self.sampling = Sampling::default();
         self.target_gone = false;
     }
 
@@ -200,6 +208,7 @@ impl Session {
     /// fatal: the caller ends the UI (after [`Session::shutdown`]) and reports it.
     pub fn tick(&mut self, app: &mut App, now: Instant) -> anyhow::Result<()> {
         self.check_symbols(app)?;
+        self.check_sampling(app);
         self.check_start(app)?;
         self.check_busy(app);
         self.check_save(app);
@@ -229,8 +238,15 @@ impl Session {
                         ));
                     }
                     WhenLoaded::SetFunctions => app.set_functions(entries.clone()),
+                    WhenLoaded::ShowSampled => app.set_functions(entries.clone()),
                 }
                 self.entries = Some(entries);
+                if self.when_loaded == WhenLoaded::ShowSampled
+                    && let Symbols::Loaded(symbols) = &self.symbols
+                {
+                    let symbols = symbols.clone();
+                    self.start_sampling(&symbols, app);
+                }
                 return Ok(());
             }
             JobState::Done(Err(error)) => error.to_string(),
@@ -263,6 +279,8 @@ impl Session {
                     self.target
                 ));
                 self.recording = Recording::Live(Box::new(recorder));
+                // Its last tree stays, to compare with; hooks would only perturb it.
+                self.stop_sampling();
                 self.rate.clear();
                 self.refresh(app);
                 if let Some((patterns, names)) = self.pending_roots.take() {
@@ -290,6 +308,13 @@ impl Session {
         // process cannot be attached to) ends a session that was about this process.
         let about_the_roots = matches!(error, RecordError::Select(_) | RecordError::Refused { .. });
         match &self.entries {
+            // Sampled first: back to the samples, to choose another root or just browse
+            // (sampling needs no ptrace, so it may work where attaching does not).
+            Some(_) if app.has_sampled() => {
+                app.show_sampled();
+                app.set_message(format!("cannot profile that: {error}"));
+                Ok(())
+            }
             Some(entries) if about_the_roots || !self.errors_are_fatal => {
                 app.show_root_picker(entries.clone());
                 app.set_message(format!("cannot profile that: {error}"));
@@ -389,7 +414,9 @@ impl Session {
     ) {
         match finished {
             Ok(Finished { profile, refused }) => {
-                let mut snapshot = snapshot_of(&profile, self.ended_status(&profile));
+                let mut status = self.ended_status(&profile);
+                status.overlap = self.overlap_with_samples(&profile, true);
+                let mut snapshot = snapshot_of(&profile, status);
                 snapshot.status.detached = true;
                 app.update_snapshot(snapshot);
                 let message = if refused.is_empty() {
@@ -434,7 +461,7 @@ impl Session {
             return;
         };
         let profile = recorder.snapshot();
-        let status = Status {
+        let mut status = Status {
             target: self.target.clone(),
             roots: recorder.roots().to_vec(),
             elapsed: recorder.elapsed(),
@@ -442,6 +469,7 @@ impl Session {
             paused: !recorder.is_recording(),
             ..Status::default()
         };
+        status.overlap = self.overlap_with_samples(&profile, false);
         app.update_snapshot(snapshot_of(&profile, status));
     }
 

@@ -120,6 +120,17 @@ impl Sampler {
     pub fn start(pid: i32, options: SamplerOptions) -> Result<Sampler, SampleError> {
         check_target(pid)?;
         let symbols = ProcessSymbols::load(pid)?;
+        Sampler::start_with_symbols(pid, options, symbols)
+    }
+
+    /// As [`Sampler::start`], with the process's symbols already read (the live UI has
+    /// them for its root picker).
+    pub fn start_with_symbols(
+        pid: i32,
+        options: SamplerOptions,
+        symbols: ProcessSymbols,
+    ) -> Result<Sampler, SampleError> {
+        check_target(pid)?;
         let unwinder = StackUnwinder::for_process(pid)?;
         let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
             .map(|p| p.display().to_string())

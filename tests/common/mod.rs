@@ -15,6 +15,7 @@ mod fixture_build;
 mod recording;
 mod running;
 mod target;
+mod tmux;
 
 pub use code_check::code_bytes_match_file;
 pub use consistency::check_profile;
@@ -23,6 +24,7 @@ pub use fixture_build::{FIXTURE_NAMES, fixture};
 pub use recording::{Recorded, Recording, all_nodes, node_at};
 pub use running::RunningTendril;
 pub use target::{READY_TIMEOUT, Round, Target};
+pub use tmux::{EXIT_TIMEOUT, SCREEN_TIMEOUT, Tmux, calls_of, parse_count};
 
 use std::process::Command;
 

@@ -20,6 +20,12 @@ pub enum Action {
     /// Profile exactly these functions as roots, replacing the current ones. The UI has
     /// switched to the live view and waits for snapshots.
     SetRoots(Vec<FunctionEntry>),
+    /// Instrument the function a sampled node or hot spot names (Enter in the Sampled
+    /// view) as the only root, by its sampled name and module (`module+0xOFFSET` for
+    /// stripped code). The UI has switched to the live view; if the function cannot be
+    /// instrumented, the controller says why and may call
+    /// [`crate::App::show_sampled`] to go back.
+    RootFromSamples { name: String, module: String },
     /// Stop collecting events: the target's code is restored (it runs its own code
     /// again) and the roots are kept for [`Action::Resume`]; the data stays browsable.
     Pause,
@@ -29,6 +35,8 @@ pub enum Action {
     Reset,
     /// Write the current profile to a file and report where in the status message.
     Save,
+    /// Write the sampled profile (the Sampled view's tree) to a file, likewise.
+    SaveSampled,
     /// Keep the raw enter and exit events of the next second as a timeline (saved with
     /// the profile, for the chrome and speedscope exports).
     Trace,

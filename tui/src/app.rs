@@ -2,8 +2,13 @@
 //!
 //! The one idea: the controller owns the loop and the target; [`App`] owns only what is on
 //! screen. The controller feeds it data ([`App::update_snapshot`], [`App::set_processes`],
-//! [`App::show_root_picker`], [`App::set_message`]) and carries out the [`Action`]s that
-//! [`App::handle_event`] returns; everything else (browsing, filtering, help) stays here.
+//! [`App::show_root_picker`], [`App::update_sampled`], [`App::set_message`]) and carries
+//! out the [`Action`]s that [`App::handle_event`] returns; everything else (browsing,
+//! filtering, help) stays here.
+//!
+//! Two trees can be on hand: the sampled one (the Sampled view, built from the outside
+//! after a process is picked) and the instrumented one (the live view). Each has its own
+//! browsing state, so switching between them with `S` keeps each where it was.
 
 use ratatui::Frame;
 use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
@@ -12,7 +17,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use crate::action::Action;
-use crate::help::{self, KeyHelp, Needs};
+use crate::help::{self, Context, KeyHelp, Needs};
 use crate::live::LiveView;
 use crate::live_draw;
 use crate::model::{FunctionEntry, ProcessEntry, ProfileSnapshot};
@@ -30,6 +35,9 @@ pub enum Screen {
     RootPicker(Vec<FunctionEntry>),
     /// Profiling a live target (roots already chosen, e.g. on the command line).
     Live(ProfileSnapshot),
+    /// Sampling a target from the outside, before any root is instrumented (a sampled
+    /// snapshot: its status has `sampling`).
+    Sampled(ProfileSnapshot),
     /// Browsing a saved profile (`tendril view FILE`): no key acts on a target.
     ReadOnly(ProfileSnapshot),
 }
@@ -40,6 +48,8 @@ pub enum ScreenKind {
     ProcessPicker,
     RootPicker,
     Live,
+    /// The sampled tree: Enter instruments the selected function.
+    Sampled,
 }
 
 /// The terminal UI's state. See the crate documentation for the controller's loop.
@@ -53,6 +63,13 @@ pub struct App {
     root_picker: RootPicker,
     live: LiveView,
     snapshot: ProfileSnapshot,
+    /// The sampled tree and its browsing state (empty until sampling began).
+    sampled: ProfileSnapshot,
+    sampled_view: LiveView,
+    /// The sampled tree's hottest path was opened, or a key pressed there first.
+    sampled_opened: bool,
+    /// Where Esc in the root picker goes back to.
+    picker_from: Option<ScreenKind>,
     message: Option<String>,
     help_visible: bool,
 }
@@ -67,6 +84,10 @@ impl App {
             root_picker: RootPicker::default(),
             live: LiveView::default(),
             snapshot: ProfileSnapshot::default(),
+            sampled: ProfileSnapshot::default(),
+            sampled_view: LiveView::default(),
+            sampled_opened: false,
+            picker_from: None,
             message: None,
             help_visible: false,
         };
@@ -74,6 +95,10 @@ impl App {
             Screen::ProcessPicker(processes) => app.process_picker.set_processes(processes),
             Screen::RootPicker(functions) => app.show_root_picker(functions),
             Screen::Live(snapshot) => app.show_live(snapshot),
+            Screen::Sampled(snapshot) => {
+                app.update_sampled(snapshot);
+                app.show_sampled();
+            }
             Screen::ReadOnly(snapshot) => {
                 app.read_only = true;
                 app.show_live(snapshot);
@@ -124,6 +149,38 @@ impl App {
         self.live.data_changed();
     }
 
+    /// Replaces the sampled tree shown in the Sampled view; its expansion, selection and
+    /// scroll position are kept. The first tree with samples opens its hottest path, as
+    /// if `h` had been pressed, unless a key was pressed there first.
+    pub fn update_sampled(&mut self, snapshot: ProfileSnapshot) {
+        self.sampled = snapshot;
+        self.sampled_view.data_changed();
+        if !self.sampled_opened && !self.sampled.merged.is_empty() {
+            self.sampled_opened = true;
+            self.sampled_view.refresh(&self.sampled);
+            self.sampled_view
+                .tree
+                .expand_hottest_path(&self.sampled.merged);
+        }
+    }
+
+    /// The sampled tree (empty if nothing was sampled).
+    pub fn sampled(&self) -> &ProfileSnapshot {
+        &self.sampled
+    }
+
+    /// Whether there is a sampled tree to show.
+    pub fn has_sampled(&self) -> bool {
+        self.sampled.status.sampling.is_some()
+    }
+
+    /// Shows the Sampled view (e.g. when sampling begins, or back from an Enter whose
+    /// function cannot be instrumented).
+    pub fn show_sampled(&mut self) {
+        self.screen = ScreenKind::Sampled;
+        self.help_visible = false;
+    }
+
     /// Replaces the process picker's list (after [`Action::RefreshProcesses`]).
     pub fn set_processes(&mut self, processes: Vec<ProcessEntry>) {
         self.process_picker.set_processes(processes);
@@ -134,6 +191,11 @@ impl App {
         self.root_picker
             .set_functions(functions, &self.snapshot.status.roots);
         self.root_picker.open(&self.snapshot.status.roots);
+        self.open_root_picker_from(None);
+    }
+
+    fn open_root_picker_from(&mut self, from: Option<ScreenKind>) {
+        self.picker_from = from;
         self.screen = ScreenKind::RootPicker;
         self.help_visible = false;
     }
@@ -147,6 +209,10 @@ impl App {
         self.root_picker = RootPicker::default();
         self.live = LiveView::default();
         self.snapshot = ProfileSnapshot::default();
+        self.sampled = ProfileSnapshot::default();
+        self.sampled_view = LiveView::default();
+        self.sampled_opened = false;
+        self.picker_from = None;
         self.session_started = false;
         self.screen = ScreenKind::ProcessPicker;
         self.help_visible = false;
@@ -165,6 +231,14 @@ impl App {
 
     fn detached(&self) -> bool {
         self.snapshot.status.detached
+    }
+
+    fn context(&self) -> Context {
+        Context {
+            read_only: self.read_only,
+            detached: self.detached(),
+            sampled: self.has_sampled(),
+        }
     }
 
     /// Handles one terminal event; returns what the controller must do, if anything.
@@ -189,7 +263,8 @@ impl App {
                 key.code,
                 KeyCode::Char('1' | '2' | '3') | KeyCode::Tab | KeyCode::BackTab
             );
-            if !(view_key && self.screen == ScreenKind::Live) {
+            let browsing = matches!(self.screen, ScreenKind::Live | ScreenKind::Sampled);
+            if !(view_key && browsing) {
                 return None;
             }
         }
@@ -206,12 +281,17 @@ impl App {
             }
             ScreenKind::RootPicker => self.root_picker_key(key),
             ScreenKind::Live => self.live_key(key),
+            ScreenKind::Sampled => self.sampled_key(key),
         }
     }
 
     fn root_picker_key(&mut self, key: KeyEvent) -> Option<Action> {
         match self.root_picker.handle_key(key) {
             RootPickerOutcome::Stay => None,
+            RootPickerOutcome::Leave if self.picker_from == Some(ScreenKind::Sampled) => {
+                self.screen = ScreenKind::Sampled;
+                None
+            }
             RootPickerOutcome::Leave if self.session_started => {
                 self.screen = ScreenKind::Live;
                 None
@@ -232,11 +312,13 @@ impl App {
 
     /// Checks that a key needing `needs` is available; explains why not otherwise.
     fn allowed(&mut self, needs: Needs) -> bool {
-        if help::available(needs, self.read_only, self.detached()) {
+        if help::available(needs, self.context()) {
             return true;
         }
         let why = if self.read_only {
             "read-only: this is a saved profile, there is no target to act on"
+        } else if needs == Needs::Samples {
+            "no sampled tree in this session: sampling runs when a process is picked without a root"
         } else {
             "the target is detached: the data can be browsed and saved, nothing more"
         };
@@ -266,13 +348,10 @@ impl App {
             KeyCode::Char('t') if self.allowed(Needs::Target) => return Some(Action::Trace),
             KeyCode::Char('d') if self.allowed(Needs::Target) => return Some(Action::Detach),
             KeyCode::Char('r') if self.allowed(Needs::Target) => {
-                self.screen = ScreenKind::RootPicker;
-                if !self.root_picker.has_functions() {
-                    return Some(Action::LoadFunctions);
-                }
-                self.root_picker.open(&self.snapshot.status.roots);
+                return self.open_root_picker(ScreenKind::Live);
             }
-            KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r') => {}
+            KeyCode::Char('S') if self.allowed(Needs::Samples) => self.show_sampled(),
+            KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r' | 'S') => {}
             KeyCode::Esc => self.message = None,
             _ => {
                 self.live.handle_key(key, &self.snapshot);
@@ -281,11 +360,70 @@ impl App {
         None
     }
 
+    /// `r`: the root picker, asking for the functions first if it has none; Esc comes
+    /// back to `from`.
+    fn open_root_picker(&mut self, from: ScreenKind) -> Option<Action> {
+        self.open_root_picker_from(Some(from));
+        if !self.root_picker.has_functions() {
+            return Some(Action::LoadFunctions);
+        }
+        self.root_picker.open(&self.snapshot.status.roots);
+        None
+    }
+
+    fn sampled_key(&mut self, key: KeyEvent) -> Option<Action> {
+        if key
+            .modifiers
+            .intersects(KeyModifiers::CONTROL | KeyModifiers::ALT)
+        {
+            return None;
+        }
+        self.sampled_opened = true;
+        match key.code {
+            KeyCode::Char('q') => return Some(Action::Quit),
+            KeyCode::Char('?') => self.help_visible = true,
+            KeyCode::Char('r') if self.allowed(Needs::Target) => {
+                return self.open_root_picker(ScreenKind::Sampled);
+            }
+            KeyCode::Char('S') if self.snapshot.status.roots.is_empty() => self.set_message(
+                "nothing is instrumented yet: Enter instruments the selected function",
+            ),
+            KeyCode::Char('S') => self.screen = ScreenKind::Live,
+            KeyCode::Enter if self.sampled_view.tab != crate::live::LiveTab::Threads => {
+                if self.allowed(Needs::Target) {
+                    return self.instrument_selected();
+                }
+            }
+            KeyCode::Char('w') => return Some(Action::SaveSampled),
+            KeyCode::Char('r') => {}
+            KeyCode::Esc => self.message = None,
+            _ => {
+                self.sampled_view.handle_key(key, &self.sampled);
+            }
+        }
+        None
+    }
+
+    /// Enter in the Sampled view: the selected function becomes the root.
+    fn instrument_selected(&mut self) -> Option<Action> {
+        let (name, module) = self.sampled_view.selected_function(&self.sampled)?;
+        if name.starts_with('[') {
+            self.set_message(format!(
+                "{name} is not a function: choose one of its callers or callees"
+            ));
+            return None;
+        }
+        self.screen = ScreenKind::Live;
+        self.session_started = true;
+        Some(Action::RootFromSamples { name, module })
+    }
+
     fn keys(&self) -> &'static [KeyHelp] {
         match self.screen {
             ScreenKind::ProcessPicker => help::PROCESS_PICKER_KEYS,
             ScreenKind::RootPicker => help::ROOT_PICKER_KEYS,
             ScreenKind::Live => help::LIVE_KEYS,
+            ScreenKind::Sampled => help::SAMPLED_KEYS,
         }
     }
 
@@ -296,7 +434,7 @@ impl App {
             return;
         }
         let footer_height = u16::from(area.height >= 2);
-        let shows_status = self.screen == ScreenKind::Live
+        let shows_status = matches!(self.screen, ScreenKind::Live | ScreenKind::Sampled)
             || (self.screen == ScreenKind::RootPicker && self.session_started);
         let status_height = match area.height {
             _ if !shows_status => 0,
@@ -315,9 +453,20 @@ impl App {
                 live_draw::draw_tabs(&self.live, &self.snapshot, frame, tabs);
                 live_draw::draw_body(&mut self.live, &self.snapshot, self.read_only, frame, tree);
             }
+            ScreenKind::Sampled => {
+                let tabs_height = u16::from(body.height >= 3);
+                let (tabs, tree) = split_top(body, tabs_height);
+                live_draw::draw_tabs(&self.sampled_view, &self.sampled, frame, tabs);
+                live_draw::draw_body(&mut self.sampled_view, &self.sampled, false, frame, tree);
+            }
         }
         if status_height > 0 {
-            let lines = status_lines(&self.snapshot.status, self.read_only);
+            let shown_status = if self.screen == ScreenKind::Sampled {
+                &self.sampled.status
+            } else {
+                &self.snapshot.status
+            };
+            let lines = status_lines(shown_status, self.read_only);
             let shown: Vec<Line> = lines.into_iter().take(status_height as usize).collect();
             frame.render_widget(Paragraph::new(shown).style(theme::status_bar()), status);
         }
@@ -327,23 +476,19 @@ impl App {
                 // The message first; the most important hints that fit follow it.
                 Some(message) => {
                     let used = message.chars().count() + 3;
-                    let hints = help::hints(
-                        self.keys(),
-                        self.read_only,
-                        self.detached(),
-                        width.saturating_sub(used),
-                    );
+                    let hints =
+                        help::hints(self.keys(), self.context(), width.saturating_sub(used));
                     let mut spans = vec![Span::styled(format!(" {message} "), theme::strong())];
                     spans.push(theme::dim("│"));
                     spans.extend(hints.spans);
                     Line::from(spans)
                 }
-                None => help::hints(self.keys(), self.read_only, self.detached(), width),
+                None => help::hints(self.keys(), self.context(), width),
             };
             frame.render_widget(Paragraph::new(line), footer);
         }
         if self.help_visible {
-            help::draw_overlay(self.keys(), self.read_only, self.detached(), frame, area);
+            help::draw_overlay(self.keys(), self.context(), frame, area);
         }
     }
 }

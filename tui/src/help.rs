@@ -20,6 +20,19 @@ pub enum Needs {
     Target,
     /// Live data that can still be saved (not read-only).
     Session,
+    /// A sampled tree to show (the session began in the Sampled view).
+    Samples,
+}
+
+/// What the session has at the moment, which decides the keys available.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Context {
+    /// Browsing a saved profile.
+    pub read_only: bool,
+    /// The target is detached (or gone).
+    pub detached: bool,
+    /// There is a sampled tree.
+    pub sampled: bool,
 }
 
 /// One line of the key map.
@@ -150,6 +163,12 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
         None,
     ),
     key("m", "back to all threads merged", Needs::Nothing, None),
+    key(
+        "S",
+        "the sampled tree (taken before instrumenting), to compare",
+        Needs::Samples,
+        Some("S sampled"),
+    ),
     key("Esc", "clear the message line", Needs::Nothing, None),
     key(
         "p",
@@ -196,28 +215,96 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
     key("? F1", "this help", Needs::Nothing, Some("? help")),
 ];
 
+pub const SAMPLED_KEYS: &[KeyHelp] = &[
+    key(
+        "1 2 3 Tab Shift-Tab",
+        "call tree, hot spots, threads (sampled)",
+        Needs::Nothing,
+        Some("1-3 views"),
+    ),
+    key("↑↓ jk PgUp PgDn Home End", "move", Needs::Nothing, None),
+    key(
+        "→ ←",
+        "expand / collapse (or step to child / parent)",
+        Needs::Nothing,
+        None,
+    ),
+    key(
+        "Enter",
+        "instrument this function: make it the root and watch it live (threads: show its tree)",
+        Needs::Target,
+        Some("Enter instrument"),
+    ),
+    key(
+        "s",
+        "sort the tree by total, self or samples",
+        Needs::Nothing,
+        Some("s sort"),
+    ),
+    key(
+        "h",
+        "expand the hottest path below the selected node",
+        Needs::Nothing,
+        Some("h hottest"),
+    ),
+    key(
+        "c",
+        "collapse everything below the roots",
+        Needs::Nothing,
+        None,
+    ),
+    key("m", "back to all threads merged", Needs::Nothing, None),
+    key(
+        "r",
+        "choose a root by typing its name (the root picker)",
+        Needs::Target,
+        Some("r roots"),
+    ),
+    key(
+        "w",
+        "save the sampled profile to a file (tendril report, compare, view read it)",
+        Needs::Nothing,
+        Some("w save"),
+    ),
+    key(
+        "S",
+        "the instrumented tree, once a root is instrumented",
+        Needs::Nothing,
+        Some("S instrumented"),
+    ),
+    key("Esc", "clear the message line", Needs::Nothing, None),
+    key(
+        "q Ctrl-C",
+        "quit (detaches first if a root is instrumented)",
+        Needs::Nothing,
+        Some("q quit"),
+    ),
+    key("? F1", "this help", Needs::Nothing, Some("? help")),
+];
+
 /// Whether a key is available given the session's state.
-pub fn available(needs: Needs, read_only: bool, detached: bool) -> bool {
+pub fn available(needs: Needs, context: Context) -> bool {
     match needs {
         Needs::Nothing => true,
-        Needs::Target => !read_only && !detached,
-        Needs::Session => !read_only,
+        Needs::Target => !context.read_only && !context.detached,
+        Needs::Session => !context.read_only,
+        Needs::Samples => context.sampled,
     }
 }
 
 /// The footer's hints, most important first: by the key each starts with. A narrow
 /// footer drops the least important ones; the rest keep the table's order.
 const HINT_IMPORTANCE: &[&str] = &[
-    "?", "F1", "q", "Ctrl-C", "Enter", "type", "p", "r", "w", "d", "1-3", "Tab", "Esc", "s", "h",
-    "Ctrl-R", "X",
+    "?", "F1", "q", "Ctrl-C", "Enter", "type", "S", "p", "r", "w", "d", "1-3", "Tab", "Esc", "s",
+    "h", "Ctrl-R", "X",
 ];
 
 /// The footer's key hints for `keys` that fit in `width` columns (the most important
 /// ones, see [`HINT_IMPORTANCE`]).
-pub fn hints(keys: &[KeyHelp], read_only: bool, detached: bool, width: usize) -> Line<'static> {
+pub fn hints(keys: &[KeyHelp], context: Context, width: usize) -> Line<'static> {
     let shown: Vec<&str> = keys
         .iter()
-        .filter(|help| available(help.needs, read_only, detached))
+        .filter(|help| available(help.needs, context))
         .filter_map(|help| help.hint)
         .collect();
     let importance = |hint: &str| {
@@ -249,16 +336,10 @@ pub fn hints(keys: &[KeyHelp], read_only: bool, detached: bool, width: usize) ->
 }
 
 /// Draws the help overlay for `keys`, centred over `area`.
-pub fn draw_overlay(
-    keys: &[KeyHelp],
-    read_only: bool,
-    detached: bool,
-    frame: &mut Frame,
-    area: Rect,
-) {
+pub fn draw_overlay(keys: &[KeyHelp], context: Context, frame: &mut Frame, area: Rect) {
     let shown: Vec<&KeyHelp> = keys
         .iter()
-        .filter(|help| available(help.needs, read_only, detached))
+        .filter(|help| available(help.needs, context))
         .collect();
     let key_width = shown
         .iter()
@@ -274,11 +355,11 @@ pub fn draw_overlay(
             ])
         })
         .collect();
-    if read_only {
+    if context.read_only {
         lines.push(theme::dim_line(
             " read-only: keys that need a live target are hidden",
         ));
-    } else if detached {
+    } else if context.detached {
         lines.push(theme::dim_line(
             " detached: keys that need the target are hidden",
         ));

@@ -3,7 +3,9 @@
 //! The one idea: a function's self time adds up across contexts, but its total time must be
 //! counted only at the outermost occurrence on each path, or recursion would count the same
 //! nanoseconds once per level. The walk is iterative, and it runs only when the hot spots
-//! view is shown and the data changed, never once per frame.
+//! view is shown and the data changed, never once per frame. In a sampled tree a node's
+//! count is its samples at or below it, an inclusive figure like total time, so it too
+//! is counted only at the outermost occurrence.
 
 use std::collections::HashMap;
 
@@ -24,7 +26,9 @@ pub struct HotSpot {
 }
 
 /// Sums `roots` per (name, module), sorted by self time (descending, then by name).
-pub fn aggregate(roots: &[TreeNode]) -> Vec<HotSpot> {
+/// `inclusive_counts`: the nodes' `calls` are samples at or below them (a sampled tree),
+/// counted once per path like total time.
+pub fn aggregate(roots: &[TreeNode], inclusive_counts: bool) -> Vec<HotSpot> {
     enum Step<'a> {
         Enter(&'a TreeNode),
         Leave((&'a str, &'a str)),
@@ -44,12 +48,14 @@ pub fn aggregate(roots: &[TreeNode]) -> Vec<HotSpot> {
                     below_resolution: true,
                     total_ns: 0.0,
                 });
-                spot.calls += node.calls;
                 spot.self_ns += node.self_ns;
                 spot.below_resolution &= node.below_resolution;
                 let active = active_on_path.entry(key).or_insert(0);
                 if *active == 0 {
                     spot.total_ns += node.total_ns;
+                }
+                if *active == 0 || !inclusive_counts {
+                    spot.calls += node.calls;
                 }
                 *active += 1;
                 steps.push(Step::Leave(key));
@@ -94,7 +100,8 @@ impl HotSpotsView {
     }
 
     /// Recomputes from `roots` if the data changed; keeps the selected function selected.
-    pub fn refresh(&mut self, roots: &[TreeNode]) {
+    /// `inclusive_counts` as for [`aggregate`].
+    pub fn refresh(&mut self, roots: &[TreeNode], inclusive_counts: bool) {
         if !self.stale {
             return;
         }
@@ -103,7 +110,7 @@ impl HotSpotsView {
             .spots
             .get(self.cursor.selected())
             .map(|spot| (spot.name.clone(), spot.module.clone()));
-        self.spots = aggregate(roots);
+        self.spots = aggregate(roots, inclusive_counts);
         let row = selected.and_then(|(name, module)| {
             self.spots
                 .iter()
@@ -129,12 +136,18 @@ mod tests {
         let chain = TreeNode::new("fib", "m", 1, 30.0, 10.0)
             .with_children([TreeNode::new("fib", "m", 1, 20.0, 10.0)
                 .with_children([TreeNode::new("fib", "m", 1, 10.0, 10.0)])]);
-        let spots = aggregate(&[chain]);
+        let spots = aggregate(&[chain], false);
         assert_eq!(spots.len(), 1);
         assert_eq!(
             (spots[0].calls, spots[0].self_ns, spots[0].total_ns),
             (3, 30.0, 30.0)
         );
+        // Sampled: 3 samples at or below the outermost fib are its 3 samples, not 3+2+1.
+        let sampled = TreeNode::new("fib", "m", 3, 30.0, 10.0)
+            .with_children([TreeNode::new("fib", "m", 2, 20.0, 10.0)
+                .with_children([TreeNode::new("fib", "m", 1, 10.0, 10.0)])]);
+        let spots = aggregate(&[sampled], true);
+        assert_eq!((spots[0].calls, spots[0].total_ns), (3, 30.0));
     }
 
     #[test]
@@ -143,7 +156,7 @@ mod tests {
             TreeNode::new("init", "liba.so", 1, 4.0, 4.0),
             TreeNode::new("init", "libb.so", 1, 4.0, 4.0),
         ]);
-        let spots = aggregate(&[root]);
+        let spots = aggregate(&[root], false);
         assert_eq!(spots.len(), 3);
     }
 }

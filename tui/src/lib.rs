@@ -56,7 +56,9 @@ mod tree_view;
 pub use action::Action;
 pub use app::{App, Screen, ScreenKind};
 pub use live::{LiveTab, TreeSource};
-pub use model::{FunctionEntry, ProcessEntry, ProfileSnapshot, Status, ThreadSummary, TreeNode};
+pub use model::{
+    FunctionEntry, ProcessEntry, ProfileSnapshot, SamplingStatus, Status, ThreadSummary, TreeNode,
+};
 pub use terminal::{CrosstermTerminal, TerminalGuard};
 pub use top::{TopAction, TopRow, TopSnapshot, TopSort, TopView};
 pub use tree_view::SortKey;

@@ -109,7 +109,9 @@ impl LiveView {
         let roots = source_roots(snapshot, self.source);
         match self.tab {
             LiveTab::CallTree => self.tree.refresh(roots),
-            LiveTab::HotSpots => self.hot_spots.refresh(roots),
+            LiveTab::HotSpots => self
+                .hot_spots
+                .refresh(roots, snapshot.status.sampling.is_some()),
             LiveTab::Threads => {}
         }
     }
@@ -139,6 +141,23 @@ impl LiveView {
         }
         self.refresh(snapshot);
         true
+    }
+
+    /// The function (name, module) selected in the call tree or the hot spots, if any.
+    pub fn selected_function(&mut self, snapshot: &ProfileSnapshot) -> Option<(String, String)> {
+        self.refresh(snapshot);
+        match self.tab {
+            LiveTab::CallTree => self
+                .tree
+                .selected_row()
+                .map(|row| (row.name.clone(), row.module.clone())),
+            LiveTab::HotSpots => self
+                .hot_spots
+                .spots()
+                .get(self.hot_spots.cursor.selected())
+                .map(|spot| (spot.name.clone(), spot.module.clone())),
+            LiveTab::Threads => None,
+        }
     }
 
     fn tree_key(&mut self, code: KeyCode, snapshot: &ProfileSnapshot) -> bool {

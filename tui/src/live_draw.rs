@@ -2,6 +2,8 @@
 //!
 //! The one idea: each table draws only the rows inside its scroll window, from rows that
 //! were derived once per snapshot, so a frame costs the same for 100 or 100,000 nodes.
+//! A sampled snapshot (the Sampled view) is drawn the same way, with samples where an
+//! instrumented one has calls.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -44,9 +46,19 @@ pub fn draw_tabs(live: &LiveView, snapshot: &ProfileSnapshot, frame: &mut Frame,
             _ => format!("thread {tid}"),
         },
     };
-    spans.push(theme::dim(format!("  {source}")));
+    let sampled = snapshot.status.sampling.is_some();
+    if sampled {
+        spans.push(Span::styled("  SAMPLED", theme::strong()));
+        spans.push(theme::dim(format!(" · {source}")));
+    } else {
+        spans.push(theme::dim(format!("  {source}")));
+    }
     if live.tab == LiveTab::CallTree {
-        spans.push(theme::dim(format!(" · sort: {}", live.tree.sort().label())));
+        let sort = match live.tree.sort() {
+            SortKey::Calls if sampled => "samples",
+            other => other.label(),
+        };
+        spans.push(theme::dim(format!(" · sort: {sort}")));
     }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
 }
@@ -62,7 +74,7 @@ pub fn draw_body(
     live.refresh(snapshot);
     let lines = match live.tab {
         LiveTab::CallTree => tree_lines(live, snapshot, read_only, area),
-        LiveTab::HotSpots => hot_spot_lines(live, area),
+        LiveTab::HotSpots => hot_spot_lines(live, snapshot, area),
         LiveTab::Threads => thread_lines(live, snapshot, area),
     };
     frame.render_widget(Paragraph::new(lines), area);
@@ -73,19 +85,28 @@ fn body_height(area: Rect) -> Option<usize> {
     (area.height >= 2).then(|| area.height as usize - 1)
 }
 
-fn tree_columns(sort: SortKey) -> [ColumnSpec; 7] {
+/// The count column's title: samples in a sampled tree, calls otherwise.
+fn count_title(snapshot: &ProfileSnapshot) -> &'static str {
+    if snapshot.status.sampling.is_some() {
+        "SAMPLES"
+    } else {
+        "CALLS"
+    }
+}
+
+fn tree_columns(sort: SortKey, sampled: bool) -> [ColumnSpec; 7] {
     let marked = |key: SortKey, plain: &'static str, with_mark: &'static str| {
         if sort == key { with_mark } else { plain }
+    };
+    let counts = if sampled {
+        marked(SortKey::Calls, "SAMPLES", "SAMPLES▾")
+    } else {
+        marked(SortKey::Calls, "CALLS", "CALLS▾")
     };
     [
         ColumnSpec::flexible("FUNCTION"),
         ColumnSpec::new("MODULE", 16, Align::Left, 30).styled(dim()),
-        ColumnSpec::new(
-            marked(SortKey::Calls, "CALLS", "CALLS▾"),
-            9,
-            Align::Right,
-            10,
-        ),
+        ColumnSpec::new(counts, 9, Align::Right, 10),
         ColumnSpec::new(
             marked(SortKey::Total, "TOTAL ms", "TOTAL ms▾"),
             10,
@@ -130,7 +151,11 @@ fn tree_lines(
     let Some(height) = body_height(area) else {
         return Vec::new();
     };
-    let layout = ColumnLayout::plan(area.width as usize, &tree_columns(live.tree.sort()));
+    let sampled = snapshot.status.sampling.is_some();
+    let layout = ColumnLayout::plan(
+        area.width as usize,
+        &tree_columns(live.tree.sort(), sampled),
+    );
     let mut lines = vec![layout.header(theme::header())];
     let tree = &mut live.tree;
     let total = tree.roots_total_ns();
@@ -156,10 +181,12 @@ fn tree_lines(
         lines.push(line);
     }
     if tree.rows().is_empty() {
-        let empty = if source_roots(snapshot, live.source).is_empty()
+        let waiting = source_roots(snapshot, live.source).is_empty()
             && !read_only
-            && !snapshot.status.detached
-        {
+            && !snapshot.status.detached;
+        let empty = if waiting && sampled {
+            "  no samples yet: a sample comes from a thread using the CPU (r picks a root by name)"
+        } else if waiting {
             "  no calls yet: waiting for a root function to run"
         } else {
             "  no calls recorded"
@@ -169,7 +196,11 @@ fn tree_lines(
     lines
 }
 
-fn hot_spot_lines(live: &mut LiveView, area: Rect) -> Vec<Line<'static>> {
+fn hot_spot_lines(
+    live: &mut LiveView,
+    snapshot: &ProfileSnapshot,
+    area: Rect,
+) -> Vec<Line<'static>> {
     let Some(height) = body_height(area) else {
         return Vec::new();
     };
@@ -185,6 +216,10 @@ fn hot_spot_lines(live: &mut LiveView, area: Rect) -> Vec<Line<'static>> {
     let columns = COLUMNS.map(|spec| match spec.title {
         "MODULE" => spec.styled(dim()),
         "" => spec.styled(theme::bar()),
+        "CALLS" => ColumnSpec {
+            title: count_title(snapshot),
+            ..spec
+        },
         _ => spec,
     });
     let layout = ColumnLayout::plan(area.width as usize, &columns);
@@ -212,7 +247,11 @@ fn hot_spot_lines(live: &mut LiveView, area: Rect) -> Vec<Line<'static>> {
         lines.push(line);
     }
     if len == 0 {
-        lines.push(theme::dim_line("  no calls recorded"));
+        lines.push(theme::dim_line(if snapshot.status.sampling.is_some() {
+            "  no samples yet"
+        } else {
+            "  no calls recorded"
+        }));
     }
     lines
 }
@@ -230,12 +269,13 @@ fn thread_lines(live: &mut LiveView, snapshot: &ProfileSnapshot, area: Rect) -> 
         ColumnSpec::new("%", 6, Align::Right, 12),
         ColumnSpec::new("", BAR_WIDTH, Align::Left, 30),
     ];
-    let columns = COLUMNS.map(|spec| {
-        if spec.title.is_empty() {
-            spec.styled(theme::bar())
-        } else {
-            spec
-        }
+    let columns = COLUMNS.map(|spec| match spec.title {
+        "" => spec.styled(theme::bar()),
+        "CALLS" => ColumnSpec {
+            title: count_title(snapshot),
+            ..spec
+        },
+        _ => spec,
     });
     let layout = ColumnLayout::plan(area.width as usize, &columns);
     let mut lines = vec![layout.header(theme::header())];
@@ -262,7 +302,11 @@ fn thread_lines(live: &mut LiveView, snapshot: &ProfileSnapshot, area: Rect) -> 
         lines.push(line);
     }
     if snapshot.threads.is_empty() {
-        lines.push(theme::dim_line("  no thread has entered a root yet"));
+        lines.push(theme::dim_line(if snapshot.status.sampling.is_some() {
+            "  no thread sampled yet"
+        } else {
+            "  no thread has entered a root yet"
+        }));
     }
     lines
 }

@@ -215,6 +215,32 @@ pub struct Status {
     pub message: Option<String>,
     /// The target was detached: the data stays browsable, nothing more is collected.
     pub detached: bool,
+    /// A sampled snapshot (the Sampled view): how the samples are taken. Its nodes'
+    /// `calls` are then samples (at or below the node), and the times are estimates.
+    pub sampling: Option<SamplingStatus>,
+    /// The instrumented tree's overlap with the sampled tree below the same roots (0 to
+    /// 1: Σ over call paths of the smaller self share), when there is a sampled tree
+    /// with samples below them.
+    pub overlap: Option<f64>,
+}
+
+/// How the samples of a sampled snapshot are taken (nothing is loaded into the target).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SamplingStatus {
+    /// Samples per second of each thread's CPU time.
+    pub rate_hz: u64,
+    /// `cpu` or `wall`.
+    pub clock: String,
+    pub samples: u64,
+    /// Samples the kernel dropped (its buffer was full).
+    pub lost_samples: u64,
+    /// Stacks that could not be walked to their outermost frame.
+    pub truncated_stacks: u64,
+    /// Threads sampled right now.
+    pub threads: usize,
+    /// Sampling has stopped (a root is instrumented now, or the target exited): the
+    /// tree stays as it was then.
+    pub stopped: bool,
 }
 
 /// Everything the live view shows at one moment.

@@ -3,12 +3,14 @@
 //!
 //! The one idea: the most important facts come first on each line (state, target, roots;
 //! rate and counters), so truncation at the right edge on a narrow screen loses the least.
+//! A sampled snapshot (the Sampled view) has lines of its own: how it is sampled, and
+//! that nothing is loaded into the target.
 
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 
 use crate::format::{compact, count, elapsed, percent};
-use crate::model::Status;
+use crate::model::{SamplingStatus, Status};
 use crate::theme;
 
 const SEPARATOR: &str = " │ ";
@@ -28,21 +30,33 @@ pub fn state_label(status: &Status, read_only: bool) -> (&'static str, Style) {
 
 /// The two status lines: session, then counters.
 pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
+    if let Some(sampling) = &status.sampling {
+        return sampled_lines(status, sampling, read_only);
+    }
     let (state, state_style) = state_label(status, read_only);
     let roots = if status.roots.is_empty() {
         "no root yet".to_string()
     } else {
         format!("root: {}", status.roots.join(", "))
     };
-    let session = Line::from(vec![
+    let mut session = Line::from(vec![
         Span::styled(format!(" {state}"), state_style),
         Span::raw(SEPARATOR),
         Span::raw(status.target.clone()),
         Span::raw(SEPARATOR),
         Span::raw(elapsed(status.elapsed)),
         Span::raw(SEPARATOR),
-        Span::raw(roots),
     ]);
+    // Before the roots, which may be long: the agreement with the sampled tree.
+    if let Some(overlap) = status.overlap {
+        session.spans.push(Span::styled(
+            format!("overlap {overlap:.3}"),
+            theme::strong(),
+        ));
+        session.spans.push(theme::dim(" with sampled"));
+        session.spans.push(Span::raw(SEPARATOR));
+    }
+    session.spans.push(Span::raw(roots));
     let lost_style = if status.lost_events > 0 {
         theme::error()
     } else {
@@ -70,6 +84,64 @@ pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
             "~{} overhead",
             percent(status.estimated_overhead_percent)
         )),
+    ]);
+    [session, counters]
+}
+
+/// The Sampled view's two lines: what is sampled and how, then its counters.
+fn sampled_lines(
+    status: &Status,
+    sampling: &SamplingStatus,
+    read_only: bool,
+) -> [Line<'static>; 2] {
+    let (state, state_style) = if read_only {
+        ("READ-ONLY", theme::strong())
+    } else if sampling.stopped {
+        ("SAMPLED", theme::warning())
+    } else {
+        ("SAMPLING", theme::good())
+    };
+    let session = Line::from(vec![
+        Span::styled(format!(" {state}"), state_style),
+        Span::raw(SEPARATOR),
+        Span::raw(status.target.clone()),
+        Span::raw(SEPARATOR),
+        Span::raw(elapsed(status.elapsed)),
+        Span::raw(SEPARATOR),
+        Span::raw(format!(
+            "{} Hz {} clock: {} samples",
+            sampling.rate_hz,
+            sampling.clock,
+            count(sampling.samples)
+        )),
+    ]);
+    let lost_style = if sampling.lost_samples > 0 {
+        theme::error()
+    } else {
+        Style::new()
+    };
+    let what = if read_only {
+        "a saved sampled profile"
+    } else if sampling.stopped {
+        "sampling stopped: the tree stays as it was"
+    } else {
+        "nothing loaded into the target"
+    };
+    let counters = Line::from(vec![
+        Span::raw(format!(
+            " {} thread{}",
+            count(sampling.threads as u64),
+            if sampling.threads == 1 { "" } else { "s" }
+        )),
+        Span::raw(SEPARATOR),
+        Span::styled(format!("{} lost", count(sampling.lost_samples)), lost_style),
+        Span::raw(SEPARATOR),
+        Span::raw(format!(
+            "{} stacks truncated",
+            count(sampling.truncated_stacks)
+        )),
+        Span::raw(SEPARATOR),
+        Span::raw(what),
     ]);
     [session, counters]
 }

@@ -64,6 +64,8 @@ pub fn status() -> Status {
         paused: false,
         message: None,
         detached: false,
+        sampling: None,
+        overlap: None,
     }
 }
 

@@ -1,0 +1,218 @@
+//! The session's Sampled view: sampling starts once a process is picked (no root given),
+//! Enter on a sampled function instruments it, and the instrumented tree is compared
+//! with the sampled one below the same roots.
+//!
+//! The one idea: sampling loads nothing into the target, so it runs from the moment
+//! the target's functions are known until a root is instrumented; then it stops, and
+//! its last tree stays — the picture of the program before any hook went in — for the
+//! `S` key and for the overlap the live view shows (`profile::overlap`, as `compare`
+//! computes it). Where perf events are refused, the root picker opens as before, with
+//! the reason in one line.
+
+use super::roots::function_entries;
+use super::sampler_thread::{SampledTree, Sampling, SamplingJob, SamplingUpdate};
+use super::session::{Session, Symbols, WhenLoaded};
+use super::stage::Recording;
+use crate::profile::Profile;
+use crate::profile::overlap::{PathWeights, agreement, path_weights, root_names};
+use crate::symbols::ProcessSymbols;
+use std::time::{Duration, Instant};
+use tendril_tui::{App, FunctionEntry};
+
+/// How often the overlap with the sampled tree is computed again while recording (it
+/// walks the whole instrumented tree).
+const OVERLAP_INTERVAL: Duration = Duration::from_secs(1);
+
+impl Session {
+    /// Starts sampling the chosen process with its `symbols`; the Sampled view opens
+    /// with the first tree. If no thread can be had, the root picker opens instead.
+    pub(super) fn start_sampling(&mut self, symbols: &ProcessSymbols, app: &mut App) {
+        let Some(pid) = self.pid else {
+            return;
+        };
+        match SamplingJob::start(pid, symbols.clone(), self.target.clone()) {
+            Ok(job) => {
+                self.sampling = Sampling {
+                    job: Some(job),
+                    ..Sampling::default()
+                };
+                app.set_message(format!("{}: starting to sample…", self.target));
+            }
+            Err(error) => self.sampling_refused(format!("cannot sample: {error}"), app),
+        }
+    }
+
+    /// Picks up the sampler's updates: the newest tree for the Sampled view, and
+    /// failures (before the first tree: the root picker opens with the reason).
+    pub(super) fn check_sampling(&mut self, app: &mut App) {
+        let Some(job) = &self.sampling.job else {
+            return;
+        };
+        let Some(updates) = job.take_updates() else {
+            self.sampling.job = None;
+            return;
+        };
+        for update in updates {
+            match update {
+                SamplingUpdate::Tree(tree) => self.show_sampled_tree(*tree, app),
+                SamplingUpdate::Failed(why) if self.sampling.profile.is_none() => {
+                    self.sampling.job = None;
+                    self.sampling_refused(why, app);
+                }
+                SamplingUpdate::Failed(why) => app.set_message(why),
+            }
+        }
+    }
+
+    fn show_sampled_tree(&mut self, tree: SampledTree, app: &mut App) {
+        let first = self.sampling.profile.is_none();
+        app.update_sampled(tree.snapshot);
+        self.sampling.profile = Some(tree.profile);
+        self.sampling.weights = None;
+        if tree.last {
+            self.sampling.job = None;
+        }
+        if first {
+            app.show_sampled();
+            app.set_message(format!(
+                "sampling {}: Enter instruments the selected function, r picks one by name",
+                self.target
+            ));
+        } else if tree.target_exited && app.screen() == tendril_tui::ScreenKind::Sampled {
+            app.set_message(format!("{} exited; sampling stopped", self.target));
+        }
+    }
+
+    /// Sampling is not possible: the root picker, as without sampling, says why.
+    fn sampling_refused(&mut self, why: String, app: &mut App) {
+        match &self.entries {
+            Some(entries) => {
+                app.show_root_picker(entries.clone());
+                app.set_message(format!("{why} — choose a root by name instead"));
+            }
+            None => {
+                // The functions are still being read: the picker opens when they are.
+                self.when_loaded = WhenLoaded::ShowRootPicker;
+                app.set_message(why);
+            }
+        }
+    }
+
+    /// Stops sampling (a root is instrumented now); its last tree stays.
+    pub(super) fn stop_sampling(&self) {
+        if let Some(job) = &self.sampling.job {
+            job.stop();
+        }
+    }
+
+    /// Enter on a sampled function: instrument it as the only root. A name that no
+    /// function of the target has (an address in stripped code no unwind entry covers)
+    /// is refused with the reason, back in the Sampled view.
+    pub(super) fn root_from_samples(&mut self, name: &str, module: &str, app: &mut App) {
+        let symbols = match (&self.recording, &self.symbols) {
+            (Recording::Live(recorder), _) => recorder.symbols(),
+            (_, Symbols::Loaded(symbols)) => symbols,
+            _ => {
+                app.show_sampled();
+                app.set_message("the target's functions are not loaded yet; try again");
+                return;
+            }
+        };
+        let entries = sampled_function(symbols, name, module);
+        if entries.is_empty() {
+            app.show_sampled();
+            app.set_message(cannot_instrument(name, module));
+            return;
+        }
+        self.set_roots(&entries, app);
+    }
+
+    /// The overlap of the instrumented `profile` with the sampled tree below the same
+    /// roots, recomputed at most once a [`OVERLAP_INTERVAL`] unless `now_please`.
+    pub(super) fn overlap_with_samples(
+        &mut self,
+        profile: &Profile,
+        now_please: bool,
+    ) -> Option<f64> {
+        let sampled = self.sampling.profile.as_ref()?;
+        let now = Instant::now();
+        if !now_please && self.sampling.next_overlap.is_some_and(|next| now < next) {
+            return self.sampling.overlap;
+        }
+        self.sampling.next_overlap = Some(now + OVERLAP_INTERVAL);
+        let roots = root_names(profile);
+        if roots.is_empty() {
+            self.sampling.overlap = None;
+            return None;
+        }
+        if self
+            .sampling
+            .weights
+            .as_ref()
+            .is_none_or(|(for_roots, _)| *for_roots != roots)
+        {
+            self.sampling.weights = Some((roots.clone(), path_weights(sampled, &roots)));
+        }
+        let sampled_weights = &self.sampling.weights.as_ref()?.1;
+        let instrumented = path_weights(profile, &roots);
+        let has_time = |weights: &PathWeights| weights.values().any(|w| w.total_share > 0.0);
+        self.sampling.overlap = (has_time(sampled_weights) && has_time(&instrumented))
+            .then(|| agreement(sampled_weights, &instrumented).overlap);
+        self.sampling.overlap
+    }
+}
+
+/// The target's functions a sampled frame names (several only for a symbol name two
+/// functions of one module share), as the root picker would hand them over.
+fn sampled_function(symbols: &ProcessSymbols, name: &str, module: &str) -> Vec<FunctionEntry> {
+    function_entries(symbols)
+        .into_iter()
+        .filter(|entry| entry.name == name && entry.module == module)
+        .collect()
+}
+
+/// Why a sampled name cannot be instrumented.
+fn cannot_instrument(name: &str, module: &str) -> String {
+    if name.starts_with(&format!("{module}+0x")) {
+        format!(
+            "{name} cannot be instrumented: it is an address in stripped code that no \
+             symbol or unwind entry covers, so where its function starts is unknown — \
+             Enter on a caller, or r to pick a root by name"
+        )
+    } else {
+        format!(
+            "{name} ({module}) is not among the target's functions (loaded since its \
+             functions were read?) — r picks a root by name"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own_symbols() -> ProcessSymbols {
+        ProcessSymbols::load(std::process::id() as i32).expect("symbols of the test process")
+    }
+
+    #[test]
+    fn a_sampled_name_finds_its_function_and_an_uncovered_address_is_refused() {
+        let symbols = own_symbols();
+        let libc = symbols
+            .functions()
+            .iter()
+            .find(|f| f.name == "malloc" && f.module.starts_with("libc"))
+            .expect("malloc in libc")
+            .module
+            .clone();
+        let entries = sampled_function(&symbols, "malloc", &libc);
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert_eq!(entries[0].name, "malloc");
+        let uncovered = format!("{libc}+0x1");
+        assert!(sampled_function(&symbols, &uncovered, &libc).is_empty());
+        assert!(cannot_instrument(&uncovered, &libc).contains("stripped code"));
+        assert!(
+            cannot_instrument("gone", "libgone.so").contains("not among the target's functions")
+        );
+    }
+}
