@@ -148,6 +148,10 @@ enum Command {
         /// Only this thread's tree (thread ids are in the JSON and the live view).
         #[arg(long, value_name = "TID")]
         thread: Option<u32>,
+        /// Which time to show: wall-clock (waiting included) or on-CPU (the time the
+        /// thread ran). pprof carries both and opens on this one.
+        #[arg(long, value_enum, default_value_t = ClockArg::Wall)]
+        clock: ClockArg,
     },
     /// Compare two profiles: each call path's change in total and self time, largest
     /// change first.
@@ -265,6 +269,24 @@ struct ProfileArgs {
         value_parser = tendril::commands::duration::parse_seconds
     )]
     trace: Option<Duration>,
+}
+
+/// `report --clock`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ClockArg {
+    /// Wall-clock time: waiting in a system call, on a lock or for a CPU included.
+    Wall,
+    /// On-CPU time: the time the thread ran.
+    Cpu,
+}
+
+impl From<ClockArg> for tendril::profile::Clock {
+    fn from(clock: ClockArg) -> Self {
+        match clock {
+            ClockArg::Wall => tendril::profile::Clock::Wall,
+            ClockArg::Cpu => tendril::profile::Clock::Cpu,
+        }
+    }
 }
 
 /// `report --format`.
@@ -458,13 +480,20 @@ fn main() -> ExitCode {
             threshold,
             depth,
             thread,
+            clock,
         } => {
             let prune = tendril::profile::Prune {
                 thread,
                 depth: depth.map(|d| d as usize),
                 threshold_percent: threshold,
             };
-            tendril::commands::report::run(&file, format.into(), output.as_deref(), prune)
+            tendril::commands::report::run(
+                &file,
+                format.into(),
+                output.as_deref(),
+                prune,
+                clock.into(),
+            )
         }
         Command::Diff { a, b, format } => tendril::commands::diff::run(
             &a,

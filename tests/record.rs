@@ -130,7 +130,7 @@ fn scheme_a_instruments_the_static_graph_scheme_b_only_what_runs() {
     let b = record("b", &mut target);
     let a = record("a", &mut target);
     assert_eq!((a.scheme.as_str(), b.scheme.as_str()), ("A", "B"));
-    let (a_stats, b_stats) = (a.stats, b.stats);
+    let (a_stats, b_stats) = (a.stats.clone(), b.stats.clone());
     // The fixture's own functions run the same way under either scheme; which rare
     // paths of libc run (malloc's slow paths, a lazy binding) depends on timing and
     // load, so only the fixture's own calls are compared.

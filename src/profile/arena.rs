@@ -44,6 +44,8 @@ pub struct ArenaNode {
     pub calls: u64,
     /// Corrected ticks of the completed invocations in this context.
     pub total_ticks: f64,
+    /// The on-CPU part of `total_ticks`, when the recording measures it.
+    pub cpu_ticks: f64,
     last_child: ChildRef,
     children: Vec<ChildRef>,
 }
@@ -55,6 +57,7 @@ impl ArenaNode {
             parent,
             calls: 0,
             total_ticks: 0.0,
+            cpu_ticks: 0.0,
             last_child: NO_CHILD,
             children: Vec::new(),
         }
@@ -202,16 +205,38 @@ impl CallArena {
         matching
     }
 
+    /// Adds `other_cpu` (on-CPU ticks of another arena's nodes) to the nodes `matching`
+    /// says they were merged into (what [`CallArena::merge`] returned).
+    pub fn add_cpu(&mut self, matching: &[u32], other_cpu: &[f64]) {
+        for (&mine, &cpu) in matching.iter().zip(other_cpu).skip(1) {
+            self.nodes[mine as usize].cpu_ticks += cpu;
+        }
+    }
+
     /// The roots as profile nodes: `totals[i]` (ticks, [settled](CallArena::settle)) is
     /// node `i`'s total time, `self` time is the total minus the children's totals, and
     /// `describe` gives a function's (name, module). A node marked in `below` whose self
     /// time is under half a nanosecond is below resolution: its total is exactly its
     /// children's. Totals are rounded to whole nanoseconds and never below the sum of
     /// the children's rounded totals.
+    #[cfg(test)]
     pub fn to_nodes(
         &self,
         totals: &[f64],
         below: &[bool],
+        correction: &Correction,
+        describe: impl FnMut(u32) -> (String, String),
+    ) -> Vec<Node> {
+        self.to_nodes_with_cpu(totals, below, None, correction, describe)
+    }
+
+    /// [`CallArena::to_nodes`], with each node's on-CPU time from `cpu` (settled totals
+    /// in ticks, indexed like `totals`) when given.
+    pub fn to_nodes_with_cpu(
+        &self,
+        totals: &[f64],
+        below: &[bool],
+        cpu: Option<&[f64]>,
         correction: &Correction,
         mut describe: impl FnMut(u32) -> (String, String),
     ) -> Vec<Node> {
@@ -242,6 +267,15 @@ impl CallArena {
                 correction.ticks_to_ns(totals[index]).max(children_ns)
             };
             let (name, module) = describe(node.function);
+            let cpu_ns = cpu.map(|cpu| {
+                let children_cpu_ns: u64 = children.iter().filter_map(|c| c.cpu_ns).sum();
+                correction
+                    .ticks_to_ns(cpu[index])
+                    .max(children_cpu_ns)
+                    .min(total_ns.max(children_cpu_ns))
+            });
+            let self_cpu_ns =
+                cpu_ns.map(|cpu_ns| cpu_ns - children.iter().filter_map(|c| c.cpu_ns).sum::<u64>());
             built[index] = Some(Node {
                 name,
                 module,
@@ -249,8 +283,8 @@ impl CallArena {
                 total_ns,
                 self_ns: total_ns - children_ns,
                 below_resolution,
-                cpu_ns: None,
-                self_cpu_ns: None,
+                cpu_ns,
+                self_cpu_ns,
                 address: None,
                 samples: None,
                 children,

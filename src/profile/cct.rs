@@ -120,7 +120,17 @@ pub struct CctBuilder {
     /// In the order threads were first seen.
     threads: Vec<ThreadTree>,
     index_of_tid: HashMap<u32, usize>,
+    /// Off-CPU intervals are being given ([`CctBuilder::push_off_cpu`]): nodes get
+    /// CPU times.
+    measures_cpu: bool,
+    /// Off-CPU intervals of threads with no events yet, kept until their first events
+    /// (the intervals come before the events that follow them).
+    off_cpu_of_unseen: HashMap<u32, Vec<(u64, u64)>>,
 }
+
+/// Off-CPU intervals kept for one thread with no events yet: a thread asleep outside
+/// the roots keeps its latest ones only (the older ones end before any frame it opens).
+const MAX_UNSEEN_INTERVALS: usize = 4096;
 
 impl CctBuilder {
     /// A builder that corrects times with `calibration` (JFluid §5.3).
@@ -131,6 +141,8 @@ impl CctBuilder {
             roots: RootSet::default(),
             threads: Vec::new(),
             index_of_tid: HashMap::new(),
+            measures_cpu: false,
+            off_cpu_of_unseen: HashMap::new(),
         })
     }
 
@@ -140,7 +152,11 @@ impl CctBuilder {
 
     fn thread_index(&mut self, tid: u32) -> usize {
         *self.index_of_tid.entry(tid).or_insert_with(|| {
-            self.threads.push(ThreadTree::new(tid));
+            let mut thread = ThreadTree::new(tid);
+            for (out_tsc, in_tsc) in self.off_cpu_of_unseen.remove(&tid).unwrap_or_default() {
+                thread.push_off_cpu(out_tsc, in_tsc);
+            }
+            self.threads.push(thread);
             self.threads.len() - 1
         })
     }
@@ -172,6 +188,32 @@ impl CctBuilder {
         let correction = self.correction;
         let index = self.thread_index(tid);
         self.threads[index].push(events, &correction, &self.roots);
+    }
+
+    /// From now on the nodes carry CPU times: every interval a thread spends off the CPU
+    /// is given to [`CctBuilder::push_off_cpu`] before the events that follow it.
+    pub fn measure_cpu(&mut self) {
+        self.measures_cpu = true;
+    }
+
+    pub fn measures_cpu(&self) -> bool {
+        self.measures_cpu
+    }
+
+    /// Thread `tid` was off the CPU from `out_tsc` to `in_tsc` (later than any interval
+    /// given for it before); give it before the thread's events that follow it.
+    pub fn push_off_cpu(&mut self, tid: u32, out_tsc: u64, in_tsc: u64) {
+        if let Some(&index) = self.index_of_tid.get(&tid) {
+            self.threads[index].push_off_cpu(out_tsc, in_tsc);
+            return;
+        }
+        // No tree for a thread that never recorded an event (it would show in the
+        // profile); its intervals wait for its first events.
+        let waiting = self.off_cpu_of_unseen.entry(tid).or_default();
+        if waiting.len() == MAX_UNSEEN_INTERVALS {
+            waiting.drain(..MAX_UNSEEN_INTERVALS / 2);
+        }
+        waiting.push((out_tsc, in_tsc));
     }
 
     /// Names thread `tid` (e.g. from `/proc/PID/task/TID/comm`).
@@ -273,13 +315,22 @@ impl CctBuilder {
             for (mine, below) in matching.iter().zip(&settled.below) {
                 merged_below[*mine as usize] |= below;
             }
+            let cpu = self.measures_cpu.then(|| {
+                let cpu = thread
+                    .arena()
+                    .settle(&thread.cpu_totals_now(correction))
+                    .totals;
+                merged.add_cpu(&matching, &cpu);
+                cpu
+            });
             let counters = thread.counters();
             threads.push(ThreadProfile {
                 tid: thread.tid,
                 name: thread.name.clone(),
-                roots: thread.arena().to_nodes(
+                roots: thread.arena().to_nodes_with_cpu(
                     &settled.totals,
                     &settled.below,
+                    cpu.as_deref(),
                     correction,
                     describe,
                 ),
@@ -289,6 +340,9 @@ impl CctBuilder {
         }
         // Sums of consistent trees are consistent: nothing to settle.
         let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
+        let merged_cpu: Option<Vec<f64>> = self
+            .measures_cpu
+            .then(|| merged.nodes().iter().map(|n| n.cpu_ticks).collect());
         let counters = self.counters();
         Profile {
             duration_ns: 0,
@@ -319,7 +373,13 @@ impl CctBuilder {
             },
             threads,
             merged: MergedProfile {
-                roots: merged.to_nodes(&merged_totals, &merged_below, correction, describe),
+                roots: merged.to_nodes_with_cpu(
+                    &merged_totals,
+                    &merged_below,
+                    merged_cpu.as_deref(),
+                    correction,
+                    describe,
+                ),
             },
         }
     }

@@ -23,6 +23,7 @@
 mod arena;
 pub mod calibration;
 pub mod cct;
+pub mod clock;
 pub mod diff;
 pub mod export;
 pub mod file;
@@ -42,6 +43,7 @@ mod tests_support;
 
 pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
+pub use clock::{Clock, NoCpuTime};
 pub use file::ProfileError;
 pub use model::{
     Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, NotFollowed,

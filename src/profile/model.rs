@@ -173,7 +173,7 @@ pub struct NotFollowed {
 }
 
 /// Counts that say how complete and how costly a recording was.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Stats {
     /// Functions patched (JFluid's "instrumented methods").
     pub instrumented_functions: u64,
@@ -218,6 +218,22 @@ pub struct Stats {
     /// it are charged to whatever frame was open then.
     #[serde(default)]
     pub dropped_frames: u64,
+    /// Why the nodes carry no CPU times (`cpu_ns`), when they do not: the kernel refused
+    /// the context-switch records, or the recording was `--gross-only`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_unmeasured: Option<String>,
+    /// Context-switch records the kernel dropped (a ring was full); the time they would
+    /// have taken out counts as on-CPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub off_cpu_lost: u64,
+    /// Whether the nodes' `total_ns`/`self_ns` hold CPU times now
+    /// (`Profile::show_clock`); never saved: a saved profile holds wall-clock times there.
+    #[serde(skip)]
+    pub shows_cpu_time: bool,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// One thread's calling context tree.

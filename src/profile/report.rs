@@ -261,7 +261,34 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         calibration.tsc_hz as f64 / 1e9,
         calibration.inner_ns,
         calibration.outer_ns
-    )
+    )?;
+    write_clock_line(profile, out)
+}
+
+/// Which time the report shows, and whether the other is there.
+fn write_clock_line(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
+    if profile.stats.off_cpu_lost > 0 {
+        writeln!(
+            out,
+            "{} context-switch records lost (a full ring): those waits count as on-CPU",
+            profile.stats.off_cpu_lost
+        )?;
+    }
+    if profile.stats.shows_cpu_time {
+        return writeln!(
+            out,
+            "times: on-CPU (--clock cpu): waiting in system calls, on locks and for a CPU \
+             left out"
+        );
+    }
+    match &profile.stats.cpu_unmeasured {
+        Some(why) => writeln!(out, "times: wall-clock; {why}"),
+        None if profile.has_cpu_time() => writeln!(
+            out,
+            "times: wall-clock, waiting included (--clock cpu shows on-CPU time)"
+        ),
+        None => Ok(()),
+    }
 }
 
 /// The header of a sampled profile (`tendril sample`): how it was sampled, and that

@@ -7,6 +7,15 @@
 //! a running total of pauses and each frame remembers the total at its entry: the pause
 //! inside a frame is the difference at its exit. Every event is O(1) (amortised).
 //!
+//! CPU time works the same way: the intervals the thread spent off the CPU (from the
+//! kernel's context-switch records, [`ThreadTree::push_off_cpu`]) fall between two of
+//! its events, since a thread records nothing while it is switched out. Each timed
+//! event first takes in the intervals that ended before it, adding them to a running
+//! total of off-CPU time, and a frame's CPU time is its wall time less the difference
+//! of that total over the frame. A pause is already removed from wall time, so the
+//! off-CPU time inside the same window as a pause (a parked thread sleeps) is counted
+//! only beyond the pause's length.
+//!
 //! A thread's stream may begin in the middle of calls: the recording started, resumed,
 //! was reset or changed its roots while the thread was inside the graph, so the exits of
 //! the frames it was in come without their entries, and its next calls are made from
@@ -17,6 +26,7 @@
 
 use super::arena::{CallArena, TOP};
 use super::calibration::Correction;
+use std::collections::VecDeque;
 use tendril_wire::events::{Event, EventKind};
 
 const ENTRY: u32 = EventKind::Entry as u32;
@@ -43,6 +53,8 @@ struct Frame {
     entry_ts: u64,
     /// The thread's [`ThreadTree::paused_ticks`] when the frame was entered.
     paused_at_entry: u64,
+    /// The thread's [`OffCpu::total`] when the frame was entered.
+    off_cpu_at_entry: u64,
     /// Instrumented calls made inside this invocation, at any depth, that have returned
     /// (`m` in the correction, with the frames still open above it).
     descendant_calls: u64,
@@ -74,6 +86,22 @@ pub struct ThreadCounters {
     pub dropped_frames: u64,
 }
 
+/// Most off-CPU intervals kept waiting for the thread's next event: a thread that
+/// switches often outside any recorded frame, and records nothing, gives them up oldest
+/// first (they end before any frame it will open).
+const MAX_PENDING_OFF_CPU: usize = 1 << 20;
+
+/// The thread's time off the CPU (see the module comment).
+#[derive(Debug, Clone, Default)]
+struct OffCpu {
+    /// Intervals (out, in) in TSC ticks not yet reached by an event, in time order.
+    pending: VecDeque<(u64, u64)>,
+    /// Off-CPU ticks so far, less those inside pauses.
+    total: u64,
+    /// Pauses recorded since the latest timed event.
+    paused_in_window: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct ThreadTree {
     pub tid: u32,
@@ -84,6 +112,7 @@ pub struct ThreadTree {
     open_per_function: Vec<u32>,
     /// All pauses so far, in ticks.
     paused_ticks: u64,
+    off_cpu: OffCpu,
     /// The timestamp of the latest entry/exit/unwind: open frames count up to here.
     latest_ts: u64,
     /// Whether the latest event was `Resumed` (the next one continues the same switch).
@@ -103,6 +132,7 @@ impl ThreadTree {
             frames: Vec::new(),
             open_per_function: Vec::new(),
             paused_ticks: 0,
+            off_cpu: OffCpu::default(),
             latest_ts: 0,
             resuming: false,
             joined: false,
@@ -140,6 +170,14 @@ impl ThreadTree {
     ) {
         self.counters.events += events.len() as u64;
         for event in events {
+            if event.kind == ADJUST {
+                self.paused_ticks += event.value;
+                self.off_cpu.paused_in_window += event.value;
+                continue;
+            }
+            if !self.off_cpu.pending.is_empty() || self.off_cpu.paused_in_window != 0 {
+                self.take_off_cpu_until(event.value);
+            }
             if event.kind == RESUMED {
                 self.resumed(event.value);
                 continue;
@@ -149,10 +187,45 @@ impl ThreadTree {
                 ENTRY => self.enter(event.function, event.value, roots),
                 EXIT => self.exit(event.function, event.value, false, correction),
                 UNWIND => self.exit(event.function, event.value, true, correction),
-                ADJUST => self.paused_ticks += event.value,
                 _ => self.counters.malformed_events += 1,
             }
         }
+    }
+
+    /// Adds an interval the thread spent off the CPU, `out_tsc..in_tsc` (later than
+    /// every interval given before).
+    pub fn push_off_cpu(&mut self, out_tsc: u64, in_tsc: u64) {
+        let pending = &mut self.off_cpu.pending;
+        if pending.len() == MAX_PENDING_OFF_CPU {
+            pending.pop_front();
+        }
+        pending.push_back((out_tsc, in_tsc.max(out_tsc)));
+    }
+
+    /// Takes in the off-CPU time before `ts` (a timed event's), since the latest one.
+    #[cold]
+    #[inline(never)]
+    fn take_off_cpu_until(&mut self, ts: u64) {
+        let window_start = self.latest_ts;
+        let mut off = 0;
+        while let Some(&(out_tsc, in_tsc)) = self.off_cpu.pending.front() {
+            if out_tsc >= ts {
+                break;
+            }
+            let from = out_tsc.max(window_start);
+            if in_tsc <= ts {
+                off += in_tsc.saturating_sub(from);
+                self.off_cpu.pending.pop_front();
+            } else {
+                // Ends after the event (the clocks' conversion is off by a hair): the
+                // rest belongs to the next window.
+                off += ts.saturating_sub(from);
+                self.off_cpu.pending[0].0 = ts;
+                break;
+            }
+        }
+        let paused = std::mem::take(&mut self.off_cpu.paused_in_window);
+        self.off_cpu.total += off.saturating_sub(paused);
     }
 
     #[inline]
@@ -175,6 +248,7 @@ impl ThreadTree {
             function,
             entry_ts: ts,
             paused_at_entry: self.paused_ticks,
+            off_cpu_at_entry: self.off_cpu.total,
             descendant_calls: 0,
         });
     }
@@ -253,8 +327,10 @@ impl ThreadTree {
         if frame.node == DISCARDED {
             return;
         }
-        let charged = self.charge_at(&frame, ts, frame.descendant_calls, correction);
-        self.arena.node_mut(frame.node).total_ticks += charged;
+        let (charged, charged_cpu) = self.charge_at(&frame, ts, frame.descendant_calls, correction);
+        let node = self.arena.node_mut(frame.node);
+        node.total_ticks += charged;
+        node.cpu_ticks += charged_cpu;
         if let Some(caller) = self.frames.last_mut() {
             // Every hook below a frame ran inside its time.
             caller.descendant_calls += 1 + frame.descendant_calls;
@@ -262,13 +338,17 @@ impl ThreadTree {
         self.counters.unwound_exits += u64::from(unwound);
     }
 
-    /// The corrected time of `frame` if it ended at `ts`, with `calls` instrumented
-    /// calls made inside it.
+    /// The corrected wall and CPU times of `frame` if it ended at `ts`, with `calls`
+    /// instrumented calls made inside it.
     #[inline]
-    fn charge_at(&self, frame: &Frame, ts: u64, calls: u64, correction: &Correction) -> f64 {
+    fn charge_at(&self, frame: &Frame, ts: u64, calls: u64, correction: &Correction) -> (f64, f64) {
         let paused = self.paused_ticks - frame.paused_at_entry;
         let measured = ts.saturating_sub(frame.entry_ts).saturating_sub(paused);
-        correction.charge(measured, calls)
+        let off_cpu = self.off_cpu.total - frame.off_cpu_at_entry;
+        (
+            correction.charge(measured, calls),
+            correction.charge(measured.saturating_sub(off_cpu), calls),
+        )
     }
 
     /// Closes every open frame as unwound at `at_ts` (the thread exited, or recording
@@ -293,7 +373,21 @@ impl ThreadTree {
     /// Every node's total in ticks as of now: completed invocations, plus the frames
     /// still open counted up to the latest event. Read-only.
     pub fn totals_now(&self, correction: &Correction) -> Vec<f64> {
-        let mut totals: Vec<f64> = self.arena.nodes().iter().map(|n| n.total_ticks).collect();
+        self.times_now(correction, false)
+    }
+
+    /// [`ThreadTree::totals_now`] for on-CPU time.
+    pub fn cpu_totals_now(&self, correction: &Correction) -> Vec<f64> {
+        self.times_now(correction, true)
+    }
+
+    fn times_now(&self, correction: &Correction, cpu: bool) -> Vec<f64> {
+        let mut totals: Vec<f64> = self
+            .arena
+            .nodes()
+            .iter()
+            .map(|n| if cpu { n.cpu_ticks } else { n.total_ticks })
+            .collect();
         // The frames open above a frame are calls made inside it too.
         let mut open_above = 0;
         for frame in self.frames.iter().rev() {
@@ -301,7 +395,8 @@ impl ThreadTree {
                 continue;
             }
             let calls = frame.descendant_calls + open_above;
-            totals[frame.node as usize] += self.charge_at(frame, self.latest_ts, calls, correction);
+            let (wall, on_cpu) = self.charge_at(frame, self.latest_ts, calls, correction);
+            totals[frame.node as usize] += if cpu { on_cpu } else { wall };
             open_above += 1 + frame.descendant_calls;
         }
         totals

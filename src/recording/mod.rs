@@ -8,6 +8,7 @@
 //! * [`indirect`]: which of them a recording instruments, and what became of them;
 //! * [`closure`]: Scheme A's static call graph;
 //! * [`gross`]: `--gross-only` time distributions;
+//! * [`off_cpu`]: when the target's threads were off the CPU (context switches);
 //! * [`tsc`]: the time-stamp counter's frequency.
 //!
 //! The one idea: the agent only patches and writes raw events; names, trees and the
@@ -18,6 +19,7 @@ pub mod closure;
 pub mod function_table;
 pub mod gross;
 pub mod indirect;
+pub mod off_cpu;
 pub mod recorder;
 pub mod rings;
 pub mod tsc;

@@ -11,6 +11,7 @@
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
 mod late_modules;
+mod polling;
 mod snapshot;
 mod tracing;
 
@@ -20,6 +21,7 @@ use super::closure;
 use super::function_table;
 use super::gross::GrossTimes;
 use super::indirect::{self, IndirectTargets};
+use super::off_cpu::OffCpuWatch;
 use super::rings::{AgentCounters, Rings};
 use super::tsc;
 use crate::inject;
@@ -34,7 +36,7 @@ use crate::targets::{self, Chosen, SelectError};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
-use tendril_wire::events::EventKind;
+use tendril_wire::events::{Event, EventKind};
 use tendril_wire::{Hook, Request, Response};
 
 /// How the call graph below the roots is instrumented.
@@ -117,6 +119,13 @@ pub struct Recorder {
     indirect: Option<IndirectTargets>,
     /// Modules loaded after the recording started are looked for now and then.
     late_modules: late_modules::Watch,
+    /// The threads' context switches, for CPU time (not with `--gross-only`).
+    off_cpu: Option<OffCpuWatch>,
+    /// Why CPU time is not measured, if it is not.
+    cpu_unmeasured: Option<String>,
+    /// Events read but not yet given to the trees: those after the moment the off-CPU
+    /// intervals were last read, whose intervals may not be in yet (see `polling`).
+    held_back: HashMap<i32, Vec<Event>>,
 }
 
 /// `name (module)`, for a refusal.
@@ -177,6 +186,9 @@ impl Recorder {
             trace: None,
             indirect: None,
             late_modules: late_modules::Watch::default(),
+            off_cpu: None,
+            cpu_unmeasured: None,
+            held_back: HashMap::new(),
         };
         recorder.begin()?;
         Ok(recorder)
@@ -261,6 +273,7 @@ impl Recorder {
                 message: format!("the hooks' calibration is unusable: {e}"),
             })?;
             self.builder = Some(builder);
+            self.watch_off_cpu();
             self.gross = self
                 .gross_only
                 .then(|| GrossTimes::new(self.tsc_hz, inner_ticks));
@@ -412,6 +425,7 @@ impl Recorder {
     /// all) while nobody watches, or after the next start, without their entries. What
     /// the threads record after that starts afresh at a root, never under those frames.
     fn stop_watching(&mut self) {
+        self.give_held_back();
         let at = self.stopped_at.unwrap_or_else(tsc::read);
         if let Some(builder) = self.builder.as_mut() {
             builder.stop_watching(at);
@@ -464,13 +478,36 @@ impl Recorder {
         self.recording
     }
 
+    /// Opens the threads' context-switch records, so the trees get CPU times; if the
+    /// kernel refuses, the reason is kept for the profile and times stay wall-clock.
+    fn watch_off_cpu(&mut self) {
+        if self.gross_only {
+            self.cpu_unmeasured = Some("CPU time is not measured with --gross-only".into());
+            return;
+        }
+        if self.off_cpu.is_some() || self.cpu_unmeasured.is_some() {
+            return;
+        }
+        match OffCpuWatch::start(self.target.pid, self.tsc_hz) {
+            Ok(watch) => {
+                self.off_cpu = Some(watch);
+                self.builder().measure_cpu();
+            }
+            Err(why) => self.cpu_unmeasured = Some(why),
+        }
+    }
+
     /// Forgets the data collected so far (the recording goes on).
     pub fn reset(&mut self) {
         if let Some(builder) = &self.builder {
             let calibration = builder.calibration();
             self.builder = CctBuilder::new(calibration).ok();
+            let measure_cpu = self.off_cpu.is_some();
             if let Some(builder) = self.builder.as_mut() {
                 builder.set_root_functions(self.root_ids.iter().copied());
+                if measure_cpu {
+                    builder.measure_cpu();
+                }
             }
         }
         if let Some(gross) = &mut self.gross {
@@ -564,64 +601,6 @@ impl Recorder {
         self.rings().counters()
     }
 
-    /// Moves the rings' new events into the trees. Returns the number of events.
-    pub fn poll(&mut self) -> u64 {
-        let Some(rings) = self.rings.as_ref() else {
-            return 0;
-        };
-        let Some(builder) = self.builder.as_mut() else {
-            return 0;
-        };
-        let ring_threads = &mut self.ring_threads;
-        let last_timestamps = &mut self.last_timestamps;
-        let stopped_at = self.stopped_at;
-        let gross = &mut self.gross;
-        let trace = &mut self.trace;
-        let pid = self.target.pid;
-        let drained = rings.drain(|ring, tid, events| {
-            // A ring's events are in time order: cut at the first one after the stop.
-            let events = match stopped_at {
-                Some(stop) => {
-                    let after_stop = events
-                        .iter()
-                        .position(|e| e.kind() != Some(EventKind::Adjust) && e.value > stop);
-                    &events[..after_stop.unwrap_or(events.len())]
-                }
-                None => events,
-            };
-            if events.is_empty() {
-                return;
-            }
-            if let Some(old) = ring_threads.insert(ring, tid)
-                && old != tid
-                && let Some(&at) = last_timestamps.get(&old)
-            {
-                // The ring changed hands: its old thread has exited.
-                builder.finish_thread(old as u32, at);
-            }
-            if !last_timestamps.contains_key(&tid) {
-                builder.set_thread_name(tid as u32, crate::process::thread_name(pid, tid));
-            }
-            if let Some(last) = events
-                .iter()
-                .rev()
-                .find(|e| e.kind() != Some(EventKind::Adjust))
-            {
-                last_timestamps.insert(tid, last.value);
-            }
-            if let Some(trace) = trace.as_mut() {
-                trace.push(tid as u32, events, || builder.open_functions(tid as u32));
-            }
-            builder.push_events(tid as u32, events);
-            if let Some(gross) = gross.as_mut() {
-                gross.push_events(tid, events);
-            }
-        });
-        self.events += drained;
-        self.follow_late_modules();
-        drained
-    }
-
     /// Ends the recording: restores the code, reads the last events and returns the
     /// profile. With `agent_gone`, the process has exited or its agent has ended the
     /// session ([`Recorder::agent_gone`]): there is no agent left to ask, and the rings
@@ -635,6 +614,7 @@ impl Recorder {
         } else {
             self.end()?;
         }
+        self.give_held_back();
         // Frames still open end where the recording did.
         let end = self.stopped_at.unwrap_or_else(tsc::read);
         self.builder().finish_all(end);

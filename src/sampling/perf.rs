@@ -102,27 +102,30 @@ impl PerfEvent {
         // Wake a reader in poll() once this many bytes are waiting.
         attr.set_watermark(1);
         attr.__bindgen_anon_2.wakeup_watermark = wakeup_bytes.max(1);
-        // SAFETY: attr is a valid, fully initialised perf_event_attr that lives across
-        // the call; the kernel only reads it (and may write its size field back).
-        let fd = unsafe {
-            sys::perf_event_open(&mut attr, tid, -1, -1, perf::PERF_FLAG_FD_CLOEXEC as _)
+        open_with(&mut attr, tid)
+    }
+
+    /// Opens an event on thread `tid` that only reports its context switches
+    /// (`PERF_RECORD_SWITCH`, with the process and thread ids and the `CLOCK_MONOTONIC`
+    /// time), enabled at once, no samples. Not inherited: the kernel maps no ring of an
+    /// inherited per-thread event, so each thread needs its own.
+    pub fn open_switch_records(tid: i32, wakeup_bytes: u32) -> Result<PerfEvent, OpenError> {
+        let mut attr = perf::perf_event_attr {
+            size: std::mem::size_of::<perf::perf_event_attr>() as u32,
+            type_: perf::PERF_TYPE_SOFTWARE,
+            config: perf::PERF_COUNT_SW_DUMMY as u64,
+            sample_type: perf::PERF_SAMPLE_TID as u64 | perf::PERF_SAMPLE_TIME as u64,
+            ..Default::default()
         };
-        if fd < 0 {
-            let error = io::Error::last_os_error();
-            return Err(match error.raw_os_error() {
-                Some(libc::ESRCH) => OpenError::Gone,
-                Some(libc::EACCES) | Some(libc::EPERM) => OpenError::Refused(error),
-                _ => OpenError::Other(error),
-            });
-        }
-        // SAFETY: fd was just returned by perf_event_open and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let mut id = 0u64;
-        // SAFETY: PERF_EVENT_IOC_ID writes one u64 through the pointer, which is valid.
-        if unsafe { sys::ioctls::ID(fd.as_raw_fd(), &mut id) } < 0 {
-            return Err(OpenError::Other(io::Error::last_os_error()));
-        }
-        Ok(PerfEvent { fd, id })
+        attr.set_context_switch(1);
+        attr.set_sample_id_all(1);
+        attr.set_exclude_kernel(1);
+        attr.set_exclude_hv(1);
+        attr.set_use_clockid(1);
+        attr.clockid = libc::CLOCK_MONOTONIC;
+        attr.set_watermark(1);
+        attr.__bindgen_anon_2.wakeup_watermark = wakeup_bytes.max(1);
+        open_with(&mut attr, tid)
     }
 
     /// Sends this event's records into `other`'s ring (both on the same thread).
@@ -156,6 +159,29 @@ impl PerfEvent {
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// `perf_event_open` on thread `tid` with `attr`, and the event's kernel id.
+fn open_with(attr: &mut perf::perf_event_attr, tid: i32) -> Result<PerfEvent, OpenError> {
+    // SAFETY: attr is a valid, fully initialised perf_event_attr that lives across
+    // the call; the kernel only reads it (and may write its size field back).
+    let fd = unsafe { sys::perf_event_open(attr, tid, -1, -1, perf::PERF_FLAG_FD_CLOEXEC as _) };
+    if fd < 0 {
+        let error = io::Error::last_os_error();
+        return Err(match error.raw_os_error() {
+            Some(libc::ESRCH) => OpenError::Gone,
+            Some(libc::EACCES) | Some(libc::EPERM) => OpenError::Refused(error),
+            _ => OpenError::Other(error),
+        });
+    }
+    // SAFETY: fd was just returned by perf_event_open and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut id = 0u64;
+    // SAFETY: PERF_EVENT_IOC_ID writes one u64 through the pointer, which is valid.
+    if unsafe { sys::ioctls::ID(fd.as_raw_fd(), &mut id) } < 0 {
+        return Err(OpenError::Other(io::Error::last_os_error()));
+    }
+    Ok(PerfEvent { fd, id })
 }
 
 /// The mapped ring of one event: a metadata page, then `data_pages` pages of records

@@ -44,6 +44,8 @@ pub enum Record<'a> {
     },
     /// A thread was switched in (`out == false`) or out, at `time_ns`.
     Switch {
+        /// The thread's process (thread group), as the kernel gives it.
+        pid: u32,
         tid: u32,
         time_ns: u64,
         out: bool,
@@ -135,9 +137,10 @@ fn parse_checked(record: &[u8]) -> Option<Record<'_>> {
             })
         }
         perf::PERF_RECORD_SWITCH => {
-            let (_pid, tid) = cursor.u32_pair()?;
+            let (pid, tid) = cursor.u32_pair()?;
             let time_ns = cursor.u64()?;
             Some(Record::Switch {
+                pid,
                 tid,
                 time_ns,
                 out: u32::from(misc) & perf::PERF_RECORD_MISC_SWITCH_OUT != 0,
@@ -229,6 +232,7 @@ mod tests {
         assert!(matches!(
             parse(&out),
             Record::Switch {
+                pid: 5,
                 tid: 6,
                 time_ns: 42,
                 out: true

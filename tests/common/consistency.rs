@@ -51,8 +51,41 @@ fn check_tree(which: &str, roots: &[Node]) {
         if node.below_resolution {
             assert_eq!(node.self_ns, 0, "{which}: {} below resolution", node.name);
         }
+        check_cpu_times(which, node, depth);
         Ok(())
     });
+}
+
+/// CPU times, where a node has them: no more than its wall time, no less than its
+/// children's, and its self CPU time the difference; all or none of a tree has them.
+fn check_cpu_times(which: &str, node: &Node, depth: usize) {
+    let Some(cpu) = node.cpu_ns else {
+        assert!(
+            node.self_cpu_ns.is_none() && node.children.iter().all(|c| c.cpu_ns.is_none()),
+            "{which}: {} (depth {depth}) has no CPU time, but a self CPU time or a child's",
+            node.name
+        );
+        return;
+    };
+    let children: Option<u64> = node.children.iter().map(|c| c.cpu_ns).sum();
+    let children = children.unwrap_or_else(|| {
+        panic!(
+            "{which}: {} (depth {depth}) has a CPU time and a child without",
+            node.name
+        )
+    });
+    assert!(
+        children <= cpu && cpu <= node.total_ns,
+        "{which}: {} (depth {depth}): CPU {cpu} ns, children's {children} ns, wall {} ns",
+        node.name,
+        node.total_ns
+    );
+    assert_eq!(
+        node.self_cpu_ns,
+        Some(cpu - children),
+        "{which}: {} (depth {depth}): self CPU is not CPU less the children's",
+        node.name
+    );
 }
 
 /// Nodes with the same (name, module) under one parent, by that key.

@@ -48,7 +48,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 24] = [
+const FIXTURES: [Fixture; 25] = [
     Fixture {
         name: "indirect",
         source: "indirect.c",
@@ -117,6 +117,11 @@ const FIXTURES: [Fixture; 24] = [
     Fixture {
         name: "timed",
         source: "timed.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "off_cpu",
+        source: "off_cpu.c",
         recipe: Recipe::C,
     },
     Fixture {

@@ -350,3 +350,70 @@ fn frames_resumed_after_a_stack_switch_are_counted_never_matched() {
     assert!(warning.contains("2 times"), "{warning}");
     assert!(warning.contains("3 frames"), "{warning}");
 }
+
+/// `(name, calls, total, self, cpu, self cpu)` of every node, depth first.
+fn cpu_times(roots: &[Node]) -> Vec<(String, u64, u64, u64, u64, u64)> {
+    let mut out = Vec::new();
+    for node in roots {
+        out.push((
+            node.name.clone(),
+            node.calls,
+            node.total_ns,
+            node.self_ns,
+            node.cpu_ns.expect("a CPU time"),
+            node.self_cpu_ns.expect("a self CPU time"),
+        ));
+        out.extend(cpu_times(&node.children));
+    }
+    out
+}
+
+#[test]
+fn time_off_the_cpu_is_taken_out_of_the_frames_it_fell_in() {
+    let mut builder = exact_builder();
+    builder.measure_cpu();
+    // main [0, 1000] calls work [100, 400]; the thread is off the CPU at 150..250
+    // (inside work) and at 500..800 (in main only). Intervals are given first, as the
+    // recorder does.
+    builder.push_off_cpu(1, 150, 250);
+    builder.push_off_cpu(1, 500, 800);
+    builder.push_events(
+        1,
+        &[entry(0, 0), entry(2, 100), exit(2, 400), exit(0, 1000)],
+    );
+    let profile = snapshot(&builder);
+    let expected = vec![
+        ("main".to_owned(), 1, 1000, 700, 600, 400),
+        ("work".to_owned(), 1, 300, 300, 200, 200),
+    ];
+    assert_eq!(cpu_times(&profile.threads[0].roots), expected);
+    assert_eq!(cpu_times(&profile.merged.roots), expected);
+}
+
+#[test]
+fn a_pause_spent_off_the_cpu_is_not_taken_out_twice() {
+    let mut builder = exact_builder();
+    builder.measure_cpu();
+    // work [0, 1000] is paused 300 ticks by tendril (parked: off the CPU 350..650),
+    // and waits 100 more on its own (700..800).
+    builder.push_off_cpu(1, 350, 650);
+    builder.push_off_cpu(1, 700, 800);
+    builder.push_events(1, &[entry(2, 0), pause(300), entry(1, 690), exit(1, 900)]);
+    builder.push_events(1, &[exit(2, 1000)]);
+    let profile = snapshot(&builder);
+    assert_eq!(
+        cpu_times(&profile.threads[0].roots),
+        vec![
+            ("work".to_owned(), 1, 700, 490, 600, 490),
+            ("fib".to_owned(), 1, 210, 210, 110, 110),
+        ]
+    );
+}
+
+#[test]
+fn without_off_cpu_intervals_there_are_no_cpu_times() {
+    let mut builder = exact_builder();
+    builder.push_events(1, &[entry(0, 0), exit(0, 10)]);
+    let profile = snapshot(&builder);
+    assert_eq!(profile.merged.roots[0].cpu_ns, None);
+}

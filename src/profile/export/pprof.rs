@@ -306,7 +306,27 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
 
 /// Writes the profile as gzip-compressed `profile.proto`.
 pub fn write_pprof(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
-    let bytes = to_pprof(profile).encode_to_vec();
+    write_encoded(to_pprof(profile), out)
+}
+
+/// [`write_pprof`], opening on the CPU time (`default_sample_type`) when the profile
+/// has one.
+pub fn write_opening_on_cpu(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
+    let mut pprof = to_pprof(profile);
+    let cpu = pprof.sample_type.iter().find(|t| {
+        pprof
+            .string_table
+            .get(t.r#type as usize)
+            .is_some_and(|s| s == "cpu")
+    });
+    if let Some(cpu) = cpu {
+        pprof.default_sample_type = cpu.r#type;
+    }
+    write_encoded(pprof, out)
+}
+
+fn write_encoded(pprof: PprofProfile, out: &mut impl Write) -> io::Result<()> {
+    let bytes = pprof.encode_to_vec();
     let mut gzip = GzEncoder::new(out, Compression::default());
     gzip.write_all(&bytes)?;
     gzip.finish()?;

@@ -69,6 +69,8 @@ impl Recorder {
                 .map(|i| i.all_not_followed())
                 .unwrap_or_default(),
         });
+        profile.stats.cpu_unmeasured = self.cpu_unmeasured.clone();
+        profile.stats.off_cpu_lost = self.off_cpu.as_ref().map_or(0, |w| w.lost());
         profile.stats.indirect_sites_followed = counters.indirect_sites_followed;
         profile.stats.indirect_targets = counters.indirect_targets;
         profile.stats.indirect_candidates = self.indirect.as_ref().map_or(0, |i| i.instrumented);

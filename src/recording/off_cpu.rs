@@ -1,0 +1,284 @@
+//! When each of the target's threads was off the CPU, from the kernel's context-switch
+//! records, in TSC ticks like the agent's events.
+//!
+//! The one idea: a perf event on each thread that counts nothing and only reports the
+//! thread's context switches (`PERF_RECORD_SWITCH`: out, then in). Between a switch out
+//! and the next switch in the thread did not run: it waited in a system call, on a
+//! lock, or for a CPU. The kernel stamps the records with `CLOCK_MONOTONIC`; each drain
+//! reads the TSC and that clock together ([`ClockAnchor`]) and converts the records it
+//! reads — all from the last moments — from there, so the conversion's error is the
+//! frequency's error over milliseconds (nanoseconds), and each interval lands between
+//! the thread's own event timestamps. (The perf page's own TSC conversion,
+//! `cap_user_time_zero`, would be exact, but kernels under a hypervisor clock do not
+//! offer it.) The calling context trees take these intervals out of the frames they
+//! fell in, as they take out pauses, and that is CPU time per node.
+//!
+//! Nothing is loaded into the target and nothing in it changes. A thread started later
+//! is watched from when the recorder first sees it in the agent's rings
+//! ([`OffCpuWatch::watch_thread`]) or in `/proc/PID/task` (every [`RESCAN_INTERVAL`]),
+//! whichever comes first; until then its time counts as on-CPU. (An inherited event
+//! would follow new threads from their first instruction, but the kernel maps no ring
+//! of an inherited per-thread event.)
+
+use crate::recording::tsc;
+use crate::sampling::perf::{OpenError, PerfEvent, Ring};
+use crate::sampling::records::{self, Record};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How often the thread list is read again for new threads.
+pub const RESCAN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Data pages of each thread's ring: 64 KiB, about 2,700 switches between two drains.
+const RING_PAGES: usize = 16;
+/// The agent's own threads switch too, but never run inside a recorded frame.
+const AGENT_THREAD_PREFIX: &str = "tendril-";
+
+/// One interval a thread spent off the CPU, in TSC ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffCpuInterval {
+    pub tid: u32,
+    pub out_tsc: u64,
+    pub in_tsc: u64,
+}
+
+/// The switch records of one thread.
+struct WatchedThread {
+    _event: PerfEvent,
+    ring: Ring,
+}
+
+/// The TSC and `CLOCK_MONOTONIC` read together, and the TSC's rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClockAnchor {
+    tsc: u64,
+    monotonic_ns: u64,
+    ticks_per_ns: f64,
+}
+
+impl ClockAnchor {
+    /// Reads both clocks now, keeping the tightest of a few tries.
+    pub fn now(tsc_hz: u64) -> ClockAnchor {
+        let mut best = (u64::MAX, 0, 0);
+        for _ in 0..5 {
+            let before = tsc::read();
+            let monotonic_ns = monotonic_ns();
+            let after = tsc::read();
+            let spread = after.wrapping_sub(before);
+            if spread < best.0 {
+                best = (spread, before + spread / 2, monotonic_ns);
+            }
+        }
+        ClockAnchor {
+            tsc: best.1,
+            monotonic_ns: best.2,
+            ticks_per_ns: tsc_hz as f64 / 1e9,
+        }
+    }
+
+    /// The TSC at `CLOCK_MONOTONIC` time `monotonic_ns`.
+    pub fn tsc_at(&self, monotonic_ns: u64) -> u64 {
+        let delta = monotonic_ns as f64 - self.monotonic_ns as f64;
+        (self.tsc as f64 + delta * self.ticks_per_ns).max(0.0) as u64
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+}
+
+/// Context-switch records of every thread of one process.
+pub struct OffCpuWatch {
+    pid: i32,
+    tsc_hz: u64,
+    threads: HashMap<i32, WatchedThread>,
+    scanned_at: Instant,
+    /// Each thread's last switch out (TSC), until the switch in that ends it.
+    out_since: HashMap<u32, u64>,
+    /// Switch records the kernel dropped because a ring was full.
+    lost: u64,
+}
+
+impl OffCpuWatch {
+    /// Opens the switch records of every thread of `pid`. An error is one line saying
+    /// why CPU time cannot be measured, and what to change where that is possible.
+    /// `tsc_hz` is the TSC's measured frequency.
+    pub fn start(pid: i32, tsc_hz: u64) -> Result<OffCpuWatch, String> {
+        let tids = crate::process::thread_ids(pid).map_err(|e| e.to_string())?;
+        let mut watch = OffCpuWatch {
+            pid,
+            tsc_hz,
+            threads: HashMap::new(),
+            scanned_at: Instant::now(),
+            out_since: HashMap::new(),
+            lost: 0,
+        };
+        for tid in tids {
+            watch.open(tid)?;
+        }
+        Ok(watch)
+    }
+
+    /// Opens thread `tid`'s switch records. A thread that is gone already is skipped.
+    fn open(&mut self, tid: i32) -> Result<(), String> {
+        if crate::process::thread_name(self.pid, tid).starts_with(AGENT_THREAD_PREFIX) {
+            return Ok(());
+        }
+        let event = match PerfEvent::open_switch_records(tid, 4096) {
+            Ok(event) => event,
+            Err(OpenError::Gone) => return Ok(()),
+            Err(OpenError::Refused(error)) => {
+                return Err(format!(
+                    "CPU time is not measured: the kernel refused perf events ({error}); \
+                     as root, or with kernel.perf_event_paranoid ≤ 1 \
+                     (sysctl kernel.perf_event_paranoid=1), it is"
+                ));
+            }
+            Err(OpenError::Other(error)) => {
+                return Err(format!(
+                    "CPU time is not measured: perf events cannot be opened ({error})"
+                ));
+            }
+        };
+        let ring = Ring::map(&event, RING_PAGES)
+            .map_err(|e| format!("CPU time is not measured: cannot map a perf ring ({e})"))?;
+        self.threads.insert(
+            tid,
+            WatchedThread {
+                _event: event,
+                ring,
+            },
+        );
+        Ok(())
+    }
+
+    /// Watches thread `tid` from now on, if it is not watched yet (the recorder calls
+    /// this for each thread it sees for the first time).
+    pub fn watch_thread(&mut self, tid: i32) {
+        if !self.threads.contains_key(&tid) {
+            // A refusal now would have been one at the start: nothing new to say.
+            let _ = self.open(tid);
+        }
+    }
+
+    /// Picks up threads started since the last scan (at most every [`RESCAN_INTERVAL`])
+    /// and lets go of those that ended (their records were read just before).
+    fn rescan(&mut self) {
+        if self.scanned_at.elapsed() < RESCAN_INTERVAL {
+            return;
+        }
+        self.scanned_at = Instant::now();
+        let Ok(tids) = crate::process::thread_ids(self.pid) else {
+            return;
+        };
+        self.threads.retain(|tid, _| tids.contains(tid));
+        for tid in tids {
+            self.watch_thread(tid);
+        }
+    }
+
+    /// Hands every off-CPU interval completed since the last call to `visit`, each
+    /// thread's in time order (a thread's records are all in its own ring). Drain these before the agent's rings: a thread is
+    /// switched in before it runs, so every interval that precedes an event read
+    /// afterwards has been handed over by then.
+    pub fn drain(&mut self, mut visit: impl FnMut(OffCpuInterval)) {
+        let clock = ClockAnchor::now(self.tsc_hz);
+        let pid = self.pid as u32;
+        let out_since = &mut self.out_since;
+        let mut lost = 0;
+        for thread in self.threads.values_mut() {
+            thread.ring.drain(|bytes| match records::parse(bytes) {
+                Record::Switch {
+                    pid: of,
+                    tid,
+                    out,
+                    time_ns,
+                } if of == pid => {
+                    let at = clock.tsc_at(time_ns);
+                    if out {
+                        out_since.insert(tid, at);
+                    } else if let Some(out_tsc) = out_since.remove(&tid) {
+                        visit(OffCpuInterval {
+                            tid,
+                            out_tsc,
+                            in_tsc: at.max(out_tsc),
+                        });
+                    }
+                }
+                Record::Lost { count } => lost += count,
+                _ => {}
+            });
+        }
+        self.lost += lost;
+        self.rescan();
+    }
+
+    /// Switch records lost to full rings (their intervals count as on-CPU).
+    pub fn lost(&self) -> u64 {
+        self.lost
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// This test process's own thread sleeps: the interval it was off the CPU is found,
+    /// inside the TSC reads around the sleep, and at least as long as the sleep.
+    #[test]
+    fn a_sleep_is_an_interval_off_the_cpu_in_tsc_ticks() {
+        let (sleeper_tid_tx, sleeper_tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let sleeper = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            sleeper_tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            go_rx.recv().unwrap();
+            let before = tsc::read();
+            std::thread::sleep(Duration::from_millis(30));
+            (before, tsc::read())
+        });
+        let tid = sleeper_tid_rx.recv().unwrap();
+        let hz = tsc::measure_hz();
+        let mut watch = match OffCpuWatch::start(std::process::id() as i32, hz) {
+            Ok(watch) => watch,
+            Err(why) => panic!("{why}"),
+        };
+        go_tx.send(()).unwrap();
+        let (before, after) = sleeper.join().unwrap();
+        let mut found = Vec::new();
+        watch.drain(|interval| {
+            if interval.tid == tid as u32 {
+                found.push(interval);
+            }
+        });
+        let slept = found
+            .iter()
+            .find(|i| i.in_tsc - i.out_tsc >= hz / 1000 * 25)
+            .unwrap_or_else(|| panic!("no interval of 25 ms or more among {found:?}"));
+        assert!(
+            before <= slept.out_tsc && slept.in_tsc <= after,
+            "{slept:?} outside the sleep's TSC reads {before}..{after}"
+        );
+    }
+
+    #[test]
+    fn an_anchor_converts_monotonic_time_to_the_tsc_it_was_read_with() {
+        let hz = tsc::measure_hz();
+        let anchor = ClockAnchor::now(hz);
+        let (before, now, after) = (tsc::read(), monotonic_ns(), tsc::read());
+        let converted = anchor.tsc_at(now);
+        // Within 20 µs: the frequency's error over a moment, and the reads' spread.
+        let slack = hz / 50_000;
+        assert!(
+            before.saturating_sub(slack) <= converted && converted <= after + slack,
+            "{converted} outside {before}..{after}"
+        );
+    }
+}

@@ -1,0 +1,133 @@
+//! Moving the agent's events into the calling context trees, with the threads' off-CPU
+//! intervals before them.
+//!
+//! The one idea: an off-CPU interval must reach a thread's tree before the events that
+//! follow it. Each poll reads the TSC, then the context-switch records, then the agent's
+//! rings. A thread is switched in before it runs, so every interval that ended before
+//! that TSC reading is in by then; the events after it (the rings are read a moment
+//! later) are held back to the next poll, when their intervals are in too.
+
+use super::*;
+
+/// What receives a thread's events: the recorder's fields, borrowed apart from the rings.
+struct Receivers<'a> {
+    pid: i32,
+    builder: &'a mut CctBuilder,
+    trace: &'a mut Option<crate::profile::trace::TraceCapture>,
+    gross: &'a mut Option<GrossTimes>,
+    off_cpu: &'a mut Option<OffCpuWatch>,
+    last_timestamps: &'a mut HashMap<i32, u64>,
+    ring_threads: &'a mut HashMap<usize, i32>,
+}
+
+impl Recorder {
+    /// Moves the rings' new events into the trees. Returns the number of events.
+    pub fn poll(&mut self) -> u64 {
+        let cutoff = match self.off_cpu.is_some() {
+            true => tsc::read(),
+            false => u64::MAX,
+        };
+        self.give_held_back();
+        let held_back = &mut self.held_back;
+        let stopped_at = self.stopped_at;
+        let (Some(rings), Some(builder)) = (self.rings.as_ref(), self.builder.as_mut()) else {
+            return 0;
+        };
+        let mut receivers = Receivers {
+            pid: self.target.pid,
+            builder,
+            trace: &mut self.trace,
+            gross: &mut self.gross,
+            off_cpu: &mut self.off_cpu,
+            last_timestamps: &mut self.last_timestamps,
+            ring_threads: &mut self.ring_threads,
+        };
+        let drained = rings.drain(|ring, tid, events| {
+            // A ring's events are in time order: cut at the first one after the stop,
+            // and hold back those after the cutoff.
+            let not_after = |limit: u64| {
+                events
+                    .iter()
+                    .position(|e| e.kind() != Some(EventKind::Adjust) && e.value >= limit)
+                    .unwrap_or(events.len())
+            };
+            let events = match stopped_at {
+                Some(stop) => &events[..not_after(stop.saturating_add(1))],
+                None => events,
+            };
+            let (now, later) = events.split_at(not_after(cutoff).min(events.len()));
+            if !later.is_empty() {
+                held_back.entry(tid).or_default().extend_from_slice(later);
+            }
+            if !now.is_empty() {
+                receivers.note_ring_owner(ring, tid);
+                receivers.give(tid, now);
+            }
+        });
+        self.events += drained;
+        self.follow_late_modules();
+        drained
+    }
+
+    /// Reads the off-CPU intervals up to now, then gives the trees every event held
+    /// back (call before the frames are ended at a pause or at the end).
+    pub(super) fn give_held_back(&mut self) {
+        let Some(builder) = self.builder.as_mut() else {
+            return;
+        };
+        if let Some(watch) = self.off_cpu.as_mut() {
+            watch.drain(|off| builder.push_off_cpu(off.tid, off.out_tsc, off.in_tsc));
+        }
+        let mut receivers = Receivers {
+            pid: self.target.pid,
+            builder,
+            trace: &mut self.trace,
+            gross: &mut self.gross,
+            off_cpu: &mut self.off_cpu,
+            last_timestamps: &mut self.last_timestamps,
+            ring_threads: &mut self.ring_threads,
+        };
+        for (tid, events) in self.held_back.drain() {
+            receivers.give(tid, &events);
+        }
+    }
+}
+
+impl Receivers<'_> {
+    /// A ring that changed hands: its old thread has exited, and its frames end at
+    /// its last event.
+    fn note_ring_owner(&mut self, ring: usize, tid: i32) {
+        if let Some(old) = self.ring_threads.insert(ring, tid)
+            && old != tid
+            && let Some(&at) = self.last_timestamps.get(&old)
+        {
+            self.builder.finish_thread(old as u32, at);
+        }
+    }
+
+    /// Gives thread `tid`'s next events to the trees, the trace and the gross times.
+    fn give(&mut self, tid: i32, events: &[Event]) {
+        if !self.last_timestamps.contains_key(&tid) {
+            if let Some(watch) = self.off_cpu.as_mut() {
+                watch.watch_thread(tid);
+            }
+            let name = crate::process::thread_name(self.pid, tid);
+            self.builder.set_thread_name(tid as u32, name);
+        }
+        if let Some(last) = events
+            .iter()
+            .rev()
+            .find(|e| e.kind() != Some(EventKind::Adjust))
+        {
+            self.last_timestamps.insert(tid, last.value);
+        }
+        if let Some(trace) = self.trace.as_mut() {
+            let builder = &*self.builder;
+            trace.push(tid as u32, events, || builder.open_functions(tid as u32));
+        }
+        self.builder.push_events(tid as u32, events);
+        if let Some(gross) = self.gross.as_mut() {
+            gross.push_events(tid, events);
+        }
+    }
+}
