@@ -23,6 +23,9 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
             node.self_ns as f64,
         );
         copy.below_resolution = node.below_resolution;
+        if let (Some(cpu), Some(self_cpu)) = (node.cpu_ns, node.self_cpu_ns) {
+            copy.other_clock = Some((cpu as f64, self_cpu as f64));
+        }
         copy.children.reserve_exact(node.children.len());
         copy
     };
@@ -70,6 +73,7 @@ pub fn fill_counters(profile: &Profile, status: &mut Status) {
     status.indirect_targets = profile.stats.indirect_targets;
     status.lost_events = profile.stats.lost_events;
     status.estimated_overhead_percent = profile.estimated_overhead_percent();
+    status.cpu_unmeasured = profile.stats.cpu_unmeasured.clone();
 }
 
 /// The whole view-model for `profile`, with `status` (its counters are filled in here).

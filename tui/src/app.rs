@@ -72,6 +72,8 @@ pub struct App {
     picker_from: Option<ScreenKind>,
     message: Option<String>,
     help_visible: bool,
+    /// The live view shows on-CPU times (`C`) instead of wall-clock times.
+    shows_cpu_time: bool,
 }
 
 impl App {
@@ -90,6 +92,7 @@ impl App {
             picker_from: None,
             message: None,
             help_visible: false,
+            shows_cpu_time: false,
         };
         match screen {
             Screen::ProcessPicker(processes) => app.process_picker.set_processes(processes),
@@ -145,8 +148,37 @@ impl App {
             self.message = snapshot.status.message.clone();
         }
         self.snapshot = snapshot;
+        if self.shows_cpu_time && self.snapshot.has_other_clock() {
+            self.snapshot.swap_clocks();
+        }
+        self.snapshot.status.shows_cpu_time = self.shows_cpu_time;
         self.session_started = true;
         self.live.data_changed();
+    }
+
+    /// Whether the live view shows on-CPU times.
+    pub fn shows_cpu_time(&self) -> bool {
+        self.shows_cpu_time
+    }
+
+    /// `C`: switches the live view between wall-clock and on-CPU times, when the
+    /// recording measured CPU time; otherwise says why not.
+    fn toggle_clock(&mut self) {
+        if !self.snapshot.has_other_clock() {
+            let why = (self.snapshot.status.cpu_unmeasured.clone())
+                .unwrap_or_else(|| "no on-CPU times in this profile".to_owned());
+            self.set_message(why);
+            return;
+        }
+        self.shows_cpu_time = !self.shows_cpu_time;
+        self.snapshot.swap_clocks();
+        self.snapshot.status.shows_cpu_time = self.shows_cpu_time;
+        self.live.data_changed();
+        self.set_message(if self.shows_cpu_time {
+            "times are on-CPU now: waiting in system calls, on locks and for a CPU left out"
+        } else {
+            "times are wall-clock now: waiting included"
+        });
     }
 
     /// Replaces the sampled tree shown in the Sampled view; its expansion, selection and
@@ -351,6 +383,7 @@ impl App {
                 return self.open_root_picker(ScreenKind::Live);
             }
             KeyCode::Char('S') if self.allowed(Needs::Samples) => self.show_sampled(),
+            KeyCode::Char('C') => self.toggle_clock(),
             KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r' | 'S') => {}
             KeyCode::Esc => self.message = None,
             _ => {

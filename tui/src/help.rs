@@ -164,6 +164,12 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
     ),
     key("m", "back to all threads merged", Needs::Nothing, None),
     key(
+        "C",
+        "wall-clock or on-CPU times (waiting in system calls, on locks, for a CPU)",
+        Needs::Nothing,
+        Some("C cpu/wall"),
+    ),
+    key(
         "S",
         "the sampled tree (taken before instrumenting), to compare",
         Needs::Samples,
@@ -296,7 +302,7 @@ pub fn available(needs: Needs, context: Context) -> bool {
 /// footer drops the least important ones; the rest keep the table's order.
 const HINT_IMPORTANCE: &[&str] = &[
     "?", "F1", "q", "Ctrl-C", "Enter", "type", "S", "p", "r", "w", "d", "1-3", "Tab", "Esc", "s",
-    "h", "Ctrl-R", "X",
+    "h", "Ctrl-R", "X", "C",
 ];
 
 /// The footer's key hints for `keys` that fit in `width` columns (the most important

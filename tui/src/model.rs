@@ -44,6 +44,10 @@ pub struct TreeNode {
     pub self_ns: f64,
     /// The self time is below what the profiler can measure (shown as `<res`, not 0).
     pub below_resolution: bool,
+    /// The other clock's (total, self) times, when the recording measured CPU time:
+    /// on-CPU times while `total_ns`/`self_ns` are wall-clock, and the other way round
+    /// after [`TreeNode::swap_clocks`].
+    pub other_clock: Option<(f64, f64)>,
     pub children: Vec<TreeNode>,
 }
 
@@ -63,7 +67,22 @@ impl TreeNode {
             total_ns,
             self_ns,
             below_resolution: false,
+            other_clock: None,
             children: Vec::new(),
+        }
+    }
+
+    /// Swaps every node's times with its other clock's (wall-clock and on-CPU), without
+    /// recursion. Nodes without the other clock keep theirs.
+    pub fn swap_clocks(&mut self) {
+        let mut pending: Vec<&mut TreeNode> = vec![self];
+        while let Some(node) = pending.pop() {
+            if let Some((total, self_ns)) = node.other_clock {
+                node.other_clock = Some((node.total_ns, node.self_ns));
+                node.total_ns = total;
+                node.self_ns = self_ns;
+            }
+            pending.extend(node.children.iter_mut());
         }
     }
 
@@ -103,6 +122,7 @@ impl TreeNode {
             total_ns: self.total_ns,
             self_ns: self.self_ns,
             below_resolution: self.below_resolution,
+            other_clock: self.other_clock,
             children: Vec::with_capacity(self.children.len()),
         }
     }
@@ -114,6 +134,7 @@ impl TreeNode {
             && self.total_ns == other.total_ns
             && self.self_ns == other.self_ns
             && self.below_resolution == other.below_resolution
+            && self.other_clock == other.other_clock
             && self.children.len() == other.children.len()
     }
 }
@@ -222,6 +243,10 @@ pub struct Status {
     /// 1: Σ over call paths of the smaller self share), when there is a sampled tree
     /// with samples below them.
     pub overlap: Option<f64>,
+    /// Why the trees have no on-CPU times, when they have none.
+    pub cpu_unmeasured: Option<String>,
+    /// The times shown are on-CPU (the `C` key), not wall-clock.
+    pub shows_cpu_time: bool,
 }
 
 /// How the samples of a sampled snapshot are taken (nothing is loaded into the target).
@@ -251,4 +276,22 @@ pub struct ProfileSnapshot {
     /// One summary per thread, in thread-id order (the threads tab shows them so).
     pub threads: Vec<ThreadSummary>,
     pub status: Status,
+}
+
+impl ProfileSnapshot {
+    /// Whether the trees carry a second clock (on-CPU time) to switch to.
+    pub fn has_other_clock(&self) -> bool {
+        self.merged
+            .first()
+            .is_some_and(|root| root.other_clock.is_some())
+    }
+
+    /// Swaps every tree's wall-clock and on-CPU times (see [`TreeNode::swap_clocks`]).
+    pub fn swap_clocks(&mut self) {
+        self.merged.iter_mut().for_each(TreeNode::swap_clocks);
+        for thread in &mut self.threads {
+            thread.roots.iter_mut().for_each(TreeNode::swap_clocks);
+            thread.total_ns = thread.roots.iter().map(|root| root.total_ns).sum();
+        }
+    }
 }

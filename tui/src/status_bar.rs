@@ -47,6 +47,12 @@ pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
         Span::raw(elapsed(status.elapsed)),
         Span::raw(SEPARATOR),
     ]);
+    if status.shows_cpu_time {
+        session
+            .spans
+            .push(Span::styled("on-CPU times", theme::strong()));
+        session.spans.push(Span::raw(SEPARATOR));
+    }
     // Before the roots, which may be long: the agreement with the sampled tree.
     if let Some(overlap) = status.overlap {
         session.spans.push(Span::styled(

@@ -509,3 +509,38 @@ fn empty_data_says_so() {
     press_char(&mut app, '3');
     assert!(screen_text(&mut app, 80, 24).contains("no thread"));
 }
+
+#[test]
+fn capital_c_switches_between_wall_and_on_cpu_times_and_back() {
+    let mut snapshot = snapshot();
+    for root in &mut snapshot.merged {
+        let mut pending = vec![root];
+        while let Some(node) = pending.pop() {
+            // On-CPU: a tenth of the wall-clock times.
+            node.other_clock = Some((node.total_ns / 10.0, node.self_ns / 10.0));
+            pending.extend(node.children.iter_mut());
+        }
+    }
+    let wall_root = snapshot.merged[0].total_ns;
+    let mut app = App::new(Screen::Live(snapshot.clone()));
+    press_char(&mut app, 'C');
+    assert!(app.shows_cpu_time());
+    assert_eq!(app.snapshot().merged[0].total_ns, wall_root / 10.0);
+    assert!(screen_text(&mut app, 120, 30).contains("on-CPU times"));
+    // A new snapshot (wall-clock, as the controller sends them) is shown on-CPU too.
+    app.update_snapshot(snapshot.clone());
+    assert_eq!(app.snapshot().merged[0].total_ns, wall_root / 10.0);
+    press_char(&mut app, 'C');
+    assert!(!app.shows_cpu_time());
+    assert_eq!(app.snapshot().merged[0].total_ns, wall_root);
+}
+
+#[test]
+fn capital_c_without_on_cpu_times_says_why() {
+    let mut snapshot = snapshot();
+    snapshot.status.cpu_unmeasured = Some("CPU time is not measured: refused".into());
+    let mut app = App::new(Screen::Live(snapshot));
+    press_char(&mut app, 'C');
+    assert!(!app.shows_cpu_time());
+    assert_eq!(app.message(), Some("CPU time is not measured: refused"));
+}

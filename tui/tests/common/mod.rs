@@ -66,6 +66,8 @@ pub fn status() -> Status {
         detached: false,
         sampling: None,
         overlap: None,
+        cpu_unmeasured: None,
+        shows_cpu_time: false,
     }
 }
 
