@@ -48,7 +48,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 25] = [
+const FIXTURES: [Fixture; 26] = [
     Fixture {
         name: "indirect",
         source: "indirect.c",
@@ -122,6 +122,11 @@ const FIXTURES: [Fixture; 25] = [
     Fixture {
         name: "off_cpu",
         source: "off_cpu.c",
+        recipe: Recipe::C,
+    },
+    Fixture {
+        name: "descend",
+        source: "descend.c",
         recipe: Recipe::C,
     },
     Fixture {
