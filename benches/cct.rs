@@ -104,6 +104,8 @@ fn calibration() -> Calibration {
         tsc_hz: 2_995_000_000,
         inner_ns: 12.0,
         outer_ns: 20.0,
+        inner_spread_ns: 0.0,
+        outer_spread_ns: 0.0,
     }
 }
 

@@ -23,6 +23,7 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
             node.self_ns as f64,
         );
         copy.below_resolution = node.below_resolution;
+        copy.error_ns = node.error_ns.map(|ns| ns as f64);
         if let (Some(cpu), Some(self_cpu)) = (node.cpu_ns, node.self_cpu_ns) {
             copy.other_clock = Some((cpu as f64, self_cpu as f64));
         }
@@ -213,6 +214,8 @@ mod tests {
                 tsc_hz: 2_600_000_000,
                 inner_ns: 10.0,
                 outer_ns: 20.0,
+                inner_spread_ns: 0.0,
+                outer_spread_ns: 0.0,
             },
             stats: Stats {
                 instrumented_functions: 43,

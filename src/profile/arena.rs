@@ -254,9 +254,13 @@ impl CallArena {
                 })
                 .collect()
         };
+        // Calls at or below each node, for its error estimate.
+        let mut subtree_calls = vec![0u64; self.nodes.len()];
         for index in (1..self.nodes.len()).rev() {
             let node = &self.nodes[index];
             let children = take_children(&mut built, index);
+            subtree_calls[index] += node.calls;
+            subtree_calls[node.parent as usize] += subtree_calls[index];
             let children_ns: u64 = children.iter().map(|child| child.total_ns).sum();
             let children_ticks: f64 = node.children().map(|c| totals[c as usize]).sum();
             let below_resolution = below[index]
@@ -285,6 +289,7 @@ impl CallArena {
                 below_resolution,
                 cpu_ns,
                 self_cpu_ns,
+                error_ns: correction.error_ns(node.calls, subtree_calls[index] - node.calls),
                 address: None,
                 samples: None,
                 children,
@@ -311,6 +316,8 @@ mod tests {
             tsc_hz: 1_000_000_000,
             inner_ns: 0.0,
             outer_ns: 0.0,
+            inner_spread_ns: 0.0,
+            outer_spread_ns: 0.0,
         })
         .unwrap()
     }

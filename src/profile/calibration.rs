@@ -33,6 +33,9 @@ pub struct Correction {
     inner_ticks: f64,
     outer_ticks: f64,
     ns_per_tick: f64,
+    /// The calibration's spreads (median − minimum), in ns per call.
+    inner_spread_ns: f64,
+    outer_spread_ns: f64,
 }
 
 impl Correction {
@@ -43,6 +46,8 @@ impl Correction {
         for (which, value) in [
             ("inner", calibration.inner_ns),
             ("outer", calibration.outer_ns),
+            ("inner spread", calibration.inner_spread_ns),
+            ("outer spread", calibration.outer_spread_ns),
         ] {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(CalibrationError::BadOverhead { which, value });
@@ -53,6 +58,19 @@ impl Correction {
             inner_ticks: calibration.inner_ns * ticks_per_ns,
             outer_ticks: calibration.outer_ns * ticks_per_ns,
             ns_per_tick: 1.0 / ticks_per_ns,
+            inner_spread_ns: calibration.inner_spread_ns,
+            outer_spread_ns: calibration.outer_spread_ns,
+        })
+    }
+
+    /// The estimated error of a context's corrected total: what the cost removed may be
+    /// off by — the calibration's spread per call times the calls it was removed for
+    /// (the context's own `calls` for `t_I`, and the `descendant_calls` below it for
+    /// `t_O`). `None` when the calibration gave no spread (an older agent's).
+    pub fn error_ns(&self, calls: u64, descendant_calls: u64) -> Option<u64> {
+        (self.inner_spread_ns > 0.0 || self.outer_spread_ns > 0.0).then(|| {
+            (calls as f64 * self.inner_spread_ns + descendant_calls as f64 * self.outer_spread_ns)
+                .round() as u64
         })
     }
 
@@ -95,6 +113,8 @@ mod tests {
             tsc_hz: 1_000_000_000,
             inner_ns: 2.0,
             outer_ns: 5.0,
+            inner_spread_ns: 0.0,
+            outer_spread_ns: 0.0,
         }
     }
 
@@ -120,6 +140,8 @@ mod tests {
             tsc_hz: 3_000_000_000,
             inner_ns: 1.0,
             outer_ns: 2.0,
+            inner_spread_ns: 0.0,
+            outer_spread_ns: 0.0,
         })
         .unwrap();
         // 3 ticks per ns: t_I = 3 ticks, t_O = 6 ticks.

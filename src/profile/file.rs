@@ -297,6 +297,8 @@ pub(crate) mod tests {
                 tsc_hz: 3_000_000_000,
                 inner_ns: 12.5,
                 outer_ns: 20.0,
+                inner_spread_ns: 0.0,
+                outer_spread_ns: 0.0,
             },
             stats: Stats {
                 instrumented_functions: 3,

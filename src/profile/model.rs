@@ -162,6 +162,12 @@ pub struct Calibration {
     pub inner_ns: f64,
     /// `t_O`: the whole time one instrumented call adds to its caller's measured time.
     pub outer_ns: f64,
+    /// How far a typical calibration batch's `t_I` and `t_O` lay above the minimum used
+    /// (median − minimum): the uncertainty of the cost removed per call (0 if unknown).
+    #[serde(default)]
+    pub inner_spread_ns: f64,
+    #[serde(default)]
+    pub outer_spread_ns: f64,
 }
 
 /// A target of calls through pointers that a recording does not follow.
@@ -286,6 +292,10 @@ pub struct Node {
     /// The part of [`Node::cpu_ns`] not spent in instrumented callees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub self_cpu_ns: Option<u64>,
+    /// The estimated error of `total_ns` (and `cpu_ns`): the calibration's spread per
+    /// call times the calls whose hook cost was removed from it (`Correction::error_ns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_ns: Option<u64>,
     /// The function's entry address in the target, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<u64>,
@@ -328,6 +338,7 @@ impl Node {
             below_resolution: false,
             cpu_ns: None,
             self_cpu_ns: None,
+            error_ns: None,
             address: None,
             samples: None,
             children: Vec::new(),
@@ -346,6 +357,7 @@ impl Node {
         node.below_resolution = self.below_resolution;
         node.cpu_ns = self.cpu_ns;
         node.self_cpu_ns = self.self_cpu_ns;
+        node.error_ns = self.error_ns;
         node.address = self.address;
         node.samples = self.samples;
         node
@@ -360,6 +372,7 @@ impl Node {
             && self.below_resolution == other.below_resolution
             && self.cpu_ns == other.cpu_ns
             && self.self_cpu_ns == other.self_cpu_ns
+            && self.error_ns == other.error_ns
             && self.address == other.address
             && self.samples == other.samples
             && self.children.len() == other.children.len()

@@ -255,13 +255,22 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if let Some(trace) = &profile.trace {
         writeln!(out, "{}", trace.summary())?;
     }
-    writeln!(
+    write!(
         out,
         "calibration: TSC {:.3} GHz, {:.1} ns inner and {:.1} ns outer removed per call",
         calibration.tsc_hz as f64 / 1e9,
         calibration.inner_ns,
         calibration.outer_ns
     )?;
+    if calibration.inner_spread_ns > 0.0 || calibration.outer_spread_ns > 0.0 {
+        write!(
+            out,
+            " (a typical batch {:.1} and {:.1} ns more: each node's error_ns is that times \
+             its calls)",
+            calibration.inner_spread_ns, calibration.outer_spread_ns
+        )?;
+    }
+    writeln!(out)?;
     write_clock_line(profile, out)
 }
 

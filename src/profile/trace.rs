@@ -294,6 +294,8 @@ mod tests {
             tsc_hz: 1_000_000_000,
             inner_ns: 2.0,
             outer_ns: 6.0,
+            inner_spread_ns: 0.0,
+            outer_spread_ns: 0.0,
         }
     }
 

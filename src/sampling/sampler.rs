@@ -328,6 +328,8 @@ impl Sampler {
                 tsc_hz: 0,
                 inner_ns: 0.0,
                 outer_ns: 0.0,
+                inner_spread_ns: 0.0,
+                outer_spread_ns: 0.0,
             },
             stats: Stats {
                 events: trees.samples,

@@ -156,6 +156,28 @@ impl App {
         self.live.data_changed();
     }
 
+    /// `E`: the selected call-tree node's total with its estimated error, in the message
+    /// line.
+    fn show_error_estimate(&mut self) {
+        let message = match self.live.selected_tree_row(&self.snapshot) {
+            None => "E: select a node of the call tree (1) to see its estimated error".to_owned(),
+            Some(row) => match row.error_ns {
+                Some(error) => format!(
+                    "{}: {} ms ± {} ms estimated error (the calibration's spread times the \
+                     calls whose hooks' cost was taken out)",
+                    row.name,
+                    crate::format::millis(row.total_ns),
+                    crate::format::millis(error),
+                ),
+                None => format!(
+                    "{}: no error estimate (a sampled tree, or a profile from an older tendril)",
+                    row.name
+                ),
+            },
+        };
+        self.set_message(message);
+    }
+
     /// Whether the live view shows on-CPU times.
     pub fn shows_cpu_time(&self) -> bool {
         self.shows_cpu_time
@@ -384,6 +406,7 @@ impl App {
             }
             KeyCode::Char('S') if self.allowed(Needs::Samples) => self.show_sampled(),
             KeyCode::Char('C') => self.toggle_clock(),
+            KeyCode::Char('E') => self.show_error_estimate(),
             KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r' | 'S') => {}
             KeyCode::Esc => self.message = None,
             _ => {

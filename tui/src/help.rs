@@ -170,6 +170,12 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
         Some("C cpu/wall"),
     ),
     key(
+        "E",
+        "the selected node's estimated error (the calibration's spread times its calls)",
+        Needs::Nothing,
+        None,
+    ),
+    key(
         "S",
         "the sampled tree (taken before instrumenting), to compare",
         Needs::Samples,
@@ -302,7 +308,7 @@ pub fn available(needs: Needs, context: Context) -> bool {
 /// footer drops the least important ones; the rest keep the table's order.
 const HINT_IMPORTANCE: &[&str] = &[
     "?", "F1", "q", "Ctrl-C", "Enter", "type", "S", "p", "r", "w", "d", "1-3", "Tab", "Esc", "s",
-    "h", "Ctrl-R", "X", "C",
+    "h", "Ctrl-R", "X", "C", "E",
 ];
 
 /// The footer's key hints for `keys` that fit in `width` columns (the most important

@@ -10,7 +10,7 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent};
 use crate::cursor::ListCursor;
 use crate::hotspots::HotSpotsView;
 use crate::model::{ProfileSnapshot, TreeNode};
-use crate::tree_view::TreeView;
+use crate::tree_view::{FlatRow, TreeView};
 
 /// The tabs of the live view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -141,6 +141,15 @@ impl LiveView {
         }
         self.refresh(snapshot);
         true
+    }
+
+    /// The call-tree row selected, if the call tree is the tab shown.
+    pub fn selected_tree_row(&mut self, snapshot: &ProfileSnapshot) -> Option<&FlatRow> {
+        self.refresh(snapshot);
+        match self.tab {
+            LiveTab::CallTree => self.tree.selected_row(),
+            LiveTab::HotSpots | LiveTab::Threads => None,
+        }
     }
 
     /// The function (name, module) selected in the call tree or the hot spots, if any.

@@ -48,6 +48,8 @@ pub struct TreeNode {
     /// on-CPU times while `total_ns`/`self_ns` are wall-clock, and the other way round
     /// after [`TreeNode::swap_clocks`].
     pub other_clock: Option<(f64, f64)>,
+    /// The estimated error of `total_ns`, when the profiler gives one.
+    pub error_ns: Option<f64>,
     pub children: Vec<TreeNode>,
 }
 
@@ -68,6 +70,7 @@ impl TreeNode {
             self_ns,
             below_resolution: false,
             other_clock: None,
+            error_ns: None,
             children: Vec::new(),
         }
     }
@@ -123,6 +126,7 @@ impl TreeNode {
             self_ns: self.self_ns,
             below_resolution: self.below_resolution,
             other_clock: self.other_clock,
+            error_ns: self.error_ns,
             children: Vec::with_capacity(self.children.len()),
         }
     }
@@ -135,6 +139,7 @@ impl TreeNode {
             && self.self_ns == other.self_ns
             && self.below_resolution == other.below_resolution
             && self.other_clock == other.other_clock
+            && self.error_ns == other.error_ns
             && self.children.len() == other.children.len()
     }
 }

@@ -80,6 +80,8 @@ pub struct FlatRow {
     pub total_ns: f64,
     pub self_ns: f64,
     pub below_resolution: bool,
+    /// The estimated error of `total_ns`, when known.
+    pub error_ns: Option<f64>,
     pub has_children: bool,
     pub expanded: bool,
 }
@@ -261,6 +263,7 @@ impl TreeView {
                 total_ns: node.total_ns,
                 self_ns: node.self_ns,
                 below_resolution: node.below_resolution,
+                error_ns: node.error_ns,
                 has_children,
                 expanded,
             });

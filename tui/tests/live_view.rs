@@ -544,3 +544,25 @@ fn capital_c_without_on_cpu_times_says_why() {
     assert!(!app.shows_cpu_time());
     assert_eq!(app.message(), Some("CPU time is not measured: refused"));
 }
+
+#[test]
+fn capital_e_gives_the_selected_nodes_estimated_error() {
+    let mut snapshot = snapshot();
+    snapshot.merged[0].error_ns = Some(250_000.0);
+    let mut app = App::new(Screen::Live(snapshot));
+    press_char(&mut app, 'E');
+    let message = app.message().unwrap_or_default().to_owned();
+    assert!(
+        message.starts_with("main:") && message.contains("± 0.250 ms estimated error"),
+        "{message}"
+    );
+    press(&mut app, KeyCode::Down);
+    press_char(&mut app, 'E');
+    assert!(
+        app.message()
+            .unwrap_or_default()
+            .contains("no error estimate"),
+        "{:?}",
+        app.message()
+    );
+}

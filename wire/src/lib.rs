@@ -194,10 +194,19 @@ pub enum Response {
     Counters { threads: Vec<ThreadCounters> },
     /// Answer to [`Request::ResolveSymbols`], one address (or none) per name.
     Resolved { addresses: Vec<Option<u64>> },
-    /// Answer to [`Request::StartRecording`]: the hooks' calibrated cost in TSC ticks.
+    /// Answer to [`Request::StartRecording`]: the hooks' calibrated cost in TSC ticks
+    /// (the minimum over the calibration's batches), and how far a typical batch's cost
+    /// lay above it (median − minimum: the uncertainty of the cost removed per call).
     /// The line comes with one file descriptor (`SCM_RIGHTS`): the rings' memory, a
     /// memfd of [`rings::FILE_BYTES`] sealed against shrinking and growing.
-    RecordingStarted { inner_ticks: f64, outer_ticks: f64 },
+    RecordingStarted {
+        inner_ticks: f64,
+        outer_ticks: f64,
+        #[serde(default)]
+        inner_spread_ticks: f64,
+        #[serde(default)]
+        outer_spread_ticks: f64,
+    },
     /// Answer to [`Request::StopRecording`]: functions restored, and the callees that
     /// could not be instrumented, with the reason.
     RecordingStopped {

@@ -11,6 +11,8 @@ fn exact_builder() -> CctBuilder {
         tsc_hz: 1_000_000_000,
         inner_ns: 0.0,
         outer_ns: 0.0,
+        inner_spread_ns: 0.0,
+        outer_spread_ns: 0.0,
     })
     .unwrap()
 }
@@ -416,4 +418,41 @@ fn without_off_cpu_intervals_there_are_no_cpu_times() {
     builder.push_events(1, &[entry(0, 0), exit(0, 10)]);
     let profile = snapshot(&builder);
     assert_eq!(profile.merged.roots[0].cpu_ns, None);
+}
+
+#[test]
+fn each_node_estimates_its_error_from_the_calibrations_spread() {
+    let mut builder = CctBuilder::new(Calibration {
+        tsc_hz: 1_000_000_000,
+        inner_ns: 0.0,
+        outer_ns: 0.0,
+        inner_spread_ns: 2.0,
+        outer_spread_ns: 5.0,
+    })
+    .unwrap();
+    // main calls work twice, and work calls fib once each time.
+    builder.push_events(
+        1,
+        &[
+            entry(0, 0),
+            entry(2, 10),
+            entry(1, 20),
+            exit(1, 30),
+            exit(2, 40),
+            entry(2, 50),
+            entry(1, 60),
+            exit(1, 70),
+            exit(2, 80),
+            exit(0, 1000),
+        ],
+    );
+    let profile = snapshot(&builder);
+    let main = &profile.merged.roots[0];
+    // main: 1 call × 2 ns + 4 calls below × 5 ns; work: 2 × 2 + 2 × 5; fib: 2 × 2.
+    assert_eq!(main.error_ns, Some(22));
+    assert_eq!(main.children[0].error_ns, Some(14));
+    assert_eq!(main.children[0].children[0].error_ns, Some(4));
+    // Without a spread (an older agent's calibration), no estimate.
+    let plain = snapshot(&exact_builder());
+    assert!(plain.merged.roots.iter().all(|n| n.error_ns.is_none()));
 }

@@ -44,6 +44,8 @@ fn profile() -> Profile {
             tsc_hz: 2_995_000_000,
             inner_ns: 12.25,
             outer_ns: 20.5,
+            inner_spread_ns: 0.0,
+            outer_spread_ns: 0.0,
         },
         stats: Stats {
             instrumented_functions: 6,

@@ -207,6 +207,8 @@ fn start_recording(
         let response = Response::RecordingStarted {
             inner_ticks: cost.inner_ticks,
             outer_ticks: cost.outer_ticks,
+            inner_spread_ticks: cost.inner_spread_ticks,
+            outer_spread_ticks: cost.outer_spread_ticks,
         };
         Ok((response, rings))
     })();

@@ -12,7 +12,9 @@
 //!   one instrumented call adds to its caller's measured time.
 //!
 //! The one idea (JFluid's): each is the minimum over many batches, the batch least
-//! disturbed by interrupts and other threads.
+//! disturbed by interrupts and other threads. How far the median batch lies above that
+//! minimum is reported too (the *spread*): the hooks in real code cost more than in the
+//! undisturbed batch, so it bounds the error of the cost removed per call.
 
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::thread_state;
@@ -70,6 +72,9 @@ unsafe extern "C" {
 pub struct HookCost {
     pub inner_ticks: f64,
     pub outer_ticks: f64,
+    /// Median − minimum over the batches, per call.
+    pub inner_spread_ticks: f64,
+    pub outer_spread_ticks: f64,
 }
 
 /// Measures the recording hook's cost (see the module comment). Runs on an agent
@@ -115,6 +120,9 @@ fn measure() -> Result<HookCost, AgentError> {
     let mut inner = f64::MAX;
     let mut hooked = f64::MAX;
     let mut bare = f64::MAX;
+    // Per batch, per call: the inner time, and hooked − bare.
+    let mut inner_batches = Vec::with_capacity(BATCHES);
+    let mut outer_batches = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         state.ring_head().store(0, Ordering::Relaxed);
         state.ring_limit().store(RING as u64, Ordering::Relaxed);
@@ -137,9 +145,11 @@ fn measure() -> Result<HookCost, AgentError> {
         let recorded = unsafe { std::slice::from_raw_parts(events_base, written) };
         if let Some(mean_inner) = mean_inner_time(recorded) {
             inner = inner.min(mean_inner);
+            inner_batches.push(mean_inner);
         }
         hooked = hooked.min(hooked_batch as f64 / CALLS_PER_BATCH as f64);
         bare = bare.min(bare_batch as f64 / CALLS_PER_BATCH as f64);
+        outer_batches.push((hooked_batch as f64 - bare_batch as f64) / CALLS_PER_BATCH as f64);
     }
     thread_state::set_current_slot(previous);
     if inner == f64::MAX {
@@ -147,10 +157,19 @@ fn measure() -> Result<HookCost, AgentError> {
             "calibration: the hook recorded no events".into(),
         ));
     }
+    let outer = (hooked - bare).max(0.0);
     Ok(HookCost {
         inner_ticks: inner,
-        outer_ticks: (hooked - bare).max(0.0),
+        outer_ticks: outer,
+        inner_spread_ticks: (median(&mut inner_batches) - inner).max(0.0),
+        outer_spread_ticks: (median(&mut outer_batches) - outer).max(0.0),
     })
+}
+
+/// The median of `values` (0 for none).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The mean of exit − entry over the entry/exit pairs of a batch.
