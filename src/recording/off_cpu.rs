@@ -23,7 +23,7 @@
 use crate::recording::tsc;
 use crate::sampling::perf::{OpenError, PerfEvent, Ring};
 use crate::sampling::records::{self, Record};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// How often the thread list is read again for new threads.
@@ -83,6 +83,22 @@ impl ClockAnchor {
     }
 }
 
+/// Raises this process's soft limit of open files to its hard limit (as `perf` does).
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read or write one rlimit through a valid pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 fn monotonic_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
@@ -111,6 +127,9 @@ impl OffCpuWatch {
     /// `tsc_hz` is the TSC's measured frequency.
     pub fn start(pid: i32, tsc_hz: u64) -> Result<OffCpuWatch, String> {
         let tids = crate::process::thread_ids(pid).map_err(|e| e.to_string())?;
+        // One descriptor per thread: a process of thousands of threads needs more than
+        // the usual soft limit of 1,024.
+        raise_open_files_limit();
         let mut watch = OffCpuWatch {
             pid,
             tsc_hz,
@@ -177,7 +196,8 @@ impl OffCpuWatch {
         let Ok(tids) = crate::process::thread_ids(self.pid) else {
             return;
         };
-        self.threads.retain(|tid, _| tids.contains(tid));
+        let alive: HashSet<i32> = tids.iter().copied().collect();
+        self.threads.retain(|tid, _| alive.contains(tid));
         for tid in tids {
             self.watch_thread(tid);
         }
