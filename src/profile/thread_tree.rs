@@ -86,16 +86,42 @@ pub struct ThreadCounters {
     pub dropped_frames: u64,
 }
 
-/// Most off-CPU intervals kept waiting for the thread's next event: a thread that
-/// switches often outside any recorded frame, and records nothing, gives them up oldest
-/// first (they end before any frame it will open).
-const MAX_PENDING_OFF_CPU: usize = 1 << 20;
+/// Most off-CPU spans kept waiting for the thread's next event. A thread that switches
+/// often and records nothing (it runs outside the roots) has its oldest spans merged in
+/// pairs beyond this, so memory stays bounded; a merged span keeps its off-CPU length
+/// exactly, and only an event falling inside it would see that length spread evenly.
+const MAX_PENDING_OFF_CPU: usize = 4096;
+
+/// Off-CPU time between `out` and `in` (TSC ticks): `off` ticks of it (all of it for
+/// one switch; less for merged ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OffSpan {
+    out: u64,
+    back: u64,
+    off: u64,
+}
+
+impl OffSpan {
+    /// The off-CPU ticks of this span that fall in `from..to`.
+    fn off_within(&self, from: u64, to: u64) -> u64 {
+        let (start, end) = (self.out.max(from), self.back.min(to));
+        if end <= start {
+            return 0;
+        }
+        let length = self.back - self.out;
+        if self.off == length {
+            end - start
+        } else {
+            (self.off as u128 * u128::from(end - start) / u128::from(length.max(1))) as u64
+        }
+    }
+}
 
 /// The thread's time off the CPU (see the module comment).
 #[derive(Debug, Clone, Default)]
 struct OffCpu {
-    /// Intervals (out, in) in TSC ticks not yet reached by an event, in time order.
-    pending: VecDeque<(u64, u64)>,
+    /// Spans not yet reached by an event, in time order.
+    pending: VecDeque<OffSpan>,
     /// Off-CPU ticks so far, less those inside pauses.
     total: u64,
     /// Pauses recorded since the latest timed event.
@@ -196,10 +222,28 @@ impl ThreadTree {
     /// every interval given before).
     pub fn push_off_cpu(&mut self, out_tsc: u64, in_tsc: u64) {
         let pending = &mut self.off_cpu.pending;
-        if pending.len() == MAX_PENDING_OFF_CPU {
-            pending.pop_front();
+        if pending.len() >= MAX_PENDING_OFF_CPU {
+            // Merge the older half in pairs: the same off-CPU time in half the spans.
+            let older: Vec<OffSpan> = pending.drain(..MAX_PENDING_OFF_CPU / 2).collect();
+            for pair in older.chunks(2).rev() {
+                let merged = match pair {
+                    [a, b] => OffSpan {
+                        out: a.out,
+                        back: b.back,
+                        off: a.off + b.off,
+                    },
+                    [a] => *a,
+                    _ => unreachable!("chunks of two"),
+                };
+                pending.push_front(merged);
+            }
         }
-        pending.push_back((out_tsc, in_tsc.max(out_tsc)));
+        let back = in_tsc.max(out_tsc);
+        pending.push_back(OffSpan {
+            out: out_tsc,
+            back,
+            off: back - out_tsc,
+        });
     }
 
     /// Takes in the off-CPU time before `ts` (a timed event's), since the latest one.
@@ -208,19 +252,22 @@ impl ThreadTree {
     fn take_off_cpu_until(&mut self, ts: u64) {
         let window_start = self.latest_ts;
         let mut off = 0;
-        while let Some(&(out_tsc, in_tsc)) = self.off_cpu.pending.front() {
-            if out_tsc >= ts {
+        while let Some(&span) = self.off_cpu.pending.front() {
+            if span.out >= ts {
                 break;
             }
-            let from = out_tsc.max(window_start);
-            if in_tsc <= ts {
-                off += in_tsc.saturating_sub(from);
+            off += span.off_within(window_start, ts);
+            if span.back <= ts {
                 self.off_cpu.pending.pop_front();
             } else {
-                // Ends after the event (the clocks' conversion is off by a hair): the
-                // rest belongs to the next window.
-                off += ts.saturating_sub(from);
-                self.off_cpu.pending[0].0 = ts;
+                // Ends after the event (the clocks' conversion is off by a hair, or a
+                // merged span): the rest belongs to the next window.
+                let rest = span.off - span.off_within(span.out, ts);
+                self.off_cpu.pending[0] = OffSpan {
+                    out: ts,
+                    back: span.back,
+                    off: rest,
+                };
                 break;
             }
         }

@@ -456,3 +456,19 @@ fn each_node_estimates_its_error_from_the_calibrations_spread() {
     let plain = snapshot(&exact_builder());
     assert!(plain.merged.roots.iter().all(|n| n.error_ns.is_none()));
 }
+
+#[test]
+fn many_switches_before_the_next_event_keep_their_off_cpu_time_in_bounded_memory() {
+    let mut builder = exact_builder();
+    builder.measure_cpu();
+    builder.push_events(1, &[entry(0, 0)]);
+    // 10,000 switches of 5 ticks each, far more than are kept one by one.
+    for i in 0..10_000u64 {
+        builder.push_off_cpu(1, 10 + i * 10, 15 + i * 10);
+    }
+    builder.push_events(1, &[exit(0, 200_000)]);
+    let profile = snapshot(&builder);
+    let main = &profile.merged.roots[0];
+    assert_eq!(main.total_ns, 200_000);
+    assert_eq!(main.cpu_ns, Some(200_000 - 50_000));
+}
