@@ -9,7 +9,9 @@
 
 use crate::profile::Profile;
 use crate::profile::names::printable;
-use crate::profile::overlap::{HOT_THRESHOLD, agreement, path_weights, root_names};
+use crate::profile::overlap::{
+    HOT_THRESHOLD, agreement, on_common_clock, path_weights, root_names,
+};
 use std::io::Write;
 use std::path::Path;
 
@@ -17,8 +19,9 @@ use std::path::Path;
 pub const DEFAULT_ROWS: usize = 20;
 
 pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Result<()> {
-    let profile_a = Profile::load(a)?;
-    let profile_b = Profile::load(b)?;
+    let mut profile_a = Profile::load(a)?;
+    let mut profile_b = Profile::load(b)?;
+    let on_cpu = on_common_clock(&mut profile_a, &mut profile_b);
     let roots = comparison_roots(&profile_a, &profile_b, root);
     for (path, profile) in [(a, &profile_a), (b, &profile_b)] {
         let weights = path_weights(profile, &roots);
@@ -70,6 +73,13 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
             result.hot_paths,
             HOT_THRESHOLD * 100.0
         )?;
+        if on_cpu {
+            writeln!(
+                out,
+                "times: on-CPU (one profile is sampled on the CPU clock, the other's on-CPU \
+                 times are used)"
+            )?;
+        }
         writeln!(
             out,
             "{:>7} {:>7} {:>7}  call path",

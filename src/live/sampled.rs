@@ -14,7 +14,9 @@ use super::sampler_thread::{SampledTree, Sampling, SamplingJob, SamplingUpdate};
 use super::session::{Session, Symbols, WhenLoaded};
 use super::stage::Recording;
 use crate::profile::Profile;
-use crate::profile::overlap::{PathWeights, agreement, path_weights, root_names};
+use crate::profile::overlap::{
+    PathWeights, agreement, is_sampled_on_the_cpu_clock, path_weights, root_names,
+};
 use crate::symbols::ProcessSymbols;
 use std::time::{Duration, Instant};
 use tendril_tui::{App, FunctionEntry};
@@ -154,7 +156,18 @@ impl Session {
             self.sampling.weights = Some((roots.clone(), path_weights(sampled, &roots)));
         }
         let sampled_weights = &self.sampling.weights.as_ref()?.1;
-        let instrumented = path_weights(profile, &roots);
+        // Samples count CPU time: compare with the recording's on-CPU times when it
+        // has them (a thread waiting inside a root is not in the samples).
+        let on_cpu = (profile.has_cpu_time() && is_sampled_on_the_cpu_clock(sampled))
+            .then(|| {
+                let mut on_cpu = profile.clone();
+                on_cpu
+                    .show_clock(crate::profile::Clock::Cpu)
+                    .ok()
+                    .map(|()| on_cpu)
+            })
+            .flatten();
+        let instrumented = path_weights(on_cpu.as_ref().unwrap_or(profile), &roots);
         let has_time = |weights: &PathWeights| weights.values().any(|w| w.total_share > 0.0);
         self.sampling.overlap = (has_time(sampled_weights) && has_time(&instrumented))
             .then(|| agreement(sampled_weights, &instrumented).overlap);

@@ -43,6 +43,26 @@ pub struct Agreement {
     pub differences: Vec<(String, f64, f64)>,
 }
 
+/// Puts two profiles on the clock they can be compared on: a profile sampled on the
+/// CPU clock counts only time on the CPU, so when the other is a recording with on-CPU
+/// times, that one is shown in on-CPU time too (`Profile::show_clock`). Returns whether
+/// it was.
+pub fn on_common_clock(a: &mut Profile, b: &mut Profile) -> bool {
+    let cpu_sampled = is_sampled_on_the_cpu_clock;
+    if cpu_sampled(a) && b.has_cpu_time() {
+        b.show_clock(super::Clock::Cpu).is_ok()
+    } else if cpu_sampled(b) && a.has_cpu_time() {
+        a.show_clock(super::Clock::Cpu).is_ok()
+    } else {
+        false
+    }
+}
+
+/// Whether `profile` was sampled on the CPU clock (its samples count time on the CPU).
+pub fn is_sampled_on_the_cpu_clock(profile: &Profile) -> bool {
+    profile.sampling.as_ref().is_some_and(|s| s.clock == "cpu")
+}
+
 /// The relative weights of `profile`'s merged tree, or of the subtrees below the
 /// outermost calls of any of `roots` (all of the tree when `roots` is empty).
 pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
@@ -191,5 +211,35 @@ mod tests {
         let below = path_weights(&tree(&[("x", 1)]), &["work".to_string()]);
         assert!(below.contains_key("work;x"));
         assert!(!below.contains_key("main"));
+    }
+
+    #[test]
+    fn a_cpu_sampled_profile_is_compared_with_the_others_on_cpu_times() {
+        // The recording: x waits most of its wall time (90 wall, 10 on the CPU).
+        let mut recorded = tree(&[("x", 90), ("y", 10)]);
+        let mut pending: Vec<&mut Node> = recorded.merged.roots.iter_mut().collect();
+        while let Some(node) = pending.pop() {
+            let (cpu, self_cpu) = match node.name.as_str() {
+                "x" => (10, 10),
+                "y" => (10, 10),
+                _ => (20, 0),
+            };
+            node.cpu_ns = Some(cpu);
+            node.self_cpu_ns = Some(self_cpu);
+            pending.extend(node.children.iter_mut());
+        }
+        let mut sampled = tree(&[("x", 50), ("y", 50)]);
+        sampled.sampling = Some(crate::profile::model::SamplingInfo {
+            clock: "cpu".into(),
+            ..Default::default()
+        });
+        let before = agreement(&path_weights(&sampled, &[]), &path_weights(&recorded, &[]));
+        assert!(on_common_clock(&mut sampled, &mut recorded));
+        let after = agreement(&path_weights(&sampled, &[]), &path_weights(&recorded, &[]));
+        assert!(before.overlap < 0.7, "{}", before.overlap);
+        assert!((after.overlap - 1.0).abs() < 1e-9, "{}", after.overlap);
+        // Two recordings stay on wall-clock time.
+        let mut other = recorded.clone();
+        assert!(!on_common_clock(&mut other, &mut tree(&[("x", 1)])));
     }
 }
