@@ -240,22 +240,23 @@ impl Recorder {
             },
             &table,
         );
-        let cost = match started.map_err(session_error)? {
-            Response::RecordingStarted {
-                inner_ticks,
-                outer_ticks,
-                inner_spread_ticks,
-                outer_spread_ticks,
-            } => [
-                inner_ticks,
-                outer_ticks,
-                inner_spread_ticks,
-                outer_spread_ticks,
-            ],
-            other => {
-                return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
-            }
-        };
+        let (inner_ticks, outer_ticks, inner_spread_ticks, outer_spread_ticks) =
+            match started.map_err(session_error)? {
+                Response::RecordingStarted {
+                    inner_ticks,
+                    outer_ticks,
+                    inner_spread_ticks,
+                    outer_spread_ticks,
+                } => (
+                    inner_ticks,
+                    outer_ticks,
+                    inner_spread_ticks,
+                    outer_spread_ticks,
+                ),
+                other => {
+                    return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
+                }
+            };
         let rings_memory = self.session.take_received_descriptor();
         self.recording = true;
         self.stopped_at = None;
@@ -272,10 +273,10 @@ impl Recorder {
             let ns = |ticks: f64| ticks * 1e9 / self.tsc_hz as f64;
             let builder = CctBuilder::new(Calibration {
                 tsc_hz: self.tsc_hz,
-                inner_ns: ns(cost[0]),
-                outer_ns: ns(cost[1]),
-                inner_spread_ns: ns(cost[2]),
-                outer_spread_ns: ns(cost[3]),
+                inner_ns: ns(inner_ticks),
+                outer_ns: ns(outer_ticks),
+                inner_spread_ns: ns(inner_spread_ticks),
+                outer_spread_ns: ns(outer_spread_ticks),
             })
             .map_err(|e| RecordError::Refused {
                 pid,
@@ -285,7 +286,7 @@ impl Recorder {
             self.watch_off_cpu();
             self.gross = self
                 .gross_only
-                .then(|| GrossTimes::new(self.tsc_hz, cost[0]));
+                .then(|| GrossTimes::new(self.tsc_hz, inner_ticks));
         }
 
         let symbols = &self.symbols;
