@@ -56,6 +56,7 @@ pub struct PendingPad {
     pub(in crate::patching) recorded: Option<usize>,
 }
 
+/// The patch engine's tables, behind one lock (`state::STATE.engine`).
 #[derive(Default)]
 pub struct Engine {
     pub(in crate::patching) arena: CodeArena,
@@ -69,7 +70,7 @@ pub struct Engine {
 }
 
 /// What the runtime above does at the patch engine's moments. The runtime installs it
-/// once, before the first patch ([`install_runtime`]); the engine never imports it.
+/// once, before the first patch (`patcher::install_runtime`); the engine never imports it.
 #[derive(Clone, Copy)]
 pub struct RuntimeHooks {
     /// Sets up what the stubs rely on (the agent threads' shared state).
