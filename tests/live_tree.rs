@@ -250,10 +250,14 @@ fn check_shape(profile: &Profile, baseline_depth: usize, what: &str) {
 
 /// Checks per-call times against uninterrupted recordings: `references` were made
 /// before, during (of a second demo process, under the same load) and after. Times are
-/// on-CPU: wall-clock times per call of the demo under two busy loops were seen to
-/// differ by a factor of 3.7 between two demo processes recorded side by side (the wait
-/// for a core). The check is a factor of 3 around the references' range — the bug made
-/// them 10 times longer — and the figures are printed.
+/// on-CPU (wall-clock times also carry the wait for a core). The check is a factor of 5
+/// around the references' range — the bug made them 10 times longer — and the figures
+/// are printed. Not tighter: after 20 pauses the demo's per-call times come out 1.7–4.3
+/// times the uninterrupted ones (beside two busy loops; 1.7× on a quiet machine), where
+/// the `descend` fixture's stay within 2.5% (`tests/interruptions.rs`). The demo's
+/// time is mostly the hooks' residual cost over about 20,000 calls of a few ns per
+/// request, so the hooks themselves seem to cost more after pauses; issue #16 keeps
+/// this open.
 /// [`check_watched_time`] is the check load cannot move.
 ///
 /// The 10% bound of issue #16 is checked in `tests/interruptions.rs`, in on-CPU time, on
@@ -269,8 +273,8 @@ fn check_per_call(profile: &Profile, references: &[&Profile], what: &str) {
     );
     for (i, name) in [DEMO_ROOT, "demo_render_response"].iter().enumerate() {
         let times: Vec<f64> = references.iter().map(|r| per_call(r)[i]).collect();
-        let low = times.iter().copied().fold(f64::INFINITY, f64::min) / 3.0;
-        let high = times.iter().copied().fold(0.0, f64::max) * 3.0;
+        let low = times.iter().copied().fold(f64::INFINITY, f64::min) / 5.0;
+        let high = times.iter().copied().fold(0.0, f64::max) * 5.0;
         assert!(
             (low..=high).contains(&now[i]),
             "after {what}: {name} takes {:.0} ns per call; uninterrupted {times:.0?} ns",
