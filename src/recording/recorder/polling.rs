@@ -9,7 +9,8 @@
 
 use super::*;
 
-/// What receives a thread's events: the recorder's fields, borrowed apart from the rings.
+/// What receives a thread's events (and keeps those held back): the recorder's fields,
+/// borrowed apart from the rings.
 struct Receivers<'a> {
     pid: i32,
     builder: &'a mut CctBuilder,
@@ -18,6 +19,7 @@ struct Receivers<'a> {
     off_cpu: &'a mut Option<OffCpuWatch>,
     last_timestamps: &'a mut HashMap<i32, u64>,
     ring_threads: &'a mut HashMap<usize, i32>,
+    held_back: &'a mut HashMap<i32, Vec<Event>>,
 }
 
 impl Recorder {
@@ -28,19 +30,9 @@ impl Recorder {
             false => u64::MAX,
         };
         self.give_held_back();
-        let held_back = &mut self.held_back;
         let stopped_at = self.stopped_at;
-        let (Some(rings), Some(builder)) = (self.rings.as_ref(), self.builder.as_mut()) else {
+        let Some((rings, mut receivers)) = self.receivers() else {
             return 0;
-        };
-        let mut receivers = Receivers {
-            pid: self.target.pid,
-            builder,
-            trace: &mut self.trace,
-            gross: &mut self.gross,
-            off_cpu: &mut self.off_cpu,
-            last_timestamps: &mut self.last_timestamps,
-            ring_threads: &mut self.ring_threads,
         };
         let drained = rings.drain(|ring, tid, events| {
             // A ring's events are in time order: cut at the first one after the stop,
@@ -57,7 +49,11 @@ impl Recorder {
             };
             let (now, later) = events.split_at(not_after(cutoff).min(events.len()));
             if !later.is_empty() {
-                held_back.entry(tid).or_default().extend_from_slice(later);
+                receivers
+                    .held_back
+                    .entry(tid)
+                    .or_default()
+                    .extend_from_slice(later);
             }
             if !now.is_empty() {
                 receivers.note_ring_owner(ring, tid);
@@ -72,28 +68,40 @@ impl Recorder {
     /// Reads the off-CPU intervals up to now, then gives the trees every event held
     /// back (call before the frames are ended at a pause or at the end).
     pub(super) fn give_held_back(&mut self) {
-        let Some(builder) = self.builder.as_mut() else {
+        let Some((_, mut receivers)) = self.receivers() else {
             return;
         };
-        if let Some(watch) = self.off_cpu.as_mut() {
-            watch.drain(|off| builder.push_off_cpu(off.tid, off.out_tsc, off.in_tsc));
+        receivers.read_off_cpu();
+        for (tid, events) in std::mem::take(receivers.held_back) {
+            receivers.give(tid, &events);
         }
-        let mut receivers = Receivers {
+    }
+
+    /// The rings, and what receives their events, borrowed apart.
+    fn receivers(&mut self) -> Option<(&Rings, Receivers<'_>)> {
+        let receivers = Receivers {
             pid: self.target.pid,
-            builder,
+            builder: self.builder.as_mut()?,
             trace: &mut self.trace,
             gross: &mut self.gross,
             off_cpu: &mut self.off_cpu,
             last_timestamps: &mut self.last_timestamps,
             ring_threads: &mut self.ring_threads,
+            held_back: &mut self.held_back,
         };
-        for (tid, events) in self.held_back.drain() {
-            receivers.give(tid, &events);
-        }
+        Some((self.rings.as_ref()?, receivers))
     }
 }
 
 impl Receivers<'_> {
+    /// Gives the trees the off-CPU intervals read since the last time.
+    fn read_off_cpu(&mut self) {
+        if let Some(watch) = self.off_cpu.as_mut() {
+            let builder = &mut *self.builder;
+            watch.drain(|off| builder.push_off_cpu(off.tid, off.out_tsc, off.in_tsc));
+        }
+    }
+
     /// A ring that changed hands: its old thread has exited, and its frames end at
     /// its last event.
     fn note_ring_owner(&mut self, ring: usize, tid: i32) {
