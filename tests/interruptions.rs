@@ -142,60 +142,50 @@ fn check(profile: &Profile, references: [&Profile; 2], what: &str) {
     }
 }
 
-#[test]
-fn pauses_mid_recursion_leave_per_call_times_as_uninterrupted() {
-    let _turn = one_at_a_time();
-    let target = Target::spawn("descend", &[]);
-    let before = uninterrupted(&target);
-    let mut recorder = start(&target, ROOT);
-    for _ in 0..ROUNDS {
-        until_mid_recursion(&mut recorder);
-        recorder.pause().expect("pause");
-        // Long enough for every request in progress to finish unwatched.
-        std::thread::sleep(Duration::from_millis(20));
-        recorder.resume().expect("resume");
-        record_calls(&mut recorder, ROOT, CALLS_BETWEEN);
-    }
-    record_calls(&mut recorder, ROOT, CALLS);
-    let profile = recorder.finish(false).expect("the recording ends").profile;
-    check(&profile, [&before, &uninterrupted(&target)], "20 pauses");
-}
-
-#[test]
-fn resets_mid_recursion_leave_per_call_times_as_uninterrupted() {
-    let _turn = one_at_a_time();
-    let target = Target::spawn("descend", &[]);
-    let before = uninterrupted(&target);
-    let mut recorder = start(&target, ROOT);
-    for _ in 0..ROUNDS {
-        until_mid_recursion(&mut recorder);
-        recorder.reset();
-        record_calls(&mut recorder, ROOT, CALLS_BETWEEN);
-    }
-    record_calls(&mut recorder, ROOT, CALLS);
-    let profile = recorder.finish(false).expect("the recording ends").profile;
-    check(&profile, [&before, &uninterrupted(&target)], "20 resets");
-}
-
-#[test]
-fn root_changes_mid_recursion_leave_per_call_times_as_uninterrupted() {
+/// Records the fixture without interruption, then again doing `interrupt` [`ROUNDS`]
+/// times with two threads mid-recursion (it is given the round, and answers the root to
+/// count calls of until the next), then compares them (`check`).
+fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize) -> &'static str) {
     let _turn = one_at_a_time();
     let target = Target::spawn("descend", &[]);
     let before = uninterrupted(&target);
     let mut recorder = start(&target, ROOT);
     for round in 0..ROUNDS {
         until_mid_recursion(&mut recorder);
-        // Alternately the recursion itself and the request again; the last change
-        // comes back to the request.
-        let root = if round % 2 == 0 { "descend" } else { ROOT };
-        recorder.set_roots(&[root.to_string()]).expect("new roots");
+        let root = interrupt(&mut recorder, round);
         record_calls(&mut recorder, root, CALLS_BETWEEN);
     }
     record_calls(&mut recorder, ROOT, CALLS);
     let profile = recorder.finish(false).expect("the recording ends").profile;
-    check(
-        &profile,
-        [&before, &uninterrupted(&target)],
-        "20 root changes",
-    );
+    check(&profile, [&before, &uninterrupted(&target)], what);
+}
+
+#[test]
+fn pauses_mid_recursion_leave_per_call_times_as_uninterrupted() {
+    check_interrupted("20 pauses", |recorder, _| {
+        recorder.pause().expect("pause");
+        // Long enough for every request in progress to finish unwatched.
+        std::thread::sleep(Duration::from_millis(20));
+        recorder.resume().expect("resume");
+        ROOT
+    });
+}
+
+#[test]
+fn resets_mid_recursion_leave_per_call_times_as_uninterrupted() {
+    check_interrupted("20 resets", |recorder, _| {
+        recorder.reset();
+        ROOT
+    });
+}
+
+#[test]
+fn root_changes_mid_recursion_leave_per_call_times_as_uninterrupted() {
+    check_interrupted("20 root changes", |recorder, round| {
+        // Alternately the recursion itself and the request again; the last change
+        // comes back to the request.
+        let root = if round % 2 == 0 { "descend" } else { ROOT };
+        recorder.set_roots(&[root.to_string()]).expect("new roots");
+        root
+    });
 }
