@@ -40,7 +40,11 @@ fn sessions_start_and_end_while_another_patches_all_of_libc() {
                     .args(["status", &pid.to_string()])
                     .output()
                     .unwrap();
-                assert!(status.status.success(), "{status:?}");
+                // A `count` attaching at that very moment holds the process: the
+                // documented answer (`bad_input.rs`) is to try again.
+                let raced = String::from_utf8_lossy(&status.stderr)
+                    .contains("another tendril is attaching to it; try again");
+                assert!(status.status.success() || raced, "{status:?}");
             }
         });
         for _ in 0..COUNTS {
