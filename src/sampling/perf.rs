@@ -96,13 +96,7 @@ impl PerfEvent {
         attr.set_exclude_hv(1);
         attr.set_exclude_callchain_kernel(1);
         attr.set_sample_id_all(1);
-        // Records carry CLOCK_MONOTONIC times, which the controller can read too.
-        attr.set_use_clockid(1);
-        attr.clockid = libc::CLOCK_MONOTONIC;
-        // Wake a reader in poll() once this many bytes are waiting.
-        attr.set_watermark(1);
-        attr.__bindgen_anon_2.wakeup_watermark = wakeup_bytes.max(1);
-        open_with(&mut attr, tid)
+        open_with(&mut attr, tid, wakeup_bytes)
     }
 
     /// Opens an event on thread `tid` that only reports its context switches
@@ -121,11 +115,7 @@ impl PerfEvent {
         attr.set_sample_id_all(1);
         attr.set_exclude_kernel(1);
         attr.set_exclude_hv(1);
-        attr.set_use_clockid(1);
-        attr.clockid = libc::CLOCK_MONOTONIC;
-        attr.set_watermark(1);
-        attr.__bindgen_anon_2.wakeup_watermark = wakeup_bytes.max(1);
-        open_with(&mut attr, tid)
+        open_with(&mut attr, tid, wakeup_bytes)
     }
 
     /// Sends this event's records into `other`'s ring (both on the same thread).
@@ -161,8 +151,18 @@ impl PerfEvent {
     }
 }
 
-/// `perf_event_open` on thread `tid` with `attr`, and the event's kernel id.
-fn open_with(attr: &mut perf::perf_event_attr, tid: i32) -> Result<PerfEvent, OpenError> {
+/// `perf_event_open` on thread `tid` with `attr`, and the event's kernel id. Every event
+/// stamps its records with CLOCK_MONOTONIC (which the controller can read too) and wakes
+/// a reader in poll() once `wakeup_bytes` are waiting.
+fn open_with(
+    attr: &mut perf::perf_event_attr,
+    tid: i32,
+    wakeup_bytes: u32,
+) -> Result<PerfEvent, OpenError> {
+    attr.set_use_clockid(1);
+    attr.clockid = libc::CLOCK_MONOTONIC;
+    attr.set_watermark(1);
+    attr.__bindgen_anon_2.wakeup_watermark = wakeup_bytes.max(1);
     // SAFETY: attr is a valid, fully initialised perf_event_attr that lives across
     // the call; the kernel only reads it (and may write its size field back).
     let fd = unsafe { sys::perf_event_open(attr, tid, -1, -1, perf::PERF_FLAG_FD_CLOEXEC as _) };
