@@ -92,6 +92,10 @@ pub mod ring {
     /// The producing thread's id (`i32`) and state (`u32`: [`super::RING_FREE`]...).
     pub const TID: usize = 0;
     pub const STATE: usize = 4;
+    /// How far (`u64`, in the head's units) the ring's memory is known to be faulted
+    /// in: the agent faults it in ahead of the producer, a part at a time, and past one
+    /// lap all of it is (`u64::MAX`). The agent's alone; the controller never reads it.
+    pub const POPULATED: usize = 8;
     /// Events written (`u64`, monotonic; the event index is `head % RING_EVENTS`).
     pub const HEAD: usize = 64;
     /// Events consumed by the controller (`u64`, written by the controller only).

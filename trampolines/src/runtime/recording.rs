@@ -13,6 +13,9 @@
 //! `head % capacity`, then publishes `head + 1` in the ring header. Only when `head`
 //! reaches `ring_limit` does it read the consumer's `tail` again, and if the ring is
 //! really full it waits — the wait is tendril's pause, reported as an Adjust event.
+//! The limit also stops at the end of the ring memory faulted in so far, which the same
+//! slow path extends ahead of the producer (`populate_ahead`), so the hooks never take
+//! a page fault.
 
 use crate::hooks::slow_call::SavedRegisters;
 use crate::runtime::state::STATE;
@@ -345,7 +348,52 @@ pub fn make_room(state: StatePtr) -> bool {
         add_to_header(header::PAUSE_TICKS, waited);
         write_event(state, Event::new(EventKind::Adjust, 0, waited));
     }
+    populate_ahead(state);
     true
+}
+
+/// Events faulted in at a time ahead of the producer: 256 KiB, 64 pages.
+const POPULATE_EVENTS: u64 = 1 << 14;
+
+/// Faults in the next part of the calling thread's ring when its head has reached the
+/// end of what is in memory, and lowers the ring limit to the end of what is, so the
+/// stubs come back here when they reach it. Without this, each 4 KiB of a ring's first
+/// lap (256 events) costs its writer a page fault, microseconds on a VM: tens of ns
+/// per hooked call, which no calibration removes. Faulting in a part at a time keeps a
+/// ring's memory what its thread's events need, as before. The time it takes is a wait
+/// tendril causes, written as an Adjust event.
+fn populate_ahead(state: StatePtr) {
+    let populated = word_at(state.ring_header().load(Relaxed) + ring::POPULATED as u64);
+    let head = state.ring_head().load(Relaxed);
+    let capacity = rings::RING_EVENTS as u64;
+    let mut until = populated.load(Relaxed);
+    if head + 2 > until {
+        let started = sys::rdtsc();
+        // Slot by slot from where the memory stops; the whole ring once a lap is in.
+        let from = until.max(head - head % POPULATE_EVENTS);
+        let to = (from + POPULATE_EVENTS).max(head + 2);
+        let first = from.min(capacity);
+        let last = to.min(capacity);
+        if first < last {
+            let events = state.ring_events().load(Relaxed);
+            // SAFETY: slots [first, last) of the ring are inside its mapped, writable,
+            // 16-byte aligned events; faulting them in changes no slot.
+            unsafe {
+                sys::populate_for_writing(
+                    events + first * Event::SIZE as u64,
+                    (last - first) * Event::SIZE as u64,
+                )
+            };
+        }
+        until = if to >= capacity { u64::MAX } else { to };
+        populated.store(until, Relaxed);
+        let waited = sys::rdtsc().saturating_sub(started);
+        add_to_header(header::PAUSE_TICKS, waited);
+        write_event(state, Event::new(EventKind::Adjust, 0, waited));
+    }
+    if until < state.ring_limit().load(Relaxed) {
+        state.ring_limit().store(until, Relaxed);
+    }
 }
 
 fn word_at(address: u64) -> &'static AtomicU64 {

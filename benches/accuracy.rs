@@ -1,0 +1,196 @@
+//! Benchmark: how close tendril's corrected times come to the bare truth (issue 15).
+//!
+//! Run with `cargo bench --bench accuracy` (`ONLY=tight|fib|leaves` runs one part).
+//! Every figure is a ratio against a bare run of the same process in the same run (the
+//! mean of the bare runs made before and after the recorded ones):
+//!
+//! * tight calls: `tightcall`'s `root(N)` — root → mid ×N → leaf ×2, functions of 1–2 ns
+//!   — recorded from `root` with Scheme B; the root's corrected total per call against
+//!   its bare time (the fixture's own clock);
+//! * recursion: `tightcall`'s `fib(N)`, about 1 ns per call, recorded from `fib`; the
+//!   outermost node's corrected total per call against the bare time;
+//! * leaves: `timed`'s leaves of 200 ns, 2 µs and 20 µs (busy-waits, measured by the
+//!   fixture itself) and their parent; self time per call against the truth.
+//!
+//! The oversubscribed case, in CPU time, is `cargo bench --bench cpu_time`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{Target, node_at};
+use std::time::{Duration, Instant};
+use tendril::profile::{Node, Profile};
+use tendril::recording::{RecordOptions, Recorder, Scheme};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+const RUNS: usize = 5;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Sends `command` and returns the reply starting with `reply`, draining the recorder
+/// (if any) meanwhile, as `tendril record` does.
+fn ask(target: &mut Target, recorder: &mut Option<Recorder>, command: &str, reply: &str) -> String {
+    target.write_stdin(&format!("{command}\n"));
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(recorder) = recorder.as_mut() {
+            recorder.poll();
+        }
+        if let Some(line) = target.next_line(Duration::from_millis(2))
+            && line.starts_with(reply)
+        {
+            return line;
+        }
+        assert!(Instant::now() < deadline, "no reply to {command}");
+    }
+}
+
+/// The number after `key` in a fixture's reply.
+fn value_after(line: &str, key: &str) -> f64 {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == key).unwrap();
+    words[at + 1].parse().unwrap()
+}
+
+fn record(pid: i32, roots: &[&str]) -> Recorder {
+    Recorder::start(&RecordOptions {
+        pid,
+        roots: roots.iter().map(|r| r.to_string()).collect(),
+        scheme: Scheme::B,
+        gross_only: false,
+    })
+    .unwrap()
+}
+
+/// The median over `RUNS` of the fixture's own nanoseconds for one `command`.
+fn bare_ns(target: &mut Target, command: &str, reply: &str) -> f64 {
+    let mut none = None;
+    median(
+        (0..RUNS)
+            .map(|_| value_after(&ask(target, &mut none, command, reply), "ns"))
+            .collect(),
+    )
+}
+
+/// Records `root` while `command` runs `RUNS` times (after one run that discovers the
+/// callees); returns the root's corrected total per call, the bare time per call around
+/// it, and the profile.
+fn corrected_against_bare(
+    target: &mut Target,
+    root: &str,
+    command: &str,
+    reply: &str,
+) -> (f64, f64, Profile) {
+    let bare_before = bare_ns(target, command, reply);
+    let mut recorder = Some(record(target.pid(), &[root]));
+    ask(target, &mut recorder, command, reply);
+    let profile_before = recorder.as_mut().unwrap().snapshot();
+    let before = node_at(&profile_before.merged.roots, &[root]).map(|n| (n.calls, n.total_ns));
+    for _ in 0..RUNS {
+        ask(target, &mut recorder, command, reply);
+    }
+    let profile = recorder.take().unwrap().finish(false).unwrap().profile;
+    let bare_after = bare_ns(target, command, reply);
+    let node = node_at(&profile.merged.roots, &[root]).expect("the root was recorded");
+    let (calls_before, total_before) = before.unwrap_or((0, 0));
+    let per_call =
+        (node.total_ns - total_before) as f64 / (node.calls - calls_before).max(1) as f64;
+    (per_call, (bare_before + bare_after) / 2.0, profile)
+}
+
+fn print_calibration(profile: &Profile) {
+    let c = &profile.calibration;
+    println!(
+        "  calibration: inner {:.1} ns, outer {:.1} ns (spread {:.1} / {:.1}); pauses removed {:.1} ms; {} events",
+        c.inner_ns,
+        c.outer_ns,
+        c.inner_spread_ns,
+        c.outer_spread_ns,
+        profile.stats.pause_ns as f64 / 1e6,
+        profile.stats.events
+    );
+}
+
+fn tight_calls() {
+    let mut target = Target::spawn("tightcall", &[]);
+    let (recorded, bare, profile) =
+        corrected_against_bare(&mut target, "root", "run 1000000", "run calls ");
+    println!(
+        "tight calls (root → mid ×1M → leaf ×2): bare {:.3} ms, corrected {:.3} ms per root call: {:.2}× (goal ≤ 1.5×)",
+        bare / 1e6,
+        recorded / 1e6,
+        recorded / bare
+    );
+    print_calibration(&profile);
+}
+
+fn recursion() {
+    let mut target = Target::spawn("tightcall", &[]);
+    let (recorded, bare, profile) =
+        corrected_against_bare(&mut target, "fib", "fib 25", "fib calls ");
+    println!(
+        "recursion (fib(25), 242,785 calls): bare {:.3} ms, corrected {:.3} ms per call of the outermost fib: {:.2}× (goal ≤ 1.5×)",
+        bare / 1e6,
+        recorded / 1e6,
+        recorded / bare
+    );
+    print_calibration(&profile);
+}
+
+fn leaves() {
+    const CALLS: u32 = 300;
+    let mut target = Target::spawn("timed", &[]);
+    let mut none = None;
+    let truth = ask(
+        &mut target,
+        &mut none,
+        &format!("measure {CALLS}"),
+        "measure ",
+    );
+    let mut recorder = Some(record(target.pid(), &["parent"]));
+    for _ in 0..3 {
+        ask(&mut target, &mut recorder, &format!("run {CALLS}"), "run ");
+    }
+    let profile = recorder.take().unwrap().finish(false).unwrap().profile;
+    let truth_after = ask(
+        &mut target,
+        &mut none,
+        &format!("measure {CALLS}"),
+        "measure ",
+    );
+    let roots = &profile.merged.roots;
+    let per_call = |node: &Node, total: bool| {
+        (if total { node.total_ns } else { node.self_ns }) as f64 / node.calls as f64
+    };
+    for (name, path, total) in [
+        ("short", &["parent", "leaf_short"][..], false),
+        ("medium", &["parent", "leaf_medium"][..], false),
+        ("long", &["parent", "leaf_long"][..], false),
+        ("parent", &["parent"][..], true),
+    ] {
+        let node = node_at(roots, path).expect("recorded");
+        let truth = (value_after(&truth, name) + value_after(&truth_after, name)) / 2.0;
+        let measured = per_call(node, total);
+        println!(
+            "leaf {name:>6}: truth {truth:>9.0} ns, measured {measured:>9.0} ns per call ({:+.2}%, goal ±5%)",
+            100.0 * (measured - truth) / truth
+        );
+    }
+    print_calibration(&profile);
+}
+
+fn main() {
+    let only = std::env::var("ONLY").unwrap_or_default();
+    if only.is_empty() || only == "tight" {
+        tight_calls();
+    }
+    if only.is_empty() || only == "fib" {
+        recursion();
+    }
+    if only.is_empty() || only == "leaves" {
+        leaves();
+    }
+}
