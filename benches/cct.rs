@@ -106,6 +106,7 @@ fn calibration() -> Calibration {
         outer_ns: 20.0,
         inner_spread_ns: 0.0,
         outer_spread_ns: 0.0,
+        ..Default::default()
     }
 }
 

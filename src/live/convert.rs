@@ -216,6 +216,7 @@ mod tests {
                 outer_ns: 20.0,
                 inner_spread_ns: 0.0,
                 outer_spread_ns: 0.0,
+                ..Default::default()
             },
             stats: Stats {
                 instrumented_functions: 43,

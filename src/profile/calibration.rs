@@ -115,6 +115,7 @@ mod tests {
             outer_ns: 5.0,
             inner_spread_ns: 0.0,
             outer_spread_ns: 0.0,
+            ..Default::default()
         }
     }
 
@@ -142,6 +143,7 @@ mod tests {
             outer_ns: 2.0,
             inner_spread_ns: 0.0,
             outer_spread_ns: 0.0,
+            ..Default::default()
         })
         .unwrap();
         // 3 ticks per ns: t_I = 3 ticks, t_O = 6 ticks.

@@ -98,6 +98,8 @@ pub struct BuildCounters {
 struct RootSet {
     known: bool,
     is_root: Vec<bool>,
+    /// The in-situ calibration's function, if any (see [`RootFunctions::ignored`]).
+    ignored: Option<u32>,
 }
 
 impl RootFunctions for RootSet {
@@ -108,6 +110,10 @@ impl RootFunctions for RootSet {
                 .get(function as usize)
                 .copied()
                 .unwrap_or(false)
+    }
+
+    fn ignored(&self) -> u32 {
+        self.ignored.unwrap_or(u32::MAX)
     }
 }
 
@@ -180,7 +186,22 @@ impl CctBuilder {
         self.roots = RootSet {
             known: true,
             is_root,
+            ignored: self.roots.ignored,
         };
+    }
+
+    /// Leaves the events of function `id` out of every tree: tendril's own in-situ
+    /// calibration calls, whose time the agent removes as a pause.
+    pub fn ignore_function(&mut self, id: u32) {
+        self.roots.ignored = Some(id);
+    }
+
+    /// Corrects with `calibration` from now on: every frame that closes later, and
+    /// every snapshot's open frames.
+    pub fn set_calibration(&mut self, calibration: Calibration) -> Result<(), CalibrationError> {
+        self.correction = Correction::new(&calibration)?;
+        self.calibration = calibration;
+        Ok(())
     }
 
     /// Applies the next events of thread `tid`, in program order.

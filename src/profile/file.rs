@@ -299,6 +299,7 @@ pub(crate) mod tests {
                 outer_ns: 20.0,
                 inner_spread_ns: 0.0,
                 outer_spread_ns: 0.0,
+                ..Default::default()
             },
             stats: Stats {
                 instrumented_functions: 3,

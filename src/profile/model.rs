@@ -153,8 +153,9 @@ impl Profile {
     }
 }
 
-/// The cost of tendril's own hooks, measured in the target at attach (JFluid §5.3).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// The cost of tendril's own hooks, measured in the target (JFluid §5.3): at the start
+/// of the recording, then on the target's own threads while it ran (in situ).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Calibration {
     /// TSC ticks per second.
     pub tsc_hz: u64,
@@ -168,6 +169,19 @@ pub struct Calibration {
     pub inner_spread_ns: f64,
     #[serde(default)]
     pub outer_spread_ns: f64,
+    /// In-situ batches the values above come from (their median; the spreads: median −
+    /// minimum); 0 when they are the start calibration's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub in_situ_batches: u64,
+    /// The start calibration's `t_I` and `t_O`, when the in-situ values replaced them.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub start_inner_ns: f64,
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub start_outer_ns: f64,
+}
+
+fn is_zero_f64(value: &f64) -> bool {
+    *value == 0.0
 }
 
 /// A target of calls through pointers that a recording does not follow.

@@ -100,6 +100,7 @@ mod tests {
             outer_ns: 0.0,
             inner_spread_ns: 0.0,
             outer_spread_ns: 0.0,
+            ..Default::default()
         })
         .unwrap();
         let names: Vec<crate::profile::FunctionName> = Vec::new();

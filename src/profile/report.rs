@@ -270,6 +270,13 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             calibration.inner_spread_ns, calibration.outer_spread_ns
         )?;
     }
+    if calibration.in_situ_batches > 0 {
+        write!(
+            out,
+            "; measured in situ: the median of {} batches run on the target's threads              (at the start, on tendril's thread: {:.1} and {:.1} ns)",
+            calibration.in_situ_batches, calibration.start_inner_ns, calibration.start_outer_ns
+        )?;
+    }
     writeln!(out)?;
     write_clock_line(profile, out)
 }

@@ -42,6 +42,12 @@ const DISCARDED: u32 = u32::MAX;
 /// Which functions may start a context at the top of a tree.
 pub trait RootFunctions {
     fn is_root(&self, function: u32) -> bool;
+
+    /// A function whose events are tendril's own (the in-situ calibration's), left out
+    /// of the tree; `u32::MAX` for none.
+    fn ignored(&self) -> u32 {
+        u32::MAX
+    }
 }
 
 /// An invocation that has been entered and not yet left.
@@ -195,10 +201,14 @@ impl ThreadTree {
         roots: &(impl RootFunctions + ?Sized),
     ) {
         self.counters.events += events.len() as u64;
+        let ignored = roots.ignored();
         for event in events {
             if event.kind == ADJUST {
                 self.paused_ticks += event.value;
                 self.off_cpu.paused_in_window += event.value;
+                continue;
+            }
+            if event.function == ignored {
                 continue;
             }
             if !self.off_cpu.pending.is_empty() || self.off_cpu.paused_in_window != 0 {

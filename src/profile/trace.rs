@@ -296,6 +296,7 @@ mod tests {
             outer_ns: 6.0,
             inner_spread_ns: 0.0,
             outer_spread_ns: 0.0,
+            ..Default::default()
         }
     }
 

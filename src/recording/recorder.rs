@@ -10,6 +10,7 @@
 //! the cost correction — happens here, at the controller's pace, so a recording can be
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
+mod in_situ;
 mod late_modules;
 mod polling;
 mod snapshot;
@@ -126,6 +127,8 @@ pub struct Recorder {
     /// Events read but not yet given to the trees: those after the moment the off-CPU
     /// intervals were last read, whose intervals may not be in yet (see `polling`).
     held_back: HashMap<i32, Vec<Event>>,
+    /// The in-situ calibration's batches (see `in_situ`).
+    in_situ: in_situ::InSituBatches,
 }
 
 /// `name (module)`, for a refusal.
@@ -189,6 +192,7 @@ impl Recorder {
             off_cpu: None,
             cpu_unmeasured: None,
             held_back: HashMap::new(),
+            in_situ: Default::default(),
         };
         recorder.begin()?;
         Ok(recorder)
@@ -277,6 +281,7 @@ impl Recorder {
                 outer_ns: ns(outer_ticks),
                 inner_spread_ns: ns(inner_spread_ticks),
                 outer_spread_ns: ns(outer_spread_ticks),
+                ..Default::default()
             })
             .map_err(|e| RecordError::Refused {
                 pid,
@@ -288,6 +293,7 @@ impl Recorder {
                 .gross_only
                 .then(|| GrossTimes::new(self.tsc_hz, inner_ticks));
         }
+        self.note_in_situ_start();
 
         let symbols = &self.symbols;
         let indirect_targets = self.indirect.as_mut().unwrap_or(&mut no_targets);

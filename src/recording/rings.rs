@@ -114,6 +114,32 @@ impl Rings {
             .collect()
     }
 
+    /// The in-situ calibration's function id, if the agent has one patched.
+    pub fn in_situ_function(&self) -> Option<u32> {
+        let word = self.word(header::IN_SITU_FUNCTION).load(Ordering::Acquire);
+        (word != 0).then(|| (word - 1) as u32)
+    }
+
+    /// The agent's in-situ batch count, and the `(inner, outer)` ticks per call of the
+    /// batches after the first `read` (those still in the header's sample ring). A
+    /// thread counts its batch before it writes it: a word still 0 is left out.
+    pub fn in_situ_batches(&self, read: u64) -> (u64, Vec<(f64, f64)>) {
+        let count = self
+            .word(header::IN_SITU_SAMPLE_NEXT)
+            .load(Ordering::Acquire);
+        let first = read.max(count.saturating_sub(header::IN_SITU_SAMPLES as u64));
+        let batches = (first..count)
+            .map(|i| {
+                let index = i as usize % header::IN_SITU_SAMPLES;
+                let word = self.word(header::IN_SITU_SAMPLE_WORDS + index * 8);
+                word.load(Ordering::Relaxed)
+            })
+            .filter(|&word| word != 0)
+            .map(rings::in_situ_ticks)
+            .collect();
+        (count, batches)
+    }
+
     /// The address registered for function `id`.
     pub fn function_address(&self, id: u32) -> Option<u64> {
         ((id as usize) < rings::MAX_FUNCTIONS)

@@ -330,6 +330,7 @@ impl Sampler {
                 outer_ns: 0.0,
                 inner_spread_ns: 0.0,
                 outer_spread_ns: 0.0,
+                ..Default::default()
             },
             stats: Stats {
                 events: trees.samples,

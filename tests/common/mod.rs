@@ -17,7 +17,8 @@ mod running;
 mod target;
 mod tmux;
 
-pub use code_check::code_bytes_match_file;
+#[allow(unused_imports)]
+pub use code_check::{agent_code_matches_file, code_bytes_match_file};
 pub use consistency::check_profile;
 pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};

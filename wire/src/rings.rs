@@ -83,6 +83,17 @@ pub mod header {
     /// Address-taken functions that ran inside the call graph (distinct targets of
     /// calls through pointers found).
     pub const INDIRECT_TARGETS: usize = 144;
+    /// The function the agent calibrates the hooks with on the target's own threads
+    /// while the recording runs (its id + 1; 0 for none): its events are tendril's,
+    /// and the controller leaves them out of every tree.
+    pub const IN_SITU_FUNCTION: usize = 152;
+    /// In-situ calibration batches so far (monotonic): the most recent are a ring of
+    /// [`IN_SITU_SAMPLES`] words from [`IN_SITU_SAMPLE_WORDS`], each one batch's
+    /// mean per call in 1/256 TSC ticks: inner time in the low 32 bits, the whole cost
+    /// an instrumented call adds to its caller in the high 32 (see [`super::in_situ_sample`]).
+    pub const IN_SITU_SAMPLE_NEXT: usize = 160;
+    pub const IN_SITU_SAMPLE_WORDS: usize = 256;
+    pub const IN_SITU_SAMPLES: usize = (DISCOVERY_SAMPLE_WORDS - IN_SITU_SAMPLE_WORDS) / 8;
     pub const DISCOVERY_SAMPLE_WORDS: usize = 512;
     pub const DISCOVERY_SAMPLES: usize = (super::HEADER_BYTES - DISCOVERY_SAMPLE_WORDS) / 8;
 }
@@ -96,10 +107,28 @@ pub mod ring {
     /// in: the agent faults it in ahead of the producer, a part at a time, and past one
     /// lap all of it is (`u64::MAX`). The agent's alone; the controller never reads it.
     pub const POPULATED: usize = 8;
+    /// The head (`u64`) at which the ring's thread next runs an in-situ calibration
+    /// batch (0: not set yet). The agent's alone.
+    pub const IN_SITU_NEXT: usize = 16;
     /// Events written (`u64`, monotonic; the event index is `head % RING_EVENTS`).
     pub const HEAD: usize = 64;
     /// Events consumed by the controller (`u64`, written by the controller only).
     pub const TAIL: usize = 128;
+}
+
+/// One in-situ calibration batch's sample word: `(inner, outer)` ticks per call, in
+/// 1/256 tick, packed as the header keeps them.
+pub fn in_situ_sample(inner_ticks: f64, outer_ticks: f64) -> u64 {
+    let fixed = |ticks: f64| (ticks.max(0.0) * 256.0).min(u32::MAX as f64) as u64;
+    fixed(inner_ticks) | fixed(outer_ticks) << 32
+}
+
+/// The `(inner, outer)` ticks per call of an [`in_situ_sample`] word.
+pub fn in_situ_ticks(sample: u64) -> (f64, f64) {
+    (
+        (sample & 0xffff_ffff) as f64 / 256.0,
+        (sample >> 32) as f64 / 256.0,
+    )
 }
 
 /// A ring's state: unused, or claimed by a thread.

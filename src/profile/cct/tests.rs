@@ -13,6 +13,7 @@ fn exact_builder() -> CctBuilder {
         outer_ns: 0.0,
         inner_spread_ns: 0.0,
         outer_spread_ns: 0.0,
+        ..Default::default()
     })
     .unwrap()
 }
@@ -428,6 +429,7 @@ fn each_node_estimates_its_error_from_the_calibrations_spread() {
         outer_ns: 0.0,
         inner_spread_ns: 2.0,
         outer_spread_ns: 5.0,
+        ..Default::default()
     })
     .unwrap();
     // main calls work twice, and work calls fib once each time.

@@ -46,6 +46,7 @@ fn profile() -> Profile {
             outer_ns: 20.5,
             inner_spread_ns: 0.0,
             outer_spread_ns: 0.0,
+            ..Default::default()
         },
         stats: Stats {
             instrumented_functions: 6,

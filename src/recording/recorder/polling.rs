@@ -62,6 +62,7 @@ impl Recorder {
         });
         self.events += drained;
         self.follow_late_modules();
+        self.follow_in_situ();
         drained
     }
 

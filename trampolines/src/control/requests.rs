@@ -10,8 +10,8 @@ use super::state::STATE;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::sys::error::AgentError;
 use crate::{
-    runtime::calibration, runtime::counting, runtime::discovery, runtime::lingering,
-    runtime::recording, runtime::threads,
+    runtime::calibration, runtime::counting, runtime::discovery, runtime::in_situ,
+    runtime::lingering, runtime::recording, runtime::threads,
 };
 use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -196,6 +196,7 @@ fn start_recording(
         discovery::start(session, table, discover)?;
         recording::start();
         let cost = calibration::calibrate()?;
+        in_situ::start()?;
         recording::set_header(
             tendril_wire::rings::header::INNER_TICKS,
             cost.inner_ticks as u64,
@@ -224,6 +225,7 @@ pub(super) fn stop_recording(session: u64) -> Response {
         };
     }
     recording::stop();
+    in_situ::stop();
     let restored = patcher::restore(Some(session));
     let refused = discovery::stop();
     STATE.recording_session.store(0, Ordering::Release);

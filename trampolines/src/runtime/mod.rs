@@ -2,13 +2,15 @@
 //!
 //! Per-thread state and its registration (`thread_state`), shadow stacks of return
 //! addresses (`shadow`), event rings (`recording`), Scheme B discovery (`discovery`),
-//! calibration of the hooks' cost (`calibration`), counters (`counting`), taking return
+//! calibration of the hooks' cost (`calibration`, at the start, and `in_situ`, on the
+//! target's threads while the recording runs), counters (`counting`), taking return
 //! hooks out of live frames (`retire`, `lingering`) and the agent's own threads
 //! (`threads`); the layer's statics are `state`. It uses the patch protocol below it and is driven by `control` above.
 
 pub mod calibration;
 pub mod counting;
 pub mod discovery;
+pub mod in_situ;
 pub mod lingering;
 pub mod recording;
 pub mod retire;
@@ -34,7 +36,7 @@ pub fn install() {
         record_before_push: shadow::before_push::<RECORD_HOOK_PUSHES>,
         record_before_push_after_call: shadow::before_push::<{ RECORD_HOOK_PUSHES + 1 }>,
         record_mismatched_return: shadow::mismatched_return::<RECORD_HOOK_PUSHES>,
-        ring_space: recording::ring_space,
+        ring_space: in_situ::ring_space,
         discover: discovery::discover,
         invoked_table: recording::invoked_table,
         unwinder_starts: shadow::unwinder_starts,

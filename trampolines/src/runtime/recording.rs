@@ -17,9 +17,8 @@
 //! slow path extends ahead of the producer (`populate_ahead`), so the hooks never take
 //! a page fault.
 
-use crate::hooks::slow_call::SavedRegisters;
 use crate::runtime::state::STATE;
-use crate::runtime::thread_state::{StatePtr, current_state, with_own_state};
+use crate::runtime::thread_state::{StatePtr, current_state};
 use crate::sys;
 use crate::sys::error::AgentError;
 use std::sync::atomic::Ordering::Relaxed;
@@ -151,6 +150,8 @@ pub fn start() {
         header::DISCOVERY_WAIT_TICKS,
         header::INDIRECT_SITES_FOLLOWED,
         header::INDIRECT_TARGETS,
+        header::IN_SITU_FUNCTION,
+        header::IN_SITU_SAMPLE_NEXT,
     ] {
         set_header(field, 0);
     }
@@ -287,10 +288,17 @@ fn claim_ring(state: StatePtr) -> bool {
         state
             .ring_limit()
             .store(tail + rings::RING_EVENTS as u64, Relaxed);
+        word(offset + ring::IN_SITU_NEXT)
+            .unwrap()
+            .store(head + FIRST_IN_SITU_BATCH_AFTER, Relaxed);
         return true;
     }
     false
 }
+
+/// Events a thread writes into a ring it claimed before its first in-situ calibration
+/// batch (`in_situ`).
+const FIRST_IN_SITU_BATCH_AFTER: u64 = 1 << 12;
 
 /// Takes over the ring at `offset` if its thread is gone and its events were read.
 fn reclaim(offset: usize, ring_state: &AtomicU32) -> bool {
@@ -349,6 +357,7 @@ pub fn make_room(state: StatePtr) -> bool {
         write_event(state, Event::new(EventKind::Adjust, 0, waited));
     }
     populate_ahead(state);
+    update_limit(state);
     true
 }
 
@@ -391,9 +400,32 @@ fn populate_ahead(state: StatePtr) {
         add_to_header(header::PAUSE_TICKS, waited);
         write_event(state, Event::new(EventKind::Adjust, 0, waited));
     }
-    if until < state.ring_limit().load(Relaxed) {
-        state.ring_limit().store(until, Relaxed);
+}
+
+/// Where the calling thread's ring stops having room for its producer: its free slots
+/// that are in memory end at `end`; the next in-situ calibration batch is due at the
+/// head `in_situ_next` holds.
+pub struct RingRoom {
+    pub end: u64,
+    pub in_situ_next: &'static AtomicU64,
+}
+
+pub fn ring_room(state: StatePtr) -> RingRoom {
+    let ring_header = state.ring_header().load(Relaxed);
+    let tail = word_at(ring_header + ring::TAIL as u64).load(Ordering::Acquire);
+    let populated = word_at(ring_header + ring::POPULATED as u64).load(Relaxed);
+    RingRoom {
+        end: (tail + rings::RING_EVENTS as u64).min(populated),
+        in_situ_next: word_at(ring_header + ring::IN_SITU_NEXT as u64),
     }
+}
+
+/// Sets the ring limit the stubs check: the end of the room, or the next in-situ
+/// batch if that comes first (the stubs then come to the slow path for it).
+pub fn update_limit(state: StatePtr) {
+    let room = ring_room(state);
+    let limit = room.end.min(room.in_situ_next.load(Relaxed));
+    state.ring_limit().store(limit, Relaxed);
 }
 
 fn word_at(address: u64) -> &'static AtomicU64 {
@@ -402,7 +434,7 @@ fn word_at(address: u64) -> &'static AtomicU64 {
 }
 
 /// Writes one event with the stubs' protocol; there must be room (`make_room`).
-fn write_event(state: StatePtr, event: Event) {
+pub(crate) fn write_event(state: StatePtr, event: Event) {
     let head = state.ring_head().load(Relaxed);
     let index = head & state.ring_mask().load(Relaxed);
     let slot = state.ring_events().load(Relaxed) + index * Event::SIZE as u64;
@@ -414,11 +446,31 @@ fn write_event(state: StatePtr, event: Event) {
     word_at(header + ring::HEAD as u64).store(head + 1, Ordering::Release);
 }
 
-/// Slow path of a recording stub whose thread's ring has no room (or no ring yet):
-/// sets the caller's `rdx` to 0 when there is room now, 1 if the event is dropped.
-pub extern "C" fn ring_space(registers: &mut SavedRegisters) {
-    let room = with_own_state(make_room).unwrap_or(false);
-    registers.rdx = u64::from(!room);
+/// The event the calling thread wrote at `position` of its ring (not yet overwritten:
+/// the caller wrote it moments ago).
+pub(crate) fn event_at(state: StatePtr, position: u64) -> Event {
+    let index = position & state.ring_mask().load(Relaxed);
+    let slot = state.ring_events().load(Relaxed) + index * Event::SIZE as u64;
+    // SAFETY: the slot is inside the thread's ring, which only this thread writes.
+    unsafe { (slot as *const Event).read_volatile() }
+}
+
+/// A header field's value (0 without a rings file).
+pub fn header_value(field: usize) -> u64 {
+    word(field).map_or(0, |value| value.load(Ordering::Acquire))
+}
+
+/// Whether a recording is running.
+pub fn is_active() -> bool {
+    STATE.recording_active.load(Ordering::Acquire) != 0
+}
+
+/// Keeps one in-situ calibration batch's sample word in the header's sample ring.
+pub fn sample_in_situ(sample: u64) {
+    if let Some(next) = word(header::IN_SITU_SAMPLE_NEXT) {
+        let index = next.fetch_add(1, Ordering::AcqRel) as usize % header::IN_SITU_SAMPLES;
+        set_header(header::IN_SITU_SAMPLE_WORDS + index * 8, sample);
+    }
 }
 
 /// Records a stop of the process (the calling thread was parked for `ticks`) as an

@@ -1,0 +1,200 @@
+//! Calibrating the recording hooks where they run: on the target's own threads, into
+//! their own rings, while the recording runs (issue 15).
+//!
+//! The calibration at the start of a recording (`calibration`) runs on an agent thread
+//! into a private ring of 1,024 events. In the target the same hooks cost more, and
+//! by an amount that moves: a ring the controller drains close behind its producer, a
+//! core shared with the controller, caches the program itself fills. So, now and then
+//! (every [`PERIOD_EVENTS`] events of a thread), the ring-space slow path of a
+//! recording hook runs one small batch on that thread: [`CALLS`] calls of a function
+//! hooked with the inner recording hook (`Hook::Record`, patched for the whole
+//! recording), writing their events into the thread's real ring, then as many calls
+//! of an unhooked twin. Per batch:
+//!
+//! * inner time = mean of (exit − entry) over the batch's events;
+//! * outer time = (hooked − bare) / calls: all that one call adds to its caller.
+//!
+//! The batch goes into the header's sample ring; the controller corrects with the
+//! median of the samples. The batch's whole time is an Adjust event, removed from the
+//! frames open around it like any other wait tendril causes, and the controller leaves
+//! the calibration function's events out of the trees (`header::IN_SITU_FUNCTION`).
+
+use crate::hooks::slow_call::SavedRegisters;
+use crate::patching::patcher::{self, PatchRequest};
+use crate::runtime::recording::{self, RingRoom};
+use crate::runtime::thread_state::{FLAG_PASSTHROUGH, StatePtr, with_own_state};
+use crate::sys;
+use crate::sys::error::AgentError;
+use std::hint::black_box;
+use std::sync::atomic::Ordering::Relaxed;
+use tendril_wire::Hook;
+use tendril_wire::events::{Event, EventKind};
+use tendril_wire::rings::{self, header};
+
+/// Calls per batch (each writes two events).
+const CALLS: u64 = 32;
+/// A thread runs a batch every this many events of its own (512 KiB of its ring): at
+/// 30 ns a hooked call, a batch of about 3 µs every 0.5 ms, 0.6% of the thread's time,
+/// which is removed from its frames like every pause.
+pub const PERIOD_EVENTS: u64 = 1 << 15;
+/// Events a batch writes: the calls' entries and exits, and its Adjust.
+pub const BATCH_EVENTS: u64 = 2 * CALLS + 1;
+/// The owner of the in-situ patch, the same as the start calibration's (no control
+/// session has it); the two never overlap: the start calibration restores its own
+/// patch before this one is made.
+const OWNER: u64 = patcher::SELF_TEST_OWNER;
+/// Bytes of each function.
+const FUNCTION_BYTES: u64 = 8;
+
+// Leaf functions, as `calibration`'s: the CFI says only that they are functions.
+core::arch::global_asm!(
+    ".pushsection .text",
+    ".balign 16",
+    ".globl tendril_in_situ_target",
+    ".hidden tendril_in_situ_target",
+    ".type tendril_in_situ_target, @function",
+    "tendril_in_situ_target:",
+    ".cfi_startproc",
+    "mov rax, rdi",
+    "add rax, 1",
+    "ret",
+    ".cfi_endproc",
+    ".size tendril_in_situ_target, . - tendril_in_situ_target",
+    ".balign 16",
+    ".globl tendril_in_situ_twin",
+    ".hidden tendril_in_situ_twin",
+    ".type tendril_in_situ_twin, @function",
+    "tendril_in_situ_twin:",
+    ".cfi_startproc",
+    "mov rax, rdi",
+    "add rax, 1",
+    "ret",
+    ".cfi_endproc",
+    ".size tendril_in_situ_twin, . - tendril_in_situ_twin",
+    ".popsection",
+);
+
+unsafe extern "C" {
+    fn tendril_in_situ_target(value: u64) -> u64;
+    fn tendril_in_situ_twin(value: u64) -> u64;
+}
+
+/// Patches the calibration function for the recording that starts (after
+/// `recording::start`, which clears the invoked flags and the samples' count).
+pub fn start() -> Result<(), AgentError> {
+    let target = tendril_in_situ_target as *const () as u64;
+    let twin = tendril_in_situ_twin as *const () as u64;
+    let request = PatchRequest {
+        address: target,
+        size: FUNCTION_BYTES,
+        kind: Hook::Record,
+    };
+    let ranges = [(target, FUNCTION_BYTES), (twin, FUNCTION_BYTES)];
+    let id = patcher::patch(OWNER, &[request], &ranges)
+        .pop()
+        .ok_or_else(|| AgentError::Unusable("in-situ calibration: no patch result".into()))??;
+    recording::set_invoked_quietly(id);
+    recording::set_header(header::IN_SITU_FUNCTION, id as u64 + 1);
+    Ok(())
+}
+
+/// Takes the calibration function's hook out (the recording stops; no thread starts a
+/// batch once the recording is inactive).
+pub fn stop() {
+    recording::set_header(header::IN_SITU_FUNCTION, 0);
+    patcher::restore(Some(OWNER));
+}
+
+/// Slow path of a recording stub whose thread's ring has no room (or no ring yet), or
+/// whose head reached the next in-situ batch: makes room, runs the batch if it is due,
+/// and sets the caller's `rdx` to 0 when there is room now, 1 if the event is dropped.
+pub extern "C" fn ring_space(registers: &mut SavedRegisters) {
+    let room = with_own_state(|state| {
+        let room = recording::make_room(state);
+        if room {
+            calibrate_if_due(state, recording::ring_room(state));
+            recording::update_limit(state);
+        }
+        room
+    })
+    .unwrap_or(false);
+    registers.rdx = u64::from(!room);
+}
+
+/// Runs a batch on the calling thread if its ring's head has reached the next batch's
+/// and `room` (the ring's free slots, all in memory) holds one; sets when the next
+/// batch is due. From the ring-space slow path of a recording hook, between the hook's
+/// timestamp and its event: the hook times its event again after this returns.
+pub fn calibrate_if_due(state: StatePtr, room: RingRoom) {
+    let head = state.ring_head().load(Relaxed);
+    let next = room.in_situ_next;
+    if head < next.load(Relaxed) {
+        return;
+    }
+    next.store(head + PERIOD_EVENTS, Relaxed);
+    let id = recording::header_value(header::IN_SITU_FUNCTION);
+    if id == 0 || !recording::is_active() || head + BATCH_EVENTS + 1 > room.end {
+        return;
+    }
+    let started = sys::rdtsc();
+    let (hooked, bare) = run_batch(state, head);
+    let inner = mean_inner_ticks(state, head, id as u32 - 1);
+    if let Some(inner) = inner {
+        let outer = (hooked as f64 - bare as f64) / CALLS as f64;
+        recording::sample_in_situ(rings::in_situ_sample(inner, outer));
+    }
+    let waited = sys::rdtsc().saturating_sub(started);
+    recording::add_to_header(header::PAUSE_TICKS, waited);
+    recording::write_event(state, Event::new(EventKind::Adjust, 0, waited));
+}
+
+/// The hooked calls, then the bare ones, with the hooks on for this thread (the slow
+/// path turned them off); returns the ticks of each loop.
+fn run_batch(state: StatePtr, head: u64) -> (u64, u64) {
+    let flags = state.flags();
+    let saved_flags = flags.load(Relaxed);
+    let depth = state.graph_depth();
+    let saved_depth = depth.load(Relaxed);
+    let limit = state.ring_limit();
+    let saved_limit = limit.load(Relaxed);
+    // The inner hook records only inside the graph; the batch's events fit below the
+    // limit (the caller checked the room), so no hook of the batch takes a slow path.
+    depth.store(saved_depth.max(1), Relaxed);
+    limit.store(head + 2 * CALLS, Relaxed);
+    flags.store(saved_flags & !FLAG_PASSTHROUGH, Relaxed);
+    let started = sys::rdtsc();
+    for i in 0..CALLS {
+        // SAFETY: a plain function with the C ABI, hooked.
+        black_box(unsafe { tendril_in_situ_target(black_box(i)) });
+    }
+    let hooked = sys::rdtsc().saturating_sub(started);
+    let started = sys::rdtsc();
+    for i in 0..CALLS {
+        // SAFETY: as above, never hooked.
+        black_box(unsafe { tendril_in_situ_twin(black_box(i)) });
+    }
+    let bare = sys::rdtsc().saturating_sub(started);
+    flags.store(saved_flags, Relaxed);
+    depth.store(saved_depth, Relaxed);
+    limit.store(saved_limit, Relaxed);
+    (hooked, bare)
+}
+
+/// The mean of exit − entry over the batch's events from `head`, if they are the
+/// calls' entry/exit pairs (a signal handler's recorded calls in between spoil it).
+fn mean_inner_ticks(state: StatePtr, head: u64, id: u32) -> Option<f64> {
+    if state.ring_head().load(Relaxed) != head + 2 * CALLS {
+        return None;
+    }
+    let mut sum = 0;
+    for call in 0..CALLS {
+        let entry = recording::event_at(state, head + 2 * call);
+        let exit = recording::event_at(state, head + 2 * call + 1);
+        let is = |event: Event, kind| event.kind() == Some(kind) && event.function == id;
+        if !is(entry, EventKind::Entry) || !is(exit, EventKind::Exit) {
+            return None;
+        }
+        sum += exit.value.saturating_sub(entry.value);
+    }
+    Some(sum as f64 / CALLS as f64)
+}
