@@ -97,7 +97,7 @@ fn corrected_against_bare(
     let node = node_at(&profile.merged.roots, &[root]).expect("the root was recorded");
     let (calls_before, total_before) = before.unwrap_or((0, 0));
     let per_call =
-        (node.total_ns - total_before) as f64 / (node.calls - calls_before).max(1) as f64;
+        (node.total_ns as f64 - total_before as f64) / (node.calls - calls_before).max(1) as f64;
     (per_call, (bare_before + bare_after) / 2.0, profile)
 }
 

@@ -196,7 +196,9 @@ fn start_recording(
         discovery::start(session, table, discover)?;
         recording::start();
         let cost = calibration::calibrate()?;
-        in_situ::start()?;
+        // Without it the start calibration stays in use (the profile then says
+        // nothing of batches); not worth refusing the recording for.
+        let _ = in_situ::start();
         recording::set_header(
             tendril_wire::rings::header::INNER_TICKS,
             cost.inner_ticks as u64,

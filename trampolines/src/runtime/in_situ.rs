@@ -9,7 +9,9 @@
 //! recording hook runs one small batch on that thread: [`CALLS`] calls of a function
 //! hooked with the inner recording hook (`Hook::Record`, patched for the whole
 //! recording), writing their events into the thread's real ring, then as many calls
-//! of an unhooked twin. Per batch:
+//! of an unhooked twin; all of it twice, the first pass only warming up (a batch
+//! measured cold, in a thread that records rarely, costs several times a warm one).
+//! Per batch:
 //!
 //! * inner time = mean of (exit − entry) over the batch's events;
 //! * outer time = (hooked − bare) / calls: all that one call adds to its caller.
@@ -37,8 +39,9 @@ const CALLS: u64 = 32;
 /// 30 ns a hooked call, a batch of about 3 µs every 0.5 ms, 0.6% of the thread's time,
 /// which is removed from its frames like every pause.
 pub const PERIOD_EVENTS: u64 = 1 << 15;
-/// Events a batch writes: the calls' entries and exits, and its Adjust.
-pub const BATCH_EVENTS: u64 = 2 * CALLS + 1;
+/// Events a batch writes: the calls' entries and exits, twice (a warm-up pass, then
+/// the measured one), and its Adjust.
+pub const BATCH_EVENTS: u64 = 4 * CALLS + 1;
 /// The owner of the in-situ patch, the same as the start calibration's (no control
 /// session has it); the two never overlap: the start calibration restores its own
 /// patch before this one is made.
@@ -138,7 +141,7 @@ pub fn calibrate_if_due(state: StatePtr, room: RingRoom) {
     }
     let started = sys::rdtsc();
     let (hooked, bare) = run_batch(state, head);
-    let inner = mean_inner_ticks(state, head, id as u32 - 1);
+    let inner = mean_inner_ticks(state, head + 2 * CALLS, id as u32 - 1);
     if let Some(inner) = inner {
         let outer = (hooked as f64 - bare as f64) / CALLS as f64;
         recording::sample_in_situ(rings::in_situ_sample(inner, outer));
@@ -160,28 +163,36 @@ fn run_batch(state: StatePtr, head: u64) -> (u64, u64) {
     // The inner hook records only inside the graph; the batch's events fit below the
     // limit (the caller checked the room), so no hook of the batch takes a slow path.
     depth.store(saved_depth.max(1), Relaxed);
-    limit.store(head + 2 * CALLS, Relaxed);
+    limit.store(head + 4 * CALLS, Relaxed);
     flags.store(saved_flags & !FLAG_PASSTHROUGH, Relaxed);
-    let started = sys::rdtsc();
-    for i in 0..CALLS {
-        // SAFETY: a plain function with the C ABI, hooked.
-        black_box(unsafe { tendril_in_situ_target(black_box(i)) });
+    // A first pass warms the code, the data and the branch predictors up (a batch runs
+    // rarely); the second is measured.
+    let mut hooked = 0;
+    let mut bare = 0;
+    for pass in 0..2 {
+        let started = sys::rdtsc();
+        for i in 0..CALLS {
+            // SAFETY: a plain function with the C ABI, hooked.
+            black_box(unsafe { tendril_in_situ_target(black_box(i)) });
+        }
+        hooked = sys::rdtsc().saturating_sub(started);
+        let started = sys::rdtsc();
+        for i in 0..CALLS {
+            // SAFETY: as above, never hooked.
+            black_box(unsafe { tendril_in_situ_twin(black_box(i)) });
+        }
+        bare = sys::rdtsc().saturating_sub(started);
+        black_box(pass);
     }
-    let hooked = sys::rdtsc().saturating_sub(started);
-    let started = sys::rdtsc();
-    for i in 0..CALLS {
-        // SAFETY: as above, never hooked.
-        black_box(unsafe { tendril_in_situ_twin(black_box(i)) });
-    }
-    let bare = sys::rdtsc().saturating_sub(started);
     flags.store(saved_flags, Relaxed);
     depth.store(saved_depth, Relaxed);
     limit.store(saved_limit, Relaxed);
     (hooked, bare)
 }
 
-/// The mean of exit − entry over the batch's events from `head`, if they are the
-/// calls' entry/exit pairs (a signal handler's recorded calls in between spoil it).
+/// The mean of exit − entry over the measured pass's events, from `head` (the last
+/// events written), if they are the calls' entry/exit pairs (a signal handler's
+/// recorded calls in between spoil it).
 fn mean_inner_ticks(state: StatePtr, head: u64, id: u32) -> Option<f64> {
     if state.ring_head().load(Relaxed) != head + 2 * CALLS {
         return None;
