@@ -141,3 +141,20 @@ pub const fn ring_offset(index: usize) -> usize {
 }
 
 const _: () = assert!(RING_EVENTS.is_power_of_two());
+
+#[cfg(test)]
+mod in_situ_tests {
+    use super::*;
+
+    #[test]
+    fn an_in_situ_sample_keeps_both_times_to_a_256th_of_a_tick() {
+        let (inner, outer) = in_situ_ticks(in_situ_sample(23.5, 51.25));
+        assert_eq!((inner, outer), (23.5, 51.25));
+        assert_eq!(
+            in_situ_ticks(in_situ_sample(-3.0, 1e12)).0,
+            0.0,
+            "clamped, never negative"
+        );
+        assert_eq!(in_situ_ticks(in_situ_sample(1.0 / 512.0, 0.0)), (0.0, 0.0));
+    }
+}

@@ -474,3 +474,46 @@ fn many_switches_before_the_next_event_keep_their_off_cpu_time_in_bounded_memory
     assert_eq!(main.total_ns, 200_000);
     assert_eq!(main.cpu_ns, Some(200_000 - 50_000));
 }
+
+#[test]
+fn the_in_situ_calibrations_events_are_left_out_and_its_correction_applies_from_then_on() {
+    let mut builder = exact_builder();
+    builder.set_root_functions([0]);
+    builder.ignore_function(3);
+    // main [0, 100) calls work [10, 30), with a calibration call [12, 14) inside work
+    // (its time removed by the agent's Adjust of 2 ticks).
+    builder.push_events(
+        1,
+        &[
+            entry(0, 0),
+            entry(2, 10),
+            entry(3, 12),
+            exit(3, 14),
+            pause(2),
+            exit(2, 30),
+        ],
+    );
+    // From now on 1 ns of inner and 5 ns of outer time per call are removed.
+    builder
+        .set_calibration(Calibration {
+            tsc_hz: 1_000_000_000,
+            inner_ns: 1.0,
+            outer_ns: 5.0,
+            in_situ_batches: 5,
+            ..Default::default()
+        })
+        .unwrap();
+    builder.push_events(1, &[exit(0, 100)]);
+    let profile = snapshot(&builder);
+    assert_eq!(profile.calibration.in_situ_batches, 5);
+    let main = &profile.merged.roots[0];
+    let work = &main.children[0];
+    // work closed before the change: 20 − 2 (the batch) = 18, uncorrected; main after
+    // it: 100 − 2 − 1 − 1·5 = 92. No node for the calibration function.
+    assert_eq!(
+        (work.name.as_str(), work.calls, work.total_ns),
+        ("work", 1, 18)
+    );
+    assert!(work.children.is_empty(), "{work:?}");
+    assert_eq!((main.calls, main.total_ns), (1, 92));
+}
