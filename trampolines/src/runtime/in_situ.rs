@@ -47,9 +47,11 @@ pub const BATCH_EVENTS: u64 = 4 * CALLS + 1;
 /// patch before this one is made.
 const OWNER: u64 = patcher::SELF_TEST_OWNER;
 /// Bytes of each function.
-const FUNCTION_BYTES: u64 = 8;
+const FUNCTION_BYTES: u64 = 9;
 
-// Leaf functions, as `calibration`'s: the CFI says only that they are functions.
+// Leaf functions, as `calibration`'s: the CFI says only that they are functions. The
+// first instruction is the 5 bytes the entry patch overwrites, so patching and
+// restoring it never stops the target's threads.
 core::arch::global_asm!(
     ".pushsection .text",
     ".balign 16",
@@ -58,8 +60,8 @@ core::arch::global_asm!(
     ".type tendril_in_situ_target, @function",
     "tendril_in_situ_target:",
     ".cfi_startproc",
-    "mov rax, rdi",
-    "add rax, 1",
+    "mov eax, 1",
+    "add rax, rdi",
     "ret",
     ".cfi_endproc",
     ".size tendril_in_situ_target, . - tendril_in_situ_target",
@@ -69,8 +71,8 @@ core::arch::global_asm!(
     ".type tendril_in_situ_twin, @function",
     "tendril_in_situ_twin:",
     ".cfi_startproc",
-    "mov rax, rdi",
-    "add rax, 1",
+    "mov eax, 1",
+    "add rax, rdi",
     "ret",
     ".cfi_endproc",
     ".size tendril_in_situ_twin, . - tendril_in_situ_twin",
@@ -208,4 +210,36 @@ fn mean_inner_ticks(state: StatePtr, head: u64, id: u32) -> Option<f64> {
         sum += exit.value.saturating_sub(entry.value);
     }
     Some(sum as f64 / CALLS as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::unwind_probe;
+
+    #[test]
+    fn the_in_situ_functions_compute_and_unwind_at_every_step() {
+        for (name, routine) in [
+            (
+                "tendril_in_situ_target",
+                tendril_in_situ_target as *const () as u64,
+            ),
+            (
+                "tendril_in_situ_twin",
+                tendril_in_situ_twin as *const () as u64,
+            ),
+        ] {
+            let steps = unwind_probe::step_through(routine, [41, 0, 0, 0]);
+            unwind_probe::assert_every_walk_reaches_the_caller(name, routine, &steps);
+        }
+        // SAFETY: plain functions with the C ABI, not hooked in a test.
+        assert_eq!(
+            unsafe { (tendril_in_situ_target(41), tendril_in_situ_twin(1)) },
+            (42, 2)
+        );
+        // The first instruction is the whole 5-byte patch.
+        // SAFETY: the function's first bytes, in this library's text.
+        let first = unsafe { *(tendril_in_situ_target as *const () as *const u8) };
+        assert_eq!(first, 0xb8, "mov eax, imm32");
+    }
 }
