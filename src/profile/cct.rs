@@ -196,6 +196,11 @@ impl CctBuilder {
         self.roots.ignored = Some(id);
     }
 
+    /// The function whose events are left out, if any (see `ignore_function`).
+    pub fn ignored_function(&self) -> Option<u32> {
+        self.roots.ignored
+    }
+
     /// Corrects with `calibration` from now on: every frame that closes later, and
     /// every snapshot's open frames.
     pub fn set_calibration(&mut self, calibration: Calibration) -> Result<(), CalibrationError> {

@@ -30,6 +30,8 @@ pub struct TraceCapture {
     capped: bool,
     threads: Vec<CapturedThread>,
     index_of_tid: HashMap<u32, usize>,
+    /// The in-situ calibration's function, whose events are tendril's own.
+    ignored: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -60,7 +62,14 @@ impl TraceCapture {
             capped: false,
             threads: Vec::new(),
             index_of_tid: HashMap::new(),
+            ignored: None,
         }
+    }
+
+    /// Leaves the events of function `id` out (the in-situ calibration's, as the trees
+    /// do; their time is an Adjust, which the trace keeps).
+    pub fn ignore_function(&mut self, id: Option<u32>) {
+        self.ignored = id;
     }
 
     /// Raw entry, exit and unwind events kept so far.
@@ -104,7 +113,10 @@ impl TraceCapture {
                 }
                 continue;
             }
-            if kind == Some(EventKind::Resumed) || kind.is_none() {
+            if kind == Some(EventKind::Resumed)
+                || kind.is_none()
+                || self.ignored == Some(event.function)
+            {
                 continue;
             }
             if event.value < self.start_tick && !thread.started {
