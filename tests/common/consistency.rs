@@ -1,4 +1,5 @@
-//! `check_profile`: the consistency every profile a test produces must have (issue 15).
+//! `check_profile`: the consistency every profile a test produces must have (issue 15),
+//! and that the agent's own in-situ calibration appears in none of its trees.
 //!
 //! The one idea: check what holds by construction whatever the load — within each
 //! tree, no child's total exceeds its parent's and a node's self time is its total
@@ -28,6 +29,13 @@ fn check_tree(which: &str, roots: &[Node]) {
         let Visit::Enter { node, depth } = step else {
             return Ok(());
         };
+        // The agent's in-situ calibration runs inside the target's calls; its events
+        // never belong in a tree, however often the recording restarted.
+        assert!(
+            !node.name.starts_with("tendril_in_situ"),
+            "{which}: the agent's {} at depth {depth}",
+            node.name
+        );
         let children: u64 = node.children.iter().map(|c| c.total_ns).sum();
         for child in &node.children {
             assert!(
