@@ -86,6 +86,18 @@ fn the_hooks_are_calibrated_on_the_targets_threads_and_leave_no_trace() {
         "in-situ batches: {calibration:?}"
     );
     assert!(calibration.start_outer_ns > 0.0 && calibration.outer_ns > 0.0);
+    // The pad-jump and call-thunk hooks are measured on functions of their own, in the
+    // same batches.
+    for (shape, values) in [
+        ("pad jump", calibration.pad_jump),
+        ("call thunk", calibration.call_thunk),
+    ] {
+        let values = values.unwrap_or_else(|| panic!("no {shape} calibration: {calibration:?}"));
+        assert!(
+            values.in_situ_batches >= 5 && values.outer_ns > 0.0,
+            "{shape}: {values:?}"
+        );
+    }
     let roots = &recorded.profile.merged.roots;
     assert!(
         all_nodes(roots).iter().all(|n| !n.name.contains("tendril")),
@@ -101,6 +113,7 @@ fn the_hooks_are_calibrated_on_the_targets_threads_and_leave_no_trace() {
     tendril::profile::write_report(&recorded.profile, Default::default(), &mut report).unwrap();
     let report = String::from_utf8(report).unwrap();
     assert!(report.contains("measured in situ"), "{report}");
+    assert!(report.contains("call-thunk hooks: "), "{report}");
 
     code_bytes_match_file(target.pid()).unwrap();
     agent_code_matches_file(target.pid()).unwrap();

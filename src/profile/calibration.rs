@@ -17,6 +17,7 @@
 //! settled (`CallArena::settle`), which marks what is below resolution.
 
 use super::model::Calibration;
+use tendril_wire::events::{HOOK_SHAPES, HookShape};
 
 /// Why a calibration cannot be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -27,13 +28,18 @@ pub enum CalibrationError {
     BadOverhead { which: &'static str, value: f64 },
 }
 
-/// The calibration in ticks, ready for the builder's hot loop.
+/// Instrumented calls per [`HookShape`] (indexed by `shape as usize`).
+pub type ShapeCalls = [u64; HOOK_SHAPES];
+
+/// The calibration in ticks, ready for the builder's hot loop: `t_I` and `t_O` per hook
+/// shape.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Correction {
-    inner_ticks: f64,
-    outer_ticks: f64,
+    inner_ticks: [f64; HOOK_SHAPES],
+    outer_ticks: [f64; HOOK_SHAPES],
     ns_per_tick: f64,
-    /// The calibration's spreads (median − minimum), in ns per call.
+    /// The calibration's largest spreads (median − minimum) over the shapes, in ns per
+    /// call.
     inner_spread_ns: f64,
     outer_spread_ns: f64,
 }
@@ -43,30 +49,39 @@ impl Correction {
         if calibration.tsc_hz == 0 {
             return Err(CalibrationError::ZeroFrequency);
         }
-        for (which, value) in [
-            ("inner", calibration.inner_ns),
-            ("outer", calibration.outer_ns),
-            ("inner spread", calibration.inner_spread_ns),
-            ("outer spread", calibration.outer_spread_ns),
-        ] {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(CalibrationError::BadOverhead { which, value });
-            }
-        }
         let ticks_per_ns = calibration.tsc_hz as f64 / 1e9;
-        Ok(Correction {
-            inner_ticks: calibration.inner_ns * ticks_per_ns,
-            outer_ticks: calibration.outer_ns * ticks_per_ns,
+        let mut correction = Correction {
+            inner_ticks: [0.0; HOOK_SHAPES],
+            outer_ticks: [0.0; HOOK_SHAPES],
             ns_per_tick: 1.0 / ticks_per_ns,
-            inner_spread_ns: calibration.inner_spread_ns,
-            outer_spread_ns: calibration.outer_spread_ns,
-        })
+            inner_spread_ns: 0.0,
+            outer_spread_ns: 0.0,
+        };
+        for shape in HookShape::ALL {
+            let values = calibration.for_shape(shape);
+            for (which, value) in [
+                ("inner", values.inner_ns),
+                ("outer", values.outer_ns),
+                ("inner spread", values.inner_spread_ns),
+                ("outer spread", values.outer_spread_ns),
+            ] {
+                if !(value.is_finite() && value >= 0.0) {
+                    return Err(CalibrationError::BadOverhead { which, value });
+                }
+            }
+            correction.inner_ticks[shape as usize] = values.inner_ns * ticks_per_ns;
+            correction.outer_ticks[shape as usize] = values.outer_ns * ticks_per_ns;
+            correction.inner_spread_ns = correction.inner_spread_ns.max(values.inner_spread_ns);
+            correction.outer_spread_ns = correction.outer_spread_ns.max(values.outer_spread_ns);
+        }
+        Ok(correction)
     }
 
     /// The estimated error of a context's corrected total: what the cost removed may be
     /// off by — the calibration's spread per call times the calls it was removed for
     /// (the context's own `calls` for `t_I`, and the `descendant_calls` below it for
-    /// `t_O`). `None` when the calibration gave no spread (an older agent's).
+    /// `t_O`), with the largest spread of the hook shapes. `None` when the calibration
+    /// gave no spread (an older agent's).
     pub fn error_ns(&self, calls: u64, descendant_calls: u64) -> Option<u64> {
         (self.inner_spread_ns > 0.0 || self.outer_spread_ns > 0.0).then(|| {
             (calls as f64 * self.inner_spread_ns + descendant_calls as f64 * self.outer_spread_ns)
@@ -74,22 +89,26 @@ impl Correction {
         })
     }
 
-    /// `t_exact` in ticks of one invocation that measured `measured_ticks` (pauses
-    /// already removed) and made `calls` instrumented calls inside it, at any depth;
-    /// negative when the call was shorter than the cost removed (see the module comment).
+    /// `t_exact` in ticks of one invocation of a function hooked as `shape` that
+    /// measured `measured_ticks` (pauses already removed) and made `calls` instrumented
+    /// calls inside it, at any depth, counted by their hooks' shapes; negative when the
+    /// call was shorter than the cost removed (see the module comment).
     #[inline]
-    pub fn charge(&self, measured_ticks: u64, calls: u64) -> f64 {
-        measured_ticks as f64 - self.inner_ticks - calls as f64 * self.outer_ticks
+    pub fn charge(&self, measured_ticks: u64, shape: HookShape, calls: &ShapeCalls) -> f64 {
+        let outer: f64 = (0..HOOK_SHAPES)
+            .map(|k| calls[k] as f64 * self.outer_ticks[k])
+            .sum();
+        measured_ticks as f64 - self.inner_ticks[shape as usize] - outer
     }
 
-    /// `t_I` in ticks.
-    pub fn inner_ticks(&self) -> f64 {
-        self.inner_ticks
+    /// `t_I` in ticks of a hook of `shape`.
+    pub fn inner_ticks(&self, shape: HookShape) -> f64 {
+        self.inner_ticks[shape as usize]
     }
 
-    /// `t_O` in ticks.
-    pub fn outer_ticks(&self) -> f64 {
-        self.outer_ticks
+    /// `t_O` in ticks of a hook of `shape`.
+    pub fn outer_ticks(&self, shape: HookShape) -> f64 {
+        self.outer_ticks[shape as usize]
     }
 
     /// Whole nanoseconds, rounded to nearest, for a (corrected) number of ticks; 0 for
@@ -103,7 +122,7 @@ impl Correction {
 mod tests {
     use super::*;
     use crate::profile::cct::CctBuilder;
-    use crate::profile::model::{Node, Profile};
+    use crate::profile::model::{Node, Profile, ShapeCalibration};
     use crate::profile::tests_support::{entry, exit, info, names, pause, unwind};
     use tendril_wire::events::Event;
 
@@ -129,10 +148,42 @@ mod tests {
     #[test]
     fn charge_is_measured_minus_inner_minus_m_times_outer() {
         let correction = Correction::new(&calibration()).unwrap();
-        assert_eq!(correction.charge(100, 0), 98.0);
-        assert_eq!(correction.charge(100, 3), 83.0);
-        assert_eq!(correction.charge(10, 3), -7.0, "not clamped");
+        let jump = HookShape::Jump;
+        assert_eq!(correction.charge(100, jump, &[0, 0, 0]), 98.0);
+        assert_eq!(correction.charge(100, jump, &[3, 0, 0]), 83.0);
+        assert_eq!(correction.charge(10, jump, &[3, 0, 0]), -7.0, "not clamped");
         assert_eq!(correction.ticks_to_ns(83.0), 83);
+        // No shape measured on its own: every shape is corrected as a jump.
+        assert_eq!(
+            correction.charge(100, HookShape::CallThunk, &[1, 1, 1]),
+            83.0
+        );
+    }
+
+    #[test]
+    fn each_hook_shape_is_charged_its_own_cost() {
+        let shape = |inner_ns, outer_ns| ShapeCalibration {
+            inner_ns,
+            outer_ns,
+            inner_spread_ns: 0.5,
+            outer_spread_ns: 1.5,
+            in_situ_batches: 9,
+        };
+        let correction = Correction::new(&Calibration {
+            pad_jump: Some(shape(3.0, 7.0)),
+            call_thunk: Some(shape(1.0, 4.0)),
+            ..calibration()
+        })
+        .unwrap();
+        // A pad-jump function: 100 − 3 − (2·5 + 1·7 + 3·4).
+        assert_eq!(correction.charge(100, HookShape::PadJump, &[2, 1, 3]), 68.0);
+        // A call thunk's: 100 − 1 − 1·7.
+        assert_eq!(
+            correction.charge(100, HookShape::CallThunk, &[0, 1, 0]),
+            92.0
+        );
+        // The largest spread of the shapes bounds the error.
+        assert_eq!(correction.error_ns(2, 4), Some(7));
     }
 
     #[test]
@@ -147,7 +198,7 @@ mod tests {
         })
         .unwrap();
         // 3 ticks per ns: t_I = 3 ticks, t_O = 6 ticks.
-        assert_eq!(correction.charge(300, 2), 285.0);
+        assert_eq!(correction.charge(300, HookShape::Jump, &[2, 0, 0]), 285.0);
         assert_eq!(correction.ticks_to_ns(285.0), 95);
         assert_eq!(correction.ticks_to_ns(4.0), 1, "1.33 ns rounds to 1");
         assert_eq!(correction.ticks_to_ns(5.0), 2, "1.67 ns rounds to 2");

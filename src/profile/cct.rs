@@ -9,7 +9,7 @@
 use super::arena::CallArena;
 use super::calibration::{CalibrationError, Correction};
 use super::model::{Calibration, MergedProfile, Profile, Stats, ThreadProfile};
-use super::thread_tree::{RootFunctions, ThreadTree};
+use super::thread_tree::{OwnFunctions, RootFunctions, ThreadTree};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use tendril_wire::events::Event;
@@ -98,8 +98,8 @@ pub struct BuildCounters {
 struct RootSet {
     known: bool,
     is_root: Vec<bool>,
-    /// The in-situ calibration's function, if any (see [`RootFunctions::ignored`]).
-    ignored: Option<u32>,
+    /// The in-situ calibration's functions (see [`RootFunctions::ignored`]).
+    ignored: OwnFunctions,
 }
 
 impl RootFunctions for RootSet {
@@ -112,8 +112,8 @@ impl RootFunctions for RootSet {
                 .unwrap_or(false)
     }
 
-    fn ignored(&self) -> u32 {
-        self.ignored.unwrap_or(u32::MAX)
+    fn ignored(&self) -> OwnFunctions {
+        self.ignored
     }
 }
 
@@ -190,14 +190,14 @@ impl CctBuilder {
         };
     }
 
-    /// Leaves the events of function `id` out of every tree: tendril's own in-situ
+    /// Leaves the events of `functions` out of every tree: tendril's own in-situ
     /// calibration calls, whose time the agent removes as a pause.
-    pub fn ignore_function(&mut self, id: u32) {
-        self.roots.ignored = Some(id);
+    pub fn ignore_functions(&mut self, functions: OwnFunctions) {
+        self.roots.ignored = functions;
     }
 
-    /// The function whose events are left out, if any (see `ignore_function`).
-    pub fn ignored_function(&self) -> Option<u32> {
+    /// The functions whose events are left out (see `ignore_functions`).
+    pub fn ignored_functions(&self) -> OwnFunctions {
         self.roots.ignored
     }
 

@@ -41,13 +41,14 @@ pub mod trace_model;
 #[cfg(test)]
 mod tests_support;
 
-pub use calibration::{CalibrationError, Correction};
+pub use calibration::{CalibrationError, Correction, ShapeCalls};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use clock::{Clock, NoCpuTime};
 pub use file::ProfileError;
 pub use model::{
     Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, NotFollowed,
-    Profile, SamplingInfo, Stats, ThreadProfile, Visit, walk,
+    Profile, SamplingInfo, ShapeCalibration, Stats, ThreadProfile, Visit, walk,
 };
 pub use prune::{Prune, PruneError};
 pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};
+pub use thread_tree::OwnFunctions;

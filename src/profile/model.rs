@@ -14,6 +14,7 @@
 use super::trace_model::Trace;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
+use tendril_wire::events::HookShape;
 
 /// A whole recording: who was profiled, how, and the calling context trees.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -178,6 +179,42 @@ pub struct Calibration {
     pub start_inner_ns: f64,
     #[serde(default, skip_serializing_if = "is_zero_f64")]
     pub start_outer_ns: f64,
+    /// The values above are those of a hook reached by a 5-byte jump. Hooks reached
+    /// through a pad (a 2-byte jump to a jump placed in padding) and call thunks (an
+    /// entry that was a `call`) are measured in situ on functions of their own; until
+    /// they are (and in profiles of older builds), the values above serve them too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pad_jump: Option<ShapeCalibration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_thunk: Option<ShapeCalibration>,
+}
+
+/// One hook shape's in-situ calibration (see [`Calibration`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ShapeCalibration {
+    pub inner_ns: f64,
+    pub outer_ns: f64,
+    pub inner_spread_ns: f64,
+    pub outer_spread_ns: f64,
+    pub in_situ_batches: u64,
+}
+
+impl Calibration {
+    /// The values that serve hooks of `shape`.
+    pub fn for_shape(&self, shape: HookShape) -> ShapeCalibration {
+        let own = match shape {
+            HookShape::Jump => None,
+            HookShape::PadJump => self.pad_jump,
+            HookShape::CallThunk => self.call_thunk,
+        };
+        own.unwrap_or(ShapeCalibration {
+            inner_ns: self.inner_ns,
+            outer_ns: self.outer_ns,
+            inner_spread_ns: self.inner_spread_ns,
+            outer_spread_ns: self.outer_spread_ns,
+            in_situ_batches: self.in_situ_batches,
+        })
+    }
 }
 
 fn is_zero_f64(value: &f64) -> bool {

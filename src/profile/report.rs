@@ -273,9 +273,22 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if calibration.in_situ_batches > 0 {
         write!(
             out,
-            "; measured in situ: the median of {} batches run on the target's threads              (at the start, on tendril's thread: {:.1} and {:.1} ns)",
+            "; measured in situ: the median of {} batches run on the target's threads \
+             (at the start, on tendril's thread: {:.1} and {:.1} ns)",
             calibration.in_situ_batches, calibration.start_inner_ns, calibration.start_outer_ns
         )?;
+    }
+    for (name, shape) in [
+        ("pad-jump", calibration.pad_jump),
+        ("call-thunk", calibration.call_thunk),
+    ] {
+        if let Some(shape) = shape {
+            write!(
+                out,
+                "; {name} hooks: {:.1} and {:.1} ns ({} batches)",
+                shape.inner_ns, shape.outer_ns, shape.in_situ_batches
+            )?;
+        }
     }
     writeln!(out)?;
     write_clock_line(profile, out)

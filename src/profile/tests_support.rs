@@ -1,10 +1,18 @@
 //! Helpers for the profile module's unit tests: events and function tables made by hand.
 
 use super::cct::{FunctionName, RecordingInfo};
-use tendril_wire::events::{Event, EventKind};
+use tendril_wire::events::{Event, EventKind, HookShape};
 
 pub fn entry(function: u32, ts: u64) -> Event {
     Event::new(EventKind::Entry, function, ts)
+}
+
+/// An Entry event written by a hook of `shape`.
+pub fn shaped_entry(function: u32, shape: HookShape, ts: u64) -> Event {
+    Event {
+        kind: shape.kind_word(EventKind::Entry),
+        ..entry(function, ts)
+    }
 }
 
 pub fn exit(function: u32, ts: u64) -> Event {

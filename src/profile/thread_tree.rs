@@ -25,9 +25,9 @@
 //! tree therefore only ever holds contexts that start at a root.
 
 use super::arena::{CallArena, TOP};
-use super::calibration::Correction;
+use super::calibration::{Correction, ShapeCalls};
 use std::collections::VecDeque;
-use tendril_wire::events::{Event, EventKind};
+use tendril_wire::events::{Event, EventKind, HOOK_SHAPES, HookShape, KIND_MASK};
 
 const ENTRY: u32 = EventKind::Entry as u32;
 const EXIT: u32 = EventKind::Exit as u32;
@@ -43,10 +43,37 @@ const DISCARDED: u32 = u32::MAX;
 pub trait RootFunctions {
     fn is_root(&self, function: u32) -> bool;
 
-    /// A function whose events are tendril's own (the in-situ calibration's), left out
-    /// of the tree; `u32::MAX` for none.
-    fn ignored(&self) -> u32 {
-        u32::MAX
+    /// The functions whose events are tendril's own (the in-situ calibration's), left
+    /// out of the tree.
+    fn ignored(&self) -> OwnFunctions {
+        OwnFunctions::default()
+    }
+}
+
+/// tendril's own functions in a recording, whose events are left out of the trees: the
+/// in-situ calibration's, one per hook shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnFunctions([u32; HOOK_SHAPES]);
+
+impl Default for OwnFunctions {
+    fn default() -> Self {
+        OwnFunctions([u32::MAX; HOOK_SHAPES])
+    }
+}
+
+impl OwnFunctions {
+    /// Function `id` calibrates hooks of `shape`.
+    pub fn set(&mut self, shape: HookShape, id: u32) {
+        self.0[shape as usize] = id;
+    }
+
+    pub fn contains(&self, function: u32) -> bool {
+        self.0.contains(&function)
+    }
+
+    /// The function that calibrates hooks of `shape`, if any.
+    pub fn of(&self, shape: HookShape) -> Option<u32> {
+        Some(self.0[shape as usize]).filter(|&id| id != u32::MAX)
     }
 }
 
@@ -56,14 +83,16 @@ struct Frame {
     /// Its node, or [`DISCARDED`].
     node: u32,
     function: u32,
+    /// How its function's entry reaches its hook, which decides the hook's `t_I`.
+    shape: HookShape,
     entry_ts: u64,
     /// The thread's [`ThreadTree::paused_ticks`] when the frame was entered.
     paused_at_entry: u64,
     /// The thread's [`OffCpu::total`] when the frame was entered.
     off_cpu_at_entry: u64,
     /// Instrumented calls made inside this invocation, at any depth, that have returned
-    /// (`m` in the correction, with the frames still open above it).
-    descendant_calls: u64,
+    /// (`m` in the correction, with the frames still open above it), by hook shape.
+    descendant_calls: ShapeCalls,
 }
 
 /// What one thread's stream contained, beyond the tree.
@@ -203,24 +232,25 @@ impl ThreadTree {
         self.counters.events += events.len() as u64;
         let ignored = roots.ignored();
         for event in events {
-            if event.kind == ADJUST {
+            let kind = event.kind & KIND_MASK;
+            if kind == ADJUST {
                 self.paused_ticks += event.value;
                 self.off_cpu.paused_in_window += event.value;
                 continue;
             }
-            if event.function == ignored {
+            if ignored.contains(event.function) {
                 continue;
             }
             if !self.off_cpu.pending.is_empty() || self.off_cpu.paused_in_window != 0 {
                 self.take_off_cpu_until(event.value);
             }
-            if event.kind == RESUMED {
+            if kind == RESUMED {
                 self.resumed(event.value);
                 continue;
             }
             self.resuming = false;
-            match event.kind {
-                ENTRY => self.enter(event.function, event.value, roots),
+            match kind {
+                ENTRY => self.enter(event.function, event.hook_shape(), event.value, roots),
                 EXIT => self.exit(event.function, event.value, false, correction),
                 UNWIND => self.exit(event.function, event.value, true, correction),
                 _ => self.counters.malformed_events += 1,
@@ -286,7 +316,13 @@ impl ThreadTree {
     }
 
     #[inline]
-    fn enter(&mut self, function: u32, ts: u64, roots: &(impl RootFunctions + ?Sized)) {
+    fn enter(
+        &mut self,
+        function: u32,
+        shape: HookShape,
+        ts: u64,
+        roots: &(impl RootFunctions + ?Sized),
+    ) {
         self.latest_ts = ts;
         let node = match self.frames.last() {
             Some(caller) if caller.node != DISCARDED => {
@@ -303,10 +339,11 @@ impl ThreadTree {
         self.frames.push(Frame {
             node,
             function,
+            shape,
             entry_ts: ts,
             paused_at_entry: self.paused_ticks,
             off_cpu_at_entry: self.off_cpu.total,
-            descendant_calls: 0,
+            descendant_calls: [0; HOOK_SHAPES],
         });
     }
 
@@ -384,13 +421,14 @@ impl ThreadTree {
         if frame.node == DISCARDED {
             return;
         }
-        let (charged, charged_cpu) = self.charge_at(&frame, ts, frame.descendant_calls, correction);
+        let (charged, charged_cpu) =
+            self.charge_at(&frame, ts, &frame.descendant_calls, correction);
         let node = self.arena.node_mut(frame.node);
         node.total_ticks += charged;
         node.cpu_ticks += charged_cpu;
         if let Some(caller) = self.frames.last_mut() {
             // Every hook below a frame ran inside its time.
-            caller.descendant_calls += 1 + frame.descendant_calls;
+            add_calls(&mut caller.descendant_calls, &frame);
         }
         self.counters.unwound_exits += u64::from(unwound);
     }
@@ -398,13 +436,19 @@ impl ThreadTree {
     /// The corrected wall and CPU times of `frame` if it ended at `ts`, with `calls`
     /// instrumented calls made inside it.
     #[inline]
-    fn charge_at(&self, frame: &Frame, ts: u64, calls: u64, correction: &Correction) -> (f64, f64) {
+    fn charge_at(
+        &self,
+        frame: &Frame,
+        ts: u64,
+        calls: &ShapeCalls,
+        correction: &Correction,
+    ) -> (f64, f64) {
         let paused = self.paused_ticks - frame.paused_at_entry;
         let measured = ts.saturating_sub(frame.entry_ts).saturating_sub(paused);
         let off_cpu = self.off_cpu.total - frame.off_cpu_at_entry;
         (
-            correction.charge(measured, calls),
-            correction.charge(measured.saturating_sub(off_cpu), calls),
+            correction.charge(measured, frame.shape, calls),
+            correction.charge(measured.saturating_sub(off_cpu), frame.shape, calls),
         )
     }
 
@@ -446,16 +490,28 @@ impl ThreadTree {
             .map(|n| if cpu { n.cpu_ticks } else { n.total_ticks })
             .collect();
         // The frames open above a frame are calls made inside it too.
-        let mut open_above = 0;
+        let mut open_above: ShapeCalls = [0; HOOK_SHAPES];
         for frame in self.frames.iter().rev() {
             if frame.node == DISCARDED {
                 continue;
             }
-            let calls = frame.descendant_calls + open_above;
-            let (wall, on_cpu) = self.charge_at(frame, self.latest_ts, calls, correction);
+            let mut calls = frame.descendant_calls;
+            for (calls, above) in calls.iter_mut().zip(open_above) {
+                *calls += above;
+            }
+            let (wall, on_cpu) = self.charge_at(frame, self.latest_ts, &calls, correction);
             totals[frame.node as usize] += if cpu { on_cpu } else { wall };
-            open_above += 1 + frame.descendant_calls;
+            add_calls(&mut open_above, frame);
         }
         totals
     }
+}
+
+/// Counts into `calls` a frame's own call and the calls made inside it.
+#[inline]
+fn add_calls(calls: &mut ShapeCalls, frame: &Frame) {
+    for (calls, inside) in calls.iter_mut().zip(frame.descendant_calls) {
+        *calls += inside;
+    }
+    calls[frame.shape as usize] += 1;
 }

@@ -14,8 +14,9 @@
 
 use super::calibration::Correction;
 use super::cct::FunctionNames;
+use super::thread_tree::OwnFunctions;
 use std::collections::HashMap;
-use tendril_wire::events::{Event, EventKind};
+use tendril_wire::events::{Event, EventKind, HookShape};
 
 pub use super::trace_model::*;
 
@@ -30,8 +31,8 @@ pub struct TraceCapture {
     capped: bool,
     threads: Vec<CapturedThread>,
     index_of_tid: HashMap<u32, usize>,
-    /// The in-situ calibration's function, whose events are tendril's own.
-    ignored: Option<u32>,
+    /// The in-situ calibration's functions, whose events are tendril's own.
+    ignored: OwnFunctions,
 }
 
 #[derive(Debug, Clone)]
@@ -62,14 +63,14 @@ impl TraceCapture {
             capped: false,
             threads: Vec::new(),
             index_of_tid: HashMap::new(),
-            ignored: None,
+            ignored: OwnFunctions::default(),
         }
     }
 
-    /// Leaves the events of function `id` out (the in-situ calibration's, as the trees
+    /// Leaves the events of `functions` out (the in-situ calibration's, as the trees
     /// do; their time is an Adjust, which the trace keeps).
-    pub fn ignore_function(&mut self, id: Option<u32>) {
-        self.ignored = id;
+    pub fn ignore_functions(&mut self, functions: OwnFunctions) {
+        self.ignored = functions;
     }
 
     /// Raw entry, exit and unwind events kept so far.
@@ -115,7 +116,7 @@ impl TraceCapture {
             }
             if kind == Some(EventKind::Resumed)
                 || kind.is_none()
-                || self.ignored == Some(event.function)
+                || self.ignored.contains(event.function)
             {
                 continue;
             }
@@ -167,9 +168,11 @@ impl TraceCapture {
             }
             for event in &captured.events {
                 match event.kind() {
-                    Some(EventKind::Entry) => {
-                        timeline.enter(function_index(event.function), event.value)
-                    }
+                    Some(EventKind::Entry) => timeline.enter(
+                        function_index(event.function),
+                        event.hook_shape(),
+                        event.value,
+                    ),
                     Some(EventKind::Exit | EventKind::Unwind) => {
                         timeline.exit(function_index(event.function), event.value)
                     }
@@ -216,25 +219,19 @@ struct Timeline<'a> {
     correction: &'a Correction,
     /// Ticks taken off the clock so far (hooks and pauses).
     removed: f64,
-    half_inner: f64,
-    outside_half: f64,
     latest_ns: u64,
-    open: Vec<u32>,
+    /// The open frames' functions, and their hooks' shapes.
+    open: Vec<(u32, HookShape)>,
     events: Vec<TraceEvent>,
 }
 
 impl<'a> Timeline<'a> {
     fn new(start_tick: u64, correction: &'a Correction) -> Timeline<'a> {
-        let inner = correction.inner_ticks();
-        let outer = correction.outer_ticks();
-        let outside_half = ((outer - inner) / 2.0).max(0.0);
         Timeline {
             start_tick,
             correction,
             // The hook cost before the first entry's timestamp falls before the start.
-            removed: -outside_half,
-            half_inner: inner / 2.0,
-            outside_half,
+            removed: -outside_half(correction, HookShape::Jump),
             latest_ns: 0,
             open: Vec::new(),
             events: Vec::new(),
@@ -250,29 +247,30 @@ impl<'a> Timeline<'a> {
 
     /// A frame open when the trace began: it begins at the start.
     fn begin_open(&mut self, function: u32) {
-        self.open.push(function);
+        self.open.push((function, HookShape::Jump));
         self.events.push(TraceEvent(Edge::Begin, function, 0));
     }
 
-    fn enter(&mut self, function: u32, tick: u64) {
-        self.removed += self.outside_half;
+    fn enter(&mut self, function: u32, shape: HookShape, tick: u64) {
+        self.removed += outside_half(self.correction, shape);
         let at = self.at(tick);
-        self.removed += self.half_inner;
-        self.open.push(function);
+        self.removed += self.correction.inner_ticks(shape) / 2.0;
+        self.open.push((function, shape));
         self.events.push(TraceEvent(Edge::Begin, function, at));
     }
 
     /// An exit closes the function's innermost open frame and every frame above it
     /// (left by an unwind); an exit of a function that is not open is ignored.
     fn exit(&mut self, function: u32, tick: u64) {
-        let Some(depth) = self.open.iter().rposition(|&f| f == function) else {
+        let Some(depth) = self.open.iter().rposition(|&(f, _)| f == function) else {
             return;
         };
-        self.removed += self.half_inner;
+        let shape = self.open[depth].1;
+        self.removed += self.correction.inner_ticks(shape) / 2.0;
         let at = self.at(tick);
-        self.removed += self.outside_half;
+        self.removed += outside_half(self.correction, shape);
         while self.open.len() > depth {
-            let closed = self.open.pop().expect("depth < len");
+            let (closed, _) = self.open.pop().expect("depth < len");
             self.events.push(TraceEvent(Edge::End, closed, at));
         }
     }
@@ -285,12 +283,18 @@ impl<'a> Timeline<'a> {
     fn close_all(mut self, end_tick: u64) -> Vec<TraceEvent> {
         if !self.open.is_empty() {
             let at = self.at(end_tick);
-            while let Some(function) = self.open.pop() {
+            while let Some((function, _)) = self.open.pop() {
                 self.events.push(TraceEvent(Edge::End, function, at));
             }
         }
         self.events
     }
+}
+
+/// Half of the part of a hook of `shape` outside its call's own timestamps: it falls
+/// before the entry's and after the exit's.
+fn outside_half(correction: &Correction, shape: HookShape) -> f64 {
+    ((correction.outer_ticks(shape) - correction.inner_ticks(shape)) / 2.0).max(0.0)
 }
 
 #[cfg(test)]

@@ -517,15 +517,13 @@ impl Recorder {
     pub fn reset(&mut self) {
         if let Some(builder) = &self.builder {
             let calibration = builder.calibration();
-            let ignored = builder.ignored_function();
+            let ignored = builder.ignored_functions();
             self.builder = CctBuilder::new(calibration).ok();
             let measure_cpu = self.off_cpu.is_some();
             if let Some(builder) = self.builder.as_mut() {
                 builder.set_root_functions(self.root_ids.iter().copied());
                 // The in-situ calibration's events stay out of the fresh trees too.
-                if let Some(id) = ignored {
-                    builder.ignore_function(id);
-                }
+                builder.ignore_functions(ignored);
                 if measure_cpu {
                     builder.measure_cpu();
                 }

@@ -6,10 +6,11 @@
 //! producer ever needs from it; a full ring makes the producer wait, so nothing is lost
 //! as long as the controller keeps draining.
 
+use crate::profile::OwnFunctions;
 use memmap2::MmapMut;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use tendril_wire::events::Event;
+use tendril_wire::events::{Event, HookShape};
 use tendril_wire::rings::{self, header, ring};
 
 /// The agent's counters for the recording (header fields).
@@ -114,24 +115,33 @@ impl Rings {
             .collect()
     }
 
-    /// The in-situ calibration's function id, if the agent has one patched.
-    pub fn in_situ_function(&self) -> Option<u32> {
-        let word = self.word(header::IN_SITU_FUNCTION).load(Ordering::Acquire);
-        (word != 0).then(|| (word - 1) as u32)
+    /// The in-situ calibration's functions, one per hook shape (see
+    /// `header::IN_SITU_FUNCTIONS`).
+    pub fn in_situ_functions(&self) -> OwnFunctions {
+        let mut functions = OwnFunctions::default();
+        for shape in HookShape::ALL {
+            let word = self.word(header::in_situ_function(shape as usize));
+            match word.load(Ordering::Acquire) {
+                0 => {}
+                id => functions.set(shape, (id - 1) as u32),
+            }
+        }
+        functions
     }
 
-    /// The agent's in-situ batch count, and the `(inner, outer)` ticks per call of the
-    /// batches after the first `read` (those still in the header's sample ring). A
-    /// thread counts its batch before it writes it: a word still 0 is left out.
-    pub fn in_situ_batches(&self, read: u64) -> (u64, Vec<(f64, f64)>) {
+    /// The agent's in-situ sample count for hook shape `shape`, and the `(inner,
+    /// outer)` ticks per call of the samples after the first `read` (those still in
+    /// the header's sample ring). A thread counts its sample before it writes it: a
+    /// word still 0 is left out.
+    pub fn in_situ_batches(&self, shape: HookShape, read: u64) -> (u64, Vec<(f64, f64)>) {
+        let shape = shape as usize;
         let count = self
-            .word(header::IN_SITU_SAMPLE_NEXT)
+            .word(header::in_situ_sample_next(shape))
             .load(Ordering::Acquire);
         let first = read.max(count.saturating_sub(header::IN_SITU_SAMPLES as u64));
         let batches = (first..count)
             .map(|i| {
-                let index = i as usize % header::IN_SITU_SAMPLES;
-                let word = self.word(header::IN_SITU_SAMPLE_WORDS + index * 8);
+                let word = self.word(header::in_situ_sample(shape, i));
                 word.load(Ordering::Relaxed)
             })
             .filter(|&word| word != 0)

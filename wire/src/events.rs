@@ -40,6 +40,53 @@ impl EventKind {
     }
 }
 
+/// How a recorded function's entry reaches its hook, which decides part of the hook's
+/// cost: a 5-byte `jmp` to a trampoline that runs the overwritten instructions after
+/// the hook, a 2-byte `jmp` to a `jmp` placed in padding nearby, or a `call` replaced
+/// by a call to the hook (an entry that was a call). An Entry event carries it in bits
+/// 8..16 of its kind word, so the controller can remove each shape's own cost.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HookShape {
+    Jump = 0,
+    PadJump = 1,
+    CallThunk = 2,
+}
+
+/// The number of [`HookShape`]s.
+pub const HOOK_SHAPES: usize = 3;
+
+impl HookShape {
+    pub const ALL: [HookShape; HOOK_SHAPES] =
+        [HookShape::Jump, HookShape::PadJump, HookShape::CallThunk];
+
+    /// The shape stored as `raw`; an unknown value is taken as [`HookShape::Jump`].
+    pub fn from_raw(raw: u32) -> HookShape {
+        match raw {
+            1 => HookShape::PadJump,
+            2 => HookShape::CallThunk,
+            _ => HookShape::Jump,
+        }
+    }
+
+    /// The name profiles and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            HookShape::Jump => "jump",
+            HookShape::PadJump => "pad jump",
+            HookShape::CallThunk => "call thunk",
+        }
+    }
+
+    /// An event's kind word for `kind` with this shape (used for Entry events).
+    pub const fn kind_word(self, kind: EventKind) -> u32 {
+        kind as u32 | (self as u32) << 8
+    }
+}
+
+/// The bits of [`Event::kind`] that hold the [`EventKind`].
+pub const KIND_MASK: u32 = 0xff;
+
 /// One record of a per-thread ring: 16 bytes, no padding.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,7 +96,8 @@ pub struct Event {
     /// The function's id: its index in the function table the controller gave the agent.
     /// Unused (0) for Adjust.
     pub function: u32,
-    /// An [`EventKind`] as `u32`.
+    /// An [`EventKind`] as `u32` in its low 8 bits ([`KIND_MASK`]); an Entry event's
+    /// [`HookShape`] in the next 8.
     pub kind: u32,
 }
 
@@ -65,7 +113,12 @@ impl Event {
     }
 
     pub fn kind(&self) -> Option<EventKind> {
-        EventKind::from_raw(self.kind)
+        EventKind::from_raw(self.kind & KIND_MASK)
+    }
+
+    /// The shape of the hook that wrote this (an Entry event's; Jump for others).
+    pub fn hook_shape(&self) -> HookShape {
+        HookShape::from_raw((self.kind >> 8) & 0xff)
     }
 }
 

@@ -83,17 +83,42 @@ pub mod header {
     /// Address-taken functions that ran inside the call graph (distinct targets of
     /// calls through pointers found).
     pub const INDIRECT_TARGETS: usize = 144;
-    /// The function the agent calibrates the hooks with on the target's own threads
-    /// while the recording runs (its id + 1; 0 for none): its events are tendril's,
-    /// and the controller leaves them out of every tree.
-    pub const IN_SITU_FUNCTION: usize = 152;
-    /// In-situ calibration batches so far (monotonic): the most recent are a ring of
-    /// [`IN_SITU_SAMPLES`] words from [`IN_SITU_SAMPLE_WORDS`], each one batch's
-    /// mean per call in 1/256 TSC ticks: inner time in the low 32 bits, the whole cost
-    /// an instrumented call adds to its caller in the high 32 (see [`super::in_situ_sample`]).
-    pub const IN_SITU_SAMPLE_NEXT: usize = 160;
+    /// The functions the agent calibrates the hooks with on the target's own threads
+    /// while the recording runs, one per [`HookShape`](crate::events::HookShape): a
+    /// word each from here, the shape's index apart (its id + 1; 0 for none). Their
+    /// events are tendril's, and the controller leaves them out of every tree.
+    pub const IN_SITU_FUNCTIONS: usize = 152;
+    /// In-situ calibration samples so far, per shape (monotonic; a word each from
+    /// here): the most recent are a ring of [`IN_SITU_SAMPLES`] words per shape from
+    /// [`IN_SITU_SAMPLE_WORDS`], each one batch's mean per call in 1/256 TSC ticks:
+    /// inner time in the low 32 bits, the whole cost an instrumented call adds to its
+    /// caller in the high 32 (see [`super::in_situ_sample`]).
+    pub const IN_SITU_SAMPLE_NEXT: usize = 176;
     pub const IN_SITU_SAMPLE_WORDS: usize = 256;
-    pub const IN_SITU_SAMPLES: usize = (DISCOVERY_SAMPLE_WORDS - IN_SITU_SAMPLE_WORDS) / 8;
+    pub const IN_SITU_SAMPLES: usize = 10;
+    const _: () = assert!(
+        IN_SITU_SAMPLE_NEXT >= IN_SITU_FUNCTIONS + 8 * crate::events::HOOK_SHAPES
+            && IN_SITU_SAMPLE_NEXT + 8 * crate::events::HOOK_SHAPES <= IN_SITU_SAMPLE_WORDS
+            && IN_SITU_SAMPLE_WORDS + 8 * IN_SITU_SAMPLES * crate::events::HOOK_SHAPES
+                <= DISCOVERY_SAMPLE_WORDS
+    );
+
+    /// The word holding the id + 1 of shape `shape`'s in-situ function.
+    pub const fn in_situ_function(shape: usize) -> usize {
+        IN_SITU_FUNCTIONS + 8 * shape
+    }
+
+    /// The word counting shape `shape`'s in-situ samples.
+    pub const fn in_situ_sample_next(shape: usize) -> usize {
+        IN_SITU_SAMPLE_NEXT + 8 * shape
+    }
+
+    /// The word of shape `shape`'s in-situ sample number `count` (kept while fewer
+    /// than [`IN_SITU_SAMPLES`] came after it).
+    pub const fn in_situ_sample(shape: usize, count: u64) -> usize {
+        IN_SITU_SAMPLE_WORDS
+            + 8 * (shape * IN_SITU_SAMPLES + (count % IN_SITU_SAMPLES as u64) as usize)
+    }
     pub const DISCOVERY_SAMPLE_WORDS: usize = 512;
     pub const DISCOVERY_SAMPLES: usize = (super::HEADER_BYTES - DISCOVERY_SAMPLE_WORDS) / 8;
 }

@@ -2,8 +2,11 @@
 
 use super::*;
 use crate::profile::model::Node;
-use crate::profile::tests_support::{entry, exit, info, names, pause, resumed, unwind};
-use tendril_wire::events::EventKind;
+use crate::profile::model::ShapeCalibration;
+use crate::profile::tests_support::{
+    entry, exit, info, names, pause, resumed, shaped_entry, unwind,
+};
+use tendril_wire::events::{EventKind, HookShape};
 
 /// 1 tick = 1 ns and no overhead to remove, so times are the raw tick differences.
 fn exact_builder() -> CctBuilder {
@@ -479,7 +482,9 @@ fn many_switches_before_the_next_event_keep_their_off_cpu_time_in_bounded_memory
 fn the_in_situ_calibrations_events_are_left_out_and_its_correction_applies_from_then_on() {
     let mut builder = exact_builder();
     builder.set_root_functions([0]);
-    builder.ignore_function(3);
+    let mut own = OwnFunctions::default();
+    own.set(HookShape::Jump, 3);
+    builder.ignore_functions(own);
     // main [0, 100) calls work [10, 30), with a calibration call [12, 14) inside work
     // (its time removed by the agent's Adjust of 2 ticks).
     builder.push_events(
@@ -516,4 +521,50 @@ fn the_in_situ_calibrations_events_are_left_out_and_its_correction_applies_from_
     );
     assert!(work.children.is_empty(), "{work:?}");
     assert_eq!((main.calls, main.total_ns), (1, 92));
+}
+
+#[test]
+fn every_call_is_corrected_with_its_own_hook_shapes_cost() {
+    // t_I/t_O: 1/5 ns for a 5-byte jump, 2/7 for a pad jump, 3/11 for a call thunk.
+    let shape = |inner_ns, outer_ns| {
+        Some(ShapeCalibration {
+            inner_ns,
+            outer_ns,
+            ..Default::default()
+        })
+    };
+    let mut builder = CctBuilder::new(Calibration {
+        tsc_hz: 1_000_000_000,
+        inner_ns: 1.0,
+        outer_ns: 5.0,
+        pad_jump: shape(2.0, 7.0),
+        call_thunk: shape(3.0, 11.0),
+        ..Default::default()
+    })
+    .unwrap();
+    // main (jump) [0, 200) calls work (pad jump) [10, 100), which calls leaf (thunk)
+    // twice, [20, 40) and [50, 70); a third function (thunk) still open at the end.
+    builder.push_events(
+        1,
+        &[
+            entry(0, 0),
+            shaped_entry(1, HookShape::PadJump, 10),
+            shaped_entry(2, HookShape::CallThunk, 20),
+            exit(2, 40),
+            shaped_entry(2, HookShape::CallThunk, 50),
+            exit(2, 70),
+            exit(1, 100),
+            shaped_entry(3, HookShape::CallThunk, 150),
+            exit(0, 200),
+        ],
+    );
+    let profile = snapshot(&builder);
+    let main = &profile.merged.roots[0];
+    let work = &main.children[0];
+    let leaf = &work.children[0];
+    // leaf: 2 × (20 − 3) = 34. work: 90 − 2 − 2·11 = 66.
+    assert_eq!((leaf.calls, leaf.total_ns), (2, 34));
+    assert_eq!(work.total_ns, 66);
+    // main: 200 − 1 − (7 + 2·11) − 11 (the third call, unwound by main's exit).
+    assert_eq!(main.total_ns, 200 - 1 - 29 - 11);
 }

@@ -1,79 +1,99 @@
 //! The hooks' cost measured where they run (agent `runtime/in_situ.rs`): the agent
-//! calibrates now and then on the target's own threads, into their own rings, and
-//! keeps each batch in the rings' header. The recorder reads the new batches as it
-//! polls and, once it has [`MIN_BATCHES`], corrects with their median in place of the
-//! calibration made at the start (which ran on an agent thread, into a private ring,
-//! and sees none of what the target's threads pay: a ring drained close behind them,
-//! a core shared with the controller, caches the program fills). The calibration
-//! function's own events are left out of the trees.
+//! calibrates now and then on the target's own threads, into their own rings, one
+//! function per hook shape (a 5-byte jump, a pad jump, a call thunk), and keeps each
+//! shape's batches in the rings' header. The recorder reads the new batches as it
+//! polls and, once the 5-byte jump's number [`MIN_BATCHES`], corrects with their median
+//! in place of the calibration made at the start (which ran on an agent thread, into a
+//! private ring, and sees none of what the target's threads pay: a ring drained close
+//! behind them, a core shared with the controller, caches the program fills); each
+//! other shape gets its own median once it has as many batches. Every Entry event says
+//! its hook's shape, so each call is corrected with its own shape's cost. The
+//! calibration functions' own events are left out of the trees.
 
 use super::Recorder;
-use crate::profile::Calibration;
+use crate::profile::{Calibration, ShapeCalibration};
 use std::collections::VecDeque;
+use tendril_wire::events::{HOOK_SHAPES, HookShape};
 
 /// Batches needed before their median replaces the start calibration.
 const MIN_BATCHES: usize = 5;
-/// Batches kept (the most recent).
+/// Batches kept (the most recent), per hook shape.
 const KEPT_BATCHES: usize = 4096;
 
-/// The batches read so far, `(inner, outer)` ticks per call.
+/// The batches read so far, `(inner, outer)` ticks per call, per hook shape.
 #[derive(Debug, Default)]
 pub(super) struct InSituBatches {
-    /// The agent's batch count already read in the current start.
-    read: u64,
-    batches: VecDeque<(f64, f64)>,
+    /// The agent's sample count already read in the current start, per shape.
+    read: [u64; HOOK_SHAPES],
+    batches: [VecDeque<(f64, f64)>; HOOK_SHAPES],
     /// The start calibration, kept while the in-situ one is used.
     at_start: Option<Calibration>,
 }
 
 impl Recorder {
-    /// After the agent started recording: its batch count begins again, and the
-    /// calibration function's events are left out of the trees.
+    /// After the agent started recording: its sample counts begin again, and the
+    /// calibration functions' events are left out of the trees.
     pub(super) fn note_in_situ_start(&mut self) {
-        self.in_situ.read = 0;
-        let Some(id) = self
-            .rings
-            .as_ref()
-            .and_then(|rings| rings.in_situ_function())
-        else {
+        self.in_situ.read = [0; HOOK_SHAPES];
+        let Some(functions) = self.rings.as_ref().map(|rings| rings.in_situ_functions()) else {
             return;
         };
         if let Some(builder) = self.builder.as_mut() {
-            builder.ignore_function(id);
+            builder.ignore_functions(functions);
         }
     }
 
-    /// Reads the batches the agent made since the last call, and corrects with the
-    /// median of all of them once there are enough.
+    /// Reads the batches the agent made since the last call, and corrects each hook
+    /// shape with the median of its batches once there are enough (the 5-byte jump's
+    /// first: until it has enough, the start calibration serves every shape).
     pub(super) fn follow_in_situ(&mut self) {
         let (Some(rings), Some(builder)) = (self.rings.as_ref(), self.builder.as_mut()) else {
             return;
         };
-        let (count, new) = rings.in_situ_batches(self.in_situ.read);
-        if new.is_empty() {
-            return;
+        let mut any_new = false;
+        for shape in HookShape::ALL {
+            let (count, new) = rings.in_situ_batches(shape, self.in_situ.read[shape as usize]);
+            self.in_situ.read[shape as usize] = count;
+            let batches = &mut self.in_situ.batches[shape as usize];
+            any_new |= !new.is_empty();
+            batches.extend(new);
+            while batches.len() > KEPT_BATCHES {
+                batches.pop_front();
+            }
         }
-        self.in_situ.read = count;
-        let batches = &mut self.in_situ.batches;
-        batches.extend(new);
-        while batches.len() > KEPT_BATCHES {
-            batches.pop_front();
-        }
-        if batches.len() < MIN_BATCHES {
+        if !any_new {
             return;
         }
         let at_start = *self.in_situ.at_start.get_or_insert(builder.calibration());
         let ns = |ticks: f64| ticks * 1e9 / at_start.tsc_hz as f64;
-        let (inner, inner_min) = median_and_min(batches.iter().map(|b| b.0));
-        let (outer, outer_min) = median_and_min(batches.iter().map(|b| b.1));
+        let measured = |shape: HookShape| {
+            let batches = &self.in_situ.batches[shape as usize];
+            if batches.len() < MIN_BATCHES {
+                return None;
+            }
+            let (inner, inner_min) = median_and_min(batches.iter().map(|b| b.0));
+            let (outer, outer_min) = median_and_min(batches.iter().map(|b| b.1));
+            Some(ShapeCalibration {
+                inner_ns: ns(inner),
+                outer_ns: ns(outer),
+                inner_spread_ns: ns(inner - inner_min),
+                outer_spread_ns: ns(outer - outer_min),
+                in_situ_batches: batches.len() as u64,
+            })
+        };
+        let Some(jump) = measured(HookShape::Jump) else {
+            return;
+        };
         let calibration = Calibration {
-            inner_ns: ns(inner),
-            outer_ns: ns(outer),
-            inner_spread_ns: ns(inner - inner_min),
-            outer_spread_ns: ns(outer - outer_min),
-            in_situ_batches: batches.len() as u64,
+            inner_ns: jump.inner_ns,
+            outer_ns: jump.outer_ns,
+            inner_spread_ns: jump.inner_spread_ns,
+            outer_spread_ns: jump.outer_spread_ns,
+            in_situ_batches: jump.in_situ_batches,
             start_inner_ns: at_start.inner_ns,
             start_outer_ns: at_start.outer_ns,
+            pad_jump: measured(HookShape::PadJump),
+            call_thunk: measured(HookShape::CallThunk),
             ..at_start
         };
         // Values from the agent's fixed-point words are finite and ≥ 0.

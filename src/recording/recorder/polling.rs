@@ -132,7 +132,7 @@ impl Receivers<'_> {
         }
         if let Some(trace) = self.trace.as_mut() {
             let builder = &*self.builder;
-            trace.ignore_function(builder.ignored_function());
+            trace.ignore_functions(builder.ignored_functions());
             trace.push(tid as u32, events, || builder.open_functions(tid as u32));
         }
         self.builder.push_events(tid as u32, events);

@@ -11,7 +11,7 @@
 //! finishes correctly.
 
 use crate::code::branch_index::BranchIndex;
-use crate::code::entry_plan::{self, EntryPlan, PatchStyle};
+use crate::code::entry_plan::{self, EntryPlan, PatchStyle, SHORT_PATCH_LEN};
 use crate::code::padding::{self, KnownRanges, PAD_LEN};
 use crate::code::relocate;
 use crate::hooks::stubs::{self, TrampolineCode};
@@ -26,6 +26,7 @@ use crate::sys::error::AgentError;
 use std::collections::HashMap;
 use std::sync::MutexGuard;
 use tendril_wire::Hook;
+use tendril_wire::events::HookShape;
 
 /// Longest function body read for planning; longer bodies are scanned up to this much.
 const MAX_BODY_SCAN: u64 = 1 << 20;
@@ -454,12 +455,17 @@ impl Engine {
         let mut instruction_map = Vec::new();
         let thunk_returns_to = (plan.style == PatchStyle::CallThunk)
             .then(|| address + (plan.patch_offset + plan.overwritten_len) as u64);
+        let shape = match plan.style {
+            PatchStyle::CallThunk => HookShape::CallThunk,
+            PatchStyle::Jump if plan.jump_len == SHORT_PATCH_LEN => HookShape::PadJump,
+            PatchStyle::Jump => HookShape::Jump,
+        };
         let TrampolineCode {
             mut bytes,
             mut hook,
             body,
             body_sink,
-        } = stubs::build(memory, id, kind, thunk_returns_to, |body| {
+        } = stubs::build(memory, id, kind, thunk_returns_to, shape, |body| {
             let relocated = relocate::relocate(address, code, &plan, body)?;
             instruction_map = relocated.instruction_map;
             Ok(relocated.bytes)

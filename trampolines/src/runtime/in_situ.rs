@@ -6,20 +6,26 @@
 //! by an amount that moves: a ring the controller drains close behind its producer, a
 //! core shared with the controller, caches the program itself fills. So, now and then
 //! (every [`PERIOD_EVENTS`] events of a thread), the ring-space slow path of a
-//! recording hook runs one small batch on that thread: [`CALLS`] calls of a function
-//! hooked with the inner recording hook (`Hook::Record`, patched for the whole
-//! recording), writing their events into the thread's real ring, then as many calls
-//! of an unhooked twin; all of it twice, the first pass only warming up (a batch
-//! measured cold, in a thread that records rarely, costs several times a warm one).
-//! Per batch:
+//! recording hook runs one small batch on that thread. For each shape a hooked entry
+//! takes ([`HookShape`]: a 5-byte jump, a 2-byte jump through a pad, a call thunk), a
+//! function of that shape is hooked with the inner recording hook (`Hook::Record`,
+//! patched for the whole recording): [`CALLS`] calls of it, writing their events into
+//! the thread's real ring, then as many calls of an unhooked twin; all of it twice,
+//! the first pass only warming up (a batch measured cold, in a thread that records
+//! rarely, costs several times a warm one). Per shape and batch:
 //!
 //! * inner time = mean of (exit − entry) over the batch's events;
 //! * outer time = (hooked − bare) / calls: all that one call adds to its caller.
 //!
-//! The batch goes into the header's sample ring; the controller corrects with the
-//! median of the samples. The batch's whole time is an Adjust event, removed from the
-//! frames open around it like any other wait tendril causes, and the controller leaves
-//! the calibration function's events out of the trees (`header::IN_SITU_FUNCTION`).
+//! Each goes into the header's sample ring of its shape; the controller corrects each
+//! function's calls with the median of their shape's samples (an Entry event says its
+//! shape). The batch's whole time is an Adjust event, removed from the frames open
+//! around it like any other wait tendril causes, and the controller leaves the
+//! calibration functions' events out of the trees (`header::IN_SITU_FUNCTIONS`).
+//!
+//! Patching the three never stops the target's threads: each entry is one instruction
+//! (`mov eax, imm32`; `lea` under a pad jump; `call`). Restoring the pad, which a
+//! thread may be on, stops them once, at the end of a recording, as any pad does.
 
 use crate::hooks::slow_call::SavedRegisters;
 use crate::patching::patcher::{self, PatchRequest};
@@ -30,28 +36,29 @@ use crate::sys::error::AgentError;
 use std::hint::black_box;
 use std::sync::atomic::Ordering::Relaxed;
 use tendril_wire::Hook;
-use tendril_wire::events::{Event, EventKind};
+use tendril_wire::events::{Event, EventKind, HOOK_SHAPES, HookShape};
 use tendril_wire::rings::{self, header};
 
-/// Calls per batch (each writes two events).
+/// Calls per batch and shape (each writes two events).
 const CALLS: u64 = 32;
 /// A thread runs a batch every this many events of its own (512 KiB of its ring): at
-/// 30 ns a hooked call, a batch of about 3 µs every 0.5 ms, 0.6% of the thread's time,
-/// which is removed from its frames like every pause.
+/// 30 ns a hooked call, a batch of about 10 µs every 0.5 ms, under 2% of the thread's
+/// time, which is removed from its frames like every pause.
 pub const PERIOD_EVENTS: u64 = 1 << 15;
-/// Events a batch writes: the calls' entries and exits, twice (a warm-up pass, then
-/// the measured one), and its Adjust.
-pub const BATCH_EVENTS: u64 = 4 * CALLS + 1;
-/// The owner of the in-situ patch, the same as the start calibration's (no control
+/// Events one shape's part of a batch writes: the calls' entries and exits, twice (a
+/// warm-up pass, then the measured one).
+const SHAPE_EVENTS: u64 = 4 * CALLS;
+/// Events a batch writes: every shape's part, and its Adjust.
+pub const BATCH_EVENTS: u64 = SHAPE_EVENTS * HOOK_SHAPES as u64 + 1;
+/// The owner of the in-situ patches, the same as the start calibration's (no control
 /// session has it); the two never overlap: the start calibration restores its own
-/// patch before this one is made.
+/// patch before these are made.
 const OWNER: u64 = patcher::SELF_TEST_OWNER;
-/// Bytes of each function.
-const FUNCTION_BYTES: u64 = 9;
 
-// Leaf functions, as `calibration`'s: the CFI says only that they are functions. The
-// first instruction is the 5 bytes the entry patch overwrites, so patching and
-// restoring it never stops the target's threads.
+// Leaf functions, as `calibration`'s: the CFI says only that they are functions. Each
+// hooked function's first instruction is the whole patch its shape writes: 5 bytes; a
+// 2-byte `jmp` in a function too short for 5, with 12 bytes of `int3` padding after it
+// for the pad; a `call`. Each twin is its function's copy, never hooked.
 core::arch::global_asm!(
     ".pushsection .text",
     ".balign 16",
@@ -76,37 +83,147 @@ core::arch::global_asm!(
     "ret",
     ".cfi_endproc",
     ".size tendril_in_situ_twin, . - tendril_in_situ_twin",
+    ".balign 16",
+    ".globl tendril_in_situ_pad_target",
+    ".hidden tendril_in_situ_pad_target",
+    ".type tendril_in_situ_pad_target, @function",
+    "tendril_in_situ_pad_target:",
+    ".cfi_startproc",
+    "lea eax, [rdi + 1]",
+    "ret",
+    ".cfi_endproc",
+    ".size tendril_in_situ_pad_target, . - tendril_in_situ_pad_target",
+    ".fill 12, 1, 0xcc",
+    ".balign 16",
+    ".globl tendril_in_situ_pad_twin",
+    ".hidden tendril_in_situ_pad_twin",
+    ".type tendril_in_situ_pad_twin, @function",
+    "tendril_in_situ_pad_twin:",
+    ".cfi_startproc",
+    "lea eax, [rdi + 1]",
+    "ret",
+    ".cfi_endproc",
+    ".size tendril_in_situ_pad_twin, . - tendril_in_situ_pad_twin",
+    ".balign 16",
+    ".globl tendril_in_situ_thunk_target",
+    ".hidden tendril_in_situ_thunk_target",
+    ".type tendril_in_situ_thunk_target, @function",
+    "tendril_in_situ_thunk_target:",
+    ".cfi_startproc",
+    "call tendril_in_situ_leaf",
+    "ret",
+    ".cfi_endproc",
+    ".size tendril_in_situ_thunk_target, . - tendril_in_situ_thunk_target",
+    ".balign 16",
+    ".globl tendril_in_situ_thunk_twin",
+    ".hidden tendril_in_situ_thunk_twin",
+    ".type tendril_in_situ_thunk_twin, @function",
+    "tendril_in_situ_thunk_twin:",
+    ".cfi_startproc",
+    "call tendril_in_situ_leaf",
+    "ret",
+    ".cfi_endproc",
+    ".size tendril_in_situ_thunk_twin, . - tendril_in_situ_thunk_twin",
+    ".balign 16",
+    ".globl tendril_in_situ_leaf",
+    ".hidden tendril_in_situ_leaf",
+    ".type tendril_in_situ_leaf, @function",
+    "tendril_in_situ_leaf:",
+    ".cfi_startproc",
+    "lea eax, [rdi + 1]",
+    "ret",
+    ".cfi_endproc",
+    ".size tendril_in_situ_leaf, . - tendril_in_situ_leaf",
     ".popsection",
 );
 
 unsafe extern "C" {
     fn tendril_in_situ_target(value: u64) -> u64;
     fn tendril_in_situ_twin(value: u64) -> u64;
+    fn tendril_in_situ_pad_target(value: u64) -> u64;
+    fn tendril_in_situ_pad_twin(value: u64) -> u64;
+    fn tendril_in_situ_thunk_target(value: u64) -> u64;
+    fn tendril_in_situ_thunk_twin(value: u64) -> u64;
+    fn tendril_in_situ_leaf(value: u64) -> u64;
 }
 
-/// Patches the calibration function for the recording that starts (after
-/// `recording::start`, which clears the invoked flags and the samples' count).
+/// One shape's calibration functions: the hooked one, its unhooked twin, and their
+/// size in bytes (the symbols' sizes).
+struct ShapeFunctions {
+    shape: HookShape,
+    target: unsafe extern "C" fn(u64) -> u64,
+    twin: unsafe extern "C" fn(u64) -> u64,
+    bytes: u64,
+}
+
+const SHAPES: [ShapeFunctions; HOOK_SHAPES] = [
+    ShapeFunctions {
+        shape: HookShape::Jump,
+        target: tendril_in_situ_target,
+        twin: tendril_in_situ_twin,
+        bytes: 9,
+    },
+    ShapeFunctions {
+        shape: HookShape::PadJump,
+        target: tendril_in_situ_pad_target,
+        twin: tendril_in_situ_pad_twin,
+        bytes: 4,
+    },
+    ShapeFunctions {
+        shape: HookShape::CallThunk,
+        target: tendril_in_situ_thunk_target,
+        twin: tendril_in_situ_thunk_twin,
+        bytes: 6,
+    },
+];
+
+fn address(function: unsafe extern "C" fn(u64) -> u64) -> u64 {
+    function as *const () as u64
+}
+
+/// Patches the calibration functions for the recording that starts (after
+/// `recording::start`, which clears the invoked flags and the samples' counts). A
+/// shape whose function is refused is not calibrated in situ (the controller uses
+/// the start calibration for it); the error is the first refusal.
 pub fn start() -> Result<(), AgentError> {
-    let target = tendril_in_situ_target as *const () as u64;
-    let twin = tendril_in_situ_twin as *const () as u64;
-    let request = PatchRequest {
-        address: target,
-        size: FUNCTION_BYTES,
-        kind: Hook::Record,
-    };
-    let ranges = [(target, FUNCTION_BYTES), (twin, FUNCTION_BYTES)];
-    let id = patcher::patch(OWNER, &[request], &ranges)
-        .pop()
-        .ok_or_else(|| AgentError::Unusable("in-situ calibration: no patch result".into()))??;
-    recording::set_invoked_quietly(id);
-    recording::set_header(header::IN_SITU_FUNCTION, id as u64 + 1);
-    Ok(())
+    let requests: Vec<PatchRequest> = SHAPES
+        .iter()
+        .map(|functions| PatchRequest {
+            address: address(functions.target),
+            size: functions.bytes,
+            kind: Hook::Record,
+        })
+        .collect();
+    // Every function's range, so the padding after the pad function is known to be
+    // padding.
+    let mut ranges: Vec<(u64, u64)> = SHAPES
+        .iter()
+        .flat_map(|f| [(address(f.target), f.bytes), (address(f.twin), f.bytes)])
+        .collect();
+    ranges.push((address(tendril_in_situ_leaf), 4));
+    let results = patcher::patch(OWNER, &requests, &ranges);
+    let mut first_error = None;
+    for (functions, result) in SHAPES.iter().zip(results) {
+        match result {
+            Ok(id) => {
+                recording::set_invoked_quietly(id);
+                let word = header::in_situ_function(functions.shape as usize);
+                recording::set_header(word, id as u64 + 1);
+            }
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
 }
 
-/// Takes the calibration function's hook out (the recording stops; no thread starts a
-/// batch once the recording is inactive).
+/// Takes the calibration functions' hooks out (the recording stops; no thread starts
+/// a batch once the recording is inactive).
 pub fn stop() {
-    recording::set_header(header::IN_SITU_FUNCTION, 0);
+    for shape in 0..HOOK_SHAPES {
+        recording::set_header(header::in_situ_function(shape), 0);
+    }
     patcher::restore(Some(OWNER));
 }
 
@@ -137,25 +254,33 @@ pub fn calibrate_if_due(state: StatePtr, room: RingRoom) {
         return;
     }
     next.store(head + PERIOD_EVENTS, Relaxed);
-    let id = recording::header_value(header::IN_SITU_FUNCTION);
-    if id == 0 || !recording::is_active() || head + BATCH_EVENTS + 1 > room.end {
+    if !recording::is_active() || head + BATCH_EVENTS + 1 > room.end {
         return;
     }
     let started = sys::rdtsc();
-    let (hooked, bare) = run_batch(state, head);
-    let inner = mean_inner_ticks(state, head + 2 * CALLS, id as u32 - 1);
-    if let Some(inner) = inner {
-        let outer = (hooked as f64 - bare as f64) / CALLS as f64;
-        recording::sample_in_situ(rings::in_situ_sample(inner, outer));
+    for functions in &SHAPES {
+        let word = header::in_situ_function(functions.shape as usize);
+        let id = recording::header_value(word);
+        if id == 0 {
+            continue;
+        }
+        let head = state.ring_head().load(Relaxed);
+        let (hooked, bare) = run_batch(state, head, functions);
+        let inner = mean_inner_ticks(state, head + 2 * CALLS, id as u32 - 1);
+        if let Some(inner) = inner {
+            let outer = (hooked as f64 - bare as f64) / CALLS as f64;
+            let sample = rings::in_situ_sample(inner, outer);
+            recording::sample_in_situ(functions.shape, sample);
+        }
     }
     let waited = sys::rdtsc().saturating_sub(started);
     recording::add_to_header(header::PAUSE_TICKS, waited);
     recording::write_event(state, Event::new(EventKind::Adjust, 0, waited));
 }
 
-/// The hooked calls, then the bare ones, with the hooks on for this thread (the slow
-/// path turned them off); returns the ticks of each loop.
-fn run_batch(state: StatePtr, head: u64) -> (u64, u64) {
+/// One shape's hooked calls, then the bare ones, with the hooks on for this thread (the
+/// slow path turned them off); returns the ticks of each loop.
+fn run_batch(state: StatePtr, head: u64, functions: &ShapeFunctions) -> (u64, u64) {
     let flags = state.flags();
     let saved_flags = flags.load(Relaxed);
     let depth = state.graph_depth();
@@ -165,7 +290,7 @@ fn run_batch(state: StatePtr, head: u64) -> (u64, u64) {
     // The inner hook records only inside the graph; the batch's events fit below the
     // limit (the caller checked the room), so no hook of the batch takes a slow path.
     depth.store(saved_depth.max(1), Relaxed);
-    limit.store(head + 4 * CALLS, Relaxed);
+    limit.store(head + SHAPE_EVENTS, Relaxed);
     flags.store(saved_flags & !FLAG_PASSTHROUGH, Relaxed);
     // A first pass warms the code, the data and the branch predictors up (a batch runs
     // rarely); the second is measured.
@@ -175,13 +300,13 @@ fn run_batch(state: StatePtr, head: u64) -> (u64, u64) {
         let started = sys::rdtsc();
         for i in 0..CALLS {
             // SAFETY: a plain function with the C ABI, hooked.
-            black_box(unsafe { tendril_in_situ_target(black_box(i)) });
+            black_box(unsafe { (functions.target)(black_box(i)) });
         }
         hooked = sys::rdtsc().saturating_sub(started);
         let started = sys::rdtsc();
         for i in 0..CALLS {
             // SAFETY: as above, never hooked.
-            black_box(unsafe { tendril_in_situ_twin(black_box(i)) });
+            black_box(unsafe { (functions.twin)(black_box(i)) });
         }
         bare = sys::rdtsc().saturating_sub(started);
         black_box(pass);
@@ -219,27 +344,28 @@ mod tests {
 
     #[test]
     fn the_in_situ_functions_compute_and_unwind_at_every_step() {
-        for (name, routine) in [
-            (
-                "tendril_in_situ_target",
-                tendril_in_situ_target as *const () as u64,
-            ),
-            (
-                "tendril_in_situ_twin",
-                tendril_in_situ_twin as *const () as u64,
-            ),
-        ] {
+        let mut functions: Vec<(&str, unsafe extern "C" fn(u64) -> u64)> = Vec::new();
+        for (shape, names) in SHAPES.iter().zip([
+            ["tendril_in_situ_target", "tendril_in_situ_twin"],
+            ["tendril_in_situ_pad_target", "tendril_in_situ_pad_twin"],
+            ["tendril_in_situ_thunk_target", "tendril_in_situ_thunk_twin"],
+        ]) {
+            functions.push((names[0], shape.target));
+            functions.push((names[1], shape.twin));
+        }
+        functions.push(("tendril_in_situ_leaf", tendril_in_situ_leaf));
+        for (name, function) in functions {
+            let routine = address(function);
             let steps = unwind_probe::step_through(routine, [41, 0, 0, 0]);
             unwind_probe::assert_every_walk_reaches_the_caller(name, routine, &steps);
+            // SAFETY: plain functions with the C ABI, not hooked in a test.
+            assert_eq!(unsafe { function(41) }, 42, "{name}");
         }
-        // SAFETY: plain functions with the C ABI, not hooked in a test.
-        assert_eq!(
-            unsafe { (tendril_in_situ_target(41), tendril_in_situ_twin(1)) },
-            (42, 2)
-        );
-        // The first instruction is the whole 5-byte patch.
-        // SAFETY: the function's first bytes, in this library's text.
-        let first = unsafe { *(tendril_in_situ_target as *const () as *const u8) };
-        assert_eq!(first, 0xb8, "mov eax, imm32");
+        // The first instruction is the whole patch of each shape.
+        // SAFETY: the functions' first bytes, in this library's text.
+        let first = |function| unsafe { *(address(function) as *const u8) };
+        assert_eq!(first(tendril_in_situ_target), 0xb8, "mov eax, imm32");
+        assert_eq!(first(tendril_in_situ_pad_target), 0x8d, "lea");
+        assert_eq!(first(tendril_in_situ_thunk_target), 0xe8, "call rel32");
     }
 }

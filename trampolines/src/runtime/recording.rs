@@ -23,7 +23,7 @@ use crate::sys;
 use crate::sys::error::AgentError;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
-use tendril_wire::events::{Event, EventKind};
+use tendril_wire::events::{Event, EventKind, HOOK_SHAPES, HookShape};
 use tendril_wire::rings::{self, header, ring};
 
 /// The mapped file's base, if there is one.
@@ -150,10 +150,12 @@ pub fn start() {
         header::DISCOVERY_WAIT_TICKS,
         header::INDIRECT_SITES_FOLLOWED,
         header::INDIRECT_TARGETS,
-        header::IN_SITU_FUNCTION,
-        header::IN_SITU_SAMPLE_NEXT,
     ] {
         set_header(field, 0);
+    }
+    for shape in 0..HOOK_SHAPES {
+        set_header(header::in_situ_function(shape), 0);
+        set_header(header::in_situ_sample_next(shape), 0);
     }
     // Byte by byte, as the stubs and `mark_invoked` access them: a hook of a frame
     // from an earlier recording may mark one meanwhile.
@@ -465,11 +467,13 @@ pub fn is_active() -> bool {
     STATE.recording_active.load(Ordering::Acquire) != 0
 }
 
-/// Keeps one in-situ calibration batch's sample word in the header's sample ring.
-pub fn sample_in_situ(sample: u64) {
-    if let Some(next) = word(header::IN_SITU_SAMPLE_NEXT) {
-        let index = next.fetch_add(1, Ordering::AcqRel) as usize % header::IN_SITU_SAMPLES;
-        set_header(header::IN_SITU_SAMPLE_WORDS + index * 8, sample);
+/// Keeps one in-situ calibration batch's sample word for hook shape `shape` in the
+/// header's sample ring of that shape.
+pub fn sample_in_situ(shape: HookShape, sample: u64) {
+    let shape = shape as usize;
+    if let Some(next) = word(header::in_situ_sample_next(shape)) {
+        let count = next.fetch_add(1, Ordering::AcqRel);
+        set_header(header::in_situ_sample(shape, count), sample);
     }
 }
 

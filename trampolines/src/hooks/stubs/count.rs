@@ -50,7 +50,15 @@ mod tests {
     #[test]
     fn count_hook_counts_into_the_thread_state_and_falls_into_the_body() {
         let address = 0x7f00_0000_1000;
-        let code = build(address, 3, Hook::Count, None, body(1)).unwrap();
+        let code = build(
+            address,
+            3,
+            Hook::Count,
+            None,
+            tendril_wire::events::HookShape::Jump,
+            body(1),
+        )
+        .unwrap();
         let hook_offset = (code.hook - address) as usize;
         let body_offset = (code.body - address) as usize;
         let fast_path = disassemble(&code.bytes[hook_offset..body_offset], code.hook);

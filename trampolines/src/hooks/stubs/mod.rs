@@ -42,6 +42,7 @@ use record::RecordValues;
 use std::sync::atomic::{AtomicU64, Ordering};
 use template::{HookCode, RecordTemplate};
 use tendril_wire::Hook;
+use tendril_wire::events::HookShape;
 
 /// Installs the runtime's handlers; the first installation stays.
 pub fn install_handlers(handlers: Handlers) {
@@ -88,7 +89,8 @@ struct Layout {
 /// Builds the trampoline for function `id` at `address`. `body_at` relocates the
 /// function's overwritten instructions for the address the body will have and returns
 /// their bytes (ending with the jump back into the function). `thunk_returns_to` is set
-/// for a call thunk: the address the patched `call` returns to.
+/// for a call thunk: the address the patched `call` returns to. `shape` is how the
+/// entry reaches the hook, which a recording hook's entry events say.
 ///
 /// Recording hooks are built during Scheme B discovery, while the target waits, so they
 /// come from a template assembled once (see [`RecordTemplate`]); the others are
@@ -98,6 +100,7 @@ pub fn build(
     id: u32,
     kind: Hook,
     thunk_returns_to: Option<u64>,
+    shape: HookShape,
     body_at: impl FnOnce(u64) -> Result<Vec<u8>, AgentError>,
 ) -> Result<TrampolineCode, AgentError> {
     let Some(handlers) = STATE.handlers.get() else {
@@ -108,9 +111,10 @@ pub fn build(
     let hook = match kind {
         Hook::Record | Hook::RecordRoot => {
             RecordTemplate::get(kind == Hook::RecordRoot, thunk_returns_to.is_some())?
-                .instantiate(id)
+                .instantiate(id, shape)
         }
-        _ => assemble_hook(address, id, kind, thunk_returns_to).map_err(AgentError::Assembly)?,
+        _ => assemble_hook(address, id, kind, thunk_returns_to, shape)
+            .map_err(AgentError::Assembly)?,
     };
     let body = address + hook.body as u64;
     let mut bytes = hook.bytes;
@@ -145,6 +149,7 @@ fn assemble_hook(
     id: u32,
     kind: Hook,
     thunk_returns_to: Option<u64>,
+    shape: HookShape,
 ) -> Result<HookCode, IcedError> {
     let after_call = thunk_returns_to.is_some();
     let layout = new_layout()?;
@@ -153,7 +158,7 @@ fn assemble_hook(
         Hook::Count => count::count_hook(layout, id)?,
         Hook::CountReturns => returns::count_returns_hook(layout, id, after_call)?,
         Hook::Record | Hook::RecordRoot => {
-            let values = RecordValues::new(id);
+            let values = RecordValues::new(id, shape);
             record::record_hook(layout, kind == Hook::RecordRoot, after_call, values)?.0
         }
         Hook::UnwinderStarts => internal::internal_hook(layout, handlers.unwinder_starts)?,

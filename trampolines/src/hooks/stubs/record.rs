@@ -20,6 +20,7 @@ use crate::hooks::thread_layout::{
 };
 use crate::sys::error::AgentError;
 use iced_x86::code_asm::*;
+use tendril_wire::events::HookShape;
 
 /// The per-function values a recording hook reads from data words of its own, so that
 /// one assembled template serves every function.
@@ -33,10 +34,10 @@ pub(super) struct RecordValues {
 }
 
 impl RecordValues {
-    pub(super) fn new(id: u32) -> Self {
+    pub(super) fn new(id: u32, shape: HookShape) -> Self {
         use tendril_wire::events::EventKind;
         RecordValues {
-            entry_event: id as u64 | (EventKind::Entry as u64) << 32,
+            entry_event: id as u64 | (shape.kind_word(EventKind::Entry) as u64) << 32,
             exit_event: id as u64 | (EventKind::Exit as u64) << 32,
             shadow_function: id as u64 | thread_state::ENTRY_RECORDED,
             id: id as u64,
@@ -69,7 +70,7 @@ impl RecordTemplate {
 
     fn assemble(root: bool, thunk_returns_to: Option<u64>) -> Result<RecordTemplate, IcedError> {
         let layout = new_layout()?;
-        let values = RecordValues::new(0);
+        let values = RecordValues::new(0, HookShape::Jump);
         let (layout, words) = record_hook(layout, root, thunk_returns_to.is_some(), values)?;
         let (hook, result) = finish_hook(layout, ASSEMBLY_BASE)?;
         let offset = |label: &CodeLabel| -> Result<usize, IcedError> {
@@ -86,9 +87,10 @@ impl RecordTemplate {
         })
     }
 
-    /// The hook of function `id`: the template with that function's data words.
-    pub(super) fn instantiate(&self, id: u32) -> HookCode {
-        let values = RecordValues::new(id);
+    /// The hook of function `id`, whose entry reaches it as `shape` says: the template
+    /// with that function's data words.
+    pub(super) fn instantiate(&self, id: u32, shape: HookShape) -> HookCode {
+        let values = RecordValues::new(id, shape);
         let values = [
             values.entry_event,
             values.exit_event,
@@ -296,8 +298,8 @@ mod tests {
     #[test]
     fn record_hook_times_the_call_and_keeps_its_return_prediction() {
         let address = 0x7f00_0000_1000;
-        let root = build(address, 9, Hook::RecordRoot, None, body(4)).unwrap();
-        let inner = build(address, 9, Hook::Record, None, body(4)).unwrap();
+        let root = build(address, 9, Hook::RecordRoot, None, HookShape::Jump, body(4)).unwrap();
+        let inner = build(address, 9, Hook::Record, None, HookShape::Jump, body(4)).unwrap();
         let text = |code: &TrampolineCode| {
             let from = (code.hook - address) as usize;
             disassemble(&code.bytes[from..(code.body - address) as usize], code.hook)
@@ -321,14 +323,18 @@ mod tests {
     fn a_recording_hook_from_the_template_is_the_hook_assembled_for_its_function() {
         for root in [false, true] {
             for returns_to in [None, Some(0x7f00_1234_5678)] {
-                for id in [0, 5, 300, 70_000] {
+                for (id, shape) in [0, 5, 300, 70_000]
+                    .into_iter()
+                    .zip(HookShape::ALL.iter().cycle())
+                {
                     let kind = if root { Hook::RecordRoot } else { Hook::Record };
-                    let assembled = assemble_hook(ASSEMBLY_BASE, id, kind, returns_to).unwrap();
+                    let assembled =
+                        assemble_hook(ASSEMBLY_BASE, id, kind, returns_to, *shape).unwrap();
                     let template = RecordTemplate::get(root, returns_to.is_some()).unwrap();
-                    let instantiated = template.instantiate(id);
+                    let instantiated = template.instantiate(id, *shape);
                     assert_eq!(
                         instantiated.bytes, assembled.bytes,
-                        "{root} {returns_to:?} {id}"
+                        "{root} {returns_to:?} {id} {shape:?}"
                     );
                     assert_eq!(
                         (instantiated.entry, instantiated.body),

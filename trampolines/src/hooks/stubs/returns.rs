@@ -339,7 +339,15 @@ mod tests {
     #[test]
     fn return_hook_calls_the_body_and_reports_its_exit() {
         let address = 0x7f00_0000_1000;
-        let code = build(address, 7, Hook::CountReturns, None, body(20)).unwrap();
+        let code = build(
+            address,
+            7,
+            Hook::CountReturns,
+            None,
+            tendril_wire::events::HookShape::Jump,
+            body(20),
+        )
+        .unwrap();
         let hook_offset = (code.hook - address) as usize;
         let body_offset = (code.body - address) as usize;
         let text = disassemble(&code.bytes[hook_offset..body_offset], code.hook);
