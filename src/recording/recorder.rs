@@ -10,6 +10,7 @@
 //! the cost correction — happens here, at the controller's pace, so a recording can be
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
+mod controls;
 mod in_situ;
 mod late_modules;
 mod polling;
@@ -464,24 +465,6 @@ impl Recorder {
             .collect()
     }
 
-    /// Pauses collection: the code is restored; the data so far stays.
-    pub fn pause(&mut self) -> Result<(), RecordError> {
-        self.end()
-    }
-
-    /// Resumes collection after [`Recorder::pause`], with the same roots.
-    pub fn resume(&mut self) -> Result<(), RecordError> {
-        if self.recording {
-            return Ok(());
-        }
-        let known = if self.gross_only {
-            Vec::new()
-        } else {
-            self.functions_seen()
-        };
-        self.begin_with(&known)
-    }
-
     /// Whether the agent has ended this recording's session by itself: another
     /// tendril detached the process (or it is gone). The rings still hold everything
     /// it wrote; [`Recorder::finish`] with `agent_gone` reads them.
@@ -511,64 +494,6 @@ impl Recorder {
             }
             Err(why) => self.cpu_unmeasured = Some(why),
         }
-    }
-
-    /// Forgets the data collected so far (the recording goes on).
-    pub fn reset(&mut self) {
-        if let Some(builder) = &self.builder {
-            let calibration = builder.calibration();
-            let ignored = builder.ignored_functions();
-            self.builder = CctBuilder::new(calibration).ok();
-            let measure_cpu = self.off_cpu.is_some();
-            if let Some(builder) = self.builder.as_mut() {
-                builder.set_root_functions(self.root_ids.iter().copied());
-                // The in-situ calibration's events stay out of the fresh trees too.
-                builder.ignore_functions(ignored);
-                if measure_cpu {
-                    builder.measure_cpu();
-                }
-            }
-        }
-        if let Some(gross) = &mut self.gross {
-            *gross = GrossTimes::new(self.tsc_hz, gross.inner_ticks());
-        }
-        self.ring_threads.clear();
-        self.last_timestamps.clear();
-        self.trace = None;
-        self.events = 0;
-        self.started = Instant::now();
-        self.started_tsc = tsc::read();
-    }
-
-    /// Records from other roots from now on (patterns as for `--root`); the data so
-    /// far is forgotten. The target stays attached throughout. While paused, the new
-    /// roots are kept for [`Recorder::resume`] and named at once.
-    ///
-    /// If the new roots cannot be instrumented, the previous roots and the data stay,
-    /// and the recording is left paused (the code restored): `resume` records the
-    /// previous roots again.
-    pub fn set_roots(&mut self, patterns: &[String]) -> Result<(), RecordError> {
-        let mut names: Vec<String> = Vec::new();
-        for function in targets::match_patterns(&self.symbols, patterns)? {
-            if !names.contains(&function.name) {
-                names.push(function.name.clone());
-            }
-        }
-        if !self.recording {
-            self.root_patterns = patterns.to_vec();
-            self.root_names = names;
-            self.reset();
-            return Ok(());
-        }
-        self.end()?;
-        let previous = std::mem::replace(&mut self.root_patterns, patterns.to_vec());
-        if let Err(error) = self.begin() {
-            self.root_patterns = previous;
-            return Err(error);
-        }
-        // The events of the new roots are still in the rings: they go to fresh trees.
-        self.reset();
-        Ok(())
     }
 
     /// Every function of the target, for a root picker.
