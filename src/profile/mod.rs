@@ -22,6 +22,7 @@
 
 mod arena;
 pub mod calibration;
+mod calibration_model;
 pub mod cct;
 pub mod clock;
 pub mod diff;
