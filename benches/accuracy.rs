@@ -112,6 +112,14 @@ fn print_calibration(profile: &Profile) {
         profile.stats.pause_ns as f64 / 1e6,
         profile.stats.events
     );
+    for (shape, values) in [("pad jump", c.pad_jump), ("call thunk", c.call_thunk)] {
+        if let Some(v) = values {
+            println!(
+                "  {shape}: inner {:.1} ns, outer {:.1} ns ({} batches)",
+                v.inner_ns, v.outer_ns, v.in_situ_batches
+            );
+        }
+    }
 }
 
 fn tight_calls() {
