@@ -1,6 +1,7 @@
 //! Benchmark: how close tendril's corrected times come to the bare truth (issue 15).
 //!
-//! Run with `cargo bench --bench accuracy` (`ONLY=tight|fib|leaves` runs one part).
+//! Run with `cargo bench --bench accuracy` (`ONLY=tight|fib|leaves` runs one part;
+//! `ONLY=phases` runs a part the default leaves out, below).
 //! Every figure is a ratio against a bare run of the same process in the same run (the
 //! mean of the bare runs made before and after the recorded ones):
 //!
@@ -11,6 +12,10 @@
 //!   outermost node's corrected total per call against the bare time;
 //! * leaves: `timed`'s leaves of 200 ns, 2 µs and 20 µs (busy-waits, measured by the
 //!   fixture itself) and their parent; self time per call against the truth.
+//!
+//! * phases (`ONLY=phases` only): the raw cost of a hooked call, nothing removed, by
+//!   `tightcall`'s own clock over `flat_root`'s 200,000 calls of a 1.3 ns leaf: 40 runs
+//!   in one recording, then 7 runs before and 7 after 0 and 20 pause/resume cycles.
 //!
 //! The oversubscribed case, in CPU time, is `cargo bench --bench cpu_time`.
 
@@ -190,8 +195,58 @@ fn leaves() {
     print_calibration(&profile);
 }
 
+/// The raw ns per call of one `flat 200000` (the hooks' whole cost included).
+fn flat_run(target: &mut Target, recorder: &mut Option<Recorder>) -> f64 {
+    let line = ask(target, recorder, "flat 200000", "flat calls");
+    value_after(&line, "ns") / value_after(&line, "calls")
+}
+
+fn phases() {
+    let mut target = Target::spawn("tightcall", &[]);
+    for recording in 1..=2 {
+        let mut recorder = Some(record(target.pid(), &["flat_root"]));
+        let runs: Vec<String> = (0..40)
+            .map(|_| format!("{:.1}", flat_run(&mut target, &mut recorder)))
+            .collect();
+        println!(
+            "phases, recording {recording}, ns per hooked call: {}",
+            runs.join(" ")
+        );
+        recorder.take().unwrap().finish(false).unwrap();
+    }
+    for cycles in [0, 20] {
+        let mut recorder = Some(record(target.pid(), &["flat_root"]));
+        for _ in 0..3 {
+            flat_run(&mut target, &mut recorder);
+        }
+        let before = median(
+            (0..7)
+                .map(|_| flat_run(&mut target, &mut recorder))
+                .collect(),
+        );
+        for _ in 0..cycles {
+            recorder.as_mut().unwrap().pause().unwrap();
+            recorder.as_mut().unwrap().resume().unwrap();
+            flat_run(&mut target, &mut recorder);
+        }
+        let after = median(
+            (0..7)
+                .map(|_| flat_run(&mut target, &mut recorder))
+                .collect(),
+        );
+        println!(
+            "phases: {cycles} pause/resume cycles: {before:.1} ns per hooked call before, \
+             {after:.1} after"
+        );
+        recorder.take().unwrap().finish(false).unwrap();
+    }
+}
+
 fn main() {
     let only = std::env::var("ONLY").unwrap_or_default();
+    if only == "phases" {
+        phases();
+    }
     if only.is_empty() || only == "tight" {
         tight_calls();
     }
