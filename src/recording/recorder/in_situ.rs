@@ -13,12 +13,17 @@
 use super::Recorder;
 use crate::profile::{Calibration, ShapeCalibration};
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 use tendril_wire::events::{HOOK_SHAPES, HookShape};
 
 /// Batches needed before their median replaces the start calibration.
 const MIN_BATCHES: usize = 5;
 /// Batches kept (the most recent), per hook shape.
 const KEPT_BATCHES: usize = 4096;
+/// The medians are worked out again at most this often: over thousands of batches they
+/// move slowly, and a poll that sorted them all each time kept the controller's core
+/// busy for a third of its time (polls come every few ms).
+const RECOMPUTE_EVERY: Duration = Duration::from_millis(100);
 
 /// The batches read so far, `(inner, outer)` ticks per call, per hook shape.
 #[derive(Debug, Default)]
@@ -28,6 +33,8 @@ pub(super) struct InSituBatches {
     batches: [VecDeque<(f64, f64)>; HOOK_SHAPES],
     /// The start calibration, kept while the in-situ one is used.
     at_start: Option<Calibration>,
+    /// When the in-situ calibration was last worked out.
+    computed_at: Option<Instant>,
 }
 
 impl Recorder {
@@ -61,7 +68,11 @@ impl Recorder {
                 batches.pop_front();
             }
         }
-        if !any_new {
+        let recent = self
+            .in_situ
+            .computed_at
+            .is_some_and(|at| at.elapsed() < RECOMPUTE_EVERY);
+        if !any_new || recent {
             return;
         }
         let at_start = *self.in_situ.at_start.get_or_insert(builder.calibration());
@@ -98,12 +109,31 @@ impl Recorder {
         };
         // Values from the agent's fixed-point words are finite and ≥ 0.
         let _ = builder.set_calibration(calibration);
+        self.in_situ.computed_at = Some(Instant::now());
     }
 }
 
-/// The median and the minimum of `values` (at least one).
+/// The median (the upper one of an even count) and the minimum of `values` (at least
+/// one), in linear time.
 fn median_and_min(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let mut sorted: Vec<f64> = values.collect();
-    sorted.sort_by(f64::total_cmp);
-    (sorted[sorted.len() / 2], sorted[0])
+    let mut values: Vec<f64> = values.collect();
+    let middle = values.len() / 2;
+    let (below, &mut median, _) = values.select_nth_unstable_by(middle, f64::total_cmp);
+    let min = below.iter().copied().fold(median, f64::min);
+    (median, min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_and_min;
+
+    #[test]
+    fn the_median_and_minimum_are_those_of_the_sorted_values() {
+        assert_eq!(median_and_min([3.0].into_iter()), (3.0, 3.0));
+        assert_eq!(median_and_min([5.0, 1.0].into_iter()), (5.0, 1.0));
+        assert_eq!(
+            median_and_min([9.0, 2.0, 7.0, 4.0, 4.5].into_iter()),
+            (4.5, 2.0)
+        );
+    }
 }
