@@ -70,11 +70,6 @@ impl OwnFunctions {
     pub fn contains(&self, function: u32) -> bool {
         self.0.contains(&function)
     }
-
-    /// The function that calibrates hooks of `shape`, if any.
-    pub fn of(&self, shape: HookShape) -> Option<u32> {
-        Some(self.0[shape as usize]).filter(|&id| id != u32::MAX)
-    }
 }
 
 /// An invocation that has been entered and not yet left.
