@@ -281,6 +281,27 @@ impl Target {
             .collect()
     }
 
+    /// Waits until every worker of `calltree` has started and finished `n` whole rounds
+    /// after this call, however long load makes them take, and returns the checksums of
+    /// the lines read. Lines already received are dropped first. Panics if a `round` line
+    /// lacks `finished <F>`, or if no line comes within `line_timeout`.
+    pub fn whole_rounds(&mut self, n: u64, line_timeout: Duration) -> Vec<u64> {
+        self.drain();
+        let mut checksums = Vec::new();
+        let mut finished = || {
+            let round = self.rounds(1, line_timeout).remove(0);
+            checksums.push(round.get("checksum").unwrap_or(0));
+            round
+                .get("finished")
+                .unwrap_or_else(|| panic!("fixture: a `round` line without `finished`: {round:?}"))
+        };
+        // The first line read may have been printed just before this call, while a worker
+        // was already inside round F + 1; rounds F + 3 and later begin after the call.
+        let goal = finished() + n + 2;
+        while finished() < goal {}
+        checksums
+    }
+
     /// The checksum the fixture prints, checked to be the same on `rounds` consecutive
     /// lines.
     pub fn steady_checksum(&mut self, rounds: usize, timeout: Duration) -> u64 {
