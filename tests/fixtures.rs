@@ -434,3 +434,14 @@ fn code_bytes_match_file_passes_untouched_code_and_catches_a_changed_byte() {
         "counted outer=1 inner=1000 leaf=2000"
     );
 }
+
+#[test]
+fn branches_gives_the_same_checksum_every_round_and_stops_after_its_rounds() {
+    let mut target = Target::spawn("branches", &["3"]);
+    let checksums = target.checksum_lines(3, LINE_TIMEOUT);
+    assert_all_equal(&checksums, "branches' checksums");
+    let status = target
+        .wait_exit(LINE_TIMEOUT)
+        .expect("it exits after 3 rounds");
+    assert!(status.success(), "{status:?}");
+}

@@ -48,7 +48,12 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 26] = [
+const FIXTURES: [Fixture; 27] = [
+    Fixture {
+        name: "branches",
+        source: "branches.c",
+        recipe: Recipe::C,
+    },
     Fixture {
         name: "indirect",
         source: "indirect.c",
