@@ -1,0 +1,286 @@
+//! Ball–Larus path numbering over a function's control-flow graph.
+//!
+//! The one idea (Ball & Larus, *Efficient Path Profiling*, 1996): take the back edges
+//! out of the graph and it is acyclic; give each edge a value so that the sums of the
+//! values along the paths from entry to exit are exactly 0, 1, …, N − 1. Then one
+//! register, set to 0 at the entry and increased on the edges whose value is not zero,
+//! holds the number of the path taken, and one counter per path number counts it.
+//!
+//! Loops: a back edge `v → w` is replaced by two edges, `v → EXIT` (the path ends at the
+//! back edge) and `ENTRY → w` (a new path starts at the loop's head). When the back edge
+//! runs, the path so far is counted with `v → EXIT`'s value added, and the register is
+//! set to `ENTRY → w`'s value. Returns, tail calls and any other way out of the function
+//! are edges to EXIT.
+//!
+//! Blocks are the graph's blocks; ENTRY and EXIT are virtual nodes.
+
+use super::control_flow::{BlockExit, ControlFlowGraph, Successor};
+use std::fmt;
+
+/// One edge of the function's graph and what the instrumentation does on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathEdge {
+    /// The block the edge leaves.
+    pub from: usize,
+    /// The block it enters; `None` for an edge out of the function (return, tail call).
+    pub to: Option<usize>,
+    /// What to do on the edge.
+    pub action: EdgeAction,
+}
+
+/// The path register's update on one edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeAction {
+    /// `r += increment` (nothing when it is 0), and go on.
+    Add { increment: u64 },
+    /// Leaves the function: count path `r + increment`.
+    Exit { increment: u64 },
+    /// A back edge: count path `r + end`, then `r = restart`.
+    Back { end: u64, restart: u64 },
+}
+
+/// A function's path numbering.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathNumbering {
+    /// Number of distinct acyclic paths: path numbers are `0..paths`.
+    pub paths: u64,
+    /// Every edge of the graph, in block order, then successor order.
+    pub edges: Vec<PathEdge>,
+    /// The acyclic graph's edges out of each node, with their values, by increasing
+    /// value: nodes `0..blocks` are the blocks, then ENTRY, then EXIT.
+    dag: Vec<Vec<(usize, u64)>>,
+    /// Block → index of its first edge in `edges`.
+    first_edge: Vec<usize>,
+}
+
+/// A path, decoded from its number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Path {
+    /// Whether it starts at a loop's head after a back edge, rather than at the entry.
+    pub from_back_edge: bool,
+    /// The blocks it runs through, in order.
+    pub blocks: Vec<usize>,
+    /// The edges it takes (indices into [`PathNumbering::edges`]), in order; the last
+    /// one leaves the function or is a back edge.
+    pub edges: Vec<usize>,
+    /// Whether it ends by taking a back edge, rather than by leaving the function.
+    pub to_back_edge: bool,
+}
+
+/// The graph has more acyclic paths than a 64-bit number can count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooManyPaths;
+
+impl fmt::Display for TooManyPaths {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "more than 2^64 acyclic paths")
+    }
+}
+
+impl PathNumbering {
+    /// Numbers the paths of `graph`.
+    pub fn new(graph: &ControlFlowGraph) -> Result<PathNumbering, TooManyPaths> {
+        let blocks = graph.blocks.len();
+        let (entry, exit) = (blocks, blocks + 1);
+        let successors: Vec<Vec<Option<usize>>> = graph
+            .blocks
+            .iter()
+            .map(|block| exits(&block.exit))
+            .collect();
+        let back = back_edges(&successors);
+        // The acyclic graph: forward edges, block → EXIT for each exit and back edge,
+        // ENTRY → block 0, and ENTRY → each loop head (once, however many back edges
+        // lead to it).
+        let mut dag_edges: Vec<Vec<usize>> = vec![Vec::new(); blocks + 2];
+        let mut heads = Vec::new();
+        for (from, targets) in successors.iter().enumerate() {
+            for (position, target) in targets.iter().enumerate() {
+                let to = match target {
+                    Some(to) if back[from][position] => {
+                        if !heads.contains(to) {
+                            heads.push(*to);
+                        }
+                        exit
+                    }
+                    Some(to) => *to,
+                    None => exit,
+                };
+                dag_edges[from].push(to);
+            }
+        }
+        dag_edges[entry].push(0);
+        dag_edges[entry].extend(&heads);
+        // Number of paths from each node to EXIT, in reverse topological order.
+        let mut count = vec![0u64; blocks + 2];
+        count[exit] = 1;
+        let mut values: Vec<Vec<u64>> = vec![Vec::new(); blocks + 2];
+        for node in topological_order(&dag_edges, entry).into_iter().rev() {
+            if node == exit {
+                continue;
+            }
+            let mut total = 0u64;
+            for &to in &dag_edges[node] {
+                values[node].push(total);
+                total = total.checked_add(count[to]).ok_or(TooManyPaths)?;
+            }
+            count[node] = total;
+        }
+        // The instrumentation per real edge. ENTRY's values: block 0 first (0), then one
+        // per loop head, in `heads` order.
+        let mut edges = Vec::new();
+        for (from, targets) in successors.iter().enumerate() {
+            for (position, &to) in targets.iter().enumerate() {
+                let value = values[from][position];
+                let action = if back[from][position] {
+                    let head = heads.iter().position(|&head| Some(head) == to);
+                    let restart = values[entry][1 + head.expect("a back edge's head is listed")];
+                    EdgeAction::Back {
+                        end: value,
+                        restart,
+                    }
+                } else if to.is_none() {
+                    EdgeAction::Exit { increment: value }
+                } else {
+                    EdgeAction::Add { increment: value }
+                };
+                edges.push(PathEdge { from, to, action });
+            }
+        }
+        let dag = dag_edges
+            .into_iter()
+            .zip(values)
+            .map(|(targets, values)| targets.into_iter().zip(values).collect())
+            .collect();
+        let mut first_edge = vec![0; blocks];
+        for (index, edge) in edges.iter().enumerate().rev() {
+            first_edge[edge.from] = index;
+        }
+        Ok(PathNumbering {
+            paths: count[entry],
+            edges,
+            dag,
+            first_edge,
+        })
+    }
+
+    /// The blocks path `number` runs through; `None` if there is no such path.
+    pub fn path(&self, number: u64) -> Option<Path> {
+        if number >= self.paths {
+            return None;
+        }
+        let blocks = self.dag.len() - 2;
+        let (entry, exit) = (blocks, blocks + 1);
+        let mut remaining = number;
+        let mut node = entry;
+        let mut path = Path {
+            from_back_edge: false,
+            blocks: Vec::new(),
+            edges: Vec::new(),
+            to_back_edge: false,
+        };
+        let mut first = true;
+        while node != exit {
+            // The edge with the largest value not above what remains.
+            let at = self.dag[node].partition_point(|&(_, value)| value <= remaining) - 1;
+            let (to, value) = self.dag[node][at];
+            if first {
+                path.from_back_edge = at > 0;
+                first = false;
+            }
+            remaining -= value;
+            if node != entry {
+                // A block's acyclic edges are its real edges, in the same order.
+                let edge = self.first_edge[node] + at;
+                path.edges.push(edge);
+                path.to_back_edge = matches!(self.edges[edge].action, EdgeAction::Back { .. });
+            }
+            if to != exit {
+                path.blocks.push(to);
+            }
+            node = to;
+        }
+        Some(path)
+    }
+}
+
+/// A block's successors: `Some(block)` inside the function, `None` out of it.
+fn exits(exit: &BlockExit) -> Vec<Option<usize>> {
+    let mut successors: Vec<Option<usize>> = exit
+        .successors()
+        .into_iter()
+        .map(|successor| match successor {
+            Successor::Block(block) => Some(block),
+            Successor::Leaves(_) => None,
+        })
+        .collect();
+    if successors.is_empty() {
+        // A return, a jump through a pointer, or a stop: out of the function.
+        successors.push(None);
+    }
+    successors
+}
+
+/// Which edges (by block, then position) are back edges of a depth-first search from
+/// block 0: edges to a block still on the search's stack.
+fn back_edges(successors: &[Vec<Option<usize>>]) -> Vec<Vec<bool>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum State {
+        New,
+        OnStack,
+        Done,
+    }
+    let mut back: Vec<Vec<bool>> = successors.iter().map(|s| vec![false; s.len()]).collect();
+    let mut state = vec![State::New; successors.len()];
+    // (block, next successor position to look at)
+    let mut stack = vec![(0usize, 0usize)];
+    state[0] = State::OnStack;
+    while let Some(&mut (block, ref mut position)) = stack.last_mut() {
+        match successors[block].get(*position) {
+            Some(&target) => {
+                let at = *position;
+                *position += 1;
+                if let Some(target) = target {
+                    match state[target] {
+                        State::New => {
+                            state[target] = State::OnStack;
+                            stack.push((target, 0));
+                        }
+                        State::OnStack => back[block][at] = true,
+                        State::Done => {}
+                    }
+                }
+            }
+            None => {
+                state[block] = State::Done;
+                stack.pop();
+            }
+        }
+    }
+    back
+}
+
+/// The nodes reachable from `entry` in topological order (Kahn's algorithm).
+fn topological_order(edges: &[Vec<usize>], entry: usize) -> Vec<usize> {
+    let mut incoming = vec![0usize; edges.len()];
+    for targets in edges {
+        for &to in targets {
+            incoming[to] += 1;
+        }
+    }
+    let mut ready = vec![entry];
+    let mut order = Vec::with_capacity(edges.len());
+    while let Some(node) = ready.pop() {
+        order.push(node);
+        for &to in &edges[node] {
+            incoming[to] -= 1;
+            if incoming[to] == 0 {
+                ready.push(to);
+            }
+        }
+    }
+    order
+}
+
+// Safe code only: Miri (which CI runs over `code::`) would add nothing but hours.
+#[cfg(all(test, not(miri)))]
+mod tests;
