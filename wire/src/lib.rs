@@ -15,6 +15,7 @@
 //! [`MAX_REQUEST_BYTES`], a table at most [`MAX_TABLE_BYTES`].
 
 pub mod callees;
+pub mod edges;
 pub mod events;
 pub mod function_table;
 pub mod rings;
@@ -24,7 +25,7 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire6");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire7");
 
 /// The longest request line the agent reads (newline included). A `Patch` target and
 /// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
@@ -72,6 +73,15 @@ pub enum Request {
     /// `StartRecording`): modules loaded since it started (`dlopen`) join it, so
     /// discovery can decode and follow their functions. Answered with `TableUpdated`.
     UpdateTable { table_bytes: u64 },
+    /// Copy the function at `address` (`size` bytes) with edge counters and point its
+    /// entry at the copy (see [`edges`]). `code_ranges` as for [`Request::Patch`].
+    /// Answered with [`Response::EdgesInstalled`]; [`Request::Unpatch`] of `address`
+    /// restores the entry.
+    CopyWithCounters {
+        address: u64,
+        size: u64,
+        code_ranges: Vec<(u64, u64)>,
+    },
 }
 
 /// How a patched function is hooked: the one hook vocabulary, shared by the controller's
@@ -215,6 +225,8 @@ pub enum Response {
     },
     /// Answer to [`Request::UpdateTable`]: the number of functions the table now holds.
     TableUpdated { functions: u64 },
+    /// Answer to [`Request::CopyWithCounters`]: the copy's blocks and counters.
+    EdgesInstalled { layout: edges::EdgeLayout },
     /// The request was refused; the message says why and what to do.
     Error { message: String },
 }

@@ -12,7 +12,7 @@
 //! memory. A branch that leaves the function (a tail call, a jump to a `.cold` part) is an
 //! edge out of it, as is a return.
 
-use super::jump_table::{self, IndirectJump, Unresolved};
+use super::jump_table::{self, EntryKind, IndirectJump, Unresolved};
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -66,10 +66,13 @@ pub enum BlockExit {
         not_taken: Successor,
     },
     /// An indirect jump at `jump` through the table at `table`: block per entry.
+    /// `entries` and `references` as in [`IndirectJump::Table`].
     Table {
         jump: u64,
         table: u64,
         targets: Vec<usize>,
+        entries: EntryKind,
+        references: Vec<u64>,
     },
     /// An indirect jump through a code pointer: leaves the function.
     ThroughPointer { jump: u64 },
@@ -167,7 +170,12 @@ struct Decoded {
 enum BlockExitAt {
     Jump(u64),
     Conditional(u64),
-    Table { table: u64, targets: Vec<u64> },
+    Table {
+        table: u64,
+        targets: Vec<u64>,
+        entries: EntryKind,
+        references: Vec<u64>,
+    },
     ThroughPointer,
     Return,
     Stops,
@@ -292,9 +300,16 @@ impl ControlFlowGraph {
                         taken: successor(*target),
                         not_taken: successor(last.next_ip()),
                     },
-                    Some(BlockExitAt::Table { table, targets }) => BlockExit::Table {
+                    Some(BlockExitAt::Table {
+                        table,
+                        targets,
+                        entries,
+                        references,
+                    }) => BlockExit::Table {
                         jump: ip,
                         table: *table,
+                        entries: *entries,
+                        references: references.clone(),
                         targets: targets
                             .iter()
                             .map(|&target| index_of(target).expect("a table target is a leader"))
@@ -319,6 +334,7 @@ impl ControlFlowGraph {
     }
 
     /// The index of the block that starts at `address`.
+    #[cfg(test)]
     pub fn block_at(&self, address: u64) -> Option<usize> {
         self.blocks
             .binary_search_by_key(&address, |block| block.start)
@@ -345,7 +361,17 @@ fn block_exit(
         }
         FlowControl::UnconditionalBranch => BlockExitAt::Jump(instruction.near_branch_target()),
         FlowControl::IndirectBranch => match jump_table::resolve(instruction, run, read) {
-            Ok(IndirectJump::Table { table, targets }) => BlockExitAt::Table { table, targets },
+            Ok(IndirectJump::Table {
+                table,
+                targets,
+                entries,
+                references,
+            }) => BlockExitAt::Table {
+                table,
+                targets,
+                entries,
+                references,
+            },
             Ok(IndirectJump::ThroughPointer) => BlockExitAt::ThroughPointer,
             Err(why) => return Err(CfgRefusal::UnresolvedJump { at, why }),
         },

@@ -27,9 +27,26 @@ pub const MAX_TABLE_ENTRIES: u64 = 1 << 16;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IndirectJump {
     /// A jump table at `table`; `targets` in entry order (a target may repeat).
-    Table { table: u64, targets: Vec<u64> },
+    /// `references` are the instructions whose memory operand names the table (the
+    /// `lea` of its base, or the absolute load): a copy of the code that uses a copy of
+    /// the table moves what they name by the same distance as the table.
+    Table {
+        table: u64,
+        targets: Vec<u64>,
+        entries: EntryKind,
+        references: Vec<u64>,
+    },
     /// A jump through a code pointer loaded from memory: it leaves the function.
     ThroughPointer,
+}
+
+/// How a table's entries give their targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// 32-bit signed offsets from the table's start.
+    Relative32,
+    /// 64-bit absolute addresses.
+    Absolute64,
 }
 
 /// Why an indirect jump cannot be followed.
@@ -73,11 +90,13 @@ fn resolve_memory(
     if load.memory_index_scale() != 8 {
         return Err(Unresolved::Unknown);
     }
-    let table = match load.memory_base() {
-        Register::None => load.memory_displacement64(),
+    let (table, reference) = match load.memory_base() {
+        Register::None => (load.memory_displacement64(), load.ip()),
         base => {
             let lea = defining(run, before, base).ok_or(Unresolved::Unknown)?;
-            rip_address(&run[lea]).ok_or(Unresolved::Unknown)? + load.memory_displacement64()
+            let table =
+                rip_address(&run[lea]).ok_or(Unresolved::Unknown)? + load.memory_displacement64();
+            (table, run[lea].ip())
         }
     };
     let entries = bound(run, before, load.memory_index())?;
@@ -90,7 +109,12 @@ fn resolve_memory(
         }
         targets.push(u64::from_le_bytes(bytes));
     }
-    Ok(IndirectJump::Table { table, targets })
+    Ok(IndirectJump::Table {
+        table,
+        targets,
+        entries: EntryKind::Absolute64,
+        references: vec![reference],
+    })
 }
 
 /// `jmp R`: R was loaded from a table (absolute, or relative and added to its base) or
@@ -122,11 +146,15 @@ fn resolve_register(
             };
             let table = rip_address(&run[lea_at]).ok_or(Unresolved::Unknown)?;
             let load = &run[load_at];
-            let base =
-                defining(run, load_at, load.memory_base()).and_then(|at| rip_address(&run[at]));
+            let base_at = defining(run, load_at, load.memory_base());
+            let base = base_at.and_then(|at| rip_address(&run[at]));
             if base != Some(table) || load.memory_displacement64() != 0 {
                 return Err(Unresolved::Unknown);
             }
+            let mut references = vec![run[lea_at].ip()];
+            references.extend(base_at.map(|at| run[at].ip()));
+            references.sort_unstable();
+            references.dedup();
             let entries = bound(run, load_at, load.memory_index())?;
             let mut targets = Vec::with_capacity(entries as usize);
             for entry in 0..entries {
@@ -136,7 +164,12 @@ fn resolve_register(
                 }
                 targets.push(table.wrapping_add_signed(i32::from_le_bytes(bytes) as i64));
             }
-            Ok(IndirectJump::Table { table, targets })
+            Ok(IndirectJump::Table {
+                table,
+                targets,
+                entries: EntryKind::Relative32,
+                references,
+            })
         }
         _ => Err(Unresolved::Unknown),
     }

@@ -110,6 +110,21 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                     Err(message) => Response::Error { message },
                 }
             }
+            Ok(Request::CopyWithCounters {
+                address,
+                size,
+                code_ranges,
+            }) => match crate::patching::function_copies::install(
+                session,
+                address,
+                size,
+                &code_ranges,
+            ) {
+                Ok(layout) => Response::EdgesInstalled { layout },
+                Err(error) => Response::Error {
+                    message: error.to_string(),
+                },
+            },
         };
         let answer = tendril_wire::encode(&response);
         let sent = match &rings {

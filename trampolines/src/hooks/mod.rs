@@ -10,6 +10,7 @@
 //! agent's assembly routines carry the unwind information a backtrace needs. The layer's
 //! statics are `state`.
 
+pub mod edge_counters;
 pub mod handler_abi;
 pub mod slow_call;
 mod state;

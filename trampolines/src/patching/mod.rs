@@ -7,6 +7,7 @@
 //! whom (`patcher`, its data in `sites`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
 //! nothing here imports it.
 
+pub mod function_copies;
 pub mod patch_protocol;
 pub mod patch_targets;
 pub mod patcher;

@@ -41,7 +41,7 @@ pub struct PatchRequest {
     pub kind: Hook,
 }
 
-fn engine() -> MutexGuard<'static, Option<Engine>> {
+pub(super) fn engine() -> MutexGuard<'static, Option<Engine>> {
     STATE
         .engine
         .lock()
@@ -53,7 +53,7 @@ pub fn install_runtime(hooks: RuntimeHooks) {
     let _ = STATE.runtime.set(hooks);
 }
 
-fn runtime() -> Result<&'static RuntimeHooks, AgentError> {
+pub(super) fn runtime() -> Result<&'static RuntimeHooks, AgentError> {
     STATE.runtime.get().ok_or(AgentError::RuntimeNotInstalled)
 }
 
@@ -62,7 +62,7 @@ fn runtime() -> Result<&'static RuntimeHooks, AgentError> {
 pub const SELF_TEST_OWNER: u64 = u64::MAX;
 
 /// Everything the stubs and the protocol rely on, set up before the first patch.
-fn prepare() -> Result<(), AgentError> {
+pub(super) fn prepare() -> Result<(), AgentError> {
     (runtime()?.prepare)()?;
     // Computed now, so signal handlers can ask without allocating.
     crate::sys::own_code::is_agent_code(0);
@@ -84,7 +84,8 @@ pub fn is_patched_by(owner: u64, address: u64) -> bool {
 /// Calls `visit(id, address)` for every function that ever got an id.
 pub fn for_each_id(mut visit: impl FnMut(u32, u64)) {
     if let Some(engine) = engine().as_ref() {
-        for (&address, &id) in &engine.ids {
+        // Edge counters' ids have keys that are not addresses (`function_copies`).
+        for (&address, &id) in engine.ids.iter().filter(|(key, _)| **key >> 63 == 0) {
             visit(id, address);
         }
     }
@@ -234,7 +235,7 @@ pub fn patch(
 
 impl Engine {
     /// Records installed sites, and the bytes they replaced.
-    fn register_installed(&mut self, installed: Vec<Site>) {
+    pub(super) fn register_installed(&mut self, installed: Vec<Site>) {
         for site in installed {
             self.originals.insert(
                 site.patch_at,
@@ -249,10 +250,10 @@ impl Engine {
 }
 
 /// What is known of the code around a batch.
-struct Nearby {
-    branches: BranchIndex,
+pub(super) struct Nearby {
+    pub(super) branches: BranchIndex,
     /// The known functions' ranges, for pads in the padding between them.
-    known: KnownRanges,
+    pub(super) known: KnownRanges,
 }
 
 impl Nearby {
@@ -269,7 +270,7 @@ impl Nearby {
 impl Engine {
     /// Overwrites, in `buffer` (the code read at `address`), the bytes of the patches
     /// that fall in it with the bytes they replaced.
-    fn put_back_originals(&self, address: u64, buffer: &mut [u8]) {
+    pub(super) fn put_back_originals(&self, address: u64, buffer: &mut [u8]) {
         let end = address + buffer.len() as u64;
         // A patch is at most a few bytes long, so one starting shortly before `address`
         // may reach into the range.
@@ -305,7 +306,12 @@ impl Engine {
         let mut code = vec![0u8; request.size.min(MAX_BODY_SCAN) as usize];
         code_memory::read_code(address, &mut code).map_err(unreadable)?;
         self.put_back_originals(address, &mut code);
-        let (plan, pad_address) = self.choose_plan(request, &code, nearby, pads_taken)?;
+        let thunk_allowed = matches!(
+            request.kind,
+            Hook::Count | Hook::CountReturns | Hook::Record | Hook::RecordRoot
+        );
+        let (plan, pad_address) =
+            self.choose_plan(request, &code, nearby, pads_taken, thunk_allowed)?;
         let id = self.id_for(address)?;
         let key = (address, request.kind);
         let entry_len = plan.patch_offset + plan.overwritten_len;
@@ -357,19 +363,16 @@ impl Engine {
     /// 4. a `jmp`, then a short `jmp`, over several instructions (a stop is needed);
     /// 5. the same with a copied call emulated (correct, but each return of the callee
     ///    then misses the cpu's return prediction).
-    fn choose_plan(
+    pub(super) fn choose_plan(
         &self,
         request: &PatchRequest,
         code: &[u8],
         nearby: &Nearby,
         pads_taken: &[u64],
+        thunk_allowed: bool,
     ) -> Result<(EntryPlan, Option<u64>), AgentError> {
         let address = request.address;
         let long = plan_for(request, code, Style::Long);
-        let thunk_allowed = matches!(
-            request.kind,
-            Hook::Count | Hook::CountReturns | Hook::Record | Hook::RecordRoot
-        );
         let emulates = |plan: &EntryPlan| entry_plan::emulates_a_call(address, code, plan);
         let single = |plan: &EntryPlan| plan.instruction_offsets.len() == 1;
         if let Ok(plan) = &long
@@ -428,7 +431,7 @@ impl Engine {
         Err(AgentError::Refused(reasons.join("; ")))
     }
 
-    fn id_for(&mut self, address: u64) -> Result<u32, AgentError> {
+    pub(super) fn id_for(&mut self, address: u64) -> Result<u32, AgentError> {
         if let Some(&id) = self.ids.get(&address) {
             return Ok(id);
         }
@@ -501,7 +504,7 @@ impl Engine {
 /// it) runs the patching and the hooks, and a hook in it would re-enter itself or patch
 /// the code doing the patching; trampolines and stubs are tendril's by construction.
 /// The calibration's own target, made to be hooked, is the one exception.
-fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
+pub(super) fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
     let last = address + size.saturating_sub(1);
     if owner == SELF_TEST_OWNER {
         None
@@ -522,7 +525,7 @@ fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static str> {
 /// `n` pushes the thread just made off the stack again (the registers still hold what
 /// was pushed, and `lea` leaves the flags alone), then `jmp hook` — the hook sees the
 /// stack as at the function's entry, and the body makes the pushes again.
-fn pop_lead_pushes(pushes: usize, at: u64, hook: u64) -> [u8; 10] {
+pub(super) fn pop_lead_pushes(pushes: usize, at: u64, hook: u64) -> [u8; 10] {
     let mut code = [0x48, 0x8d, 0x64, 0x24, (8 * pushes) as u8, 0xe9, 0, 0, 0, 0];
     let displacement = hook.wrapping_sub(at + code.len() as u64) as i32;
     code[6..].copy_from_slice(&displacement.to_le_bytes());
@@ -530,7 +533,7 @@ fn pop_lead_pushes(pushes: usize, at: u64, hook: u64) -> [u8; 10] {
 }
 
 /// A function whose code cannot be read is refused with what the read said.
-fn unreadable(error: std::io::Error) -> AgentError {
+pub(super) fn unreadable(error: std::io::Error) -> AgentError {
     AgentError::Refused(error.to_string())
 }
 

@@ -234,12 +234,18 @@ fn a_position_independent_jump_table_gives_one_edge_per_case() {
             .find(|b| matches!(b.exit, BlockExit::Table { .. }))
             .unwrap();
         let BlockExit::Table {
-            table: at, targets, ..
+            table: at,
+            targets,
+            entries,
+            references,
+            ..
         } = &dispatch.exit
         else {
             unreachable!()
         };
         assert_eq!(*at, table);
+        assert_eq!(*entries, EntryKind::Relative32);
+        assert_eq!(references.len(), 1, "the one `lea` of the table");
         let starts: Vec<u64> = targets.iter().map(|&t| graph.blocks[t].start).collect();
         assert_eq!(starts, code.labels[..4], "{guard:?}");
         // entry, dispatch, four cases, default.

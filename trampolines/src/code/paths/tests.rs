@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::code::control_flow::Block;
+use crate::code::jump_table::EntryKind;
 
 /// A graph from successor lists: `None` leaves the function.
 fn graph(successors: &[&[Option<usize>]]) -> ControlFlowGraph {
@@ -27,6 +28,8 @@ fn graph(successors: &[&[Option<usize>]]) -> ControlFlowGraph {
                     jump: start,
                     table: 0x9000,
                     targets: many.iter().map(|t| t.unwrap()).collect(),
+                    entries: EntryKind::Relative32,
+                    references: Vec::new(),
                 },
             };
             Block {

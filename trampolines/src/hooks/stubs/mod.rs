@@ -103,6 +103,28 @@ pub fn build(
     shape: HookShape,
     body_at: impl FnOnce(u64) -> Result<Vec<u8>, AgentError>,
 ) -> Result<TrampolineCode, AgentError> {
+    build_in(
+        address,
+        TRAMPOLINE_BYTES,
+        id,
+        kind,
+        thunk_returns_to,
+        shape,
+        body_at,
+    )
+}
+
+/// [`build`] in `room` bytes reserved at `address` (a whole-function copy needs more
+/// than [`TRAMPOLINE_BYTES`]).
+pub fn build_in(
+    address: u64,
+    room: u64,
+    id: u32,
+    kind: Hook,
+    thunk_returns_to: Option<u64>,
+    shape: HookShape,
+    body_at: impl FnOnce(u64) -> Result<Vec<u8>, AgentError>,
+) -> Result<TrampolineCode, AgentError> {
     let Some(handlers) = STATE.handlers.get() else {
         return Err(AgentError::HandlersNotInstalled);
     };
@@ -119,10 +141,10 @@ pub fn build(
     let body = address + hook.body as u64;
     let mut bytes = hook.bytes;
     bytes.extend_from_slice(&body_at(body)?);
-    if bytes.len() as u64 > TRAMPOLINE_BYTES {
+    if bytes.len() as u64 > room {
         return Err(AgentError::TrampolineTooLarge {
             needed: bytes.len(),
-            reserved: TRAMPOLINE_BYTES,
+            reserved: room,
         });
     }
     Ok(TrampolineCode {

@@ -1,0 +1,222 @@
+//! The counters inside a function copied for `tendril edges`: one `inc` of the thread's
+//! counter, found the way every hook finds its state.
+//!
+//! A counter is a function id of the per-thread counter tables (`thread_layout`), so the
+//! runtime reads and resets edge counters exactly as it reads call counters, and
+//! threads never contend for a cache line. The code runs in the middle of the target's
+//! function, where every register may be live and a leaf function may keep data in
+//! the 128 bytes below the stack pointer (the red zone):
+//!
+//! ```text
+//! lea rsp,[rsp-128]        ; step over the red zone
+//! push rcx
+//! (push rax; lahf; seto al) only where the flags are live
+//! mov rcx,fs:[slot]        ; the thread's state
+//! test rcx,rcx / jz done   ; a thread moved into the copy mid-entry has none yet
+//! test byte [rcx+flags],PASSTHROUGH / jnz done
+//! inc qword [rcx+counter]
+//! done: (add al,0x7f; sahf; pop rax)
+//! pop rcx
+//! lea rsp,[rsp+128]
+//! ```
+
+use crate::code::function_copy::{CounterCode, Inserted, Labels};
+use crate::hooks::thread_layout::{self as thread_state, FLAG_PASSTHROUGH, STATE_FLAGS};
+use iced_x86::{Code, Instruction, MemoryOperand, Register};
+
+/// Bytes the counter steps over below the stack pointer: the System V red zone.
+const RED_ZONE: u32 = 128;
+
+/// Counters whose index `i` (in `function_copy::counter_sites` order) is the function
+/// id `ids[i]`.
+pub struct EdgeCounters<'a> {
+    pub ids: &'a [u32],
+}
+
+impl CounterCode for EdgeCounters<'_> {
+    fn counter(&mut self, index: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
+        counter_code(self.ids[index], flags_live, labels)
+    }
+}
+
+/// The code that adds one to the calling thread's counter `id`.
+pub fn counter_code(id: u32, flags_live: bool, labels: &mut Labels) -> Inserted {
+    let mut code = Sequence::default();
+    let below = |displacement: i64| MemoryOperand::with_base_displ(Register::RSP, displacement);
+    code.push(
+        fixed(Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RSP,
+            below(-(RED_ZONE as i64)),
+        )),
+        0,
+    );
+    code.push(
+        fixed(Instruction::with1(Code::Push_r64, Register::RCX)),
+        RED_ZONE,
+    );
+    let mut depth = RED_ZONE + 8;
+    if flags_live {
+        code.push(
+            fixed(Instruction::with1(Code::Push_r64, Register::RAX)),
+            depth,
+        );
+        depth += 8;
+        code.push(Instruction::with(Code::Lahf), depth);
+        code.push(
+            fixed(Instruction::with1(Code::Seto_rm8, Register::AL)),
+            depth,
+        );
+    }
+    let slot = MemoryOperand::new(
+        Register::None,
+        Register::None,
+        1,
+        i64::from(thread_state::slot_offset()),
+        // 8: a 64-bit address (the sign-extended displacement); 4 would mean `addr32`.
+        8,
+        false,
+        Register::FS,
+    );
+    code.push(
+        fixed(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, slot)),
+        depth,
+    );
+    let done = labels.create();
+    code.push(
+        fixed(Instruction::with2(
+            Code::Test_rm64_r64,
+            Register::RCX,
+            Register::RCX,
+        )),
+        depth,
+    );
+    code.push(
+        fixed(Instruction::with_branch(Code::Je_rel32_64, done)),
+        depth,
+    );
+    let flags = MemoryOperand::with_base_displ(Register::RCX, i64::from(STATE_FLAGS));
+    code.push(
+        fixed(Instruction::with2(
+            Code::Test_rm8_imm8,
+            flags,
+            FLAG_PASSTHROUGH as u32,
+        )),
+        depth,
+    );
+    code.push(
+        fixed(Instruction::with_branch(Code::Jne_rel32_64, done)),
+        depth,
+    );
+    let counter = MemoryOperand::with_base_displ(
+        Register::RCX,
+        i64::from(thread_state::calls_displacement(id)),
+    );
+    code.push(fixed(Instruction::with1(Code::Inc_rm64, counter)), depth);
+    let mut first_after = true;
+    let mut labelled = |mut instruction: Instruction| {
+        if first_after {
+            instruction.set_ip(done);
+            first_after = false;
+        }
+        instruction
+    };
+    if flags_live {
+        code.push(
+            labelled(fixed(Instruction::with2(
+                Code::Add_rm8_imm8,
+                Register::AL,
+                0x7f,
+            ))),
+            depth,
+        );
+        code.push(Instruction::with(Code::Sahf), depth);
+        code.push(
+            fixed(Instruction::with1(Code::Pop_r64, Register::RAX)),
+            depth,
+        );
+        depth -= 8;
+    }
+    code.push(
+        labelled(fixed(Instruction::with1(Code::Pop_r64, Register::RCX))),
+        depth,
+    );
+    code.push(
+        fixed(Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RSP,
+            below(i64::from(RED_ZONE)),
+        )),
+        RED_ZONE,
+    );
+    code.inserted
+}
+
+#[derive(Default)]
+struct Sequence {
+    inserted: Inserted,
+}
+
+/// A counter instruction: its operands are fixed, so building it cannot fail.
+fn fixed(instruction: Result<Instruction, iced_x86::IcedError>) -> Instruction {
+    instruction.expect("a counter instruction's operands are valid")
+}
+
+impl Sequence {
+    fn push(&mut self, instruction: Instruction, extra_stack: u32) {
+        self.inserted.instructions.push(instruction);
+        self.inserted.extra_stack.push(extra_stack);
+    }
+}
+
+#[cfg(all(test, not(miri)))]
+mod tests {
+    use super::*;
+    use iced_x86::{BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, Formatter};
+    use iced_x86::{InstructionBlock, IntelFormatter};
+
+    fn disassemble(flags_live: bool) -> Vec<String> {
+        let mut labels = Labels::new_for_tests();
+        let inserted = counter_code(3, flags_live, &mut labels);
+        assert_eq!(inserted.instructions.len(), inserted.extra_stack.len());
+        let address = 0x7f00_0000_1000;
+        let encoded = BlockEncoder::encode(
+            64,
+            InstructionBlock::new(&inserted.instructions, address),
+            BlockEncoderOptions::NONE,
+        )
+        .unwrap();
+        let mut formatter = IntelFormatter::new();
+        Decoder::with_ip(64, &encoded.code_buffer, address, DecoderOptions::NONE)
+            .into_iter()
+            .map(|instruction| {
+                let mut text = String::new();
+                formatter.format(&instruction, &mut text);
+                text
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_counter_steps_over_the_red_zone_and_increments_the_threads_counter() {
+        for flags_live in [false, true] {
+            let code = disassemble(flags_live);
+            let text = code.join("\n");
+            assert_eq!(code[0], "lea rsp,[rsp-80h]", "{text}");
+            assert_eq!(code.last().unwrap(), "lea rsp,[rsp+80h]", "{text}");
+            let slot = thread_state::slot_offset() as i64 as u64;
+            let load = code.iter().find(|l| l.starts_with("mov rcx,fs:[")).unwrap();
+            assert!(
+                load.ends_with(&format!("{slot:X}h]")),
+                "a 64-bit address: {text}"
+            );
+            let counter = thread_state::calls_displacement(3);
+            assert!(
+                text.contains(&format!("inc qword ptr [rcx+{counter:X}h]")),
+                "{text}"
+            );
+            assert_eq!(text.contains("lahf"), flags_live, "{text}");
+            assert_eq!(text.contains("sahf"), flags_live, "{text}");
+        }
+    }
+}

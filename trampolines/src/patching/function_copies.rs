@@ -1,0 +1,300 @@
+//! Pointing a function's entry at a whole copy of it with edge counters (`tendril
+//! edges`, issue 18).
+//!
+//! The copy is built by `code::function_copy` behind a count hook (which counts the
+//! calls and gives a thread its state before the first counter needs it), in one
+//! trampoline of its own, and its entry jump goes in with the same protocol and
+//! bookkeeping as every other patch: a restore (`Unpatch`, a detach) puts the entry's
+//! bytes back, and a thread still inside the copy finishes there, as copies are never
+//! freed.
+//!
+//! Not yet built: registering the copy's unwind information with the process's
+//! unwinder (`__register_frame`). Until it is, a function that makes calls is refused,
+//! since an exception or a thread cancellation passing through its copy would find no
+//! unwind information and end the process.
+
+use super::patch_protocol::{self, Pad, Site, Trampoline};
+use super::patcher::{
+    Nearby, PatchRequest, engine, own_code, pop_lead_pushes, prepare, runtime, unreadable,
+};
+use super::sites::Engine;
+use crate::code::branch_index::BranchIndex;
+use crate::code::control_flow::{BlockExit, ControlFlowGraph, Successor};
+use crate::code::entry_plan::{PatchStyle, SHORT_PATCH_LEN};
+use crate::code::function_copy::{self, CounterSite, FunctionCopy};
+use crate::code::padding::{KnownRanges, PAD_LEN};
+use crate::hooks::edge_counters::EdgeCounters;
+use crate::hooks::stubs::{self, TrampolineCode};
+use crate::hooks::thread_layout;
+use crate::sys::code_memory;
+use crate::sys::error::AgentError;
+use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use tendril_wire::Hook;
+use tendril_wire::edges::{EdgeBlock, EdgeExit, EdgeLayout, TableEntry};
+use tendril_wire::events::HookShape;
+
+/// Room for the count hook in front of the copy, and for an entry adapter after it.
+const HOOK_ROOM: u64 = 512;
+/// Most counters one function may have.
+const MAX_COUNTERS: usize = 1 << 15;
+
+/// Copies the function at `address` (`size` bytes) with counters, for session
+/// `owner`, and points its entry at the copy. `code_ranges` as for `patcher::patch`.
+pub fn install(
+    owner: u64,
+    address: u64,
+    size: u64,
+    code_ranges: &[(u64, u64)],
+) -> Result<EdgeLayout, AgentError> {
+    let mut guard = engine();
+    let engine = guard.get_or_insert_with(Engine::default);
+    prepare()?;
+    if let Some(reason) = own_code(owner, address, size) {
+        return Err(AgentError::Refused(reason.into()));
+    }
+    if engine.sites.contains_key(&address) {
+        return Err(AgentError::Refused(
+            "it is instrumented already (by another tendril command); stop that one first".into(),
+        ));
+    }
+    if size == 0 {
+        return Err(AgentError::Refused(
+            "its size is unknown (no symbol size and no unwind information)".into(),
+        ));
+    }
+    let mut code = vec![0u8; size.min(function_copy_limit()) as usize];
+    code_memory::read_code(address, &mut code).map_err(unreadable)?;
+    engine.put_back_originals(address, &mut code);
+    let read = |at: u64, buffer: &mut [u8]| code_memory::read_code(at, buffer).is_ok();
+    let graph = ControlFlowGraph::build(address, &code, &read)
+        .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
+    if let Some(call) = first_call(&graph, &code) {
+        return Err(AgentError::Refused(format!(
+            "it makes calls (the first at {call:#x}), and tendril cannot yet give a copy the \
+             unwind information an exception or a thread cancellation passing through it \
+             needs; only functions that call nothing can be copied for now"
+        )));
+    }
+    let sites = function_copy::counter_sites(&graph);
+    if sites.len() > MAX_COUNTERS {
+        return Err(AgentError::Refused(format!(
+            "it needs {} counters, more than the {MAX_COUNTERS} tendril gives one function",
+            sites.len()
+        )));
+    }
+    let calls_id = engine.id_for(address)?;
+    let ids = counter_ids(engine, address, sites.len())?;
+    let request = PatchRequest {
+        address,
+        size,
+        kind: Hook::Count,
+    };
+    let nearby = Nearby {
+        branches: BranchIndex::new(code_ranges),
+        known: KnownRanges::new(code_ranges),
+    };
+    let pads_taken: Vec<u64> = engine
+        .sites
+        .values()
+        .filter_map(|site| site.pad.as_ref().map(|pad| pad.address))
+        .collect();
+    // No call thunk: the copy runs the whole function, from its first instruction.
+    let (plan, pad_address) = engine.choose_plan(&request, &code, &nearby, &pads_taken, false)?;
+    debug_assert_ne!(plan.style, PatchStyle::CallThunk);
+    let shape = if plan.jump_len == SHORT_PATCH_LEN {
+        HookShape::PadJump
+    } else {
+        HookShape::Jump
+    };
+    let mut counters = EdgeCounters { ids: &ids };
+    // A first copy, anywhere in reach, says how much room the real one needs.
+    let trial = function_copy::build(&graph, &code, address, &mut counters)
+        .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
+    let room = HOOK_ROOM + trial.bytes.len() as u64 + 64;
+    let memory = engine.arena.allocate_near(address, room)?;
+    let mut copy: Option<FunctionCopy> = None;
+    let TrampolineCode {
+        mut bytes,
+        mut hook,
+        body,
+        ..
+    } = stubs::build_in(memory, room, calls_id, Hook::Count, None, shape, |body| {
+        let built = function_copy::build(&graph, &code, body, &mut counters)
+            .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
+        let bytes = built.bytes.clone();
+        copy = Some(built);
+        Ok(bytes)
+    })?;
+    let copy = copy.expect("the body was built");
+    debug_assert_eq!(copy.address, body, "the copy is the trampoline's body");
+    if plan.lead_pushes > 0 {
+        let adapter = memory + bytes.len() as u64;
+        bytes.extend_from_slice(&pop_lead_pushes(plan.lead_pushes, adapter, hook));
+        if bytes.len() as u64 > room {
+            return Err(AgentError::NoRoomForEntryAdapter);
+        }
+        hook = adapter;
+    }
+    code_memory::write_code(memory, &bytes)
+        .map_err(|e| AgentError::io("cannot write a function's copy", e))?;
+    // Threads found inside the bytes the entry jump overwrites go on in the copy.
+    let instruction_map = plan
+        .instruction_offsets
+        .iter()
+        .filter_map(|&offset| {
+            let copied = copy.copy_of(address + offset as u64)?;
+            Some((offset, (copied - copy.address) as usize))
+        })
+        .collect();
+    let patch_at = address + plan.patch_offset as u64;
+    let mut original = [0u8; patch_protocol::MAX_ENTRY_PATCH];
+    original[..plan.jump_len].copy_from_slice(&code[plan.patch_offset..][..plan.jump_len]);
+    let pad = match pad_address {
+        Some(pad_address) => {
+            let mut pad_original = [0u8; PAD_LEN as usize];
+            code_memory::read_code(pad_address, &mut pad_original).map_err(unreadable)?;
+            Some(Pad {
+                address: pad_address,
+                original: pad_original,
+            })
+        }
+        None => None,
+    };
+    let site = Site {
+        patch_at,
+        original,
+        pad,
+        trampoline: Trampoline {
+            body,
+            hook,
+            entry_bytes: code[..plan.patch_offset + plan.overwritten_len].to_vec(),
+            plan,
+            instruction_map,
+        },
+        owner,
+        id: calls_id,
+        internal: false,
+        recorded: [None, None],
+    };
+    let runtime = runtime()?;
+    for &id in std::iter::once(&calls_id).chain(&ids) {
+        (runtime.before_patching)(id);
+    }
+    let mut batch = [site];
+    patch_protocol::install(&mut batch)?;
+    let [site] = batch;
+    engine.register_installed(vec![site]);
+    Ok(layout(&graph, calls_id, &sites, &ids))
+}
+
+/// The first call instruction of `graph` (whose bytes `code` start at its entry): a
+/// frame an unwinder may have to step through.
+fn first_call(graph: &ControlFlowGraph, code: &[u8]) -> Option<u64> {
+    graph.blocks.iter().find_map(|block| {
+        let offset = (block.start - graph.start) as usize;
+        let end = (block.end - graph.start) as usize;
+        Decoder::with_ip(64, &code[offset..end], block.start, DecoderOptions::NONE)
+            .into_iter()
+            .find(|instruction| {
+                matches!(
+                    instruction.flow_control(),
+                    FlowControl::Call | FlowControl::IndirectCall
+                )
+            })
+            .map(|instruction| instruction.ip())
+    })
+}
+
+/// The longest function copied.
+fn function_copy_limit() -> u64 {
+    crate::code::control_flow::MAX_FUNCTION_BYTES as u64
+}
+
+/// Ids for the `count` counters of the function at `address`: the same ids every time
+/// the function is copied with as many counters (ids are never reused). Their keys in
+/// the id table are not addresses: bit 63 set, the counter's index in bits 47..63.
+fn counter_ids(engine: &mut Engine, address: u64, count: usize) -> Result<Vec<u32>, AgentError> {
+    (0..count)
+        .map(|index| {
+            let key = 1 << 63 | (index as u64) << 47 | address;
+            if let Some(&id) = engine.ids.get(&key) {
+                return Ok(id);
+            }
+            let id = engine.ids.len() as u32;
+            if id as usize >= thread_layout::MAX_FUNCTION_IDS {
+                return Err(AgentError::TooManyFunctions {
+                    max: thread_layout::MAX_FUNCTION_IDS,
+                });
+            }
+            engine.ids.insert(key, id);
+            Ok(id)
+        })
+        .collect()
+}
+
+/// What the controller needs to read and explain the counters.
+fn layout(
+    graph: &ControlFlowGraph,
+    calls_id: u32,
+    sites: &[CounterSite],
+    ids: &[u32],
+) -> EdgeLayout {
+    let id_of = |site: CounterSite| {
+        ids[sites
+            .iter()
+            .position(|&s| s == site)
+            .expect("every counter site has an id")]
+    };
+    let address_of = |successor: &Successor| match successor {
+        Successor::Block(index) => graph.blocks[*index].start,
+        Successor::Leaves(address) => *address,
+    };
+    let blocks = graph
+        .blocks
+        .iter()
+        .enumerate()
+        .map(|(index, block)| EdgeBlock {
+            start: block.start,
+            end: block.end,
+            counter: id_of(CounterSite::Block(index)),
+            exit: match &block.exit {
+                BlockExit::FallThrough(next) => EdgeExit::FallThrough {
+                    to: address_of(next),
+                },
+                BlockExit::Jump(to) => EdgeExit::Jump { to: address_of(to) },
+                BlockExit::Conditional {
+                    branch,
+                    taken,
+                    not_taken,
+                } => EdgeExit::Conditional {
+                    branch: *branch,
+                    taken: address_of(taken),
+                    not_taken: address_of(not_taken),
+                    taken_counter: id_of(CounterSite::Taken(index)),
+                },
+                BlockExit::Table { jump, targets, .. } => EdgeExit::Table {
+                    jump: *jump,
+                    entries: targets
+                        .iter()
+                        .enumerate()
+                        .map(|(entry, &target)| TableEntry {
+                            target: graph.blocks[target].start,
+                            counter: id_of(CounterSite::TableEntry {
+                                block: index,
+                                entry,
+                            }),
+                        })
+                        .collect(),
+                },
+                BlockExit::ThroughPointer { jump } => EdgeExit::ThroughPointer { jump: *jump },
+                BlockExit::Return => EdgeExit::Return,
+                BlockExit::Stops => EdgeExit::Stops,
+            },
+        })
+        .collect();
+    EdgeLayout {
+        address: graph.start,
+        calls_counter: calls_id,
+        blocks,
+    }
+}

@@ -1,0 +1,136 @@
+//! What the agent tells the controller about a function it copied with edge counters
+//! (`tendril edges`, issue 18).
+//!
+//! The agent relocates the whole function into a copy with a counter at the start of
+//! every basic block, on the taken side of every conditional branch and behind every
+//! jump-table entry, and points the entry at the copy. Each counter is a function id
+//! of the agent's per-thread counter tables, so the controller reads them with
+//! [`crate::Request::ReadCounters`] (a counter's count is its `calls`) and sums the
+//! threads. A conditional branch's not-taken count is its block's count minus the
+//! taken count. All addresses are the original function's, never the copy's.
+
+use serde::{Deserialize, Serialize};
+
+/// The layout of a function copied with counters: its blocks and their counters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeLayout {
+    /// The function's entry.
+    pub address: u64,
+    /// The counter of calls that entered the copy.
+    pub calls_counter: u32,
+    /// The basic blocks, in address order; the first starts at the entry.
+    pub blocks: Vec<EdgeBlock>,
+}
+
+/// One basic block of the copied function.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeBlock {
+    /// Address of its first instruction.
+    pub start: u64,
+    /// Address just past its last instruction.
+    pub end: u64,
+    /// Counts every time the block starts.
+    pub counter: u32,
+    pub exit: EdgeExit,
+}
+
+/// Where control goes from a block. A successor is an address: a block's start, or an
+/// address outside the function (a tail call, a `.cold` part).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EdgeExit {
+    /// Runs on into `to`.
+    FallThrough { to: u64 },
+    /// An unconditional direct `jmp` to `to`.
+    Jump { to: u64 },
+    /// A conditional branch at `branch`; `taken_counter` counts its taken edge.
+    Conditional {
+        branch: u64,
+        taken: u64,
+        not_taken: u64,
+        taken_counter: u32,
+    },
+    /// A jump at `jump` through a table: one counter per entry, in entry order.
+    Table { jump: u64, entries: Vec<TableEntry> },
+    /// A jump through a code pointer, out of the function.
+    ThroughPointer { jump: u64 },
+    /// A `ret`.
+    Return,
+    /// Nothing runs after it (`ud2`, `int3`, `hlt`).
+    Stops,
+}
+
+/// One entry of a jump table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableEntry {
+    /// The block the entry jumps to.
+    pub target: u64,
+    /// Counts the jumps through this entry.
+    pub counter: u32,
+}
+
+impl EdgeLayout {
+    /// Every counter id, the calls counter first, then per block: its counter and its
+    /// exit's counters.
+    pub fn counters(&self) -> Vec<u32> {
+        let mut ids = vec![self.calls_counter];
+        for block in &self.blocks {
+            ids.push(block.counter);
+            match &block.exit {
+                EdgeExit::Conditional { taken_counter, .. } => ids.push(*taken_counter),
+                EdgeExit::Table { entries, .. } => {
+                    ids.extend(entries.iter().map(|entry| entry.counter))
+                }
+                _ => {}
+            }
+        }
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layout_round_trips_and_lists_every_counter_once() {
+        let layout = EdgeLayout {
+            address: 0x1000,
+            calls_counter: 7,
+            blocks: vec![
+                EdgeBlock {
+                    start: 0x1000,
+                    end: 0x1008,
+                    counter: 8,
+                    exit: EdgeExit::Conditional {
+                        branch: 0x1006,
+                        taken: 0x1010,
+                        not_taken: 0x1008,
+                        taken_counter: 9,
+                    },
+                },
+                EdgeBlock {
+                    start: 0x1008,
+                    end: 0x1010,
+                    counter: 10,
+                    exit: EdgeExit::Table {
+                        jump: 0x100e,
+                        entries: vec![TableEntry {
+                            target: 0x1010,
+                            counter: 11,
+                        }],
+                    },
+                },
+                EdgeBlock {
+                    start: 0x1010,
+                    end: 0x1011,
+                    counter: 12,
+                    exit: EdgeExit::Return,
+                },
+            ],
+        };
+        let line = crate::encode(&layout);
+        assert_eq!(crate::decode::<EdgeLayout>(&line).unwrap(), layout);
+        assert_eq!(layout.counters(), [7, 8, 9, 10, 11, 12]);
+    }
+}
