@@ -1,8 +1,8 @@
 //! Whole-function copies with edge counters (issue 18), driven through the agent's
-//! `CopyWithCounters` request against the `branches` fixture: exact per-block, per-branch
-//! and per-table-entry counts over rounds run on demand, correct results meanwhile, and
-//! every byte back afterwards. The `edges` command that will drive this is not built
-//! yet; neither is unwind information for copies, so functions that call are refused.
+//! `CopyWithCounters` request against the `branches` and `throw_through` fixtures: exact
+//! per-block, per-branch and per-table-entry counts over rounds run on demand, C++
+//! exceptions passing through a copy, correct results meanwhile, and every byte back
+//! afterwards. The `edges` command that will drive this is not built yet.
 
 mod common;
 
@@ -20,10 +20,10 @@ const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The request that copies `name` of the target with counters.
 fn copy_request(symbols: &ProcessSymbols, name: &str) -> (u64, Request) {
-    let matched = targets::match_patterns(symbols, &[name.to_string()]).unwrap();
+    let matched = targets::match_patterns(symbols, &[format!("{name}*")]).unwrap();
     let function = matched
         .iter()
-        .find(|f| f.name == name)
+        .find(|f| f.name == name || f.name.starts_with(&format!("{name}(")))
         .unwrap_or_else(|| panic!("{name} not found"));
     let Request::Patch { code_ranges, .. } =
         targets::patch_request(symbols, &[(function, Hook::Count)])
@@ -160,25 +160,87 @@ fn branch_table_and_loop_counts_are_exact_and_every_byte_comes_back() {
     assert_eq!(run_rounds(&mut target, 1), [bare[0]]);
 }
 
+/// Runs `n` rounds of `throw_through 0` and returns their (caught, checksum).
+fn throwing_rounds(target: &mut Target, n: u64) -> Vec<(u64, u64)> {
+    (0..n)
+        .map(|_| {
+            target.write_stdin("go\n");
+            let line = target.expect_line("round ", LINE_TIMEOUT);
+            let words: Vec<&str> = line.split(' ').collect();
+            (words[3].parse().unwrap(), words[5].parse().unwrap())
+        })
+        .collect()
+}
+
 #[test]
-fn a_function_that_calls_is_refused_with_the_reason_and_left_as_it_was() {
-    let mut target = Target::spawn("branches", &["stdin"]);
-    let bare = run_rounds(&mut target, 1);
+fn exceptions_pass_through_the_copy_to_their_handler_and_its_branch_is_counted() {
+    let mut target = Target::spawn("throw_through", &["0"]);
+    let bare = throwing_rounds(&mut target, 1)[0];
+    assert_eq!(bare.0, 250);
     let pid = target.pid();
     let symbols = ProcessSymbols::load(pid).unwrap();
     let (_, mut session) = tendril::inject::attach(pid).unwrap();
-    let (_, request) = copy_request(&symbols, "main");
+    let relay = install(&mut session, &symbols, "relay");
+    let during = throwing_rounds(&mut target, ROUNDS);
+    unpatch(&mut session, vec![relay.address]);
+    let counts = read(&mut session, &relay);
+    drop(session);
+    assert!(
+        during.iter().all(|&round| round == bare),
+        "{during:?} vs {bare:?}"
+    );
+    // 1,000 calls a round; 250 leave through thrower's exception, 750 return to relay
+    // and take one side of its branch or the other.
+    assert_eq!(counts[&relay.calls_counter], 1000 * ROUNDS);
+    let [(taken, not_taken)] = branches(&relay, &counts)[..] else {
+        panic!("relay: {relay:?}")
+    };
+    assert_eq!(taken + not_taken, 750 * ROUNDS);
+    code_bytes_match_file(pid).unwrap();
+    assert_eq!(throwing_rounds(&mut target, 1), [bare]);
+}
+
+#[test]
+fn a_function_with_exception_tables_is_refused_with_the_reason_and_left_as_it_was() {
+    let mut target = Target::spawn("throw_through", &["0"]);
+    let bare = throwing_rounds(&mut target, 1)[0];
+    let pid = target.pid();
+    let symbols = ProcessSymbols::load(pid).unwrap();
+    let (_, mut session) = tendril::inject::attach(pid).unwrap();
+    let (_, request) = copy_request(&symbols, "do_round");
     match session.request(&request) {
         Err(refusal) => {
             let message = refusal.to_string();
-            assert!(message.contains("makes calls"), "{message}");
-            assert!(message.contains("unwind information"), "{message}");
+            assert!(message.contains("exception-handling tables"), "{message}");
         }
-        Ok(other) => panic!("main, which calls, was not refused: {other:?}"),
+        Ok(other) => panic!("do_round, which catches, was not refused: {other:?}"),
     }
     drop(session);
     code_bytes_match_file(pid).unwrap();
-    assert_eq!(run_rounds(&mut target, 2), [bare[0], bare[0]]);
+    assert_eq!(throwing_rounds(&mut target, 2), [bare, bare]);
+}
+
+#[test]
+fn a_hundred_cycles_under_eight_throwing_threads_leave_code_and_results_intact() {
+    let mut target = Target::spawn("throw_through", &["8"]);
+    let bare = target.checksum_lines(2, LINE_TIMEOUT);
+    let pid = target.pid();
+    let symbols = ProcessSymbols::load(pid).unwrap();
+    let (_, mut session) = tendril::inject::attach(pid).unwrap();
+    for cycle in 0..100 {
+        let relay = install(&mut session, &symbols, "relay");
+        // Let the threads run through the copy now and then.
+        if cycle % 20 == 0 {
+            target.checksum_lines(1, LINE_TIMEOUT);
+        }
+        unpatch(&mut session, vec![relay.address]);
+    }
+    drop(session);
+    code_bytes_match_file(pid).unwrap();
+    target.drain();
+    let after = target.checksum_lines(3, LINE_TIMEOUT);
+    assert!(after.iter().all(|&c| c == bare[0]), "{after:?} vs {bare:?}");
+    assert!(target.is_running());
 }
 
 #[test]
@@ -203,4 +265,47 @@ fn a_hundred_copy_and_restore_cycles_leave_the_code_and_results_intact() {
     drop(session);
     code_bytes_match_file(pid).unwrap();
     assert_eq!(run_rounds(&mut target, 1), [bare]);
+}
+
+#[test]
+fn a_recursive_function_counts_every_level_through_its_copy() {
+    // descend(8) → work(), descend(7) → ... → descend(0): 9 calls a request, on three
+    // threads; the recursive call goes through the patched entry into the copy again.
+    let mut target = Target::spawn("descend", &[]);
+    let pid = target.pid();
+    let symbols = ProcessSymbols::load(pid).unwrap();
+    let (_, mut session) = tendril::inject::attach(pid).unwrap();
+    let descend = install(&mut session, &symbols, "descend");
+    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
+    while read(&mut session, &descend)[&descend.calls_counter] < 9_000 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "descend is not being called"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    unpatch(&mut session, vec![descend.address]);
+    let counts = read(&mut session, &descend);
+    drop(session);
+    let calls = counts[&descend.calls_counter];
+    assert_eq!(
+        counts[&descend.blocks[0].counter], calls,
+        "every call starts the copy"
+    );
+    let [(taken, not_taken)] = branches(&descend, &counts)[..] else {
+        panic!("descend: {descend:?}")
+    };
+    // Per request: level > 0 eight times, level 0 once (the compiler may invert the
+    // test). Requests cut by the window's two ends (three threads) move it a little.
+    let (recurse, bottom) = if taken > not_taken {
+        (taken, not_taken)
+    } else {
+        (not_taken, taken)
+    };
+    assert!(
+        recurse.abs_diff(8 * bottom) <= 8 * 2 * 3,
+        "{recurse} vs 8 × {bottom}"
+    );
+    code_bytes_match_file(pid).unwrap();
+    assert!(target.is_running());
 }

@@ -48,7 +48,12 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 27] = [
+const FIXTURES: [Fixture; 28] = [
+    Fixture {
+        name: "throw_through",
+        source: "throw_through.cpp",
+        recipe: Recipe::Cxx,
+    },
     Fixture {
         name: "branches",
         source: "branches.c",

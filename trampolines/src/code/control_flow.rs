@@ -4,7 +4,8 @@
 //! from the entry — fall-throughs, both sides of every conditional branch, the targets
 //! of direct jumps and of resolved jump tables (`jump_table`) — so padding and data
 //! between functions are never taken for code. Every place a branch lands starts a
-//! block, and every block ends at a branch, a return, or the start of the next block.
+//! block, and every block ends at a branch, a return, a call (whose callee may not come
+//! back), or the start of the next block.
 //!
 //! What cannot be followed exactly is refused with the reason: bytes that do not decode,
 //! a branch into the middle of an instruction, an indirect jump that is neither a jump
@@ -245,7 +246,13 @@ impl ControlFlowGraph {
                     _ => {}
                 }
                 let goes_on = matches!(exit, None | Some(BlockExitAt::Conditional(_)));
-                if exit.is_some() {
+                // A call ends a block too: the callee may not come back (an exception,
+                // `longjmp`, `exit`), so a block's count is of runs that reach its end.
+                let calls = matches!(
+                    instruction.flow_control(),
+                    FlowControl::Call | FlowControl::IndirectCall
+                );
+                if exit.is_some() || calls {
                     leaders.insert(next);
                 }
                 decoded.insert(ip, Decoded { instruction, exit });

@@ -124,8 +124,7 @@ pub struct FunctionCopy {
     /// The code (its entry at `address`), then the copied jump tables.
     pub bytes: Vec<u8>,
     /// Length of the code part of `bytes`: the range the copy's unwind information
-    /// will cover (not built yet; tests read it meanwhile).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// covers.
     pub code_len: u64,
     /// Every instruction of the code part, in address order.
     pub instructions: Vec<PlacedInstruction>,

@@ -5,12 +5,14 @@
 //! where (`branch_index`). For edge profiles (issue 18): a whole function's basic blocks
 //! and control-flow graph (`control_flow`, with `jump_table` for `switch` dispatch),
 //! where its status flags are live (`flags_liveness`), its copy with counters inserted
-//! (`function_copy`), and its Ball–Larus path numbering (`paths`).
+//! (`function_copy`) and the copy's unwind rows (`copy_unwind`), and its Ball–Larus
+//! path numbering (`paths`).
 //! Nothing here reads or writes the process: callers hand in the bytes, so every
 //! decision is unit-tested without a target.
 
 pub mod branch_index;
 pub mod control_flow;
+pub mod copy_unwind;
 pub mod entry_plan;
 pub mod flags_liveness;
 pub mod function_copy;

@@ -6,12 +6,9 @@
 //! trampoline of its own, and its entry jump goes in with the same protocol and
 //! bookkeeping as every other patch: a restore (`Unpatch`, a detach) puts the entry's
 //! bytes back, and a thread still inside the copy finishes there, as copies are never
-//! freed.
-//!
-//! Not yet built: registering the copy's unwind information with the process's
-//! unwinder (`__register_frame`). Until it is, a function that makes calls is refused,
-//! since an exception or a thread cancellation passing through its copy would find no
-//! unwind information and end the process.
+//! freed. The copy's unwind information (`code::copy_unwind`) is registered with the
+//! process's unwinder before the entry goes in, so exceptions, thread cancellation and
+//! backtraces pass through the copy's frames as through the original's.
 
 use super::patch_protocol::{self, Pad, Site, Trampoline};
 use super::patcher::{
@@ -20,15 +17,15 @@ use super::patcher::{
 use super::sites::Engine;
 use crate::code::branch_index::BranchIndex;
 use crate::code::control_flow::{BlockExit, ControlFlowGraph, Successor};
+use crate::code::copy_unwind::{self, OriginalUnwind};
 use crate::code::entry_plan::{PatchStyle, SHORT_PATCH_LEN};
 use crate::code::function_copy::{self, CounterSite, FunctionCopy};
 use crate::code::padding::{KnownRanges, PAD_LEN};
 use crate::hooks::edge_counters::EdgeCounters;
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::hooks::thread_layout;
-use crate::sys::code_memory;
 use crate::sys::error::AgentError;
-use iced_x86::{Decoder, DecoderOptions, FlowControl};
+use crate::sys::{code_memory, frame_registry};
 use tendril_wire::Hook;
 use tendril_wire::edges::{EdgeBlock, EdgeExit, EdgeLayout, TableEntry};
 use tendril_wire::events::HookShape;
@@ -68,13 +65,7 @@ pub fn install(
     let read = |at: u64, buffer: &mut [u8]| code_memory::read_code(at, buffer).is_ok();
     let graph = ControlFlowGraph::build(address, &code, &read)
         .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
-    if let Some(call) = first_call(&graph, &code) {
-        return Err(AgentError::Refused(format!(
-            "it makes calls (the first at {call:#x}), and tendril cannot yet give a copy the \
-             unwind information an exception or a thread cancellation passing through it \
-             needs; only functions that call nothing can be copied for now"
-        )));
-    }
+    let unwind = original_unwind(address)?;
     let sites = function_copy::counter_sites(&graph);
     if sites.len() > MAX_COUNTERS {
         return Err(AgentError::Refused(format!(
@@ -137,6 +128,13 @@ pub fn install(
     }
     code_memory::write_code(memory, &bytes)
         .map_err(|e| AgentError::io("cannot write a function's copy", e))?;
+    // The copy's frames unwind like the original's before any thread can enter it.
+    if let Some(unwind) = &unwind {
+        let section =
+            copy_unwind::eh_frame_for_copy(unwind, copy.address, copy.code_len, &copy.instructions)
+                .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
+        frame_registry::register_eh_frame(section);
+    }
     // Threads found inside the bytes the entry jump overwrites go on in the copy.
     let instruction_map = plan
         .instruction_offsets
@@ -187,22 +185,23 @@ pub fn install(
     Ok(layout(&graph, calls_id, &sites, &ids))
 }
 
-/// The first call instruction of `graph` (whose bytes `code` start at its entry): a
-/// frame an unwinder may have to step through.
-fn first_call(graph: &ControlFlowGraph, code: &[u8]) -> Option<u64> {
-    graph.blocks.iter().find_map(|block| {
-        let offset = (block.start - graph.start) as usize;
-        let end = (block.end - graph.start) as usize;
-        Decoder::with_ip(64, &code[offset..end], block.start, DecoderOptions::NONE)
-            .into_iter()
-            .find(|instruction| {
-                matches!(
-                    instruction.flow_control(),
-                    FlowControl::Call | FlowControl::IndirectCall
-                )
-            })
-            .map(|instruction| instruction.ip())
-    })
+/// The unwind rows of the function at `address`, if the unwinder has an FDE for it
+/// (code without one cannot be unwound through in the original either, so its copy
+/// needs none). Refuses what a copy cannot carry (exception tables, expressions).
+fn original_unwind(address: u64) -> Result<Option<OriginalUnwind>, AgentError> {
+    let Some(found) = frame_registry::find_fde(address) else {
+        return Ok(None);
+    };
+    if found.function != address {
+        return Err(AgentError::Refused(format!(
+            "its unwind information starts at {:#x}, not at its entry",
+            found.function
+        )));
+    }
+    let (start, section) = found.section();
+    OriginalUnwind::parse(section, start, found.fde)
+        .map(Some)
+        .map_err(|refusal| AgentError::Refused(refusal.to_string()))
 }
 
 /// The longest function copied.
