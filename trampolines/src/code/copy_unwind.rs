@@ -2,11 +2,11 @@
 //! moved to the copy's addresses.
 //!
 //! The one idea: at every instruction of the copy, the row that applies is the row of
-//! the original instruction it stands for (`PlacedInstruction::row_of`), with the CFA
+//! the original instruction it stands for (`CopiedInstruction::row_of`), with the CFA
 //! further from the stack pointer by what inserted code has pushed (`extra_stack`) when
 //! the CFA is based on `rsp`. Rules for saved registers are relative to the CFA and stay
 //! as they are. The rows are written as a fresh CIE and FDE (gimli's writer) covering
-//! the copy, ready for the unwinder's `__register_frame`.
+//! the copy, ready for the unwinder's `__register_frame` (`sys::frame_registry`).
 //!
 //! Refused, with the reason: DWARF expressions (rare outside hand-written code), and
 //! functions with exception tables (an LSDA), whose landing pads are offsets into the
@@ -18,15 +18,37 @@ use gimli::write::{
     FrameDescriptionEntry, FrameTable,
 };
 use gimli::{
-    BaseAddresses, CfaRule, EhFrameOffset, Encoding, Format, LittleEndian, Register, RegisterRule,
-    UnwindContext, UnwindSection,
+    BaseAddresses, CfaRule, EhFrameOffset, Encoding, EndianSlice, Format, LittleEndian, Reader,
+    Register, RegisterRule, UnwindContext, UnwindSection, constants,
 };
 use std::fmt;
 
 /// DWARF's number for `rsp`.
-const RSP: u16 = 7;
-/// DWARF's number for the return address column on x86-64.
-const RETURN_ADDRESS: u16 = 16;
+pub const RSP: u16 = 7;
+
+/// One instruction of the copy, in copy order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopiedInstruction {
+    /// Its address in the copy.
+    pub copy: u64,
+    /// The original instruction whose unwind row applies here: the instruction itself for a
+    /// relocated one; for inserted code (a counter), the original instruction it runs before.
+    pub row_of: u64,
+    /// Bytes the inserted code has pushed below the original stack pointer when this
+    /// instruction starts (0 for relocated instructions; e.g. 128 after `lea rsp,[rsp-128]`,
+    /// 136 after a following `push rcx`).
+    pub extra_stack: u32,
+}
+
+impl From<PlacedInstruction> for CopiedInstruction {
+    fn from(placed: PlacedInstruction) -> CopiedInstruction {
+        CopiedInstruction {
+            copy: placed.copy,
+            row_of: placed.row_of,
+            extra_stack: placed.extra_stack,
+        }
+    }
+}
 
 /// How a register is recovered, in the forms a copy can carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +63,9 @@ pub enum Rule {
     Register(u16),
 }
 
-/// One row: the CFA as register + offset, and the registers' rules.
+/// One row: from `start` to `end`, the CFA is `cfa_register` + `cfa_offset`, and the
+/// registers listed have these rules (a register not listed has none: its caller's
+/// value is still in it, for every unwinder tendril meets).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Row {
     pub start: u64,
@@ -51,11 +75,31 @@ pub struct Row {
     pub registers: Vec<(u16, Rule)>,
 }
 
-/// The rows of the original function, from its FDE.
+impl Row {
+    /// Whether `other` says the same from the CFA on (ignoring where the rows are).
+    fn same_rules(&self, other: &Row) -> bool {
+        (self.cfa_register, self.cfa_offset) == (other.cfa_register, other.cfa_offset)
+            && self.registers.len() == other.registers.len()
+            && self
+                .registers
+                .iter()
+                .all(|rule| other.registers.contains(rule))
+    }
+}
+
+/// The rows of the original function, from its FDE, and what of its CIE the copy's
+/// needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OriginalUnwind {
+    /// The code the FDE covers: `start..end`.
     pub start: u64,
     pub end: u64,
+    /// The CIE's factor for register offsets: every offset in the rows is a multiple of
+    /// it, so the copy's CIE uses it too.
+    pub data_alignment_factor: i64,
+    /// The column of the return address (16 on x86-64).
+    pub return_address_register: u16,
+    /// Covering `start..end`, in address order.
     pub rows: Vec<Row>,
 }
 
@@ -68,6 +112,10 @@ pub enum UnwindRefusal {
     Expression,
     /// The function has exception tables.
     ExceptionTables,
+    /// The copy names an original instruction at this address, outside the FDE.
+    NotCovered(u64),
+    /// The copy's instruction list does not describe the copy.
+    Layout(String),
     /// gimli could not write the copy's.
     Writing(String),
 }
@@ -86,6 +134,11 @@ impl fmt::Display for UnwindRefusal {
                 "it has exception-handling tables (a C++ try/catch, destructors or noexcept), \
                  which tendril cannot yet move to a copy"
             ),
+            Self::NotCovered(address) => write!(
+                f,
+                "its unwind information does not cover its instruction at {address:#x}"
+            ),
+            Self::Layout(why) => write!(f, "its copy's instruction list is inconsistent ({why})"),
             Self::Writing(why) => write!(f, "its copy's unwind information: {why}"),
         }
     }
@@ -93,7 +146,12 @@ impl fmt::Display for UnwindRefusal {
 
 impl OriginalUnwind {
     /// The rows of the FDE at `fde_address`, from `section`: memory that starts at
-    /// `section_address` and holds both the FDE and its CIE.
+    /// `section_address` and holds both the FDE and its CIE (a piece of a loaded
+    /// `.eh_frame`, as `sys::frame_registry::FoundFde::section` gives).
+    ///
+    /// `pcrel` and absolute pointers are read; on x86-64 compilers use nothing else
+    /// (libgcc's unwinder has no text or data base for this target either), so an FDE
+    /// whose pointers are relative to those bases is refused as malformed.
     pub fn parse(
         section: &[u8],
         section_address: u64,
@@ -102,16 +160,18 @@ impl OriginalUnwind {
         let malformed = |e: gimli::Error| UnwindRefusal::Malformed(e.to_string());
         let eh_frame = gimli::EhFrame::new(section, LittleEndian);
         let bases = BaseAddresses::default().set_eh_frame(section_address);
-        let offset = EhFrameOffset((fde_address - section_address) as usize);
+        let fde_offset = fde_address
+            .checked_sub(section_address)
+            .ok_or_else(|| UnwindRefusal::Malformed("the FDE lies before the section".into()))?
+            as usize;
         let fde = eh_frame
-            .fde_from_offset(&bases, offset, gimli::EhFrame::cie_from_offset)
+            .fde_from_offset(
+                &bases,
+                EhFrameOffset(fde_offset),
+                gimli::EhFrame::cie_from_offset,
+            )
             .map_err(malformed)?;
-        // An FDE of a CIE with an LSDA encoding always has the field; a null one means
-        // the function has no tables.
-        if fde
-            .lsda()
-            .is_some_and(|lsda| lsda != gimli::Pointer::Direct(0))
-        {
+        if has_exception_tables(section, fde_offset, fde.cie()).map_err(malformed)? {
             return Err(UnwindRefusal::ExceptionTables);
         }
         let mut context = UnwindContext::new();
@@ -148,74 +208,122 @@ impl OriginalUnwind {
         Ok(OriginalUnwind {
             start: fde.initial_address(),
             end: fde.end_address(),
+            data_alignment_factor: fde.cie().data_alignment_factor(),
+            return_address_register: fde.cie().return_address_register().0,
             rows,
         })
     }
 
-    /// The row at `address`; before the first row or past the last, the nearest.
-    fn row_at(&self, address: u64) -> Option<&Row> {
-        self.rows
-            .iter()
-            .find(|row| (row.start..row.end).contains(&address))
-            .or_else(|| {
-                if address < self.start {
-                    self.rows.first()
-                } else {
-                    self.rows.last()
-                }
-            })
+    /// The row that applies at `address`, if the FDE covers it.
+    pub fn row_at(&self, address: u64) -> Option<&Row> {
+        let after = self.rows.partition_point(|row| row.start <= address);
+        let row = self.rows.get(after.checked_sub(1)?)?;
+        (address < row.end).then_some(row)
     }
 }
 
+/// Whether the FDE at `fde_offset` in `section` points at exception tables (an LSDA).
+///
+/// Every FDE of a CIE with an `L` augmentation has the field; zero there means the
+/// function has none. The unwinder tests the field's raw value, before the encoding's
+/// base is added, and so does this: gimli's `Fde::lsda` has the base added already, and
+/// a null `pcrel` field would come back as the field's own address.
+fn has_exception_tables(
+    section: &[u8],
+    fde_offset: usize,
+    cie: &gimli::CommonInformationEntry<EndianSlice<'_, LittleEndian>>,
+) -> gimli::Result<bool> {
+    let Some(lsda_encoding) = cie.lsda_encoding() else {
+        return Ok(false);
+    };
+    if lsda_encoding == constants::DW_EH_PE_omit {
+        return Ok(false);
+    }
+    let mut input = EndianSlice::new(section, LittleEndian);
+    input.skip(fde_offset)?;
+    // The length (a 64-bit one after 0xffffffff), then the CIE pointer of that size.
+    let offset_size = if input.read_u32()? == u32::MAX {
+        input.skip(8)?;
+        8
+    } else {
+        4
+    };
+    input.skip(offset_size)?;
+    let address_format = cie
+        .fde_address_encoding()
+        .unwrap_or(constants::DW_EH_PE_absptr)
+        .format();
+    read_encoded(&mut input, address_format)?; // the first address
+    read_encoded(&mut input, address_format)?; // the length of the code
+    input.read_uleb128()?; // the augmentation data's length; the LSDA field comes first
+    Ok(read_encoded(&mut input, lsda_encoding.format())? != 0)
+}
+
+/// The raw value of a field of pointer format `format` (its low 4 bits).
+fn read_encoded(
+    input: &mut EndianSlice<'_, LittleEndian>,
+    format: constants::DwEhPe,
+) -> gimli::Result<u64> {
+    Ok(match format {
+        constants::DW_EH_PE_absptr | constants::DW_EH_PE_udata8 | constants::DW_EH_PE_sdata8 => {
+            input.read_u64()?
+        }
+        constants::DW_EH_PE_udata4 | constants::DW_EH_PE_sdata4 => input.read_u32()?.into(),
+        constants::DW_EH_PE_udata2 | constants::DW_EH_PE_sdata2 => input.read_u16()?.into(),
+        constants::DW_EH_PE_uleb128 => input.read_uleb128()?,
+        constants::DW_EH_PE_sleb128 => input.read_sleb128()? as u64,
+        _ => return Err(gimli::Error::UnknownPointerEncoding(format)),
+    })
+}
+
 /// An `.eh_frame` section (one CIE, one FDE, a zero terminator) for the copy at
-/// `copy_start..copy_start + copy_len`, whose instructions are `instructions`.
-pub fn eh_frame_for_copy(
+/// `copy_start..copy_start + copy_len`, whose instructions are `instructions`: sorted
+/// by address, the first at `copy_start`, each ending where the next begins and the
+/// last at the copy's end. The FDE's addresses are absolute, so the bytes may be
+/// written anywhere.
+///
+/// Rows are written where the row changes, as the difference from the one before: the
+/// CFA, the rules that are new or changed, and `DW_CFA_restore` for a register whose
+/// rule is gone. The CIE has no initial rules, so a restore leaves the register with
+/// none — what its absence in the original's row means — for gimli and libgcc alike
+/// (libgcc reads every restore as "unsaved", whatever the CIE says).
+pub fn eh_frame_for_copy<I: Copy + Into<CopiedInstruction>>(
     original: &OriginalUnwind,
     copy_start: u64,
     copy_len: u64,
-    instructions: &[PlacedInstruction],
+    instructions: &[I],
 ) -> Result<Vec<u8>, UnwindRefusal> {
+    let instructions: Vec<CopiedInstruction> = instructions.iter().map(|&i| i.into()).collect();
+    check_layout(copy_start, copy_len, &instructions)?;
+    let data_alignment_factor = i8::try_from(original.data_alignment_factor)
+        .map_err(|_| UnwindRefusal::Malformed("a data alignment factor out of range".into()))?;
     let encoding = Encoding {
         format: Format::Dwarf32,
         version: 1,
         address_size: 8,
     };
-    let mut cie = CommonInformationEntry::new(encoding, 1, -8, Register(RETURN_ADDRESS));
-    cie.add_instruction(CallFrameInstruction::Cfa(Register(RSP), 8));
-    cie.add_instruction(CallFrameInstruction::Offset(Register(RETURN_ADDRESS), -8));
+    let cie = CommonInformationEntry::new(
+        encoding,
+        1,
+        data_alignment_factor,
+        Register(original.return_address_register),
+    );
     let mut fde = FrameDescriptionEntry::new(Address::Constant(copy_start), copy_len as u32);
     let mut previous: Option<Row> = None;
-    for placed in instructions {
-        let Some(row) = original.row_at(placed.row_of) else {
-            continue;
-        };
-        let mut row = row.clone();
+    for copied in &instructions {
+        let mut row = original
+            .row_at(copied.row_of)
+            .ok_or(UnwindRefusal::NotCovered(copied.row_of))?
+            .clone();
         if row.cfa_register == RSP {
-            row.cfa_offset += i64::from(placed.extra_stack);
+            row.cfa_offset += i64::from(copied.extra_stack);
         }
-        let offset = (placed.copy - copy_start) as u32;
-        let changed_cfa = previous
-            .as_ref()
-            .is_none_or(|p| (p.cfa_register, p.cfa_offset) != (row.cfa_register, row.cfa_offset));
-        if changed_cfa {
-            let offset_i32 = i32::try_from(row.cfa_offset)
-                .map_err(|_| UnwindRefusal::Writing("a CFA offset out of range".into()))?;
-            fde.add_instruction(
-                offset,
-                CallFrameInstruction::Cfa(Register(row.cfa_register), offset_i32),
-            );
+        if previous.as_ref().is_some_and(|p| p.same_rules(&row)) {
+            continue;
         }
-        let before: &[(u16, Rule)] = previous.as_ref().map_or(&[], |p| &p.registers);
-        for &(register, rule) in &row.registers {
-            if before.contains(&(register, rule)) {
-                continue;
-            }
-            fde.add_instruction(offset, write_rule(register, rule)?);
-        }
-        for &(register, _) in before {
-            if !row.registers.iter().any(|&(r, _)| r == register) {
-                fde.add_instruction(offset, CallFrameInstruction::Restore(Register(register)));
-            }
+        let offset = (copied.copy - copy_start) as u32;
+        for instruction in changes(previous.as_ref(), &row)? {
+            fde.add_instruction(offset, instruction);
         }
         previous = Some(row);
     }
@@ -229,6 +337,64 @@ pub fn eh_frame_for_copy(
     let mut bytes = section.0.into_vec();
     bytes.extend_from_slice(&[0; 4]);
     Ok(bytes)
+}
+
+/// Refuses an instruction list that does not tile the copy as
+/// [`eh_frame_for_copy`] requires.
+fn check_layout(
+    copy_start: u64,
+    copy_len: u64,
+    instructions: &[CopiedInstruction],
+) -> Result<(), UnwindRefusal> {
+    let layout = |why: &str| Err(UnwindRefusal::Layout(why.into()));
+    if copy_len == 0 || copy_len > u64::from(u32::MAX) {
+        return layout("the copy is empty or longer than 4 GiB");
+    }
+    if instructions.first().map(|i| i.copy) != Some(copy_start) {
+        return layout("the first instruction is not at the copy's start");
+    }
+    if instructions
+        .windows(2)
+        .any(|pair| pair[1].copy < pair[0].copy)
+    {
+        return layout("the instructions are not in address order");
+    }
+    if instructions
+        .last()
+        .is_some_and(|i| i.copy >= copy_start + copy_len)
+    {
+        return layout("an instruction lies past the copy's end");
+    }
+    Ok(())
+}
+
+/// The instructions that turn `previous` (none: nothing defined yet) into `row`.
+fn changes(previous: Option<&Row>, row: &Row) -> Result<Vec<CallFrameInstruction>, UnwindRefusal> {
+    let cfa_offset = i32::try_from(row.cfa_offset)
+        .map_err(|_| UnwindRefusal::Writing("a CFA offset out of range".into()))?;
+    let mut instructions = Vec::new();
+    match previous {
+        Some(p) if (p.cfa_register, p.cfa_offset) == (row.cfa_register, row.cfa_offset) => {}
+        Some(p) if p.cfa_register == row.cfa_register => {
+            instructions.push(CallFrameInstruction::CfaOffset(cfa_offset));
+        }
+        _ => instructions.push(CallFrameInstruction::Cfa(
+            Register(row.cfa_register),
+            cfa_offset,
+        )),
+    }
+    let before: &[(u16, Rule)] = previous.map_or(&[], |p| &p.registers);
+    for &(register, rule) in &row.registers {
+        if !before.contains(&(register, rule)) {
+            instructions.push(write_rule(register, rule)?);
+        }
+    }
+    for &(register, _) in before {
+        if !row.registers.iter().any(|&(r, _)| r == register) {
+            instructions.push(CallFrameInstruction::Restore(Register(register)));
+        }
+    }
+    Ok(instructions)
 }
 
 fn write_rule(register: u16, rule: Rule) -> Result<CallFrameInstruction, UnwindRefusal> {
@@ -248,103 +414,9 @@ fn write_rule(register: u16, rule: Rule) -> Result<CallFrameInstruction, UnwindR
 
 // Safe code only: Miri (which CI runs over `code::`) would add nothing but hours.
 #[cfg(all(test, not(miri)))]
-mod tests {
-    use super::*;
+mod tests;
 
-    /// A typical prologue's rows: entry, after `push rbp`, after `mov rbp,rsp`.
-    fn original() -> OriginalUnwind {
-        let ra = (RETURN_ADDRESS, Rule::Offset(-8));
-        OriginalUnwind {
-            start: 0x1000,
-            end: 0x1020,
-            rows: vec![
-                Row {
-                    start: 0x1000,
-                    end: 0x1001,
-                    cfa_register: RSP,
-                    cfa_offset: 8,
-                    registers: vec![ra],
-                },
-                Row {
-                    start: 0x1001,
-                    end: 0x1004,
-                    cfa_register: RSP,
-                    cfa_offset: 16,
-                    registers: vec![ra, (6, Rule::Offset(-16))],
-                },
-                Row {
-                    start: 0x1004,
-                    end: 0x1020,
-                    cfa_register: 6,
-                    cfa_offset: 16,
-                    registers: vec![ra, (6, Rule::Offset(-16))],
-                },
-            ],
-        }
-    }
-
-    fn placed(copy: u64, row_of: u64, extra_stack: u32) -> PlacedInstruction {
-        PlacedInstruction {
-            copy,
-            original: None,
-            row_of,
-            extra_stack,
-        }
-    }
-
-    #[test]
-    fn the_copy_has_the_originals_rows_with_inserted_pushes_added_to_an_rsp_cfa() {
-        let copy = 0x7000_0000;
-        let instructions = [
-            placed(copy, 0x1000, 0),       // counter: lea rsp,[rsp-128]
-            placed(copy + 5, 0x1000, 128), // push rcx
-            placed(copy + 6, 0x1000, 136), // ... pop rcx
-            placed(copy + 7, 0x1000, 128), // lea rsp,[rsp+128]
-            placed(copy + 12, 0x1000, 0),  // push rbp (relocated)
-            placed(copy + 13, 0x1001, 0),  // mov rbp,rsp
-            placed(copy + 16, 0x1004, 0),  // a counter after the frame is set up
-            placed(copy + 21, 0x1004, 136),
-            placed(copy + 30, 0x1004, 0), // the rest
-        ];
-        let bytes = eh_frame_for_copy(&original(), copy, 40, &instructions).unwrap();
-        let parsed = OriginalUnwind::parse(&bytes, 0x5000, 0x5000 + first_fde(&bytes)).unwrap();
-        assert_eq!((parsed.start, parsed.end), (copy, copy + 40));
-        let at = |address: u64| {
-            let row = parsed.row_at(address).unwrap();
-            (row.cfa_register, row.cfa_offset)
-        };
-        assert_eq!(at(copy), (RSP, 8));
-        assert_eq!(at(copy + 5), (RSP, 136));
-        assert_eq!(at(copy + 6), (RSP, 144));
-        assert_eq!(at(copy + 7), (RSP, 136));
-        assert_eq!(at(copy + 12), (RSP, 8));
-        assert_eq!(at(copy + 13), (RSP, 16));
-        // rbp-based: the counter's pushes change nothing.
-        assert_eq!(at(copy + 21), (6, 16));
-        assert_eq!(at(copy + 39), (6, 16));
-        let saved = |address: u64| parsed.row_at(address).unwrap().registers.clone();
-        assert!(saved(copy + 13).contains(&(6, Rule::Offset(-16))));
-        assert!(!saved(copy + 12).iter().any(|&(r, _)| r == 6));
-    }
-
-    /// Offset of the first FDE in a section written by [`eh_frame_for_copy`] (after
-    /// its one CIE).
-    fn first_fde(bytes: &[u8]) -> u64 {
-        let cie_length = u32::from_le_bytes(bytes[..4].try_into().unwrap());
-        4 + u64::from(cie_length)
-    }
-
-    #[test]
-    fn expressions_and_exception_tables_are_refused_with_the_reason() {
-        assert!(
-            UnwindRefusal::ExceptionTables
-                .to_string()
-                .contains("try/catch")
-        );
-        assert!(
-            UnwindRefusal::Expression
-                .to_string()
-                .contains("DWARF expression")
-        );
-    }
-}
+// The whole chain in this process: the unwinder finds the original's FDE, the copy's
+// section is registered, and a panic unwinds through a copy run for real.
+#[cfg(all(test, not(miri)))]
+mod process_tests;

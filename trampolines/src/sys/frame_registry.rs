@@ -49,7 +49,12 @@ impl FoundFde {
     }
 }
 
-/// The FDE of the code at `pc`, if the unwinder knows one.
+/// The FDE of the code at `pc`, if the unwinder knows one: in a loaded module's
+/// `.eh_frame` (through its `.eh_frame_hdr`) or in a section registered here.
+///
+/// The unwinder's text and data bases are not returned: on x86-64 libgcc leaves them
+/// null, as compilers encode FDE pointers `pcrel` or absolute. The end of the code the
+/// FDE covers is encoded in it: its parser (`code::copy_unwind`) reads it.
 pub fn find_fde(pc: u64) -> Option<FoundFde> {
     let mut bases = DwarfEhBases {
         tbase: std::ptr::null_mut(),
@@ -81,8 +86,15 @@ pub fn find_fde(pc: u64) -> Option<FoundFde> {
     })
 }
 
-/// Registers `section` (CIEs and FDEs, ended by a zero word) with the unwinder, for
-/// good: the unwinder keeps reading it, and copies are never freed, so neither is it.
+/// Registers `section` (CIEs and FDEs, ended by a zero word: libgcc's `__register_frame`
+/// on x86-64 Linux takes a whole section, not one FDE) with the unwinder, for good.
+///
+/// The section is copied to 4-byte-aligned memory that is never freed: libgcc keeps a
+/// pointer to it and reads it on later lookups (its own, and every search that walks
+/// the registered sections), and the code it describes, a copy, is never freed either,
+/// so there is nothing to deregister (deregistering would also race with an unwind in
+/// progress). libgcc allocates and takes a lock here: never call it from a signal
+/// handler or with other threads stopped.
 pub fn register_eh_frame(section: Vec<u8>) {
     // 4-byte alignment for the unwinder's reads of 32-bit fields.
     let words: Vec<u32> = section
@@ -99,9 +111,15 @@ pub fn register_eh_frame(section: Vec<u8>) {
     unsafe { __register_frame(section.as_ptr().cast()) };
 }
 
+// Real calls into the process's unwinder, which Miri cannot make.
 #[cfg(all(test, not(miri)))]
 mod tests {
     use super::*;
+    use gimli::write::{
+        Address, CallFrameInstruction, CommonInformationEntry, EhFrame, EndianVec,
+        FrameDescriptionEntry, FrameTable,
+    };
+    use gimli::{Encoding, Format, LittleEndian, Register};
 
     #[inline(never)]
     extern "C" fn some_function(x: u64) -> u64 {
@@ -114,36 +132,87 @@ mod tests {
         assert_eq!(some_function(1), 4);
         let found = find_fde(address + 1).expect("Rust code has unwind information");
         assert_eq!(found.function, address);
-        assert!(found.cie < found.fde);
+        assert!(found.cie < found.fde && found.fde < found.end);
         let (start, bytes) = found.section();
         assert_eq!(start, found.cie);
         assert_eq!(bytes.len() as u64, found.end - found.cie);
+        // The CIE's id, zero, and the FDE's pointer back to it.
+        assert_eq!(bytes[4..8], [0; 4]);
+        let fde = (found.fde - start) as usize;
+        let cie_pointer = u32::from_le_bytes(bytes[fde + 4..fde + 8].try_into().unwrap());
+        assert_eq!(u64::from(cie_pointer), found.fde + 4 - found.cie);
+    }
+
+    /// A page of its own, never unmapped (the unwinder keeps what is registered for it).
+    fn leaked_page() -> u64 {
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        page as u64
+    }
+
+    /// A section with one CIE and one FDE, for `len` bytes at `start`: a leaf function.
+    fn leaf_function_section(start: u64, len: u32) -> Vec<u8> {
+        let encoding = Encoding {
+            format: Format::Dwarf32,
+            version: 1,
+            address_size: 8,
+        };
+        let mut cie = CommonInformationEntry::new(encoding, 1, -8, Register(16));
+        cie.add_instruction(CallFrameInstruction::Cfa(Register(7), 8));
+        cie.add_instruction(CallFrameInstruction::Offset(Register(16), -8));
+        let mut table = FrameTable::default();
+        let cie = table.add_cie(cie);
+        table.add_fde(
+            cie,
+            FrameDescriptionEntry::new(Address::Constant(start), len),
+        );
+        let mut section = EhFrame(EndianVec::new(LittleEndian));
+        table.write_eh_frame(&mut section).unwrap();
+        let mut bytes = section.0.into_vec();
+        bytes.extend_from_slice(&[0; 4]);
+        bytes
     }
 
     #[test]
-    fn a_registered_section_is_found_by_the_unwinder() {
-        use crate::code::copy_unwind::{OriginalUnwind, eh_frame_for_copy};
-        use crate::code::function_copy::PlacedInstruction;
-        // A libc function: C, so no exception tables.
-        // SAFETY: dlsym with a NUL-terminated name in the global scope.
-        let address = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"getpid".as_ptr()) } as u64;
-        let found = find_fde(address).unwrap();
-        let (start, bytes) = found.section();
-        let original = OriginalUnwind::parse(bytes, start, found.fde).unwrap();
-        // A pretend copy somewhere no code is: an address in a leaked buffer.
-        let memory: &'static [u8] = Box::leak(vec![0u8; 256].into_boxed_slice());
-        let copy = memory.as_ptr() as u64;
-        let instructions: Vec<PlacedInstruction> = (0..original.end - original.start)
-            .map(|offset| PlacedInstruction {
-                copy: copy + offset,
-                original: Some(original.start + offset),
-                row_of: original.start + offset,
-                extra_stack: 0,
-            })
-            .collect();
-        let len = original.end - original.start;
-        register_eh_frame(eh_frame_for_copy(&original, copy, len, &instructions).unwrap());
-        let registered = find_fde(copy + len / 2).expect("the copy's FDE is registered");
-        assert_eq!(registered.function, copy);
+    fn a_registered_section_is_found_by_the_unwinder_over_exactly_its_range() {
+        let start = leaked_page();
+        let len = 100;
+        assert!(find_fde(start + 10).is_none(), "no code there yet");
+        let section = leaf_function_section(start, len as u32);
+        register_eh_frame(section.clone());
+        for pc in start..start + len {
+            let found = find_fde(pc).expect("the registered FDE");
+            assert_eq!(found.function, start);
+            // The unwinder hands out the registered copy, which reads as written.
+            let (at, bytes) = found.section();
+            assert_ne!(at, section.as_ptr() as u64);
+            assert_eq!(bytes, &section[..(found.end - at) as usize]);
+        }
+        assert!(find_fde(start - 1).is_none());
+        assert!(find_fde(start + len).is_none());
+    }
+
+    #[test]
+    fn sections_registered_one_after_another_are_each_found() {
+        let starts: Vec<u64> = (0..4).map(|_| leaked_page()).collect();
+        for &start in &starts {
+            register_eh_frame(leaf_function_section(start, 16));
+        }
+        for &start in &starts {
+            assert_eq!(
+                find_fde(start + 15).map(|found| found.function),
+                Some(start)
+            );
+        }
     }
 }
