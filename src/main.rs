@@ -90,6 +90,12 @@ enum Command {
         #[arg(long)]
         returns: bool,
     },
+    /// Count one function's control-flow edges exactly (blocks, branches, jump-table
+    /// entries, loop trips), then restore the code and print its annotated disassembly.
+    ///
+    /// Functions with exception-handling tables are refused for now; paths (Ball–Larus
+    /// path numbers) are not collected yet.
+    Edges(tendril::commands::edges::EdgesOptions),
     /// Profile the call graph below root functions, then restore the code and write
     /// the profile (JSON).
     Record {
@@ -434,6 +440,7 @@ fn main() -> ExitCode {
             json,
             returns,
         }),
+        Command::Edges(options) => tendril::commands::edges::run(&options),
         Command::Record {
             pid,
             roots,

@@ -2,7 +2,7 @@
 //! `CopyWithCounters` request against the `branches` and `throw_through` fixtures: exact
 //! per-block, per-branch and per-table-entry counts over rounds run on demand, C++
 //! exceptions passing through a copy, correct results meanwhile, and every byte back
-//! afterwards. The `edges` command that will drive this is not built yet.
+//! afterwards. `tests/edges_command.rs` tests the `edges` command built on it.
 
 mod common;
 

@@ -7,27 +7,22 @@
 //! reading them after the code is restored gives numbers no hook can add to any more:
 //! every call since the hooks went in, and only the returns of those calls. Whatever
 //! ends the wait — the duration, Ctrl-C, the target exiting — the code is restored
-//! first.
+//! first (`commands::counters`, shared with `edges`).
 
-use crate::commands::duration::{format_elapsed, format_seconds};
-use crate::commands::progress::{Progress, thousands};
-use crate::departure::Departure;
+use crate::commands::counters::{self, CounterWait};
+use crate::commands::duration::format_elapsed;
+use crate::commands::progress::{amount, thousands};
 use crate::refusals;
-use crate::session::{AgentSession, SessionError};
+use crate::session::AgentSession;
 use crate::symbols::ProcessSymbols;
 use crate::targets::{self, Chosen};
 use crate::{inject, interrupt};
 use anyhow::bail;
 use serde_json::json;
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tendril_wire::{Hook, PatchOutcome, Request, Response, ThreadCounters};
 
-/// How often counters are read while waiting, so a target that exits still gets a
-/// report of what it did up to its last reading.
-const READ_INTERVAL: Duration = Duration::from_millis(250);
-/// How long an agent that stopped answering waits to be explained by the process exiting.
-const EXIT_GRACE: Duration = Duration::from_millis(100);
 /// Frames the agent's per-thread return stack holds (`trampolines/src/thread_state.rs`).
 const SHADOW_FRAMES: u64 = 32 * 1024;
 
@@ -128,86 +123,32 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
         );
     }
     let ids: Vec<u32> = counted.iter().map(|c| c.id).collect();
-    let started = Instant::now();
     // Only the threads' overflow counters need a starting point.
-    let baseline = read_counters(&mut session, &ids)?;
-    eprintln!(
-        "tendril: counting calls of {} function{} in process {pid} {}",
-        counted.len(),
-        if counted.len() == 1 { "" } else { "s" },
-        match options.duration {
-            Some(d) => format!("for {} s (Ctrl-C ends early)", format_seconds(d)),
-            None => "until Ctrl-C".to_string(),
-        }
-    );
-
-    let mut latest = baseline.clone();
-    let mut lost: Option<SessionError> = None;
-    let mut progress = Progress::new();
-    interrupt::wait(
-        options.duration.map(|d| started + d),
-        READ_INTERVAL,
-        || match read_counters(&mut session, &ids) {
-            Ok(reading) => {
-                latest = reading;
-                progress.update(|| {
-                    let calls: u64 = latest.iter().flat_map(|t| t.calls.iter()).sum();
-                    format!(
-                        "{} calls of {} functions so far",
-                        thousands(calls),
-                        thousands(ids.len() as u64)
-                    )
-                });
-                true
-            }
-            Err(error) => {
-                lost = Some(error);
-                false
-            }
+    let baseline = counters::read_counters(&mut session, &ids)?;
+    let waited = counters::wait_then_restore(
+        &mut session,
+        CounterWait {
+            pid,
+            ids: &ids,
+            duration: options.duration,
+            counting: format!(
+                "calls of {}",
+                amount(counted.len() as u64, "function", "functions")
+            ),
+            what: "count",
         },
-    );
-    progress.clear();
-    let elapsed = started.elapsed();
-    let mut failure = None;
-    if let Some(error) = lost {
-        match crate::departure::agent_departure(pid, EXIT_GRACE, || false) {
-            // The agent ended the connection: another tendril's detach did.
-            Departure::Detached if matches!(error, SessionError::Io(_)) => {
-                eprintln!(
-                    "tendril: another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
-                    elapsed.as_secs_f64()
-                );
-                failure = restored_after_losing(pid).err();
-            }
-            // This side gave up on the connection (no answer in time, or an answer it
-            // cannot read): the agent restores the code once it sees it closed.
-            Departure::Detached => {
-                eprintln!(
-                    "tendril: {error}; counts are from the last reading, {} s in",
-                    format_elapsed(elapsed)
-                );
-                failure = Some(match restored_after_losing(pid) {
-                    Ok(()) => anyhow::anyhow!(
-                        "the count of process {pid} ended early; its code is restored"
-                    ),
-                    Err(not_restored) => not_restored,
-                });
-            }
-            execed @ Departure::Execed { .. } => eprintln!(
-                "tendril: {}; counts are from the last reading before the exec, {} s in",
-                execed.headline(pid),
-                format_elapsed(elapsed)
-            ),
-            exited => eprintln!(
-                "tendril: {} after {} s; counts are from its last reading",
-                exited.headline(pid),
-                format_elapsed(elapsed)
-            ),
-        }
-    } else {
-        unpatch_all(&mut session, &outcomes, pid)?;
-        latest = read_counters(&mut session, &ids)?;
-    }
+        baseline.clone(),
+        |latest| {
+            let calls: u64 = latest.iter().flat_map(|t| t.calls.iter()).sum();
+            format!(
+                "{} calls of {} functions so far",
+                thousands(calls),
+                thousands(ids.len() as u64)
+            )
+        },
+        |session| unpatch_all(session, &outcomes, pid),
+    )?;
+    let (latest, elapsed, failure) = (waited.latest, waited.elapsed, waited.failure);
     fill_counts(&mut counted, &latest);
     let overflows = latest
         .iter()
@@ -238,41 +179,6 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     match failure {
         Some(error) => Err(error),
         None => Ok(()),
-    }
-}
-
-/// How long a count that lost its connection waits for the agent to restore the code:
-/// the agent does so once it sees the connection closed, which a loaded machine or a
-/// stopped target may delay.
-const RESTORE_WAIT: Duration = Duration::from_secs(20);
-
-/// After the connection was lost: waits until the agent reports nothing patched and
-/// nothing pending, so tendril never leaves a target patched while saying it is done.
-fn restored_after_losing(pid: i32) -> anyhow::Result<()> {
-    let deadline = Instant::now() + RESTORE_WAIT;
-    loop {
-        let state = inject::connect_existing(pid).map(|found| {
-            found.map(|(_, session)| session.status.patched + session.status.pending_restore)
-        });
-        match state {
-            Ok(None | Some(0)) => return Ok(()),
-            _ if crate::process::is_gone_or_exiting(pid) => return Ok(()),
-            _ if Instant::now() >= deadline => bail!(
-                "process {pid} still has code patched {} s after the count ended; the agent restores it once it runs again (`tendril status {pid}` shows what is patched)",
-                RESTORE_WAIT.as_secs()
-            ),
-            _ => std::thread::sleep(Duration::from_millis(50)),
-        }
-    }
-}
-
-fn read_counters(
-    session: &mut AgentSession,
-    ids: &[u32],
-) -> Result<Vec<ThreadCounters>, SessionError> {
-    match session.request(&Request::ReadCounters { ids: ids.to_vec() })? {
-        Response::Counters { threads } => Ok(threads),
-        other => Err(SessionError::Protocol(format!("{other:?}"))),
     }
 }
 

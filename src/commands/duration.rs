@@ -48,6 +48,15 @@ pub fn format_seconds(duration: Duration) -> String {
     format!("{whole}.{fraction}")
 }
 
+/// How long a command waits, for its starting line: `for 5.0 s (Ctrl-C ends early)`, or
+/// `until Ctrl-C` without a duration.
+pub fn how_long(duration: Option<Duration>) -> String {
+    match duration {
+        Some(d) => format!("for {} s (Ctrl-C ends early)", format_seconds(d)),
+        None => "until Ctrl-C".to_string(),
+    }
+}
+
 /// A measured duration in seconds: one decimal, or to the millisecond below 0.1 s (so
 /// a short run never shows as `0.0 s`).
 pub fn format_elapsed(elapsed: Duration) -> String {

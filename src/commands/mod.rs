@@ -4,10 +4,12 @@
 pub mod attach;
 pub mod compare;
 pub mod count;
+pub mod counters;
 pub mod demo;
 pub mod detach;
 pub mod diff;
 pub mod duration;
+pub mod edges;
 pub mod output;
 pub mod picker;
 pub mod progress;

@@ -87,6 +87,15 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// `1 call`, `1,500 calls`.
+pub fn amount(count: u64, one: &str, many: &str) -> String {
+    format!(
+        "{} {}",
+        thousands(count),
+        if count == 1 { one } else { many }
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +106,8 @@ mod tests {
         assert_eq!(thousands(999), "999");
         assert_eq!(thousands(1000), "1,000");
         assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(amount(1, "call", "calls"), "1 call");
+        assert_eq!(amount(1500, "call", "calls"), "1,500 calls");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! profile is written (to `-o FILE`, `-` for stdout, or by default to
 //! `tendril-<pid>-<time>.json` here); a one-line summary goes to stderr.
 
-use crate::commands::duration::{format_elapsed, format_seconds};
+use crate::commands::duration::{format_elapsed, format_seconds, how_long};
 use crate::commands::output::ProfileOutput;
 use crate::commands::progress::{Progress, thousands};
 use crate::departure::{Departure, agent_departure};
@@ -55,10 +55,7 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
             (false, Scheme::A) => "A".to_string(),
             (false, Scheme::B) => "B".to_string(),
         },
-        match command.duration {
-            Some(d) => format!("for {} s (Ctrl-C ends early)", format_seconds(d)),
-            None => "until Ctrl-C".to_string(),
-        }
+        how_long(command.duration)
     );
     let pid = recorder.pid();
     // Gone for good (a zombie is told apart when the agent's connection closes).

@@ -1,0 +1,268 @@
+//! `tendril edges <PID> <FUNC> [--duration SECS] [--json] [-o FILE]`: exact counts of
+//! one function's control-flow edges — blocks, conditional branches, jump-table
+//! entries, loop trips — printed as its annotated disassembly (or JSON).
+//!
+//! The one idea: the agent copies the whole function with a counter on every block,
+//! every taken branch and every table entry, and points the entry at the copy; this
+//! side waits, restores the entry, and only then reads the counters, as `count` does
+//! (`commands::counters`: whatever ends the wait, the code is restored first). The
+//! function's bytes are read before the copy goes in — they are what the layout
+//! describes, and a target that exits meanwhile still gets its listing. Every other
+//! number follows from the counters (`derived`); the paths are not measured yet, and
+//! the output says so rather than show an empty list.
+
+mod derived;
+mod listing;
+
+use crate::commands::counters::{self, CounterWait};
+use crate::commands::output::ProfileOutput;
+use crate::commands::progress::{amount, thousands};
+use crate::session::{AgentSession, SessionError};
+use crate::symbols::{Function, ProcessSymbols};
+use crate::{inject, interrupt, refusals, targets};
+use anyhow::{anyhow, bail};
+use derived::{About, EdgeProfile};
+use listing::Listing;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+use tendril_wire::edges::EdgeLayout;
+use tendril_wire::{Hook, Request, Response};
+
+/// Most functions named when a pattern matches several.
+const NAMES_SHOWN: usize = 5;
+
+/// What `tendril edges` was asked for.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EdgesOptions {
+    /// Process id of the target.
+    pub pid: i32,
+    /// The function: exact name, `module:name`, or a glob that matches one function.
+    #[arg(value_name = "FUNC")]
+    pub function: String,
+    /// Stop after this many seconds (default: until Ctrl-C).
+    #[arg(
+        long,
+        value_name = "SECS",
+        allow_negative_numbers = true,
+        value_parser = crate::commands::duration::parse_seconds
+    )]
+    pub duration: Option<Duration>,
+    /// Print JSON instead of the annotated disassembly.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the output to FILE instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
+    let pid = options.pid;
+    // Checked before the target is touched, as `record` does.
+    let output = ProfileOutput::open(options.output.as_deref())?;
+    crate::process::inspect(pid)?;
+    let symbols = ProcessSymbols::load(pid)?;
+    let named = one_function(&symbols, &options.function)?;
+    refuse_before_attaching(named, &named.name)?;
+    let (_, mut session) = inject::attach(pid)?;
+    // An IFUNC (`memcpy`) is profiled at the implementation the loader chose.
+    let chosen = targets::choose(&symbols, &[named], &mut session)?.remove(0);
+    let (name, function) = (&chosen.display_name, &chosen.function);
+    refuse_before_attaching(function, name)?;
+    let code = crate::symbols::maps::read_memory(pid, function.addr, function.end())
+        .map_err(|e| anyhow!("cannot read the code of {name} in process {pid}: {e}"))?;
+    interrupt::install();
+    let layout = install(&mut session, &symbols, function, name)?;
+    let ids = layout.counters();
+    let waited = counters::wait_then_restore(
+        &mut session,
+        CounterWait {
+            pid,
+            ids: &ids,
+            duration: options.duration,
+            counting: format!(
+                "edges of {name} ({})",
+                amount(layout.blocks.len() as u64, "block", "blocks")
+            ),
+            what: "edge count",
+        },
+        Vec::new(),
+        // The calls counter comes first.
+        |latest| {
+            format!(
+                "{} calls of {name} so far",
+                thousands(counters::summed(latest, 0))
+            )
+        },
+        |session| restore(session, layout.address),
+    )?;
+    let counts: HashMap<u32, u64> = ids
+        .iter()
+        .enumerate()
+        .map(|(index, &id)| (id, counters::summed(&waited.latest, index)))
+        .collect();
+    let profile = EdgeProfile::derive(&layout, |id| counts.get(&id).copied().unwrap_or(0));
+    let about = About {
+        function: name.clone(),
+        module: function.module.clone(),
+        pid,
+        size: function.size,
+        elapsed: waited.elapsed,
+        threads: waited
+            .latest
+            .iter()
+            .filter(|thread| thread.calls.first().is_some_and(|&calls| calls > 0))
+            .count(),
+    };
+    let mut text = Vec::new();
+    if options.json {
+        serde_json::to_writer_pretty(&mut text, &profile.to_json(&about))?;
+        text.push(b'\n');
+    } else {
+        let name_of = |address: u64| name_of(&symbols, address);
+        let listing = Listing {
+            about: &about,
+            code: &code,
+            name_of: &name_of,
+        };
+        listing::write_text(&mut text, &listing, &profile)?;
+    }
+    write_output(output, &text)?;
+    match waited.failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// The one function `pattern` names (aliases at one address are one function).
+fn one_function<'a>(symbols: &'a ProcessSymbols, pattern: &str) -> anyhow::Result<&'a Function> {
+    let mut distinct: Vec<&Function> = Vec::new();
+    for function in targets::match_patterns(symbols, &[pattern.to_string()])? {
+        if !distinct.iter().any(|f| f.addr == function.addr) {
+            distinct.push(function);
+        }
+    }
+    // A glob that also matches `.cold` parts (never profiled) names their owner.
+    if distinct.len() > 1 {
+        let profilable: Vec<&Function> = distinct
+            .iter()
+            .copied()
+            .filter(|f| refusals::reason(f, false).is_none())
+            .collect();
+        if profilable.len() == 1 {
+            distinct = profilable;
+        }
+    }
+    match distinct[..] {
+        [one] => Ok(one),
+        ref several => {
+            // Functions that share a name and module are told apart by address.
+            let names: Vec<String> = several
+                .iter()
+                .take(NAMES_SHOWN)
+                .map(|f| {
+                    let twins = several
+                        .iter()
+                        .any(|g| g.addr != f.addr && g.name == f.name && g.module == f.module);
+                    if twins {
+                        format!("{} ({} at {:#x})", f.name, f.module, f.addr)
+                    } else {
+                        format!("{} ({})", f.name, f.module)
+                    }
+                })
+                .collect();
+            let more = match several.len().saturating_sub(NAMES_SHOWN) {
+                0 => String::new(),
+                more => format!(" and {more} more"),
+            };
+            bail!(
+                "'{pattern}' matches {} functions in pid {}: {}{more} — name one function \
+                 (its exact name, or module:name)",
+                several.len(),
+                symbols.pid(),
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// What is refused by name or size, before anything is asked of the agent.
+fn refuse_before_attaching(function: &Function, name: &str) -> anyhow::Result<()> {
+    if let Some(reason) = refusals::reason(function, false) {
+        bail!("cannot profile {name}'s edges: {reason}");
+    }
+    if function.size == 0 {
+        bail!(
+            "cannot profile {name}'s edges: its size is unknown (no symbol size and no unwind \
+             information)"
+        );
+    }
+    Ok(())
+}
+
+/// Has the agent copy `function` with counters and point its entry at the copy.
+fn install(
+    session: &mut AgentSession,
+    symbols: &ProcessSymbols,
+    function: &Function,
+    name: &str,
+) -> anyhow::Result<EdgeLayout> {
+    // The same neighbourhood `count` sends: code that might branch into the entry.
+    let Request::Patch { code_ranges, .. } =
+        targets::patch_request(symbols, &[(function, Hook::Count)])
+    else {
+        unreachable!("patch_request makes a Patch request")
+    };
+    let request = Request::CopyWithCounters {
+        address: function.addr,
+        size: function.size,
+        code_ranges,
+    };
+    match session.request(&request) {
+        Ok(Response::EdgesInstalled { layout }) => Ok(layout),
+        Ok(other) => bail!("unexpected answer from the agent: {other:?}"),
+        Err(SessionError::Refused(reason)) => bail!("cannot profile {name}'s edges: {reason}"),
+        Err(error) => bail!("cannot profile {name}'s edges: {error}"),
+    }
+}
+
+/// Points the entry back at the original code.
+fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<()> {
+    match session
+        .request(&Request::Unpatch {
+            addresses: vec![address],
+        })
+        .map_err(|e| anyhow!("cannot restore the target's code: {e}"))?
+    {
+        Response::Unpatched { .. } => Ok(()),
+        other => bail!("unexpected answer from the agent: {other:?}"),
+    }
+}
+
+/// `name` or `name+0xN` for an address outside the function.
+fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> {
+    let function = symbols.lookup(address)?;
+    Some(match address - function.addr {
+        0 => function.name.clone(),
+        offset => format!("{}+{offset:#x}", function.name),
+    })
+}
+
+/// Writes the output to its file (and says where) or to stdout.
+fn write_output(output: ProfileOutput, text: &[u8]) -> anyhow::Result<()> {
+    let path = output.path().map(std::path::Path::to_path_buf);
+    match output {
+        ProfileOutput::File(file) => file.write_bytes(text)?,
+        ProfileOutput::Stdout => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text)?;
+            out.flush()?;
+        }
+    }
+    if let Some(path) = path {
+        let shown = std::path::absolute(&path).unwrap_or(path);
+        eprintln!("tendril: edge profile written to {}", shown.display());
+    }
+    Ok(())
+}
