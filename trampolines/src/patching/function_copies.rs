@@ -10,9 +10,10 @@
 //! process's unwinder before the entry goes in, so exceptions, thread cancellation and
 //! backtraces pass through the copy's frames as through the original's.
 
-use super::patch_protocol::{self, Pad, Site, Trampoline};
+use super::patch_protocol::{self, Site, Trampoline};
 use super::patcher::{
-    Nearby, PatchRequest, engine, own_code, pop_lead_pushes, prepare, runtime, unreadable,
+    Nearby, PatchRequest, engine, own_code, pop_lead_pushes, prepare, replaced_bytes, runtime,
+    unreadable,
 };
 use super::sites::Engine;
 use crate::code::branch_index::BranchIndex;
@@ -20,10 +21,9 @@ use crate::code::control_flow::{BlockExit, ControlFlowGraph, Successor};
 use crate::code::copy_unwind::{self, OriginalUnwind};
 use crate::code::entry_plan::{PatchStyle, SHORT_PATCH_LEN};
 use crate::code::function_copy::{self, CounterSite, FunctionCopy};
-use crate::code::padding::{KnownRanges, PAD_LEN};
+use crate::code::padding::KnownRanges;
 use crate::hooks::edge_counters::EdgeCounters;
 use crate::hooks::stubs::{self, TrampolineCode};
-use crate::hooks::thread_layout;
 use crate::sys::error::AgentError;
 use crate::sys::{code_memory, frame_registry};
 use tendril_wire::Hook;
@@ -145,19 +145,7 @@ pub fn install(
         })
         .collect();
     let patch_at = address + plan.patch_offset as u64;
-    let mut original = [0u8; patch_protocol::MAX_ENTRY_PATCH];
-    original[..plan.jump_len].copy_from_slice(&code[plan.patch_offset..][..plan.jump_len]);
-    let pad = match pad_address {
-        Some(pad_address) => {
-            let mut pad_original = [0u8; PAD_LEN as usize];
-            code_memory::read_code(pad_address, &mut pad_original).map_err(unreadable)?;
-            Some(Pad {
-                address: pad_address,
-                original: pad_original,
-            })
-        }
-        None => None,
-    };
+    let (original, pad) = replaced_bytes(&code, &plan, pad_address)?;
     let site = Site {
         patch_at,
         original,
@@ -216,17 +204,7 @@ fn counter_ids(engine: &mut Engine, address: u64, count: usize) -> Result<Vec<u3
     (0..count)
         .map(|index| {
             let key = 1 << 63 | (index as u64) << 47 | address;
-            if let Some(&id) = engine.ids.get(&key) {
-                return Ok(id);
-            }
-            let id = engine.ids.len() as u32;
-            if id as usize >= thread_layout::MAX_FUNCTION_IDS {
-                return Err(AgentError::TooManyFunctions {
-                    max: thread_layout::MAX_FUNCTION_IDS,
-                });
-            }
-            engine.ids.insert(key, id);
-            Ok(id)
+            engine.id_under(key).map(|(id, _)| id)
         })
         .collect()
 }

@@ -329,20 +329,7 @@ impl Engine {
             }
         };
         let patch_at = address + trampoline.plan.patch_offset as u64;
-        let jump_len = trampoline.plan.jump_len;
-        let mut original = [0u8; patch_protocol::MAX_ENTRY_PATCH];
-        original[..jump_len].copy_from_slice(&code[trampoline.plan.patch_offset..][..jump_len]);
-        let pad = match pad_address {
-            Some(pad_address) => {
-                let mut pad_original = [0u8; PAD_LEN as usize];
-                code_memory::read_code(pad_address, &mut pad_original).map_err(unreadable)?;
-                Some(Pad {
-                    address: pad_address,
-                    original: pad_original,
-                })
-            }
-            None => None,
-        };
+        let (original, pad) = replaced_bytes(&code, &trampoline.plan, pad_address)?;
         Ok(Site {
             patch_at,
             original,
@@ -432,8 +419,19 @@ impl Engine {
     }
 
     pub(super) fn id_for(&mut self, address: u64) -> Result<u32, AgentError> {
-        if let Some(&id) = self.ids.get(&address) {
-            return Ok(id);
+        let (id, new) = self.id_under(address)?;
+        if new {
+            (runtime()?.function_registered)(id, address);
+        }
+        Ok(id)
+    }
+
+    /// The id kept under `key` in the id table (a function's address, or an edge
+    /// counter's key, see `function_copies`), and whether it was made now. Ids are
+    /// never reused, so a counter keeps its meaning.
+    pub(super) fn id_under(&mut self, key: u64) -> Result<(u32, bool), AgentError> {
+        if let Some(&id) = self.ids.get(&key) {
+            return Ok((id, false));
         }
         let id = self.ids.len() as u32;
         if id as usize >= thread_layout::MAX_FUNCTION_IDS {
@@ -441,9 +439,8 @@ impl Engine {
                 max: thread_layout::MAX_FUNCTION_IDS,
             });
         }
-        self.ids.insert(address, id);
-        (runtime()?.function_registered)(id, address);
-        Ok(id)
+        self.ids.insert(key, id);
+        Ok((id, true))
     }
 
     fn build_trampoline(
@@ -525,6 +522,29 @@ pub(super) fn own_code(owner: u64, address: u64, size: u64) -> Option<&'static s
 /// `n` pushes the thread just made off the stack again (the registers still hold what
 /// was pushed, and `lea` leaves the flags alone), then `jmp hook` — the hook sees the
 /// stack as at the function's entry, and the body makes the pushes again.
+/// The bytes the entry jump `plan` describes replaces in `code` (the function's bytes),
+/// and the pad at `pad_address`, if the plan needs one, with the bytes it replaces.
+pub(super) fn replaced_bytes(
+    code: &[u8],
+    plan: &EntryPlan,
+    pad_address: Option<u64>,
+) -> Result<([u8; patch_protocol::MAX_ENTRY_PATCH], Option<Pad>), AgentError> {
+    let mut original = [0u8; patch_protocol::MAX_ENTRY_PATCH];
+    original[..plan.jump_len].copy_from_slice(&code[plan.patch_offset..][..plan.jump_len]);
+    let pad = match pad_address {
+        Some(address) => {
+            let mut pad_original = [0u8; PAD_LEN as usize];
+            code_memory::read_code(address, &mut pad_original).map_err(unreadable)?;
+            Some(Pad {
+                address,
+                original: pad_original,
+            })
+        }
+        None => None,
+    };
+    Ok((original, pad))
+}
+
 pub(super) fn pop_lead_pushes(pushes: usize, at: u64, hook: u64) -> [u8; 10] {
     let mut code = [0x48, 0x8d, 0x64, 0x24, (8 * pushes) as u8, 0xe9, 0, 0, 0, 0];
     let displacement = hook.wrapping_sub(at + code.len() as u64) as i32;
