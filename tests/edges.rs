@@ -71,13 +71,7 @@ fn unpatch(session: &mut AgentSession, addresses: Vec<u64>) {
 
 /// Runs `n` rounds on demand and returns their checksums.
 fn run_rounds(target: &mut Target, n: u64) -> Vec<u64> {
-    (0..n)
-        .map(|_| {
-            target.write_stdin("go\n");
-            let line = target.expect_line("round ", LINE_TIMEOUT);
-            line.rsplit(' ').next().unwrap().parse().unwrap()
-        })
-        .collect()
+    target.checksums_on_demand(n as usize, LINE_TIMEOUT)
 }
 
 /// The one conditional branch of `layout`: (taken, not taken).
@@ -162,12 +156,12 @@ fn branch_table_and_loop_counts_are_exact_and_every_byte_comes_back() {
 
 /// Runs `n` rounds of `throw_through 0` and returns their (caught, checksum).
 fn throwing_rounds(target: &mut Target, n: u64) -> Vec<(u64, u64)> {
-    (0..n)
-        .map(|_| {
-            target.write_stdin("go\n");
-            let line = target.expect_line("round ", LINE_TIMEOUT);
-            let words: Vec<&str> = line.split(' ').collect();
-            (words[3].parse().unwrap(), words[5].parse().unwrap())
+    target
+        .rounds_on_demand(n as usize, LINE_TIMEOUT)
+        .iter()
+        .map(|round| {
+            let value = |key: &str| round.get(key).unwrap_or_else(|| panic!("{round:?}"));
+            (value("caught"), value("checksum"))
         })
         .collect()
 }

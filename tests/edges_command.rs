@@ -45,10 +45,7 @@ fn finish(running: RunningTendril) -> String {
 /// Runs `n` rounds of `branches stdin` (or `throw_through 0`), each a line on its stdin,
 /// and returns their `round` lines' checksums.
 fn rounds(target: &mut Target, n: u64) -> Vec<u64> {
-    for _ in 0..n {
-        target.write_stdin("go\n");
-    }
-    target.checksum_lines(n as usize, LINE_TIMEOUT)
+    target.checksums_on_demand(n as usize, LINE_TIMEOUT)
 }
 
 /// Profiles `function` of a fresh `branches stdin` over `K` rounds; checks that the

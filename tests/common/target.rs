@@ -346,6 +346,24 @@ impl Target {
         picked
     }
 
+    /// Runs `n` rounds of a fixture that runs one round per line read on its stdin
+    /// (`branches stdin`, `throw_through 0`, `exceptions 0`) and returns their `round`
+    /// lines; see `rounds`.
+    pub fn rounds_on_demand(&mut self, n: usize, timeout: Duration) -> Vec<Round> {
+        for _ in 0..n {
+            self.write_stdin("go\n");
+        }
+        self.rounds(n, timeout)
+    }
+
+    /// The checksums C of `n` rounds run on demand; see `rounds_on_demand`.
+    pub fn checksums_on_demand(&mut self, n: usize, timeout: Duration) -> Vec<u64> {
+        for _ in 0..n {
+            self.write_stdin("go\n");
+        }
+        self.checksum_lines(n, timeout)
+    }
+
     /// Writes `text` to the fixture's stdin and flushes it.
     pub fn write_stdin(&mut self, text: &str) {
         let stdin = self.stdin.as_mut().expect("stdin is already closed");
