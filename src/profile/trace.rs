@@ -8,9 +8,12 @@
 //! and exit timestamps; the clock loses `(t_O − t_I)/2` before each entry timestamp and
 //! `t_I/2` after it, `t_I/2` before each exit timestamp and `(t_O − t_I)/2` after it, and
 //! every pause tendril caused. A frame's length on that clock is then
-//! `t_meas − t_I − m·t_O`, exactly the time the tree charges it. Timestamps never go
-//! backwards (a clock that would is held), and every begin has its end: frames still
-//! open when the trace ends are closed there.
+//! `t_meas − t_I − m·t_O`, exactly the time the tree charges it. Where a call measured
+//! less than the hooks' calibrated cost, that clock can go backwards; the frames are
+//! then nested afterwards (`nest`): a frame never begins before the previous event nor
+//! ends after its parent, while every frame that does not conflict keeps its own times,
+//! so a root's length is always the tree's. Every begin has its end: frames still open
+//! when the trace ends are closed there.
 
 use super::calibration::Correction;
 use super::cct::FunctionNames;
@@ -219,7 +222,6 @@ struct Timeline<'a> {
     correction: &'a Correction,
     /// Ticks taken off the clock so far (hooks and pauses).
     removed: f64,
-    latest_ns: u64,
     /// The open frames' functions, and their hooks' shapes.
     open: Vec<(u32, HookShape)>,
     events: Vec<TraceEvent>,
@@ -232,17 +234,16 @@ impl<'a> Timeline<'a> {
             correction,
             // The hook cost before the first entry's timestamp falls before the start.
             removed: -outside_half(correction, HookShape::Jump),
-            latest_ns: 0,
             open: Vec::new(),
             events: Vec::new(),
         }
     }
 
-    /// The corrected time of raw tick `tick`, never before the previous one.
-    fn at(&mut self, tick: u64) -> u64 {
+    /// The corrected time of raw tick `tick` (never before the start; it may be before
+    /// the previous event's, which `nest` settles).
+    fn at(&self, tick: u64) -> u64 {
         let ticks = (tick.saturating_sub(self.start_tick) as f64 - self.removed).max(0.0);
-        self.latest_ns = self.latest_ns.max(self.correction.ticks_to_ns(ticks));
-        self.latest_ns
+        self.correction.ticks_to_ns(ticks)
     }
 
     /// A frame open when the trace began: it begins at the start.
@@ -279,7 +280,7 @@ impl<'a> Timeline<'a> {
         self.removed += ticks as f64;
     }
 
-    /// Closes the frames still open at `end_tick` and returns the timeline.
+    /// Closes the frames still open at `end_tick` and returns the nested timeline.
     fn close_all(mut self, end_tick: u64) -> Vec<TraceEvent> {
         if !self.open.is_empty() {
             let at = self.at(end_tick);
@@ -287,7 +288,44 @@ impl<'a> Timeline<'a> {
                 self.events.push(TraceEvent(Edge::End, function, at));
             }
         }
+        nest(&mut self.events);
         self.events
+    }
+}
+
+/// Makes a balanced timeline's times non-decreasing and properly nested, outermost
+/// frames first: each frame keeps its own begin and end unless they fall before the
+/// previous event or after its parent's (settled) end, and is then moved just enough.
+/// A root's times are therefore never moved by its children's, and its length stays
+/// the tree's.
+fn nest(events: &mut [TraceEvent]) {
+    let mut end_of_begin = vec![0u64; events.len()];
+    let mut open = Vec::new();
+    for (index, event) in events.iter().enumerate() {
+        match event.edge() {
+            Edge::Begin => open.push(index),
+            Edge::End => {
+                if let Some(begin) = open.pop() {
+                    end_of_begin[begin] = event.at_ns();
+                }
+            }
+        }
+    }
+    let mut floor = 0u64;
+    // The settled ends of the open frames, outermost first.
+    let mut settled_ends: Vec<u64> = Vec::new();
+    for (index, event) in events.iter_mut().enumerate() {
+        let at = match event.edge() {
+            Edge::Begin => {
+                let ceiling = settled_ends.last().copied().unwrap_or(u64::MAX);
+                let begin = event.at_ns().max(floor).min(ceiling);
+                settled_ends.push(end_of_begin[index].max(begin).min(ceiling));
+                begin
+            }
+            Edge::End => settled_ends.pop().unwrap_or(floor),
+        };
+        event.2 = at;
+        floor = at;
     }
 }
 
@@ -375,6 +413,31 @@ mod tests {
         // Non-decreasing.
         let times: Vec<u64> = trace.threads[0].events.iter().map(|e| e.at_ns()).collect();
         assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    }
+
+    #[test]
+    fn a_call_below_the_hook_cost_never_moves_its_parent() {
+        // The leaf measures 1 tick against t_I = 2: on the corrected clock it ends
+        // before it begins, and after its parent's end.
+        let events = [
+            entry(0, 1000),
+            entry(2, 1100),
+            exit(2, 1101),
+            exit(0, 1103),
+            entry(0, 1200),
+            exit(0, 1300),
+        ];
+        let trace = capture(&events, 1000, 1.0, 100);
+        let mut builder = CctBuilder::new(calibration()).unwrap();
+        builder.push_events(1, &events);
+        let tree = builder.snapshot(&info(), &names(&["root", "mid", "leaf"]));
+        let root = &tree.merged.roots[0];
+        let lengths = durations(&trace);
+        assert_eq!(lengths[0], ("leaf".to_owned(), 0));
+        assert_eq!(lengths[1], ("root".to_owned(), 103 - 2 - 6));
+        assert_eq!(lengths[1].1 + lengths[2].1, root.total_ns);
+        let times: Vec<u64> = trace.threads[0].events.iter().map(|e| e.at_ns()).collect();
+        assert_eq!(times, [0, 95, 95, 95, 188, 286]);
     }
 
     #[test]
