@@ -8,6 +8,11 @@
 //! [`crate::Request::ReadCounters`] (a counter's count is its `calls`) and sums the
 //! threads. A conditional branch's not-taken count is its block's count minus the
 //! taken count. All addresses are the original function's, never the copy's.
+//!
+//! Paths (Ball–Larus, [`crate::paths`]): when the copy also counts paths, its
+//! [`PathLayout`] says which counters hold which path numbers; the controller decodes
+//! a number into its blocks with a [`crate::paths::PathNumbering`] of
+//! [`EdgeLayout::path_successors`], the very lists the agent numbered.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +25,23 @@ pub struct EdgeLayout {
     pub calls_counter: u32,
     /// The basic blocks, in address order; the first starts at the entry.
     pub blocks: Vec<EdgeBlock>,
+    /// The path counters, or why paths are not counted.
+    pub paths: Result<PathLayout, String>,
+}
+
+/// Where a copy counts its paths. Path number `n` below `itemized` is counted by
+/// counter `first_counter + n` (consecutive ids); the numbers from `itemized` up to
+/// `paths` share `beyond_counter`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathLayout {
+    /// The function's acyclic paths: their numbers are `0..paths`.
+    pub paths: u64,
+    pub first_counter: u32,
+    pub itemized: u32,
+    pub beyond_counter: u32,
+    /// Counts paths whose number was lost: a call nested deeper than the per-thread
+    /// path stack holds (see the agent's `path_register`).
+    pub lost_counter: u32,
 }
 
 /// One basic block of the copied function.
@@ -70,8 +92,35 @@ pub struct TableEntry {
 }
 
 impl EdgeLayout {
+    /// Every block's edges, as [`crate::paths::PathNumbering::new`] takes them: in
+    /// [`EdgeExit`] order (taken before not taken; a table's targets in entry order,
+    /// without repeats), `Some(block index)` inside the function, `None` out of it.
+    pub fn path_successors(&self) -> Vec<Vec<Option<usize>>> {
+        let index_of = |address: u64| self.blocks.iter().position(|b| b.start == address);
+        self.blocks
+            .iter()
+            .map(|block| match &block.exit {
+                EdgeExit::FallThrough { to } | EdgeExit::Jump { to } => vec![index_of(*to)],
+                EdgeExit::Conditional {
+                    taken, not_taken, ..
+                } => vec![index_of(*taken), index_of(*not_taken)],
+                EdgeExit::Table { entries, .. } => {
+                    let mut targets: Vec<Option<usize>> = Vec::new();
+                    for entry in entries {
+                        let target = index_of(entry.target);
+                        if !targets.contains(&target) {
+                            targets.push(target);
+                        }
+                    }
+                    targets
+                }
+                EdgeExit::ThroughPointer { .. } | EdgeExit::Return | EdgeExit::Stops => Vec::new(),
+            })
+            .collect()
+    }
+
     /// Every counter id, the calls counter first, then per block: its counter and its
-    /// exit's counters.
+    /// exit's counters, then the path counters.
     pub fn counters(&self) -> Vec<u32> {
         let mut ids = vec![self.calls_counter];
         for block in &self.blocks {
@@ -83,6 +132,11 @@ impl EdgeLayout {
                 }
                 _ => {}
             }
+        }
+        if let Ok(paths) = &self.paths {
+            ids.extend((0..paths.itemized).map(|n| paths.first_counter + n));
+            ids.push(paths.beyond_counter);
+            ids.push(paths.lost_counter);
         }
         ids
     }
@@ -128,9 +182,20 @@ mod tests {
                     exit: EdgeExit::Return,
                 },
             ],
+            paths: Ok(PathLayout {
+                paths: 3,
+                first_counter: 13,
+                itemized: 2,
+                beyond_counter: 15,
+                lost_counter: 16,
+            }),
         };
         let line = crate::encode(&layout);
         assert_eq!(crate::decode::<EdgeLayout>(&line).unwrap(), layout);
-        assert_eq!(layout.counters(), [7, 8, 9, 10, 11, 12]);
+        assert_eq!(layout.counters(), [7, 8, 9, 10, 11, 12, 13, 14, 15, 16]);
+        assert_eq!(
+            layout.path_successors(),
+            [vec![Some(2), Some(1)], vec![Some(2)], vec![]]
+        );
     }
 }

@@ -18,6 +18,7 @@ pub mod callees;
 pub mod edges;
 pub mod events;
 pub mod function_table;
+pub mod paths;
 pub mod rings;
 
 use serde::{Deserialize, Serialize};
@@ -25,7 +26,7 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire7");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire8");
 
 /// The longest request line the agent reads (newline included). A `Patch` target and
 /// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc

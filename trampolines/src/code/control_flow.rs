@@ -183,6 +183,27 @@ enum BlockExitAt {
 }
 
 impl ControlFlowGraph {
+    /// Every block's edges, in [`BlockExit::successors`] order: `Some(block)` inside
+    /// the function, `None` out of it (empty for a block with none), as
+    /// `tendril_wire::paths::PathNumbering` takes them. An edge's index in the
+    /// numbering is its position here, counting a block with none as having one.
+    pub fn edge_lists(&self) -> Vec<Vec<Option<usize>>> {
+        self.blocks
+            .iter()
+            .map(|block| {
+                block
+                    .exit
+                    .successors()
+                    .into_iter()
+                    .map(|successor| match successor {
+                        Successor::Block(index) => Some(index),
+                        Successor::Leaves(_) => None,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The graph of the function at `start`, whose bytes are `code`. `read` fetches
     /// other memory (jump tables) and returns false where it cannot.
     pub fn build(

@@ -95,13 +95,28 @@ pub struct Inserted {
     pub extra_stack: Vec<u32>,
 }
 
-/// The machine code of counters.
+/// The machine code of counters, and of the path register.
+///
+/// Every piece of code may clobber the status flags only when `flags_live` is false;
+/// any other state it changes it must restore, and it must not touch the 128 bytes
+/// below the stack pointer (the red zone, which leaf functions use). Branches inside
+/// it use `labels`.
 pub trait CounterCode {
-    /// The code that adds one to counter `index` (of [`counter_sites`]). It may clobber
-    /// the status flags only when `flags_live` is false; any other state it changes it
-    /// must restore, and it must not touch the 128 bytes below the stack pointer (the
-    /// red zone, which leaf functions use). Branches inside it use `labels`.
+    /// The code that adds one to counter `index` (of [`counter_sites`]).
     fn counter(&mut self, index: usize, flags_live: bool, labels: &mut Labels) -> Inserted;
+
+    /// The code each call runs once, first: where the flags are not live.
+    fn entry(&mut self, _labels: &mut Labels) -> Inserted {
+        Inserted::default()
+    }
+
+    /// The code on edge `edge` of the graph's [`ControlFlowGraph::edge_lists`] (blocks
+    /// in order, each block's edges in order, a block with none having one out of the
+    /// function). An edge out of the function runs where the stack pointer is the
+    /// entry's (before the `ret` or the tail jump), and the flags are not live there.
+    fn edge(&mut self, _edge: usize, _flags_live: bool, _labels: &mut Labels) -> Inserted {
+        Inserted::default()
+    }
 }
 
 /// One instruction of the copy, in copy order.
@@ -197,6 +212,16 @@ pub fn build(
     let site_index: BTreeMap<CounterSite, usize> =
         sites.iter().enumerate().map(|(i, &s)| (s, i)).collect();
     let live = flags_liveness::live_at_block_starts(graph, code);
+    // The path numbering's index of each block's first edge.
+    let edge_lists = graph.edge_lists();
+    let first_edge: Vec<usize> = edge_lists
+        .iter()
+        .scan(0, |next, edges| {
+            let first = *next;
+            *next += edges.len().max(1);
+            Some(first)
+        })
+        .collect();
     let mut labels = Labels::new();
     let block_labels: Vec<u64> = graph.blocks.iter().map(|_| labels.create()).collect();
     let target = |successor: Successor| match successor {
@@ -229,23 +254,22 @@ pub fn build(
 
     let assemble = |tables_at: u64, labels: &mut Labels, counters: &mut dyn CounterCode| {
         let mut pending: Vec<Pending> = Vec::new();
-        let mut emit_counter = |pending: &mut Vec<Pending>,
-                                site: CounterSite,
-                                flags_live: bool,
-                                first_label: u64,
-                                row_of: u64,
-                                labels: &mut Labels| {
-            let inserted = counters.counter(site_index[&site], flags_live, labels);
+        // Inserted code; its first instruction takes `first_label` when there is one.
+        let emit = |pending: &mut Vec<Pending>,
+                    inserted: Inserted,
+                    first_label: Option<u64>,
+                    row_of: u64,
+                    labels: &mut Labels| {
             for (k, (mut instruction, extra)) in inserted
                 .instructions
                 .into_iter()
                 .zip(inserted.extra_stack)
                 .enumerate()
             {
-                if k == 0 {
-                    instruction.set_ip(first_label);
-                } else if instruction.ip() == 0 {
-                    instruction.set_ip(labels.create());
+                match first_label {
+                    Some(label) if k == 0 => instruction.set_ip(label),
+                    _ if instruction.ip() == 0 => instruction.set_ip(labels.create()),
+                    _ => {}
                 }
                 pending.push(Pending {
                     instruction,
@@ -267,12 +291,16 @@ pub fn build(
             })
         };
         let mut taken_stubs: Vec<(usize, u64, Successor, u64)> = Vec::new();
+        // Each call's first code, before block 0's label (which loops may jump to).
+        let entry = counters.entry(labels);
+        emit(&mut pending, entry, None, graph.start, labels);
         for (index, block) in graph.blocks.iter().enumerate() {
-            emit_counter(
+            let counter =
+                counters.counter(site_index[&CounterSite::Block(index)], live[index], labels);
+            emit(
                 &mut pending,
-                CounterSite::Block(index),
-                live[index],
-                block_labels[index],
+                counter,
+                Some(block_labels[index]),
                 block.start,
                 labels,
             );
@@ -296,6 +324,16 @@ pub fn build(
                     instruction.set_memory_displacement64(moved);
                 }
                 if original == last_instruction(block) {
+                    // The edge code of a jump or a way out runs before it.
+                    let edge_before = match &block.exit {
+                        BlockExit::Jump(to) => Some(taken_live(*to, &live)),
+                        BlockExit::Return | BlockExit::ThroughPointer { .. } => Some(false),
+                        _ => None,
+                    };
+                    if let Some(flags_live) = edge_before {
+                        let code = counters.edge(first_edge[index], flags_live, labels);
+                        emit(&mut pending, code, None, original, labels);
+                    }
                     match &block.exit {
                         BlockExit::Jump(to) => instruction.set_near_branch64(target(*to)),
                         BlockExit::Conditional { taken, .. } => {
@@ -314,27 +352,32 @@ pub fn build(
                     extra_stack: 0,
                 });
             }
+            // A fall-through edge (or a not-taken one, the second of its block's) runs
+            // its code before the next block's label.
             let runs_on_to = match &block.exit {
-                BlockExit::FallThrough(next) => Some(*next),
-                BlockExit::Conditional { not_taken, .. } => Some(*not_taken),
+                BlockExit::FallThrough(next) => Some((*next, first_edge[index])),
+                BlockExit::Conditional { not_taken, .. } => {
+                    Some((*not_taken, first_edge[index] + 1))
+                }
                 _ => None,
             };
-            if let Some(next) = runs_on_to
-                && next != Successor::Block(index + 1)
-            {
-                pending.push(jump(target(next), row_at(next, last), labels)?);
+            if let Some((next, edge)) = runs_on_to {
+                let row_of = row_at(next, last);
+                let code = counters.edge(edge, taken_live(next, &live), labels);
+                emit(&mut pending, code, None, row_of, labels);
+                if next != Successor::Block(index + 1) {
+                    pending.push(jump(target(next), row_of, labels)?);
+                }
             }
         }
         for (index, stub, taken, branch) in taken_stubs {
             let row_of = row_at(taken, branch);
-            emit_counter(
-                &mut pending,
-                CounterSite::Taken(index),
-                taken_live(taken, &live),
-                stub,
-                row_of,
-                labels,
-            );
+            let flags_live = taken_live(taken, &live);
+            let counter =
+                counters.counter(site_index[&CounterSite::Taken(index)], flags_live, labels);
+            emit(&mut pending, counter, Some(stub), row_of, labels);
+            let code = counters.edge(first_edge[index], flags_live, labels);
+            emit(&mut pending, code, None, row_of, labels);
             pending.push(jump(target(taken), row_of, labels)?);
         }
         for (index, block) in graph.blocks.iter().enumerate() {
@@ -346,19 +389,21 @@ pub fn build(
                 .find(|t| t.original == *table)
                 .expect("every table is planned")
                 .stubs;
+            let distinct = &edge_lists[index];
             for (entry, (&to, &stub)) in targets.iter().zip(stubs).enumerate() {
                 let row_of = graph.blocks[to].start;
-                emit_counter(
-                    &mut pending,
-                    CounterSite::TableEntry {
-                        block: index,
-                        entry,
-                    },
-                    live[to],
-                    stub,
-                    row_of,
-                    labels,
-                );
+                let site = CounterSite::TableEntry {
+                    block: index,
+                    entry,
+                };
+                let counter = counters.counter(site_index[&site], live[to], labels);
+                emit(&mut pending, counter, Some(stub), row_of, labels);
+                let position = distinct
+                    .iter()
+                    .position(|&target| target == Some(to))
+                    .expect("every table target is one of its block's edges");
+                let code = counters.edge(first_edge[index] + position, live[to], labels);
+                emit(&mut pending, code, None, row_of, labels);
                 pending.push(jump(block_labels[to], row_of, labels)?);
             }
         }

@@ -5,8 +5,8 @@
 //! where (`branch_index`). For edge profiles (issue 18): a whole function's basic blocks
 //! and control-flow graph (`control_flow`, with `jump_table` for `switch` dispatch),
 //! where its status flags are live (`flags_liveness`), its copy with counters inserted
-//! (`function_copy`) and the copy's unwind rows (`copy_unwind`), and its Ball–Larus
-//! path numbering (`paths`).
+//! (`function_copy`, which places the Ball–Larus path register's code, numbered by
+//! `tendril_wire::paths`) and the copy's unwind rows (`copy_unwind`).
 //! Nothing here reads or writes the process: callers hand in the bytes, so every
 //! decision is unit-tested without a target.
 
@@ -18,8 +18,4 @@ pub mod flags_liveness;
 pub mod function_copy;
 pub mod jump_table;
 pub mod padding;
-// Path numbering lands ahead of its user, the path register in the copy (issue 18);
-// until it lands, only its tests call it.
-#[cfg_attr(not(test), allow(dead_code))]
-pub mod paths;
 pub mod relocate;

@@ -20,22 +20,38 @@
 //! lea rsp,[rsp+128]
 //! ```
 
+use super::path_register::PathRegister;
 use crate::code::function_copy::{CounterCode, Inserted, Labels};
 use crate::hooks::thread_layout::{self as thread_state, FLAG_PASSTHROUGH, STATE_FLAGS};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 
 /// Bytes the counter steps over below the stack pointer: the System V red zone.
-const RED_ZONE: u32 = 128;
+pub(super) const RED_ZONE: u32 = 128;
 
 /// Counters whose index `i` (in `function_copy::counter_sites` order) is the function
-/// id `ids[i]`.
+/// id `ids[i]`, and the path register's code when paths are counted too.
 pub struct EdgeCounters<'a> {
     pub ids: &'a [u32],
+    pub paths: Option<PathRegister<'a>>,
 }
 
 impl CounterCode for EdgeCounters<'_> {
     fn counter(&mut self, index: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
         counter_code(self.ids[index], flags_live, labels)
+    }
+
+    fn entry(&mut self, labels: &mut Labels) -> Inserted {
+        match &self.paths {
+            Some(paths) => paths.entry(labels),
+            None => Inserted::default(),
+        }
+    }
+
+    fn edge(&mut self, edge: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
+        match &self.paths {
+            Some(paths) => paths.edge(edge, flags_live, labels),
+            None => Inserted::default(),
+        }
     }
 }
 
@@ -152,18 +168,19 @@ pub fn counter_code(id: u32, flags_live: bool, labels: &mut Labels) -> Inserted 
     code.inserted
 }
 
+/// Inserted code being written.
 #[derive(Default)]
-struct Sequence {
-    inserted: Inserted,
+pub(super) struct Sequence {
+    pub(super) inserted: Inserted,
 }
 
 /// A counter instruction: its operands are fixed, so building it cannot fail.
-fn fixed(instruction: Result<Instruction, iced_x86::IcedError>) -> Instruction {
+pub(super) fn fixed(instruction: Result<Instruction, iced_x86::IcedError>) -> Instruction {
     instruction.expect("a counter instruction's operands are valid")
 }
 
 impl Sequence {
-    fn push(&mut self, instruction: Instruction, extra_stack: u32) {
+    pub(super) fn push(&mut self, instruction: Instruction, extra_stack: u32) {
         self.inserted.instructions.push(instruction);
         self.inserted.extra_stack.push(extra_stack);
     }

@@ -12,6 +12,7 @@
 
 pub mod edge_counters;
 pub mod handler_abi;
+pub mod path_register;
 pub mod slow_call;
 mod state;
 pub mod state_access;

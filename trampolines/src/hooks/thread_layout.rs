@@ -108,7 +108,30 @@ pub struct ThreadState {
     pub resumed_frames: u64,
     /// While this thread forks: `FORK_HOLD` and its `FLAG_PASSTHROUGH` bit from before.
     pub flags_before_fork: u64,
+    /// Bytes of `path_stack` in use above its sentinel entry 0 (`hooks::path_register`).
+    pub path_depth: u64,
+    /// The path registers of the open calls of functions whose paths are counted,
+    /// innermost last; entry 0, all zeros, is a sentinel no call ever pops.
+    pub path_stack: [PathEntry; PATH_STACK_ENTRIES],
 }
+
+/// One open call's path register (16 bytes; the path code uses these offsets).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PathEntry {
+    /// `!rsp` at the call's entry: larger for deeper calls, so an entry left by a call
+    /// that never returned (an exception, a `longjmp`) is found and dropped.
+    pub not_entry_rsp: u64,
+    /// The path number so far with bit 63 flipped; bit 63 clear means the number is
+    /// lost (the sentinel's zero, or a poisoned register).
+    pub register: u64,
+}
+
+/// Path stack entries, the sentinel included: deeper nesting loses paths, counted.
+pub const PATH_STACK_ENTRIES: usize = 128;
+pub const PATH_ENTRY_KEY: i32 = 0;
+pub const PATH_ENTRY_REGISTER: i32 = 8;
+pub const PATH_ENTRY_SIZE: i32 = 16;
 
 /// Dropped entries kept: a coroutine's frames must still be here when it is resumed.
 pub const GRAVEYARD_ENTRIES: usize = 128;
@@ -126,6 +149,8 @@ pub const STATE_RING_MASK: i32 = 64;
 pub const STATE_RING_HEAD: i32 = 72;
 pub const STATE_RING_LIMIT: i32 = 80;
 pub const STATE_RING_HEADER: i32 = 88;
+pub const STATE_PATH_DEPTH: i32 = std::mem::offset_of!(ThreadState, path_depth) as i32;
+pub const STATE_PATH_STACK: i32 = std::mem::offset_of!(ThreadState, path_stack) as i32;
 // Every offset a stub uses, checked against the layout the runtime accesses.
 const _: () = {
     use std::mem::offset_of;
@@ -140,6 +165,9 @@ const _: () = {
     assert!(offset_of!(ThreadState, ring_head) == STATE_RING_HEAD as usize);
     assert!(offset_of!(ThreadState, ring_limit) == STATE_RING_LIMIT as usize);
     assert!(offset_of!(ThreadState, ring_header) == STATE_RING_HEADER as usize);
+    assert!(offset_of!(PathEntry, not_entry_rsp) == PATH_ENTRY_KEY as usize);
+    assert!(offset_of!(PathEntry, register) == PATH_ENTRY_REGISTER as usize);
+    assert!(std::mem::size_of::<PathEntry>() == PATH_ENTRY_SIZE as usize);
     // The shadow stack and the counter tables follow the header in the region.
     assert!(SHADOW_OFFSET >= std::mem::size_of::<ThreadState>());
     assert!(CALLS_OFFSET >= SHADOW_OFFSET + SHADOW_ENTRIES * ENTRY_SIZE as usize);

@@ -23,17 +23,21 @@ use crate::code::entry_plan::{PatchStyle, SHORT_PATCH_LEN};
 use crate::code::function_copy::{self, CounterSite, FunctionCopy};
 use crate::code::padding::KnownRanges;
 use crate::hooks::edge_counters::EdgeCounters;
+use crate::hooks::path_register::{MAX_PATH_NUMBER, PathRegister};
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::sys::error::AgentError;
 use crate::sys::{code_memory, frame_registry};
 use tendril_wire::Hook;
-use tendril_wire::edges::{EdgeBlock, EdgeExit, EdgeLayout, TableEntry};
+use tendril_wire::edges::{EdgeBlock, EdgeExit, EdgeLayout, PathLayout, TableEntry};
 use tendril_wire::events::HookShape;
+use tendril_wire::paths::{EdgeAction, PathNumbering};
 
 /// Room for the count hook in front of the copy, and for an entry adapter after it.
 const HOOK_ROOM: u64 = 512;
 /// Most counters one function may have.
 const MAX_COUNTERS: usize = 1 << 15;
+/// Most paths of one function counted one by one; the others share one counter.
+const MAX_ITEMIZED_PATHS: u64 = 4096;
 
 /// Copies the function at `address` (`size` bytes) with counters, for session
 /// `owner`, and points its entry at the copy. `code_ranges` as for `patcher::patch`.
@@ -74,7 +78,27 @@ pub fn install(
         )));
     }
     let calls_id = engine.id_for(address)?;
-    let ids = counter_ids(engine, address, sites.len())?;
+    let ids = counter_ids(engine, address, 0..sites.len())?;
+    let numbering = path_numbering(&graph);
+    let actions: Vec<EdgeAction> = match &numbering {
+        Ok(numbering) => numbering.edges.iter().map(|edge| edge.action).collect(),
+        Err(_) => Vec::new(),
+    };
+    let paths = match &numbering {
+        Ok(numbering) => {
+            let itemized = numbering.paths.min(MAX_ITEMIZED_PATHS) as usize;
+            let first = sites.len();
+            let path_ids = counter_ids(engine, address, first..first + itemized + 2)?;
+            Ok(PathLayout {
+                paths: numbering.paths,
+                first_counter: path_ids[0],
+                itemized: itemized as u32,
+                beyond_counter: path_ids[itemized],
+                lost_counter: path_ids[itemized + 1],
+            })
+        }
+        Err(why) => Err(why.clone()),
+    };
     let request = PatchRequest {
         address,
         size,
@@ -97,7 +121,16 @@ pub fn install(
     } else {
         HookShape::Jump
     };
-    let mut counters = EdgeCounters { ids: &ids };
+    let mut counters = EdgeCounters {
+        ids: &ids,
+        paths: paths.as_ref().ok().map(|paths| PathRegister {
+            actions: &actions,
+            first_id: paths.first_counter,
+            itemized: paths.itemized,
+            beyond_id: paths.beyond_counter,
+            lost_id: paths.lost_counter,
+        }),
+    };
     // A first copy, anywhere in reach, says how much room the real one needs.
     let trial = function_copy::build(&graph, &code, address, &mut counters)
         .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
@@ -135,11 +168,15 @@ pub fn install(
                 .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
         frame_registry::register_eh_frame(section);
     }
-    // Threads found inside the bytes the entry jump overwrites go on in the copy.
+    // Threads found inside the bytes the entry jump overwrites go on in the copy; one
+    // at the entry itself runs the copy's entry code (the path register's push).
     let instruction_map = plan
         .instruction_offsets
         .iter()
         .filter_map(|&offset| {
+            if offset == 0 {
+                return Some((0, 0));
+            }
             let copied = copy.copy_of(address + offset as u64)?;
             Some((offset, (copied - copy.address) as usize))
         })
@@ -162,15 +199,28 @@ pub fn install(
         internal: false,
         recorded: [None, None],
     };
+    let layout = layout(&graph, calls_id, &sites, &ids, paths);
     let runtime = runtime()?;
-    for &id in std::iter::once(&calls_id).chain(&ids) {
+    for id in layout.counters() {
         (runtime.before_patching)(id);
     }
     let mut batch = [site];
     patch_protocol::install(&mut batch)?;
     let [site] = batch;
     engine.register_installed(vec![site]);
-    Ok(layout(&graph, calls_id, &sites, &ids))
+    Ok(layout)
+}
+
+/// The function's Ball–Larus numbering, or why its paths are not counted.
+fn path_numbering(graph: &ControlFlowGraph) -> Result<PathNumbering, String> {
+    let numbering = PathNumbering::new(&graph.edge_lists()).map_err(|too| too.to_string())?;
+    if numbering.paths > MAX_PATH_NUMBER {
+        return Err(format!(
+            "{} acyclic paths, more than the {MAX_PATH_NUMBER} tendril numbers",
+            numbering.paths
+        ));
+    }
+    Ok(numbering)
 }
 
 /// The unwind rows of the function at `address`, if the unwinder has an FDE for it
@@ -197,11 +247,15 @@ fn function_copy_limit() -> u64 {
     crate::code::control_flow::MAX_FUNCTION_BYTES as u64
 }
 
-/// Ids for the `count` counters of the function at `address`: the same ids every time
-/// the function is copied with as many counters (ids are never reused). Their keys in
-/// the id table are not addresses: bit 63 set, the counter's index in bits 47..63.
-fn counter_ids(engine: &mut Engine, address: u64, count: usize) -> Result<Vec<u32>, AgentError> {
-    (0..count)
+/// Ids for the counters `indices` of the function at `address`: the same ids every
+/// time the function is copied (ids are never reused). Their keys in the id table are
+/// not addresses: bit 63 set, the counter's index in bits 47..63.
+fn counter_ids(
+    engine: &mut Engine,
+    address: u64,
+    indices: std::ops::Range<usize>,
+) -> Result<Vec<u32>, AgentError> {
+    indices
         .map(|index| {
             let key = 1 << 63 | (index as u64) << 47 | address;
             engine.id_under(key).map(|(id, _)| id)
@@ -215,6 +269,7 @@ fn layout(
     calls_id: u32,
     sites: &[CounterSite],
     ids: &[u32],
+    paths: Result<PathLayout, String>,
 ) -> EdgeLayout {
     let id_of = |site: CounterSite| {
         ids[sites
@@ -273,5 +328,6 @@ fn layout(
         address: graph.start,
         calls_counter: calls_id,
         blocks,
+        paths,
     }
 }

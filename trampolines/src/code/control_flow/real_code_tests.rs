@@ -2,11 +2,11 @@
 //! every function of the C library this test runs with.
 
 use super::*;
-use crate::code::paths::{EdgeAction, PathNumbering};
 use goblin::elf::{Elf, program_header::PT_LOAD, sym::STT_FUNC};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tendril_wire::paths::{EdgeAction, PathNumbering};
 
 /// An ELF file's image, read by link-time address.
 struct Image {
@@ -89,7 +89,7 @@ fn gcc_output_gives_the_graphs_the_source_says() {
         .filter(|b| matches!(b.exit, BlockExit::Conditional { .. }))
         .count();
     assert_eq!(branches, 1, "{classify:#?}");
-    assert_eq!(PathNumbering::new(&classify).unwrap().paths, 2);
+    assert_eq!(PathNumbering::new(&classify.edge_lists()).unwrap().paths, 2);
 
     // dispatch: a bounds check, then a jump table of 7 distinct cases.
     let dispatch = image.graph("dispatch").unwrap();
@@ -108,11 +108,11 @@ fn gcc_output_gives_the_graphs_the_source_says() {
     cases.dedup();
     assert_eq!(cases.len(), 7, "each case has a block of its own");
     // 7 cases and the default, whether the default is inside or in `dispatch.cold`.
-    assert_eq!(PathNumbering::new(&dispatch).unwrap().paths, 8);
+    assert_eq!(PathNumbering::new(&dispatch.edge_lists()).unwrap().paths, 8);
 
     // trip: a loop, so a back edge.
     let trip = image.graph("trip").unwrap();
-    let numbering = PathNumbering::new(&trip).unwrap();
+    let numbering = PathNumbering::new(&trip.edge_lists()).unwrap();
     let back_edges = numbering
         .edges
         .iter()
@@ -154,7 +154,7 @@ fn every_function_of_libc_gets_a_graph_or_a_reason() {
                         }
                     }
                 }
-                let _ = PathNumbering::new(&graph);
+                let _ = PathNumbering::new(&graph.edge_lists());
             }
             Err(refusal) => {
                 let kind = format!("{refusal:?}");

@@ -12,9 +12,11 @@
 //! set to `ENTRY → w`'s value. Returns, tail calls and any other way out of the function
 //! are edges to EXIT.
 //!
-//! Blocks are the graph's blocks; ENTRY and EXIT are virtual nodes.
+//! Blocks are the graph's blocks; ENTRY and EXIT are virtual nodes. The graph comes as
+//! successor lists (block 0 is the entry), so the agent, numbering the function it
+//! copies, and the controller, decoding the counted numbers from the copy's
+//! [`crate::edges::EdgeLayout`], run this same code on the same lists.
 
-use super::control_flow::{BlockExit, ControlFlowGraph, Successor};
 use std::fmt;
 
 /// One edge of the function's graph and what the instrumentation does on it.
@@ -78,14 +80,21 @@ impl fmt::Display for TooManyPaths {
 }
 
 impl PathNumbering {
-    /// Numbers the paths of `graph`.
-    pub fn new(graph: &ControlFlowGraph) -> Result<PathNumbering, TooManyPaths> {
-        let blocks = graph.blocks.len();
+    /// Numbers the paths of the graph whose block `b` has the edges `successors[b]`, in
+    /// order: `Some(block)` inside the function, `None` out of it. A block with no edge
+    /// (a return, a jump through a pointer) has one, out of the function.
+    pub fn new(successors: &[Vec<Option<usize>>]) -> Result<PathNumbering, TooManyPaths> {
+        let blocks = successors.len();
         let (entry, exit) = (blocks, blocks + 1);
-        let successors: Vec<Vec<Option<usize>>> = graph
-            .blocks
+        let successors: Vec<Vec<Option<usize>>> = successors
             .iter()
-            .map(|block| exits(&block.exit))
+            .map(|edges| {
+                if edges.is_empty() {
+                    vec![None]
+                } else {
+                    edges.clone()
+                }
+            })
             .collect();
         let back = back_edges(&successors);
         // The acyclic graph: forward edges, block → EXIT for each exit and back edge,
@@ -130,7 +139,9 @@ impl PathNumbering {
         let mut edges = Vec::new();
         for (from, targets) in successors.iter().enumerate() {
             for (position, &to) in targets.iter().enumerate() {
-                let value = values[from][position];
+                // A block no path reaches (never, in a graph built from its entry)
+                // keeps 0 on its edges: they never run.
+                let value = values[from].get(position).copied().unwrap_or(0);
                 let action = if back[from][position] {
                     let head = heads.iter().position(|&head| Some(head) == to);
                     let restart = values[entry][1 + head.expect("a back edge's head is listed")];
@@ -203,23 +214,6 @@ impl PathNumbering {
     }
 }
 
-/// A block's successors: `Some(block)` inside the function, `None` out of it.
-fn exits(exit: &BlockExit) -> Vec<Option<usize>> {
-    let mut successors: Vec<Option<usize>> = exit
-        .successors()
-        .into_iter()
-        .map(|successor| match successor {
-            Successor::Block(block) => Some(block),
-            Successor::Leaves(_) => None,
-        })
-        .collect();
-    if successors.is_empty() {
-        // A return, a jump through a pointer, or a stop: out of the function.
-        successors.push(None);
-    }
-    successors
-}
-
 /// Which edges (by block, then position) are back edges of a depth-first search from
 /// block 0: edges to a block still on the search's stack.
 fn back_edges(successors: &[Vec<Option<usize>>]) -> Vec<Vec<bool>> {
@@ -281,6 +275,5 @@ fn topological_order(edges: &[Vec<usize>], entry: usize) -> Vec<usize> {
     order
 }
 
-// Safe code only: Miri (which CI runs over `code::`) would add nothing but hours.
-#[cfg(all(test, not(miri)))]
+#[cfg(test)]
 mod tests;

@@ -1,0 +1,310 @@
+//! Copies with the path register, run for real on this thread with a thread state of
+//! its own: every call's path is counted exactly, recursion keeps each call's register
+//! apart, and calls nested deeper than the path stack are counted as lost.
+
+use super::*;
+use crate::code::control_flow::ControlFlowGraph;
+use crate::code::function_copy::{self, counter_sites};
+use crate::hooks::edge_counters::EdgeCounters;
+use crate::hooks::thread_layout::{REGION_BYTES, ThreadState, set_current_slot};
+use iced_x86::code_asm::*;
+use std::collections::BTreeMap;
+use tendril_wire::paths::PathNumbering;
+
+/// Executable memory.
+struct Mapped {
+    address: u64,
+    len: usize,
+}
+
+impl Mapped {
+    fn new(len: usize) -> Mapped {
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let address = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(address, libc::MAP_FAILED);
+        Mapped {
+            address: address as u64,
+            len,
+        }
+    }
+
+    fn write(&self, offset: usize, bytes: &[u8]) {
+        assert!(offset + bytes.len() <= self.len);
+        // SAFETY: inside the mapping, which nothing is running yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                (self.address as *mut u8).add(offset),
+                bytes.len(),
+            )
+        };
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping made in `new`, which no function pointer outlives.
+        unsafe { libc::munmap(self.address as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A thread state for this test's thread, installed in its slot while it lives.
+struct OwnState {
+    region: Vec<u64>,
+}
+
+impl OwnState {
+    fn install() -> OwnState {
+        let mut region = vec![0u64; REGION_BYTES / 8];
+        set_current_slot(region.as_mut_ptr().cast::<ThreadState>());
+        OwnState { region }
+    }
+
+    fn counter(&self, id: u32) -> u64 {
+        let index = thread_state::calls_displacement(id) as usize / 8;
+        // SAFETY: the copy's increments are done; a volatile read sees them.
+        unsafe { std::ptr::read_volatile(&self.region[index]) }
+    }
+}
+
+impl Drop for OwnState {
+    fn drop(&mut self) {
+        set_current_slot(std::ptr::null_mut());
+    }
+}
+
+/// A function assembled into memory of its own, whose entry jumps to its copy with
+/// edge counters and the path register, as a patched function does.
+struct Profiled {
+    _original: Mapped,
+    _copy: Mapped,
+    entry: extern "C" fn(u64) -> u64,
+    graph: ControlFlowGraph,
+    numbering: PathNumbering,
+    itemized: u32,
+    first_id: u32,
+    beyond_id: u32,
+    lost_id: u32,
+}
+
+/// `assemble` writes the function, given the address it is assembled at.
+fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
+    let original = Mapped::new(1 << 12);
+    let mut a = CodeAssembler::new(64).unwrap();
+    assemble(&mut a, original.address);
+    let bytes = a.assemble(original.address).unwrap();
+    original.write(0, &bytes);
+    let no_tables = |_: u64, _: &mut [u8]| false;
+    let graph = ControlFlowGraph::build(original.address, &bytes, &no_tables).unwrap();
+    let numbering = PathNumbering::new(&graph.edge_lists()).unwrap();
+    let sites = counter_sites(&graph).len() as u32;
+    let ids: Vec<u32> = (1..=sites).collect();
+    let itemized = numbering.paths as u32;
+    let (first_id, beyond_id, lost_id) = (sites + 1, sites + 1 + itemized, sites + 2 + itemized);
+    let actions: Vec<EdgeAction> = numbering.edges.iter().map(|edge| edge.action).collect();
+    let mut counters = EdgeCounters {
+        ids: &ids,
+        paths: Some(PathRegister {
+            actions: &actions,
+            first_id,
+            itemized,
+            beyond_id,
+            lost_id,
+        }),
+    };
+    let copy = Mapped::new(1 << 16);
+    let built = function_copy::build(&graph, &bytes, copy.address, &mut counters).unwrap();
+    copy.write(0, &built.bytes);
+    // The original's entry jumps to the copy, so recursive calls enter it again.
+    let mut jump = CodeAssembler::new(64).unwrap();
+    jump.jmp(copy.address).unwrap();
+    original.write(0, &jump.assemble(original.address).unwrap());
+    // SAFETY: the copy is System V code taking one integer and returning one.
+    let entry = unsafe { std::mem::transmute::<u64, extern "C" fn(u64) -> u64>(copy.address) };
+    Profiled {
+        _original: original,
+        _copy: copy,
+        entry,
+        graph,
+        numbering,
+        itemized,
+        first_id,
+        beyond_id,
+        lost_id,
+    }
+}
+
+/// A path as a test writes it: from a back edge?, blocks by start offset, to one?
+type PathKey = (bool, Vec<u64>, bool);
+
+impl Profiled {
+    /// Every counted path with its count, and the lost ones.
+    fn counted(&self, state: &OwnState) -> (BTreeMap<PathKey, u64>, u64) {
+        assert_eq!(state.counter(self.beyond_id), 0);
+        let mut paths = BTreeMap::new();
+        for number in 0..self.itemized {
+            let count = state.counter(self.first_id + number);
+            if count == 0 {
+                continue;
+            }
+            let path = self.numbering.path(u64::from(number)).unwrap();
+            let blocks = path
+                .blocks
+                .iter()
+                .map(|&b| self.graph.blocks[b].start - self.graph.start)
+                .collect();
+            paths.insert((path.from_back_edge, blocks, path.to_back_edge), count);
+        }
+        (paths, state.counter(self.lost_id))
+    }
+
+    fn offset_of(&self, block: usize) -> u64 {
+        self.graph.blocks[block].start - self.graph.start
+    }
+}
+
+#[test]
+fn a_branch_and_a_loop_count_every_path_exactly() {
+    // f(i) = (i % 3 != 0 ? i + 100 : i) + 7 * (i & 3)
+    let function = profiled(|a, _| {
+        let mut skip = a.create_label();
+        let mut head = a.create_label();
+        let mut done = a.create_label();
+        a.mov(eax, edi).unwrap();
+        a.xor(edx, edx).unwrap();
+        a.mov(ecx, 3).unwrap();
+        a.div(ecx).unwrap();
+        a.mov(eax, edi).unwrap();
+        a.test(edx, edx).unwrap();
+        a.je(skip).unwrap();
+        a.add(eax, 100).unwrap();
+        a.set_label(&mut skip).unwrap();
+        a.mov(ecx, edi).unwrap();
+        a.and(ecx, 3).unwrap();
+        a.je(done).unwrap();
+        a.set_label(&mut head).unwrap();
+        a.add(eax, 7).unwrap();
+        a.dec(ecx).unwrap();
+        a.jne(head).unwrap();
+        a.set_label(&mut done).unwrap();
+        a.ret().unwrap();
+    });
+    let offsets: Vec<u64> = (0..function.graph.blocks.len())
+        .map(|b| function.offset_of(b))
+        .collect();
+    // Blocks: 0 (to the je), 1 (add 100), 2 (the trip count), 3 (the loop), 4 (ret).
+    assert_eq!(offsets.len(), 5, "{:#?}", function.graph);
+    let (b0, b1, b2, b3, b4) = (offsets[0], offsets[1], offsets[2], offsets[3], offsets[4]);
+    let mut state = OwnState::install();
+    // An entry left by a deeper call that never returned (an exception or a longjmp
+    // passed it): the first call drops it.
+    let here = &state as *const OwnState as u64;
+    let stack = STATE_PATH_STACK as usize / 8;
+    state.region[stack + 2] = !(here - 4096);
+    state.region[stack + 3] = 1 << 63 | 5;
+    state.region[STATE_PATH_DEPTH as usize / 8] = PATH_ENTRY_SIZE as u64;
+    let mut expected: BTreeMap<PathKey, u64> = BTreeMap::new();
+    for i in 0..600u64 {
+        let result = (function.entry)(i);
+        let plus = if i % 3 != 0 { 100 } else { 0 };
+        assert_eq!(result, i + plus + 7 * (i & 3), "f({i})");
+        let mut first = vec![b0];
+        if i % 3 != 0 {
+            first.push(b1);
+        }
+        first.push(b2);
+        // The loop runs `trips` times; each run but the last takes the back edge.
+        let trips = i & 3;
+        if trips > 0 {
+            first.push(b3);
+        }
+        if trips <= 1 {
+            first.push(b4);
+            *expected.entry((false, first, false)).or_default() += 1;
+        } else {
+            *expected.entry((false, first, true)).or_default() += 1;
+            if trips > 2 {
+                *expected.entry((true, vec![b3], true)).or_default() += trips - 2;
+            }
+            *expected.entry((true, vec![b3, b4], false)).or_default() += 1;
+        }
+    }
+    let (counted, lost) = function.counted(&state);
+    assert_eq!(lost, 0);
+    assert_eq!(counted, expected);
+    // The path stack is back to its sentinel.
+    assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
+}
+
+/// g(n) = n == 0 ? 0 : g(n - 1) + (n odd ? 1 : 2), recursing through the patched entry.
+fn recursive() -> Profiled {
+    profiled(|a, start| {
+        let mut recurse = a.create_label();
+        let mut even = a.create_label();
+        a.test(rdi, rdi).unwrap();
+        a.jne(recurse).unwrap();
+        a.xor(eax, eax).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut recurse).unwrap();
+        a.push(rbx).unwrap();
+        a.mov(rbx, rdi).unwrap();
+        a.lea(rdi, ptr(rdi - 1)).unwrap();
+        // The original's entry, which jumps to the copy.
+        a.call(start).unwrap();
+        a.test(bl, 1).unwrap();
+        a.je(even).unwrap();
+        a.add(rax, 1).unwrap();
+        a.pop(rbx).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut even).unwrap();
+        a.add(rax, 2).unwrap();
+        a.pop(rbx).unwrap();
+        a.ret().unwrap();
+    })
+}
+
+#[test]
+fn recursive_calls_keep_their_own_registers_and_the_deepest_are_lost() {
+    let function = recursive();
+    let state = OwnState::install();
+    for n in [0u64, 1, 2, 7, 60, 300] {
+        let before = function.counted(&state);
+        let result = (function.entry)(n);
+        assert_eq!(result, (1..=n).map(|k| 2 - k % 2).sum::<u64>(), "g({n})");
+        let after = function.counted(&state);
+        let ran = |key_last: u64| {
+            let key = after.0.iter().find(|(k, _)| k.1.last() == Some(&key_last));
+            let old = before.0.iter().find(|(k, _)| k.1.last() == Some(&key_last));
+            key.map_or(0, |(_, c)| *c) - old.map_or(0, |(_, c)| *c)
+        };
+        let blocks = function.graph.blocks.len();
+        let (base, odd, even) = (
+            function.offset_of(1),
+            function.offset_of(blocks - 2),
+            function.offset_of(blocks - 1),
+        );
+        // The stack has 127 entries above the sentinel. With more than 127 calls
+        // nested, the 128th poisons the 127th's entry, so calls from depth 127 on are
+        // lost: g(n) makes n + 1 calls, g(k) at depth n + 1 - k.
+        let calls = n + 1;
+        let kept_calls = if calls > 127 { 126 } else { calls };
+        assert_eq!(after.1 - before.1, calls - kept_calls, "g({n})");
+        // The outermost calls have the largest arguments.
+        let kept: Vec<u64> = (0..=n).rev().take(kept_calls as usize).collect();
+        assert_eq!(ran(base), kept.iter().filter(|&&k| k == 0).count() as u64);
+        let kept_odd = kept.iter().filter(|&&k| k % 2 == 1).count() as u64;
+        let kept_even = kept.iter().filter(|&&k| k > 0 && k % 2 == 0).count() as u64;
+        assert_eq!(ran(odd), kept_odd, "g({n})");
+        assert_eq!(ran(even), kept_even, "g({n})");
+        assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
+    }
+}
