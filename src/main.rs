@@ -90,11 +90,11 @@ enum Command {
         #[arg(long)]
         returns: bool,
     },
-    /// Count one function's control-flow edges exactly (blocks, branches, jump-table
-    /// entries, loop trips), then restore the code and print its annotated disassembly.
+    /// Count one function's control-flow edges and paths exactly (blocks, branches,
+    /// jump-table entries, loop trips, Ball–Larus paths), then restore the code and
+    /// print its annotated disassembly with the hottest paths.
     ///
-    /// Functions with exception-handling tables are refused for now; paths (Ball–Larus
-    /// path numbers) are not collected yet.
+    /// Functions with exception-handling tables are refused for now.
     Edges(tendril::commands::edges::EdgesOptions),
     /// Profile the call graph below root functions, then restore the code and write
     /// the profile (JSON).

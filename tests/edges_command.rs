@@ -62,9 +62,56 @@ fn profile_over_rounds(function: &str) -> Value {
     let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(json["function"], function, "{json}");
     assert_eq!(json["module"], "branches");
-    assert_eq!(json["paths"], Value::Null, "paths are not measured yet");
-    assert_eq!(json["paths_note"], "not collected yet");
+    check_paths(&json);
     json
+}
+
+/// The paths agree with the calls and the loops: every call that returns ends one
+/// path that starts at the entry, and every back edge ends one path and starts another.
+fn check_paths(json: &Value) {
+    assert_eq!(json["paths_note"], Value::Null, "{json}");
+    let totals = &json["path_totals"];
+    assert_eq!(number(&totals["lost"]), 0, "{json}");
+    assert_eq!(number(&totals["beyond"]), 0, "{json}");
+    let paths = json["paths"].as_array().unwrap();
+    let sum = |pick: &dyn Fn(&Value) -> bool| -> u64 {
+        paths
+            .iter()
+            .filter(|p| pick(p))
+            .map(|p| number(&p["count"]))
+            .sum()
+    };
+    let back_edges: u64 = loop_counts(json).iter().map(|l| l.1).sum();
+    let calls = number(&json["calls"]);
+    assert_eq!(number(&totals["runs"]), calls + back_edges, "{json}");
+    assert_eq!(sum(&|_| true), calls + back_edges, "{json}");
+    assert_eq!(sum(&|p| p["from_back_edge"] == false), calls, "{json}");
+    assert_eq!(sum(&|p| p["to_back_edge"] == true), back_edges, "{json}");
+    // Every path starts at the entry block or at a loop's head.
+    let heads: Vec<&Value> = json["loops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| &l["offset"])
+        .collect();
+    for path in paths {
+        let first = &path["blocks"][0];
+        if path["from_back_edge"] == true {
+            assert!(heads.contains(&first), "{path}");
+        } else {
+            assert_eq!(first, 0, "{path}");
+        }
+    }
+}
+
+/// The counts of the paths, most frequent first.
+fn path_counts(json: &Value) -> Vec<u64> {
+    json["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| number(&p["count"]))
+        .collect()
 }
 
 fn number(value: &Value) -> u64 {
@@ -139,6 +186,8 @@ fn classify_splits_its_calls_two_to_one_at_its_branch() {
     assert_eq!(blocks[1..].iter().sum::<u64>(), calls, "{json}");
     assert_eq!(json["threads"], 1);
     assert!(json["loops"].as_array().unwrap().is_empty(), "{json}");
+    // Two paths, one per side of the branch.
+    assert_eq!(path_counts(&json), [200 * K, 100 * K], "{json}");
 }
 
 #[test]
@@ -158,6 +207,10 @@ fn dispatch_counts_each_case_of_its_jump_table() {
     // Ops 7 and 8 are turned away by the bound check before the table.
     assert_eq!(entries, vec![10 * K; 7], "{json}");
     assert_eq!(entries.iter().sum::<u64>(), 70 * K);
+    // A path per case, and one for the default (ops 7 and 8).
+    let mut expected = vec![20 * K];
+    expected.extend([10 * K; 7]);
+    assert_eq!(path_counts(&json), expected, "{json}");
 }
 
 #[test]
@@ -238,9 +291,11 @@ fn the_listing_goes_to_a_file_and_a_duration_ends_it_with_the_code_restored() {
         text.contains("taken 1,000 (66.7%)") || text.contains("not taken 1,000"),
         "{text}"
     );
-    assert!(text.trim_end().ends_with(
-        "paths: not collected yet (Ball–Larus path numbers are a later step of tendril edges)"
-    ));
+    assert!(
+        text.contains("paths: 2 of 2 acyclic paths ran, 1,500 runs\n"),
+        "{text}"
+    );
+    assert!(text.contains("  1,000   66.7%  +0x0 → +0x"), "{text}");
     code_bytes_match_file(target.pid()).unwrap();
 
     // A duration ends it by itself; nothing called meanwhile is said as such.

@@ -8,11 +8,12 @@
 //! (`commands::counters`: whatever ends the wait, the code is restored first). The
 //! function's bytes are read before the copy goes in — they are what the layout
 //! describes, and a target that exits meanwhile still gets its listing. Every other
-//! number follows from the counters (`derived`); the paths are not measured yet, and
-//! the output says so rather than show an empty list.
+//! number follows from the counters (`derived`), and the Ball–Larus path numbers the
+//! copy counted decode into their blocks (`path_counts`).
 
 mod derived;
 mod listing;
+mod path_counts;
 
 use crate::commands::counters::{self, CounterWait};
 use crate::commands::output::ProfileOutput;

@@ -8,8 +8,9 @@
 //! table entry's. Loops come from the graph: a depth-first walk from the entry finds the
 //! back edges (edges to a block still on the walk's stack); a block they lead to is a
 //! loop head, entered `count − back edges` times, and runs `count / entries` times per
-//! entry.
+//! entry. Paths come from their own counters (`path_counts`).
 
+use super::path_counts::PathCounts;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,6 +29,8 @@ pub struct EdgeProfile {
     pub tables: Vec<TableCount>,
     /// By head address.
     pub loops: Vec<LoopCount>,
+    /// The paths, or why they were not counted.
+    pub paths: Result<PathCounts, String>,
 }
 
 /// How often a block started.
@@ -138,6 +141,7 @@ impl EdgeProfile {
             branches,
             tables,
             loops,
+            paths: PathCounts::derive(layout, &count),
         }
     }
 
@@ -207,8 +211,28 @@ impl EdgeProfile {
                     iterations: l.iterations_per_entry(),
                 })
                 .collect(),
-            paths: None,
-            paths_note: PATHS_NOTE,
+            paths: self.paths.as_ref().ok().map(|paths| {
+                paths
+                    .counted
+                    .iter()
+                    .map(|path| JsonPath {
+                        count: path.count,
+                        share: path.count as f64 / paths.total.max(1) as f64,
+                        blocks: path.blocks.iter().map(|&b| offset(b)).collect(),
+                        from_back_edge: path.from_back_edge,
+                        to_back_edge: path.to_back_edge,
+                        number: path.number,
+                    })
+                    .collect()
+            }),
+            path_totals: self.paths.as_ref().ok().map(|paths| JsonPathTotals {
+                paths: paths.paths,
+                runs: paths.total,
+                itemized: paths.itemized,
+                beyond: paths.beyond,
+                lost: paths.lost,
+            }),
+            paths_note: self.paths.as_ref().err().cloned(),
         }
     }
 }
@@ -228,9 +252,38 @@ pub struct JsonReport<'a> {
     branches: Vec<JsonBranch>,
     tables: Vec<JsonTable>,
     loops: Vec<JsonLoop>,
-    /// Always null: not measured yet.
-    paths: Option<()>,
-    paths_note: &'static str,
+    /// Every path that ran, most frequent first; null when paths were not counted.
+    paths: Option<Vec<JsonPath>>,
+    path_totals: Option<JsonPathTotals>,
+    /// Why paths were not counted; null when they were.
+    paths_note: Option<String>,
+}
+
+#[derive(Serialize)]
+struct JsonPath {
+    count: u64,
+    /// Of every path run.
+    share: f64,
+    /// The blocks' offsets, in order.
+    blocks: Vec<i64>,
+    from_back_edge: bool,
+    to_back_edge: bool,
+    /// Its Ball–Larus number.
+    number: u64,
+}
+
+#[derive(Serialize)]
+struct JsonPathTotals {
+    /// The function's acyclic paths.
+    paths: u64,
+    /// Every path run, `beyond` and `lost` included.
+    runs: u64,
+    /// Path numbers below this have a counter of their own.
+    itemized: u64,
+    /// Runs of paths numbered `itemized` or more, not told apart.
+    beyond: u64,
+    /// Runs whose number was lost (calls nested too deep).
+    lost: u64,
 }
 
 #[derive(Serialize)]
@@ -271,10 +324,6 @@ struct JsonLoop {
     /// Head runs per entry; null when never entered.
     iterations: Option<f64>,
 }
-
-/// What the output says about the paths: they are not measured, and no empty list may
-/// look as if they were.
-pub const PATHS_NOTE: &str = "not collected yet";
 
 /// What the output says besides the counts.
 #[derive(Debug, Clone)]

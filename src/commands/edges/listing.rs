@@ -8,10 +8,10 @@
 //! with its count; a loop head says how many times it runs per entry. Blocks run at
 //! least a tenth as often as the hottest one are marked `▶`. Branch targets inside the
 //! function read `+0xOFFSET`, as the offset column does. Bytes between blocks (alignment
-//! padding) are not decoded, only counted. The paths are not measured yet, and the last
-//! line says so.
+//! padding) are not decoded, only counted. The hottest paths follow the code.
 
 use super::derived::{About, EdgeProfile, LoopCount};
+use super::path_counts;
 use crate::commands::duration::format_elapsed;
 use crate::commands::progress::{amount, thousands};
 use iced_x86::{
@@ -28,9 +28,6 @@ const MAX_WIDTH: usize = 100;
 const INSTRUCTION_COLUMN: usize = 34;
 /// A block is hot from this fraction of the hottest block's count.
 const HOT_SHARE: u64 = 10;
-/// The last line: what is not measured.
-pub const PATHS_LINE: &str = "paths: not collected yet (Ball–Larus path numbers are a later \
-                              step of tendril edges)";
 
 /// What the listing shows besides the counts.
 pub struct Listing<'a> {
@@ -91,7 +88,7 @@ pub fn write_text(
     let rows = rows(listing, profile);
     print_rows(out, &rows)?;
     writeln!(out)?;
-    writeln!(out, "{PATHS_LINE}")
+    path_counts::write_text(out, &profile.paths, profile.address)
 }
 
 fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {

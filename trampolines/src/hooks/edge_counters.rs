@@ -20,13 +20,11 @@
 //! lea rsp,[rsp+128]
 //! ```
 
+use super::inserted_code::{RED_ZONE, Sequence, fixed};
 use super::path_register::PathRegister;
 use crate::code::function_copy::{CounterCode, Inserted, Labels};
 use crate::hooks::thread_layout::{self as thread_state, FLAG_PASSTHROUGH, STATE_FLAGS};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
-
-/// Bytes the counter steps over below the stack pointer: the System V red zone.
-pub(super) const RED_ZONE: u32 = 128;
 
 /// Counters whose index `i` (in `function_copy::counter_sites` order) is the function
 /// id `ids[i]`, and the path register's code when paths are counted too.
@@ -166,24 +164,6 @@ pub fn counter_code(id: u32, flags_live: bool, labels: &mut Labels) -> Inserted 
         RED_ZONE,
     );
     code.inserted
-}
-
-/// Inserted code being written.
-#[derive(Default)]
-pub(super) struct Sequence {
-    pub(super) inserted: Inserted,
-}
-
-/// A counter instruction: its operands are fixed, so building it cannot fail.
-pub(super) fn fixed(instruction: Result<Instruction, iced_x86::IcedError>) -> Instruction {
-    instruction.expect("a counter instruction's operands are valid")
-}
-
-impl Sequence {
-    pub(super) fn push(&mut self, instruction: Instruction, extra_stack: u32) {
-        self.inserted.instructions.push(instruction);
-        self.inserted.extra_stack.push(extra_stack);
-    }
 }
 
 #[cfg(all(test, not(miri)))]

@@ -24,7 +24,7 @@
 //! zone, saves what it uses, keeps the flags where they are live, and does nothing on a
 //! thread without a state or one that passes through.
 
-use super::edge_counters::{RED_ZONE, Sequence, fixed};
+use super::inserted_code::{RED_ZONE, Sequence, fixed};
 use crate::code::function_copy::{Inserted, Labels};
 use crate::hooks::thread_layout::{
     self as thread_state, FLAG_PASSTHROUGH, PATH_ENTRY_REGISTER, PATH_ENTRY_SIZE,

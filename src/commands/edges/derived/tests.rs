@@ -27,13 +27,71 @@ fn block(start: u64, end: u64, counter: u32, exit: EdgeExit) -> EdgeBlock {
     }
 }
 
-/// A layout whose calls counter is 1.
+/// A layout whose calls counter is 1, with paths not counted.
 fn layout(address: u64, blocks: Vec<EdgeBlock>) -> EdgeLayout {
     EdgeLayout {
         address,
         calls_counter: 1,
         blocks,
+        paths: Err("not counted in this test".into()),
     }
+}
+
+/// A path as a test writes it: from a back edge, its blocks' starts, to a back edge.
+pub(crate) type Run<'a> = (bool, &'a [u64], bool, u64);
+
+impl Counted {
+    /// Counts paths too: path `n` is counter 100 + n, `beyond` 98 and `lost` 99; each
+    /// run's path is found by decoding every number.
+    pub fn with_paths(mut self, runs: &[Run], beyond: u64, lost: u64) -> Counted {
+        let numbering =
+            tendril_wire::paths::PathNumbering::new(&self.layout.path_successors()).unwrap();
+        self.layout.paths = Ok(tendril_wire::edges::PathLayout {
+            paths: numbering.paths,
+            first_counter: 100,
+            itemized: numbering.paths as u32,
+            beyond_counter: 98,
+            lost_counter: 99,
+        });
+        for number in 0..numbering.paths {
+            self.counts.insert(100 + number as u32, 0);
+        }
+        self.counts.insert(98, beyond);
+        self.counts.insert(99, lost);
+        for &(from_back_edge, blocks, to_back_edge, count) in runs {
+            let number = (0..numbering.paths)
+                .find(|&n| {
+                    let path = numbering.path(n).unwrap();
+                    let starts: Vec<u64> = path
+                        .blocks
+                        .iter()
+                        .map(|&b| self.layout.blocks[b].start)
+                        .collect();
+                    path.from_back_edge == from_back_edge
+                        && path.to_back_edge == to_back_edge
+                        && starts == blocks
+                })
+                .unwrap_or_else(|| panic!("no path {blocks:x?}"));
+            self.counts.insert(100 + number as u32, count);
+        }
+        self
+    }
+}
+
+/// `trip`'s paths for n = 0..9: n = 0 skips the loop, n = 1 runs it once without a
+/// back edge, n ≥ 2 takes n − 1 back edges.
+pub(crate) fn trip_with_paths() -> Counted {
+    trip().with_paths(
+        &[
+            (false, &[0x14c0, 0x14f0], false, 1),
+            (false, &[0x14c0, 0x14c4, 0x14d0, 0x14e5], false, 1),
+            (false, &[0x14c0, 0x14c4, 0x14d0], true, 8),
+            (true, &[0x14d0], true, 28),
+            (true, &[0x14d0, 0x14e5], false, 8),
+        ],
+        0,
+        0,
+    )
 }
 
 fn conditional(branch: u64, taken: u64, not_taken: u64, taken_counter: u32) -> EdgeExit {
@@ -265,7 +323,24 @@ fn json_has_the_documented_shape_with_offsets_from_the_start() {
     );
     assert_eq!(json["tables"], json!([]));
     assert_eq!(json["paths"], serde_json::Value::Null);
-    assert_eq!(json["paths_note"], "not collected yet");
+    assert_eq!(json["paths_note"], "not counted in this test");
+
+    let json = serde_json::to_value(trip_with_paths().profile().to_json(&about)).unwrap();
+    assert_eq!(json["paths_note"], serde_json::Value::Null);
+    assert_eq!(
+        json["path_totals"],
+        json!({ "paths": 5, "runs": 46, "itemized": 5, "beyond": 0, "lost": 0 })
+    );
+    let paths = json["paths"].as_array().unwrap();
+    assert_eq!(paths.len(), 5);
+    assert_eq!(paths[0]["count"], 28);
+    assert_eq!(paths[0]["blocks"], json!([0x10]));
+    assert_eq!(paths[0]["from_back_edge"], true);
+    assert_eq!(paths[0]["to_back_edge"], true);
+    // The two paths that ran once, in either order.
+    let once: Vec<&serde_json::Value> = paths[3..].iter().map(|p| &p["blocks"]).collect();
+    assert!(once.contains(&&json!([0, 4, 0x10, 0x25])), "{paths:?}");
+    assert!(once.contains(&&json!([0, 0x30])), "{paths:?}");
 
     let json = serde_json::to_value(dispatch().profile().to_json(&about)).unwrap();
     // dispatch.cold lies before the function: a negative offset.
@@ -275,4 +350,34 @@ fn json_has_the_documented_shape_with_offsets_from_the_start() {
         json!({ "index": 1, "target_offset": 0x38, "count": 10 })
     );
     assert_eq!(json["tables"][0]["offset"], 0x19);
+}
+
+#[test]
+fn path_numbers_decode_to_their_blocks_most_frequent_first() {
+    let profile = trip_with_paths().profile();
+    let paths = profile.paths.unwrap();
+    assert_eq!(paths.total, 46);
+    let order: Vec<(u64, bool, bool)> = paths
+        .counted
+        .iter()
+        .map(|p| (p.count, p.from_back_edge, p.to_back_edge))
+        .collect();
+    assert_eq!(order[0], (28, true, true));
+    assert_eq!(order[3], (1, false, false));
+    // The back edges the loop took are the paths that end at one.
+    let back_edges: u64 = paths
+        .counted
+        .iter()
+        .filter(|p| p.to_back_edge)
+        .map(|p| p.count)
+        .sum();
+    assert_eq!(back_edges, 36);
+
+    // A layout whose numbering disagrees with the agent's is not decoded.
+    let mut counted = trip_with_paths();
+    if let Ok(paths) = &mut counted.layout.paths {
+        paths.paths += 1;
+    }
+    let refused = counted.profile().paths.unwrap_err();
+    assert!(refused.contains("cannot be decoded"), "{refused}");
 }

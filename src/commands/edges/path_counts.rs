@@ -1,0 +1,170 @@
+//! `tendril edges`' paths: the Ball–Larus path numbers the copy counted, decoded into
+//! the blocks each path runs through, most frequent first.
+//!
+//! The one idea: the agent numbered the paths of the graph its layout describes, with
+//! `tendril_wire::paths`; this side numbers the same successor lists
+//! (`EdgeLayout::path_successors`) with the same code, so path `n` decodes to the very
+//! blocks the agent's number meant. A path starts at the entry or at a loop head after
+//! a back edge, and ends leaving the function or taking a back edge, so a loop's
+//! iterations are paths of their own. The text output lists the hottest paths as
+//! block offsets joined by arrows.
+
+use crate::commands::progress::{amount, thousands};
+use std::io::{self, Write};
+use tendril_wire::edges::EdgeLayout;
+use tendril_wire::paths::PathNumbering;
+
+/// Paths the text output lists; `--json` has them all.
+const PATHS_SHOWN: usize = 10;
+
+/// The paths counted in one function's copy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathCounts {
+    /// The function's acyclic paths.
+    pub paths: u64,
+    /// The paths that ran, most frequent first (then by number).
+    pub counted: Vec<PathCount>,
+    /// Paths numbered beyond the ones with a counter of their own.
+    pub beyond: u64,
+    /// Paths whose number was lost: calls nested deeper than the agent's path stack.
+    pub lost: u64,
+    /// Every path run: the counted ones, `beyond` and `lost`.
+    pub total: u64,
+    /// Numbers below this have a counter of their own.
+    pub itemized: u64,
+}
+
+/// One path and how often it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathCount {
+    pub number: u64,
+    pub count: u64,
+    /// Starts at a loop head after a back edge, rather than at the entry.
+    pub from_back_edge: bool,
+    /// The start of each block it runs through, in order.
+    pub blocks: Vec<u64>,
+    /// Ends by taking a back edge, rather than by leaving the function.
+    pub to_back_edge: bool,
+}
+
+impl PathCounts {
+    /// The paths of `layout`, with `count(id)` the count of counter `id`; the reason
+    /// the agent gave when it did not count paths.
+    pub fn derive(layout: &EdgeLayout, count: impl Fn(u32) -> u64) -> Result<PathCounts, String> {
+        let counters = layout.paths.as_ref().map_err(Clone::clone)?;
+        let numbering = PathNumbering::new(&layout.path_successors())
+            .map_err(|too_many| too_many.to_string())?;
+        if numbering.paths != counters.paths {
+            return Err(format!(
+                "the agent numbered {} paths and tendril {}; their counts cannot be decoded",
+                counters.paths, numbering.paths
+            ));
+        }
+        let mut counted = Vec::new();
+        for number in 0..counters.itemized {
+            let runs = count(counters.first_counter + number);
+            if runs == 0 {
+                continue;
+            }
+            let Some(path) = numbering.path(u64::from(number)) else {
+                continue;
+            };
+            counted.push(PathCount {
+                number: u64::from(number),
+                count: runs,
+                from_back_edge: path.from_back_edge,
+                blocks: path
+                    .blocks
+                    .iter()
+                    .map(|&block| layout.blocks[block].start)
+                    .collect(),
+                to_back_edge: path.to_back_edge,
+            });
+        }
+        counted.sort_by(|a, b| b.count.cmp(&a.count).then(a.number.cmp(&b.number)));
+        let beyond = count(counters.beyond_counter);
+        let lost = count(counters.lost_counter);
+        let total = counted.iter().map(|p| p.count).sum::<u64>() + beyond + lost;
+        Ok(PathCounts {
+            paths: counters.paths,
+            counted,
+            beyond,
+            lost,
+            total,
+            itemized: u64::from(counters.itemized),
+        })
+    }
+}
+
+/// Writes the paths section of the text output (offsets from `start`).
+pub fn write_text(
+    out: &mut impl Write,
+    paths: &Result<PathCounts, String>,
+    start: u64,
+) -> io::Result<()> {
+    let paths = match paths {
+        Ok(paths) => paths,
+        Err(why) => return writeln!(out, "paths: not counted: {why}"),
+    };
+    let ran = paths.counted.len() as u64 + u64::from(paths.beyond > 0);
+    writeln!(
+        out,
+        "paths: {} of {} ran, {}",
+        thousands(paths.counted.len() as u64),
+        amount(paths.paths, "acyclic path", "acyclic paths"),
+        amount(paths.total, "run", "runs"),
+    )?;
+    writeln!(
+        out,
+        "(a path ends at a return or at a loop's back edge; ↺ marks one starting or ending there)"
+    )?;
+    if ran == 0 {
+        return Ok(());
+    }
+    let shown = &paths.counted[..paths.counted.len().min(PATHS_SHOWN)];
+    let counts: Vec<String> = shown.iter().map(|p| thousands(p.count)).collect();
+    let width = counts.iter().map(String::len).max().unwrap_or(0).max(5);
+    writeln!(out, "  {:>width$}   SHARE  PATH", "COUNT")?;
+    for (path, count) in shown.iter().zip(&counts) {
+        let share = path.count as f64 * 100.0 / paths.total.max(1) as f64;
+        let blocks: Vec<String> = path
+            .blocks
+            .iter()
+            .map(|&b| format!("+{:#x}", b.wrapping_sub(start)))
+            .collect();
+        let from = if path.from_back_edge { "↺ " } else { "" };
+        let to = if path.to_back_edge { " ↺" } else { "" };
+        writeln!(
+            out,
+            "  {count:>width$}  {share:>5.1}%  {from}{}{to}",
+            blocks.join(" → ")
+        )?;
+    }
+    let rest = &paths.counted[shown.len()..];
+    if !rest.is_empty() {
+        let runs: u64 = rest.iter().map(|p| p.count).sum();
+        writeln!(
+            out,
+            "  … {} more ({}; --json lists every path)",
+            amount(rest.len() as u64, "path", "paths"),
+            amount(runs, "run", "runs")
+        )?;
+    }
+    if paths.beyond > 0 {
+        writeln!(
+            out,
+            "  {} of paths numbered {} and above, not told apart (tendril counts the first {} one by one)",
+            amount(paths.beyond, "run", "runs"),
+            thousands(paths.itemized),
+            thousands(paths.itemized)
+        )?;
+    }
+    if paths.lost > 0 {
+        writeln!(
+            out,
+            "  {} not counted by path: calls nested deeper than tendril's per-thread path stack",
+            amount(paths.lost, "run", "runs")
+        )?;
+    }
+    Ok(())
+}
