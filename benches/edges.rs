@@ -1,16 +1,20 @@
-//! Benchmark: the cost of edge counters in a function's copy (issue 18).
+//! Benchmark: the cost of edge counters and of path numbers in a function's copy
+//! (issue 18).
 //!
 //! Run with `cargo bench --bench edges`. The `branches` fixture times `ROUNDS` rounds
 //! back to back (`timed N` on its stdin): bare, then with `classify`, `dispatch` and
-//! `trip` copied with counters (through the agent's `CopyWithCounters` request), then
-//! bare again, `RUNS` times. Every counter increment of a timed run is read back
-//! exactly (each block start, taken branch and table entry, and each call's count), so
-//! the extra time is divided by the exact number of increments it paid for.
+//! `trip` copied with edge counters only (the agent's `CopyWithCounters` request,
+//! `paths: false`), then copied with counters and the path register, then bare again,
+//! `RUNS` times. The counters are read back exactly: the edge-only copies' extra time
+//! is divided by their increments (each block start, taken branch and table entry, and
+//! each call's count), and the path register's extra time over the edge-only copies by
+//! the calls that paid for it.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use common::Target;
+use std::collections::HashMap;
 use std::time::Duration;
 use tendril::symbols::ProcessSymbols;
 use tendril::targets;
@@ -40,28 +44,30 @@ fn main() {
     let pid = target.pid();
     let symbols = ProcessSymbols::load(pid).unwrap();
     let (_, mut session) = tendril::inject::attach(pid).unwrap();
-    let requests: Vec<Request> = FUNCTIONS
-        .iter()
-        .map(|name| {
-            let matched = targets::match_patterns(&symbols, &[name.to_string()]).unwrap();
-            let function = matched.iter().find(|f| f.name == *name).unwrap();
-            let Request::Patch { code_ranges, .. } =
-                targets::patch_request(&symbols, &[(function, Hook::Count)])
-            else {
-                unreachable!()
-            };
-            Request::CopyWithCounters {
-                address: function.addr,
-                size: function.size,
-                code_ranges,
-            }
-        })
-        .collect();
-    timed(&mut target); // warm up
-    let (mut bare_ns, mut counted_ns, mut per_increment) = (Vec::new(), Vec::new(), Vec::new());
-    let mut increments_per_round = 0.0;
-    for run in 0..RUNS {
-        let before = timed(&mut target);
+    let requests = |paths: bool| -> Vec<Request> {
+        FUNCTIONS
+            .iter()
+            .map(|name| {
+                let matched = targets::match_patterns(&symbols, &[name.to_string()]).unwrap();
+                let function = matched.iter().find(|f| f.name == *name).unwrap();
+                let Request::Patch { code_ranges, .. } =
+                    targets::patch_request(&symbols, &[(function, Hook::Count)])
+                else {
+                    unreachable!()
+                };
+                Request::CopyWithCounters {
+                    address: function.addr,
+                    size: function.size,
+                    code_ranges,
+                    paths,
+                }
+            })
+            .collect()
+    };
+    let (edges_only, with_paths) = (requests(false), requests(true));
+    // Times `ROUNDS` rounds with `requests` installed; the counts of every counter and
+    // of the calls, read after the restore.
+    let mut copied = |target: &mut Target, requests: &[Request]| -> (f64, u64, u64) {
         let layouts: Vec<EdgeLayout> = requests
             .iter()
             .map(|request| match session.request(request).unwrap() {
@@ -69,40 +75,71 @@ fn main() {
                 other => panic!("{other:?}"),
             })
             .collect();
-        let counted = timed(&mut target);
+        let time = timed(target);
         let addresses = layouts.iter().map(|l| l.address).collect();
         session.request(&Request::Unpatch { addresses }).unwrap();
-        let ids: Vec<u32> = layouts.iter().flat_map(|l| l.counters()).collect();
-        let Response::Counters { threads } =
-            session.request(&Request::ReadCounters { ids }).unwrap()
-        else {
-            panic!("no counters")
-        };
-        let increments: u64 = threads.iter().flat_map(|t| &t.calls).sum();
+        let mut counts = HashMap::new();
+        for layout in &layouts {
+            let ids = layout.counters();
+            let Response::Counters { threads } = session
+                .request(&Request::ReadCounters { ids: ids.clone() })
+                .unwrap()
+            else {
+                panic!("no counters")
+            };
+            for thread in threads {
+                for (id, calls) in ids.iter().zip(thread.calls) {
+                    *counts.entry(*id).or_insert(0u64) += calls;
+                }
+            }
+        }
+        let increments = counts.values().sum();
+        let calls = layouts.iter().map(|l| counts[&l.calls_counter]).sum();
+        (time, increments, calls)
+    };
+    timed(&mut target); // warm up
+    let (mut bare_ns, mut edges_ns, mut paths_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut per_increment, mut per_call) = (Vec::new(), Vec::new());
+    let (mut increments_per_round, mut calls_per_round) = (0.0, 0.0);
+    for run in 0..RUNS {
+        let before = timed(&mut target);
+        let (edges, increments, _) = copied(&mut target, &edges_only);
+        let (paths, _, calls) = copied(&mut target, &with_paths);
         let after = timed(&mut target);
         let bare = (before + after) / 2.0;
         increments_per_round = increments as f64 / ROUNDS as f64;
-        let cost = (counted - bare) / increments as f64;
+        calls_per_round = calls as f64 / ROUNDS as f64;
+        let increment_cost = (edges - bare) / increments as f64;
+        let path_cost = (paths - edges) / calls as f64;
+        let per_round = |ns: f64| ns / ROUNDS as f64 / 1e3;
         println!(
-            "run {run}: bare {:.1} µs/round, counted {:.1} µs/round, {:.0} increments/round, \
-             {cost:.2} ns per increment",
-            bare / ROUNDS as f64 / 1e3,
-            counted / ROUNDS as f64 / 1e3,
-            increments_per_round,
+            "run {run}: bare {:.2} µs/round, edges {:.2}, edges+paths {:.2}; \
+             {increments_per_round:.0} increments and {calls_per_round:.0} calls per round; \
+             {increment_cost:.2} ns per increment, {path_cost:.2} ns per call for paths",
+            per_round(bare),
+            per_round(edges),
+            per_round(paths),
         );
         bare_ns.push(bare);
-        counted_ns.push(counted);
-        per_increment.push(cost);
+        edges_ns.push(edges);
+        paths_ns.push(paths);
+        per_increment.push(increment_cost);
+        per_call.push(path_cost);
     }
     let bare = median(bare_ns);
-    let counted = median(counted_ns);
+    let edges = median(edges_ns);
+    let paths = median(paths_ns);
     println!(
-        "median of {RUNS}: bare {:.1} µs/round, counted {:.1} µs/round ({:.2}×), \
-         {increments_per_round:.0} increments per round, {:.2} ns per increment \
-         (target < 2 ns per edge)",
+        "median of {RUNS}: bare {:.2} µs/round, edges {:.2} ({:.2}×), edges+paths {:.2} \
+         ({:.2}×); {increments_per_round:.0} increments, {calls_per_round:.0} calls per round; \
+         {:.2} ns per increment (target < 2 ns per edge), {:.2} ns per call for paths \
+         (target < 5 ns)",
         bare / ROUNDS as f64 / 1e3,
-        counted / ROUNDS as f64 / 1e3,
-        counted / bare,
+        edges / ROUNDS as f64 / 1e3,
+        edges / bare,
+        paths / ROUNDS as f64 / 1e3,
+        paths / bare,
         median(per_increment),
+        median(per_call),
     );
 }

@@ -34,6 +34,7 @@ fn copy_request(symbols: &ProcessSymbols, name: &str) -> (u64, Request) {
         address: function.addr,
         size: function.size,
         code_ranges,
+        paths: true,
     };
     (function.addr, request)
 }

@@ -53,6 +53,9 @@ pub struct EdgesOptions {
     /// Print JSON instead of the annotated disassembly.
     #[arg(long)]
     pub json: bool,
+    /// Count blocks and edges only, without path numbers (a little cheaper per edge).
+    #[arg(long)]
+    pub no_paths: bool,
     /// Write the output to FILE instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
@@ -74,7 +77,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
     let code = crate::symbols::maps::read_memory(pid, function.addr, function.end())
         .map_err(|e| anyhow!("cannot read the code of {name} in process {pid}: {e}"))?;
     interrupt::install();
-    let layout = install(&mut session, &symbols, function, name)?;
+    let layout = install(&mut session, &symbols, function, name, !options.no_paths)?;
     let ids = layout.counters();
     let waited = counters::wait_then_restore(
         &mut session,
@@ -202,12 +205,14 @@ fn refuse_before_attaching(function: &Function, name: &str) -> anyhow::Result<()
     Ok(())
 }
 
-/// Has the agent copy `function` with counters and point its entry at the copy.
+/// Has the agent copy `function` with counters (and the path register if `paths`) and
+/// point its entry at the copy.
 fn install(
     session: &mut AgentSession,
     symbols: &ProcessSymbols,
     function: &Function,
     name: &str,
+    paths: bool,
 ) -> anyhow::Result<EdgeLayout> {
     // The same neighbourhood `count` sends: code that might branch into the entry.
     let Request::Patch { code_ranges, .. } =
@@ -219,6 +224,7 @@ fn install(
         address: function.addr,
         size: function.size,
         code_ranges,
+        paths,
     };
     match session.request(&request) {
         Ok(Response::EdgesInstalled { layout }) => Ok(layout),

@@ -74,14 +74,16 @@ pub enum Request {
     /// `StartRecording`): modules loaded since it started (`dlopen`) join it, so
     /// discovery can decode and follow their functions. Answered with `TableUpdated`.
     UpdateTable { table_bytes: u64 },
-    /// Copy the function at `address` (`size` bytes) with edge counters and point its
-    /// entry at the copy (see [`edges`]). `code_ranges` as for [`Request::Patch`].
-    /// Answered with [`Response::EdgesInstalled`]; [`Request::Unpatch`] of `address`
-    /// restores the entry.
+    /// Copy the function at `address` (`size` bytes) with edge counters, and the path
+    /// register when `paths` is set, and point its entry at the copy (see [`edges`]).
+    /// `code_ranges` as for [`Request::Patch`]. Answered with
+    /// [`Response::EdgesInstalled`]; [`Request::Unpatch`] of `address` restores the
+    /// entry.
     CopyWithCounters {
         address: u64,
         size: u64,
         code_ranges: Vec<(u64, u64)>,
+        paths: bool,
     },
 }
 

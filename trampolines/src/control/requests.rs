@@ -114,11 +114,13 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                 address,
                 size,
                 code_ranges,
+                paths,
             }) => match crate::patching::function_copies::install(
                 session,
                 address,
                 size,
                 &code_ranges,
+                paths,
             ) {
                 Ok(layout) => Response::EdgesInstalled { layout },
                 Err(error) => Response::Error {

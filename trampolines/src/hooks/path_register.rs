@@ -16,9 +16,11 @@
 //! Path `n` below `itemized` is counter `first_id + n` (a function id of the counter
 //! tables, like every edge counter); larger numbers share `beyond_id`. A call nested
 //! deeper than the stack holds gets no entry: it poisons the innermost entry instead
-//! (bit 63 of the stored register, which holds `r` with bit 63 flipped, so the zeroed
-//! sentinel is poisoned from the start), and every path a poisoned register ends is
-//! counted under `lost_id`, never under a wrong number.
+//! (the stored register is `r ^ REGISTER_MASK`, whose bit 63 is set for every real
+//! number; the zeroed sentinel and a poisoned register have it clear), and every path
+//! a poisoned register ends is counted under `lost_id`, never under a wrong number.
+//! The mask is `imm32` 0x8000_0000 sign-extended, so one `mov` starts a register and
+//! one `xor` reads it.
 //!
 //! The code follows the edge counters' rules (`edge_counters`): it steps over the red
 //! zone, saves what it uses, keeps the flags where they are live, and does nothing on a
@@ -36,6 +38,11 @@ use tendril_wire::paths::EdgeAction;
 /// The largest number an action adds or counts: it is an `imm32`.
 pub const MAX_PATH_NUMBER: u64 = i32::MAX as u64;
 
+/// A register is stored xor this: `0x8000_0000` as a sign-extended `imm32`. For a
+/// number below 2^31 the result has bits 31..64 set, and adding an increment that
+/// keeps the number below 2^31 leaves them set.
+const REGISTER_MASK: i32 = i32::MIN;
+
 /// The path code of one copy.
 pub struct PathRegister<'a> {
     /// Each edge's action, in the numbering's edge order.
@@ -45,15 +52,37 @@ pub struct PathRegister<'a> {
     pub itemized: u32,
     pub beyond_id: u32,
     pub lost_id: u32,
+    /// Whether the function calls anything: only then can a deeper call be gone
+    /// without returning while this one runs, so only then must every action look
+    /// for such calls' entries (the entry code always does).
+    pub makes_calls: bool,
 }
 
-/// Registers the path code saves, in push order (`rax` also holds the flags).
-const SAVED: [Register; 4] = [Register::RCX, Register::RDX, Register::RSI, Register::RDI];
+/// What a piece of path code needs besides `rcx` (the state) and `rdx` (the top
+/// entry).
+#[derive(Clone, Copy)]
+struct Needs {
+    /// This frame's key, `!rsp`, in `rsi`: to drop gone calls' entries, or to know
+    /// one's own entry.
+    key: bool,
+    /// A scratch register, `rdi`.
+    scratch: bool,
+    /// Drop the entries of calls that are gone, first.
+    drop_gone: bool,
+    /// A new call: its own `rsp` makes an entry gone too.
+    entry: bool,
+}
 
 impl PathRegister<'_> {
     /// The code each call runs first: push a fresh register.
     pub fn entry(&self, labels: &mut Labels) -> Inserted {
-        let mut code = PathCode::begin(false, true, labels);
+        let needs = Needs {
+            key: true,
+            scratch: false,
+            drop_gone: true,
+            entry: true,
+        };
+        let mut code = PathCode::begin(false, needs, labels);
         let full = labels.create();
         let depth = memory(Register::RCX, STATE_PATH_DEPTH);
         let last = ((PATH_STACK_ENTRIES - 1) as i32 * PATH_ENTRY_SIZE) as u32;
@@ -71,16 +100,11 @@ impl PathRegister<'_> {
         ));
         let key = memory(Register::RDX, 0);
         code.push(Instruction::with2(Code::Mov_rm64_r64, key, Register::RSI));
+        // r = 0.
         code.push(Instruction::with2(
-            Code::Xor_r32_rm32,
-            Register::ESI,
-            Register::ESI,
-        ));
-        code.push(Instruction::with2(Code::Bts_rm64_imm8, Register::RSI, 63));
-        code.push(Instruction::with2(
-            Code::Mov_rm64_r64,
+            Code::Mov_rm64_imm32,
             register_of_top(),
-            Register::RSI,
+            REGISTER_MASK,
         ));
         code.push(Instruction::with_branch(Code::Jmp_rel32_64, code.done));
         code.label_next(full);
@@ -96,10 +120,16 @@ impl PathRegister<'_> {
 
     /// The code on edge `edge`; nothing for an edge that adds 0.
     pub fn edge(&self, edge: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
+        let needs = |key: bool, scratch: bool| Needs {
+            key: key || self.makes_calls,
+            scratch,
+            drop_gone: self.makes_calls,
+            entry: false,
+        };
         match self.actions[edge] {
             EdgeAction::Add { increment: 0 } => Inserted::default(),
             EdgeAction::Add { increment } => {
-                let mut code = PathCode::begin(flags_live, false, labels);
+                let mut code = PathCode::begin(flags_live, needs(false, false), labels);
                 code.push(Instruction::with2(
                     Code::Add_rm64_imm32,
                     register_of_top(),
@@ -108,7 +138,7 @@ impl PathRegister<'_> {
                 code.finish()
             }
             EdgeAction::Exit { increment } => {
-                let mut code = PathCode::begin(flags_live, false, labels);
+                let mut code = PathCode::begin(flags_live, needs(true, true), labels);
                 self.count(&mut code, increment, labels);
                 // Pop the entry if it is this call's own (it is not when this call had
                 // no room for one).
@@ -124,7 +154,7 @@ impl PathRegister<'_> {
                 code.finish()
             }
             EdgeAction::Back { end, restart } => {
-                let mut code = PathCode::begin(flags_live, false, labels);
+                let mut code = PathCode::begin(flags_live, needs(false, true), labels);
                 self.count(&mut code, end, labels);
                 // r = restart, keeping a poisoned register poisoned.
                 code.push(Instruction::with2(
@@ -132,8 +162,14 @@ impl PathRegister<'_> {
                     Register::RDI,
                     register_of_top(),
                 ));
-                code.push(Instruction::with2(Code::Shr_rm64_imm8, Register::RDI, 63));
-                code.push(Instruction::with2(Code::Shl_rm64_imm8, Register::RDI, 63));
+                // All ones for a real number, zero for a poisoned one; then the mask
+                // or nothing.
+                code.push(Instruction::with2(Code::Sar_rm64_imm8, Register::RDI, 63));
+                code.push(Instruction::with2(
+                    Code::And_rm64_imm32,
+                    Register::RDI,
+                    REGISTER_MASK,
+                ));
                 code.push(Instruction::with2(
                     Code::Or_rm64_imm32,
                     Register::RDI,
@@ -167,7 +203,11 @@ impl PathRegister<'_> {
                 imm32(increment),
             ));
         }
-        code.push(Instruction::with2(Code::Btc_rm64_imm8, Register::RDI, 63));
+        code.push(Instruction::with2(
+            Code::Xor_rm64_imm32,
+            Register::RDI,
+            REGISTER_MASK,
+        ));
         code.push(Instruction::with2(
             Code::Cmp_rm64_imm32,
             Register::RDI,
@@ -225,6 +265,8 @@ fn imm32(value: u64) -> i32 {
 /// code's own frame; `done` labels the epilogue.
 struct PathCode {
     code: Sequence,
+    /// The registers saved, in push order (`rax` too when the flags are live).
+    saved: Vec<Register>,
     flags_live: bool,
     /// Bytes pushed below the original stack pointer, after the prologue.
     depth: u32,
@@ -235,9 +277,16 @@ struct PathCode {
 
 impl PathCode {
     /// Saves registers (and the flags when live), finds the thread's state and its top
-    /// entry, dropping entries of calls that are gone: those whose `rsp` is below this
-    /// frame's, or, for `entry` (a new call), at or below it.
-    fn begin(flags_live: bool, entry: bool, labels: &mut Labels) -> PathCode {
+    /// entry, and drops, when asked, the entries of calls that are gone: those whose
+    /// `rsp` is below this frame's, or, for a new call, at or below it.
+    fn begin(flags_live: bool, needs: Needs, labels: &mut Labels) -> PathCode {
+        let mut saved = vec![Register::RCX, Register::RDX];
+        if needs.key {
+            saved.push(Register::RSI);
+        }
+        if needs.scratch {
+            saved.push(Register::RDI);
+        }
         let mut code = Sequence::default();
         code.push(
             fixed(Instruction::with2(
@@ -248,7 +297,7 @@ impl PathCode {
             0,
         );
         let mut depth = RED_ZONE;
-        for register in SAVED {
+        for &register in &saved {
             code.push(fixed(Instruction::with1(Code::Push_r64, register)), depth);
             depth += 8;
         }
@@ -266,6 +315,7 @@ impl PathCode {
         }
         let mut path = PathCode {
             code,
+            saved,
             flags_live,
             depth,
             done: labels.create(),
@@ -309,39 +359,43 @@ impl PathCode {
                 1,
             ),
         ));
-        path.push(Instruction::with2(
-            Code::Lea_r64_m,
-            Register::RSI,
-            memory(Register::RSP, depth as i32),
-        ));
-        path.push(Instruction::with1(Code::Not_rm64, Register::RSI));
-        // Drop the gone: a deeper call's key (`!rsp`) is larger.
-        let check = labels.create();
-        let live = labels.create();
-        path.label_next(check);
-        path.push(Instruction::with2(
-            Code::Cmp_rm64_r64,
-            memory(Register::RDX, 0),
-            Register::RSI,
-        ));
-        let stays = if entry {
-            Code::Jb_rel32_64
-        } else {
-            Code::Jbe_rel32_64
-        };
-        path.push(Instruction::with_branch(stays, live));
-        path.push(Instruction::with2(
-            Code::Sub_rm64_imm8,
-            Register::RDX,
-            PATH_ENTRY_SIZE,
-        ));
-        path.push(Instruction::with2(
-            Code::Sub_rm64_imm8,
-            memory(Register::RCX, STATE_PATH_DEPTH),
-            PATH_ENTRY_SIZE,
-        ));
-        path.push(Instruction::with_branch(Code::Jmp_rel32_64, check));
-        path.label_next(live);
+        if needs.key {
+            path.push(Instruction::with2(
+                Code::Lea_r64_m,
+                Register::RSI,
+                memory(Register::RSP, depth as i32),
+            ));
+            path.push(Instruction::with1(Code::Not_rm64, Register::RSI));
+        }
+        if needs.drop_gone {
+            // Drop the gone: a deeper call's key (`!rsp`) is larger.
+            let check = labels.create();
+            let live = labels.create();
+            path.label_next(check);
+            path.push(Instruction::with2(
+                Code::Cmp_rm64_r64,
+                memory(Register::RDX, 0),
+                Register::RSI,
+            ));
+            let stays = if needs.entry {
+                Code::Jb_rel32_64
+            } else {
+                Code::Jbe_rel32_64
+            };
+            path.push(Instruction::with_branch(stays, live));
+            path.push(Instruction::with2(
+                Code::Sub_rm64_imm8,
+                Register::RDX,
+                PATH_ENTRY_SIZE,
+            ));
+            path.push(Instruction::with2(
+                Code::Sub_rm64_imm8,
+                memory(Register::RCX, STATE_PATH_DEPTH),
+                PATH_ENTRY_SIZE,
+            ));
+            path.push(Instruction::with_branch(Code::Jmp_rel32_64, check));
+            path.label_next(live);
+        }
         path
     }
 
@@ -390,10 +444,10 @@ impl PathCode {
             );
             depth -= 8;
         }
-        for register in SAVED.iter().rev() {
+        for &register in self.saved.iter().rev() {
             self.code.push(
                 labelled(
-                    fixed(Instruction::with1(Code::Pop_r64, *register)),
+                    fixed(Instruction::with1(Code::Pop_r64, register)),
                     self.done,
                 ),
                 depth,

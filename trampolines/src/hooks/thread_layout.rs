@@ -122,8 +122,8 @@ pub struct PathEntry {
     /// `!rsp` at the call's entry: larger for deeper calls, so an entry left by a call
     /// that never returned (an exception, a `longjmp`) is found and dropped.
     pub not_entry_rsp: u64,
-    /// The path number so far with bit 63 flipped; bit 63 clear means the number is
-    /// lost (the sentinel's zero, or a poisoned register).
+    /// The path number so far, xor `path_register`'s mask; bit 63 clear means the
+    /// number is lost (the sentinel's zero, or a poisoned register).
     pub register: u64,
 }
 

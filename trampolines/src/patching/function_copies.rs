@@ -39,13 +39,15 @@ const MAX_COUNTERS: usize = 1 << 15;
 /// Most paths of one function counted one by one; the others share one counter.
 const MAX_ITEMIZED_PATHS: u64 = 4096;
 
-/// Copies the function at `address` (`size` bytes) with counters, for session
-/// `owner`, and points its entry at the copy. `code_ranges` as for `patcher::patch`.
+/// Copies the function at `address` (`size` bytes) with counters, and the path
+/// register if `count_paths`, for session `owner`, and points its entry at the copy.
+/// `code_ranges` as for `patcher::patch`.
 pub fn install(
     owner: u64,
     address: u64,
     size: u64,
     code_ranges: &[(u64, u64)],
+    count_paths: bool,
 ) -> Result<EdgeLayout, AgentError> {
     let mut guard = engine();
     let engine = guard.get_or_insert_with(Engine::default);
@@ -79,7 +81,11 @@ pub fn install(
     }
     let calls_id = engine.id_for(address)?;
     let ids = counter_ids(engine, address, 0..sites.len())?;
-    let numbering = path_numbering(&graph);
+    let numbering = if count_paths {
+        path_numbering(&graph)
+    } else {
+        Err("not asked for (--no-paths)".to_string())
+    };
     let actions: Vec<EdgeAction> = match &numbering {
         Ok(numbering) => numbering.edges.iter().map(|edge| edge.action).collect(),
         Err(_) => Vec::new(),
@@ -129,6 +135,7 @@ pub fn install(
             itemized: paths.itemized,
             beyond_id: paths.beyond_counter,
             lost_id: paths.lost_counter,
+            makes_calls: function_copy::makes_calls(&graph, &code),
         }),
     };
     // A first copy, anywhere in reach, says how much room the real one needs.

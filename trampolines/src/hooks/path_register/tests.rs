@@ -119,6 +119,7 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
             itemized,
             beyond_id,
             lost_id,
+            makes_calls: function_copy::makes_calls(&graph, &bytes),
         }),
     };
     let copy = Mapped::new(1 << 16);
@@ -210,7 +211,7 @@ fn a_branch_and_a_loop_count_every_path_exactly() {
     let here = &state as *const OwnState as u64;
     let stack = STATE_PATH_STACK as usize / 8;
     state.region[stack + 2] = !(here - 4096);
-    state.region[stack + 3] = 1 << 63 | 5;
+    state.region[stack + 3] = 0xffff_ffff_8000_0005;
     state.region[STATE_PATH_DEPTH as usize / 8] = PATH_ENTRY_SIZE as u64;
     let mut expected: BTreeMap<PathKey, u64> = BTreeMap::new();
     for i in 0..600u64 {
