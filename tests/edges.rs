@@ -90,6 +90,16 @@ fn branches(layout: &EdgeLayout, counts: &BTreeMap<u32, u64>) -> Vec<(u64, u64)>
         .collect()
 }
 
+/// The paths `layout` counted: (runs under a path number, runs lost).
+fn path_runs(layout: &EdgeLayout, counts: &BTreeMap<u32, u64>) -> (u64, u64) {
+    let paths = layout.paths.as_ref().expect("paths are counted");
+    let numbered: u64 = (0..paths.itemized)
+        .map(|n| counts[&(paths.first_counter + n)])
+        .sum::<u64>()
+        + counts[&paths.beyond_counter];
+    (numbered, counts[&paths.lost_counter])
+}
+
 #[test]
 fn branch_table_and_loop_counts_are_exact_and_every_byte_comes_back() {
     let mut target = Target::spawn("branches", &["stdin"]);
@@ -191,6 +201,9 @@ fn exceptions_pass_through_the_copy_to_their_handler_and_its_branch_is_counted()
         panic!("relay: {relay:?}")
     };
     assert_eq!(taken + not_taken, 750 * ROUNDS);
+    // Only the calls that return end a path; the thrown-through ones leave their
+    // entries, which later calls drop, so no path is lost or miscounted.
+    assert_eq!(path_runs(&relay, &counts), (750 * ROUNDS, 0));
     code_bytes_match_file(pid).unwrap();
     assert_eq!(throwing_rounds(&mut target, 1), [bare]);
 }
@@ -301,6 +314,11 @@ fn a_recursive_function_counts_every_level_through_its_copy() {
         recurse.abs_diff(8 * bottom) <= 8 * 2 * 3,
         "{recurse} vs 8 × {bottom}"
     );
+    // Every call that returned before the reading ended one path; at most the nine
+    // levels of each thread's request were still open then.
+    let (runs, lost) = path_runs(&descend, &counts);
+    assert_eq!(lost, 0);
+    assert!(runs <= calls && calls - runs <= 9 * 3, "{runs} of {calls}");
     code_bytes_match_file(pid).unwrap();
     assert!(target.is_running());
 }

@@ -128,9 +128,16 @@ pub trait CounterCode {
 
     /// The code on edge `edge` of the graph's [`ControlFlowGraph::edge_lists`] (blocks
     /// in order, each block's edges in order, a block with none having one out of the
-    /// function). An edge out of the function runs where the stack pointer is the
-    /// entry's (before the `ret` or the tail jump), and the flags are not live there.
-    fn edge(&mut self, _edge: usize, _flags_live: bool, _labels: &mut Labels) -> Inserted {
+    /// function), where the unwind row of original instruction `row_of` applies. An
+    /// edge out of the function runs where the stack pointer is the entry's (before
+    /// the `ret` or the tail jump), and the flags are not live there.
+    fn edge(
+        &mut self,
+        _edge: usize,
+        _flags_live: bool,
+        _row_of: u64,
+        _labels: &mut Labels,
+    ) -> Inserted {
         Inserted::default()
     }
 }
@@ -347,7 +354,7 @@ pub fn build(
                         _ => None,
                     };
                     if let Some(flags_live) = edge_before {
-                        let code = counters.edge(first_edge[index], flags_live, labels);
+                        let code = counters.edge(first_edge[index], flags_live, original, labels);
                         emit(&mut pending, code, None, original, labels);
                     }
                     match &block.exit {
@@ -379,7 +386,7 @@ pub fn build(
             };
             if let Some((next, edge)) = runs_on_to {
                 let row_of = row_at(next, last);
-                let code = counters.edge(edge, taken_live(next, &live), labels);
+                let code = counters.edge(edge, taken_live(next, &live), row_of, labels);
                 emit(&mut pending, code, None, row_of, labels);
                 if next != Successor::Block(index + 1) {
                     pending.push(jump(target(next), row_of, labels)?);
@@ -392,7 +399,7 @@ pub fn build(
             let counter =
                 counters.counter(site_index[&CounterSite::Taken(index)], flags_live, labels);
             emit(&mut pending, counter, Some(stub), row_of, labels);
-            let code = counters.edge(first_edge[index], flags_live, labels);
+            let code = counters.edge(first_edge[index], flags_live, row_of, labels);
             emit(&mut pending, code, None, row_of, labels);
             pending.push(jump(target(taken), row_of, labels)?);
         }
@@ -418,7 +425,7 @@ pub fn build(
                     .iter()
                     .position(|&target| target == Some(to))
                     .expect("every table target is one of its block's edges");
-                let code = counters.edge(first_edge[index] + position, live[to], labels);
+                let code = counters.edge(first_edge[index] + position, live[to], row_of, labels);
                 emit(&mut pending, code, None, row_of, labels);
                 pending.push(jump(block_labels[to], row_of, labels)?);
             }

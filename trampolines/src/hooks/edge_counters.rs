@@ -45,9 +45,15 @@ impl CounterCode for EdgeCounters<'_> {
         }
     }
 
-    fn edge(&mut self, edge: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
+    fn edge(
+        &mut self,
+        edge: usize,
+        flags_live: bool,
+        row_of: u64,
+        labels: &mut Labels,
+    ) -> Inserted {
         match &self.paths {
-            Some(paths) => paths.edge(edge, flags_live, labels),
+            Some(paths) => paths.edge(edge, flags_live, row_of, labels),
             None => Inserted::default(),
         }
     }

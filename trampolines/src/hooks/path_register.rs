@@ -6,12 +6,17 @@
 //! edge, which then restarts `r`). A native function has no register to spare and may
 //! recurse, so `r` lives in the thread's state, on a small stack with one entry per
 //! open call of a function whose paths are counted (`thread_layout::PathEntry`):
-//! - the entry code pushes `(!rsp, 0)`;
-//! - every action first drops entries whose call is gone: an entry whose `rsp` is
-//!   below the current one belongs to a deeper call that never returned (an exception
-//!   or a `longjmp` passed it), as stacks grow down;
-//! - the way-out action counts and pops its own entry, recognised by its key (at a
-//!   `ret` or tail jump the stack pointer is the entry's again).
+//! - the entry code pushes `(!rsp, 0)`, the key being the call's `rsp` at its entry;
+//! - in a function that calls anything, every action computes its own call's key from
+//!   the frame's unwind row (the CFA less 8 is the entry's `rsp`, whatever the code
+//!   has pushed or allocated since), drops the entries above its own that are deeper
+//!   (calls an exception or a `longjmp` passed, as stacks grow down), and acts only on
+//!   its own entry. An entry it cannot find — lost to the full stack, or dropped while
+//!   a coroutine on another stack ran — makes its paths *lost*, never wrong numbers;
+//! - in a function that calls nothing, no other call can come between the entry and
+//!   the actions, so the top entry is the call's own (or the poisoned one below it);
+//! - the way-out action counts and pops its own entry (at a `ret` or tail jump the
+//!   stack pointer is the entry's again).
 //!
 //! Path `n` below `itemized` is counter `first_id + n` (a function id of the counter
 //! tables, like every edge counter); larger numbers share `beyond_id`. A call nested
@@ -26,13 +31,16 @@
 //! zone, saves what it uses, keeps the flags where they are live, and does nothing on a
 //! thread without a state or one that passes through.
 
-use super::inserted_code::{RED_ZONE, Sequence, fixed};
+mod prologue;
+
+use crate::code::copy_unwind::OriginalUnwind;
 use crate::code::function_copy::{Inserted, Labels};
 use crate::hooks::thread_layout::{
-    self as thread_state, FLAG_PASSTHROUGH, PATH_ENTRY_REGISTER, PATH_ENTRY_SIZE,
-    PATH_STACK_ENTRIES, STATE_FLAGS, STATE_PATH_DEPTH, STATE_PATH_STACK,
+    self as thread_state, PATH_ENTRY_REGISTER, PATH_ENTRY_SIZE, PATH_STACK_ENTRIES,
+    STATE_PATH_DEPTH,
 };
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
+use prologue::{Check, KeySource, PathCode, Plan};
 use tendril_wire::paths::EdgeAction;
 
 /// The largest number an action adds or counts: it is an `imm32`.
@@ -52,37 +60,37 @@ pub struct PathRegister<'a> {
     pub itemized: u32,
     pub beyond_id: u32,
     pub lost_id: u32,
-    /// Whether the function calls anything: only then can a deeper call be gone
-    /// without returning while this one runs, so only then must every action look
-    /// for such calls' entries (the entry code always does).
+    /// Whether the function calls anything: only then can another call's entry come
+    /// between a call's own and its actions.
     pub makes_calls: bool,
-}
-
-/// What a piece of path code needs besides `rcx` (the state) and `rdx` (the top
-/// entry).
-#[derive(Clone, Copy)]
-struct Needs {
-    /// This frame's key, `!rsp`, in `rsi`: to drop gone calls' entries, or to know
-    /// one's own entry.
-    key: bool,
-    /// A scratch register, `rdi`.
-    scratch: bool,
-    /// Drop the entries of calls that are gone, first.
-    drop_gone: bool,
-    /// A new call: its own `rsp` makes an entry gone too.
-    entry: bool,
+    /// The function's unwind rows, which say where each action's frame began; a
+    /// function that calls anything and has none gets no path register (the caller
+    /// checks, with [`PathRegister::frames_suffice`]).
+    pub frames: Option<&'a OriginalUnwind>,
 }
 
 impl PathRegister<'_> {
-    /// The code each call runs first: push a fresh register.
+    /// Whether the code can tell its own calls apart: always in a function that calls
+    /// nothing, else only with unwind rows whose CFA is a register plus an offset.
+    pub fn frames_suffice(makes_calls: bool, frames: Option<&OriginalUnwind>) -> bool {
+        !makes_calls
+            || frames.is_some_and(|frames| {
+                frames
+                    .rows
+                    .iter()
+                    .all(|row| prologue::gpr(row.cfa_register).is_some())
+            })
+    }
+
+    /// The code each call runs first: drop the entries of calls gone at or below this
+    /// call's `rsp`, then push a fresh register.
     pub fn entry(&self, labels: &mut Labels) -> Inserted {
-        let needs = Needs {
-            key: true,
+        let plan = Plan {
+            key: Some(KeySource::StackPointer(0)),
+            check: Check::NewCall,
             scratch: false,
-            drop_gone: true,
-            entry: true,
         };
-        let mut code = PathCode::begin(false, needs, labels);
+        let mut code = PathCode::begin(false, plan, labels);
         let full = labels.create();
         let depth = memory(Register::RCX, STATE_PATH_DEPTH);
         let last = ((PATH_STACK_ENTRIES - 1) as i32 * PATH_ENTRY_SIZE) as u32;
@@ -106,7 +114,7 @@ impl PathRegister<'_> {
             register_of_top(),
             REGISTER_MASK,
         ));
-        code.push(Instruction::with_branch(Code::Jmp_rel32_64, code.done));
+        code.push(Instruction::with_branch(Code::Jmp_rel32_64, code.done()));
         code.label_next(full);
         // No room: the innermost open call's path is lost, and so is every path this
         // call's actions end while they act on that entry.
@@ -118,43 +126,64 @@ impl PathRegister<'_> {
         code.finish()
     }
 
-    /// The code on edge `edge`; nothing for an edge that adds 0.
-    pub fn edge(&self, edge: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
-        let needs = |key: bool, scratch: bool| Needs {
-            key: key || self.makes_calls,
-            scratch,
-            drop_gone: self.makes_calls,
-            entry: false,
+    /// The code on edge `edge`, where the unwind row of the original instruction
+    /// `row_of` applies; nothing for an edge that adds 0.
+    pub fn edge(
+        &self,
+        edge: usize,
+        flags_live: bool,
+        row_of: u64,
+        labels: &mut Labels,
+    ) -> Inserted {
+        let action = self.actions[edge];
+        if action == (EdgeAction::Add { increment: 0 }) {
+            return Inserted::default();
+        }
+        let ends_a_path = !matches!(action, EdgeAction::Add { .. });
+        let plan = if self.makes_calls {
+            // Its own entry, found by its key; not found, its paths are lost.
+            Plan {
+                key: self.key_at(row_of),
+                check: Check::Exact {
+                    lost_id: ends_a_path.then_some(self.lost_id),
+                },
+                scratch: ends_a_path,
+            }
+        } else {
+            // The top entry is its own; a way out needs its key to pop it.
+            let exits = matches!(action, EdgeAction::Exit { .. });
+            Plan {
+                key: exits.then_some(KeySource::StackPointer(0)),
+                check: Check::None,
+                scratch: ends_a_path,
+            }
         };
-        match self.actions[edge] {
-            EdgeAction::Add { increment: 0 } => Inserted::default(),
+        let mut code = PathCode::begin(flags_live, plan, labels);
+        match action {
             EdgeAction::Add { increment } => {
-                let mut code = PathCode::begin(flags_live, needs(false, false), labels);
                 code.push(Instruction::with2(
                     Code::Add_rm64_imm32,
                     register_of_top(),
                     imm32(increment),
                 ));
-                code.finish()
             }
             EdgeAction::Exit { increment } => {
-                let mut code = PathCode::begin(flags_live, needs(true, true), labels);
                 self.count(&mut code, increment, labels);
-                // Pop the entry if it is this call's own (it is not when this call had
-                // no room for one).
-                let key = memory(Register::RDX, 0);
-                code.push(Instruction::with2(Code::Cmp_rm64_r64, key, Register::RSI));
-                code.push(Instruction::with_branch(Code::Jne_rel32_64, code.done));
                 let depth = memory(Register::RCX, STATE_PATH_DEPTH);
+                if !self.makes_calls {
+                    // Pop the entry if it is this call's own (it is not when this call
+                    // had no room for one).
+                    let key = memory(Register::RDX, 0);
+                    code.push(Instruction::with2(Code::Cmp_rm64_r64, key, Register::RSI));
+                    code.push(Instruction::with_branch(Code::Jne_rel32_64, code.done()));
+                }
                 code.push(Instruction::with2(
                     Code::Sub_rm64_imm8,
                     depth,
                     PATH_ENTRY_SIZE,
                 ));
-                code.finish()
             }
             EdgeAction::Back { end, restart } => {
-                let mut code = PathCode::begin(flags_live, needs(false, true), labels);
                 self.count(&mut code, end, labels);
                 // r = restart, keeping a poisoned register poisoned.
                 code.push(Instruction::with2(
@@ -180,9 +209,22 @@ impl PathRegister<'_> {
                     register_of_top(),
                     Register::RDI,
                 ));
-                code.finish()
             }
         }
+        code.finish()
+    }
+
+    /// Where the call's entry `rsp` is, at a point where `row_of`'s unwind row applies:
+    /// the CFA less the return address.
+    fn key_at(&self, row_of: u64) -> Option<KeySource> {
+        let row = self.frames?.row_at(row_of)?;
+        let register = prologue::gpr(row.cfa_register)?;
+        let offset = row.cfa_offset - 8;
+        Some(if register == Register::RSP {
+            KeySource::StackPointer(offset)
+        } else {
+            KeySource::Register(register, offset)
+        })
     }
 
     /// Counts path `r + increment` of the top entry (`rdx`) in the thread's counters
@@ -258,212 +300,6 @@ fn register_of_top() -> MemoryOperand {
 
 fn imm32(value: u64) -> i32 {
     i32::try_from(value).expect("path numbers are checked against MAX_PATH_NUMBER")
-}
-
-/// One piece of path code being written: the prologue has run, `rcx` holds the
-/// thread's state, `rdx` its top path entry (the current call's), `rsi` `!rsp` of the
-/// code's own frame; `done` labels the epilogue.
-struct PathCode {
-    code: Sequence,
-    /// The registers saved, in push order (`rax` too when the flags are live).
-    saved: Vec<Register>,
-    flags_live: bool,
-    /// Bytes pushed below the original stack pointer, after the prologue.
-    depth: u32,
-    done: u64,
-    /// The label the next instruction takes.
-    next_label: Option<u64>,
-}
-
-impl PathCode {
-    /// Saves registers (and the flags when live), finds the thread's state and its top
-    /// entry, and drops, when asked, the entries of calls that are gone: those whose
-    /// `rsp` is below this frame's, or, for a new call, at or below it.
-    fn begin(flags_live: bool, needs: Needs, labels: &mut Labels) -> PathCode {
-        let mut saved = vec![Register::RCX, Register::RDX];
-        if needs.key {
-            saved.push(Register::RSI);
-        }
-        if needs.scratch {
-            saved.push(Register::RDI);
-        }
-        let mut code = Sequence::default();
-        code.push(
-            fixed(Instruction::with2(
-                Code::Lea_r64_m,
-                Register::RSP,
-                memory(Register::RSP, -(RED_ZONE as i32)),
-            )),
-            0,
-        );
-        let mut depth = RED_ZONE;
-        for &register in &saved {
-            code.push(fixed(Instruction::with1(Code::Push_r64, register)), depth);
-            depth += 8;
-        }
-        if flags_live {
-            code.push(
-                fixed(Instruction::with1(Code::Push_r64, Register::RAX)),
-                depth,
-            );
-            depth += 8;
-            code.push(Instruction::with(Code::Lahf), depth);
-            code.push(
-                fixed(Instruction::with1(Code::Seto_rm8, Register::AL)),
-                depth,
-            );
-        }
-        let mut path = PathCode {
-            code,
-            saved,
-            flags_live,
-            depth,
-            done: labels.create(),
-            next_label: None,
-        };
-        let slot = MemoryOperand::new(
-            Register::None,
-            Register::None,
-            1,
-            i64::from(thread_state::slot_offset()),
-            8,
-            false,
-            Register::FS,
-        );
-        path.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, slot));
-        path.push(Instruction::with2(
-            Code::Test_rm64_r64,
-            Register::RCX,
-            Register::RCX,
-        ));
-        path.push(Instruction::with_branch(Code::Je_rel32_64, path.done));
-        path.push(Instruction::with2(
-            Code::Test_rm8_imm8,
-            memory(Register::RCX, STATE_FLAGS),
-            FLAG_PASSTHROUGH as u32,
-        ));
-        path.push(Instruction::with_branch(Code::Jne_rel32_64, path.done));
-        path.push(Instruction::with2(
-            Code::Mov_r64_rm64,
-            Register::RDX,
-            memory(Register::RCX, STATE_PATH_DEPTH),
-        ));
-        path.push(Instruction::with2(
-            Code::Lea_r64_m,
-            Register::RDX,
-            MemoryOperand::with_base_index_scale_displ_size(
-                Register::RCX,
-                Register::RDX,
-                1,
-                i64::from(STATE_PATH_STACK),
-                1,
-            ),
-        ));
-        if needs.key {
-            path.push(Instruction::with2(
-                Code::Lea_r64_m,
-                Register::RSI,
-                memory(Register::RSP, depth as i32),
-            ));
-            path.push(Instruction::with1(Code::Not_rm64, Register::RSI));
-        }
-        if needs.drop_gone {
-            // Drop the gone: a deeper call's key (`!rsp`) is larger.
-            let check = labels.create();
-            let live = labels.create();
-            path.label_next(check);
-            path.push(Instruction::with2(
-                Code::Cmp_rm64_r64,
-                memory(Register::RDX, 0),
-                Register::RSI,
-            ));
-            let stays = if needs.entry {
-                Code::Jb_rel32_64
-            } else {
-                Code::Jbe_rel32_64
-            };
-            path.push(Instruction::with_branch(stays, live));
-            path.push(Instruction::with2(
-                Code::Sub_rm64_imm8,
-                Register::RDX,
-                PATH_ENTRY_SIZE,
-            ));
-            path.push(Instruction::with2(
-                Code::Sub_rm64_imm8,
-                memory(Register::RCX, STATE_PATH_DEPTH),
-                PATH_ENTRY_SIZE,
-            ));
-            path.push(Instruction::with_branch(Code::Jmp_rel32_64, check));
-            path.label_next(live);
-        }
-        path
-    }
-
-    /// Appends an instruction whose operands are fixed (so building it cannot fail).
-    fn push(&mut self, instruction: Result<Instruction, iced_x86::IcedError>) {
-        let mut instruction = fixed(instruction);
-        if let Some(label) = self.next_label.take() {
-            instruction.set_ip(label);
-        }
-        self.code.push(instruction, self.depth);
-    }
-
-    /// The next instruction appended takes `label`.
-    fn label_next(&mut self, label: u64) {
-        debug_assert!(self.next_label.is_none(), "two labels on one instruction");
-        self.next_label = Some(label);
-    }
-
-    /// Restores the flags and registers, and steps back over the red zone.
-    fn finish(mut self) -> Inserted {
-        // Every label names one of the instructions pushed since (`counted` is followed
-        // by an exit's pop or a back edge's restart).
-        let pending = self.next_label.take();
-        let mut first = true;
-        let mut labelled = |mut instruction: Instruction, done: u64| {
-            if first {
-                instruction.set_ip(done);
-                first = false;
-            }
-            instruction
-        };
-        assert!(pending.is_none(), "a label left without its instruction");
-        let mut depth = self.depth;
-        if self.flags_live {
-            self.code.push(
-                labelled(
-                    fixed(Instruction::with2(Code::Add_rm8_imm8, Register::AL, 0x7f)),
-                    self.done,
-                ),
-                depth,
-            );
-            self.code.push(Instruction::with(Code::Sahf), depth);
-            self.code.push(
-                fixed(Instruction::with1(Code::Pop_r64, Register::RAX)),
-                depth,
-            );
-            depth -= 8;
-        }
-        for &register in self.saved.iter().rev() {
-            self.code.push(
-                labelled(
-                    fixed(Instruction::with1(Code::Pop_r64, register)),
-                    self.done,
-                ),
-                depth,
-            );
-            depth -= 8;
-        }
-        self.code.push(
-            fixed(Instruction::with2(
-                Code::Lea_r64_m,
-                Register::RSP,
-                memory(Register::RSP, RED_ZONE as i32),
-            )),
-            RED_ZONE,
-        );
-        self.code.inserted
-    }
 }
 
 #[cfg(all(test, not(miri)))]

@@ -81,10 +81,17 @@ pub fn install(
     }
     let calls_id = engine.id_for(address)?;
     let ids = counter_ids(engine, address, 0..sites.len())?;
-    let numbering = if count_paths {
-        path_numbering(&graph)
-    } else {
+    let makes_calls = function_copy::makes_calls(&graph, &code);
+    let numbering = if !count_paths {
         Err("not asked for (--no-paths)".to_string())
+    } else if !PathRegister::frames_suffice(makes_calls, unwind.as_ref()) {
+        Err(
+            "it calls other functions and its unwind information does not say where each \
+             call's frame is, which tendril needs to keep each call's path apart"
+                .to_string(),
+        )
+    } else {
+        path_numbering(&graph)
     };
     let actions: Vec<EdgeAction> = match &numbering {
         Ok(numbering) => numbering.edges.iter().map(|edge| edge.action).collect(),
@@ -135,7 +142,8 @@ pub fn install(
             itemized: paths.itemized,
             beyond_id: paths.beyond_counter,
             lost_id: paths.lost_counter,
-            makes_calls: function_copy::makes_calls(&graph, &code),
+            makes_calls,
+            frames: unwind.as_ref(),
         }),
     };
     // A first copy, anywhere in reach, says how much room the real one needs.

@@ -3,11 +3,13 @@
 //! apart, and calls nested deeper than the path stack are counted as lost.
 
 use super::*;
-use crate::code::control_flow::ControlFlowGraph;
+use crate::code::control_flow::{ControlFlowGraph, Successor};
+use crate::code::copy_unwind::{OriginalUnwind, Row};
 use crate::code::function_copy::{self, counter_sites};
 use crate::hooks::edge_counters::EdgeCounters;
-use crate::hooks::thread_layout::{REGION_BYTES, ThreadState, set_current_slot};
+use crate::hooks::thread_layout::{REGION_BYTES, STATE_PATH_STACK, ThreadState, set_current_slot};
 use iced_x86::code_asm::*;
+use iced_x86::{Decoder, DecoderOptions};
 use std::collections::BTreeMap;
 use tendril_wire::paths::PathNumbering;
 
@@ -106,6 +108,7 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
     let no_tables = |_: u64, _: &mut [u8]| false;
     let graph = ControlFlowGraph::build(original.address, &bytes, &no_tables).unwrap();
     let numbering = PathNumbering::new(&graph.edge_lists()).unwrap();
+    let frames = frames_of(&graph, &bytes);
     let sites = counter_sites(&graph).len() as u32;
     let ids: Vec<u32> = (1..=sites).collect();
     let itemized = numbering.paths as u32;
@@ -120,6 +123,7 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
             beyond_id,
             lost_id,
             makes_calls: function_copy::makes_calls(&graph, &bytes),
+            frames: Some(&frames),
         }),
     };
     let copy = Mapped::new(1 << 16);
@@ -141,6 +145,61 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
         first_id,
         beyond_id,
         lost_id,
+    }
+}
+
+/// The unwind rows of an assembled function, worked out along its graph: the CFA is
+/// `rsp + 8` at the entry and 8 further after each push (less after each pop), and
+/// `rbp + offset` from a `mov rbp,rsp` to the `pop rbp`.
+fn frames_of(graph: &ControlFlowGraph, bytes: &[u8]) -> OriginalUnwind {
+    const RBP: u16 = 6;
+    const RSP: u16 = 7;
+    let mut cfa_at: BTreeMap<u64, (u16, i64, u64)> = BTreeMap::new();
+    let mut work = vec![(0usize, (RSP, 8i64))];
+    while let Some((index, mut cfa)) = work.pop() {
+        let block = &graph.blocks[index];
+        if cfa_at.contains_key(&block.start) {
+            continue;
+        }
+        let code = &bytes[(block.start - graph.start) as usize..(block.end - graph.start) as usize];
+        for instruction in Decoder::with_ip(64, code, block.start, DecoderOptions::NONE) {
+            cfa_at.insert(instruction.ip(), (cfa.0, cfa.1, instruction.next_ip()));
+            let register = instruction.op0_register();
+            match instruction.code() {
+                iced_x86::Code::Push_r64 if cfa.0 == RSP => cfa.1 += 8,
+                iced_x86::Code::Pop_r64 if register == iced_x86::Register::RBP => cfa = (RSP, 8),
+                iced_x86::Code::Pop_r64 if cfa.0 == RSP => cfa.1 -= 8,
+                iced_x86::Code::Mov_r64_rm64 | iced_x86::Code::Mov_rm64_r64
+                    if register == iced_x86::Register::RBP
+                        && instruction.op1_register() == iced_x86::Register::RSP =>
+                {
+                    cfa.0 = RBP
+                }
+                _ => {}
+            }
+        }
+        for successor in block.exit.successors() {
+            if let Successor::Block(next) = successor {
+                work.push((next, cfa));
+            }
+        }
+    }
+    let rows = cfa_at
+        .into_iter()
+        .map(|(start, (cfa_register, cfa_offset, end))| Row {
+            start,
+            end,
+            cfa_register,
+            cfa_offset,
+            registers: Vec::new(),
+        })
+        .collect();
+    OriginalUnwind {
+        start: graph.start,
+        end: graph.start + bytes.len() as u64,
+        data_alignment_factor: -8,
+        return_address_register: 16,
+        rows,
     }
 }
 
@@ -246,17 +305,39 @@ fn a_branch_and_a_loop_count_every_path_exactly() {
     assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
 }
 
-/// g(n) = n == 0 ? 0 : g(n - 1) + (n odd ? 1 : 2), recursing through the patched entry.
-fn recursive() -> Profiled {
+/// g(n) = n == 0 ? 0 : g(n - 1) + (n odd ? 1 : 2), recursing through the patched entry;
+/// with `frame_pointer`, its frame is `rbp`-based (the CFA is `rbp + 16`).
+fn recursive(frame_pointer: bool) -> Profiled {
     profiled(|a, start| {
         let mut recurse = a.create_label();
         let mut even = a.create_label();
+        if frame_pointer {
+            a.push(rbp).unwrap();
+            a.mov(rbp, rsp).unwrap();
+        }
+        let leave = |a: &mut CodeAssembler| {
+            if frame_pointer {
+                a.add(rsp, 8).unwrap();
+            }
+            a.pop(rbx).unwrap();
+            if frame_pointer {
+                a.pop(rbp).unwrap();
+            }
+            a.ret().unwrap();
+        };
         a.test(rdi, rdi).unwrap();
         a.jne(recurse).unwrap();
         a.xor(eax, eax).unwrap();
+        if frame_pointer {
+            a.pop(rbp).unwrap();
+        }
         a.ret().unwrap();
         a.set_label(&mut recurse).unwrap();
         a.push(rbx).unwrap();
+        if frame_pointer {
+            // Moves `rsp` where an `rsp`-based key would notice.
+            a.sub(rsp, 8).unwrap();
+        }
         a.mov(rbx, rdi).unwrap();
         a.lea(rdi, ptr(rdi - 1)).unwrap();
         // The original's entry, which jumps to the copy.
@@ -264,18 +345,21 @@ fn recursive() -> Profiled {
         a.test(bl, 1).unwrap();
         a.je(even).unwrap();
         a.add(rax, 1).unwrap();
-        a.pop(rbx).unwrap();
-        a.ret().unwrap();
+        leave(a);
         a.set_label(&mut even).unwrap();
         a.add(rax, 2).unwrap();
-        a.pop(rbx).unwrap();
-        a.ret().unwrap();
+        leave(a);
     })
 }
 
 #[test]
 fn recursive_calls_keep_their_own_registers_and_the_deepest_are_lost() {
-    let function = recursive();
+    for frame_pointer in [false, true] {
+        recursion_counts_exactly(recursive(frame_pointer));
+    }
+}
+
+fn recursion_counts_exactly(function: Profiled) {
     let state = OwnState::install();
     for n in [0u64, 1, 2, 7, 60, 300] {
         let before = function.counted(&state);
@@ -308,4 +392,72 @@ fn recursive_calls_keep_their_own_registers_and_the_deepest_are_lost() {
         assert_eq!(ran(even), kept_even, "g({n})");
         assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
     }
+}
+
+/// From `calls_back(x)` this many and more, the callback drops the caller's entry.
+const DROPS_FROM: u64 = 1000;
+
+/// Called from `calls_back(x)`: as if a deeper call had left its entry behind (an
+/// exception passed it), or, from `DROPS_FROM` on, as if the caller's entry had been
+/// dropped (a coroutine on another stack ran meanwhile).
+extern "C" fn disturb_the_path_stack(x: u64) {
+    let state = crate::hooks::thread_layout::current();
+    let here = &state as *const _ as u64;
+    // SAFETY: the test thread's own state, which only this thread's code touches.
+    unsafe {
+        let depth = (*state).path_depth as usize;
+        if x < DROPS_FROM {
+            let index = depth / PATH_ENTRY_SIZE as usize + 1;
+            (*state).path_stack[index] = crate::hooks::thread_layout::PathEntry {
+                not_entry_rsp: !(here - 256),
+                register: 0xffff_ffff_8000_0001,
+            };
+            (*state).path_depth += PATH_ENTRY_SIZE as u64;
+        } else {
+            (*state).path_depth -= PATH_ENTRY_SIZE as u64;
+        }
+    }
+}
+
+/// h(x) = x odd ? 1 : 2, after calling `disturb_the_path_stack(x)` through a pointer.
+fn calls_back() -> Profiled {
+    profiled(|a, _| {
+        let mut even = a.create_label();
+        a.push(rbx).unwrap();
+        a.mov(rbx, rdi).unwrap();
+        a.mov(rax, disturb_the_path_stack as extern "C" fn(u64) as u64)
+            .unwrap();
+        a.call(rax).unwrap();
+        a.test(bl, 1).unwrap();
+        a.je(even).unwrap();
+        a.mov(eax, 1).unwrap();
+        a.pop(rbx).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut even).unwrap();
+        a.mov(eax, 2).unwrap();
+        a.pop(rbx).unwrap();
+        a.ret().unwrap();
+    })
+}
+
+#[test]
+fn entries_of_gone_calls_are_dropped_and_a_missing_entry_loses_its_path() {
+    let function = calls_back();
+    let state = OwnState::install();
+    // A deeper call's entry left behind: dropped, and every path counted exactly.
+    for x in 0..100 {
+        assert_eq!((function.entry)(x), 2 - x % 2);
+    }
+    let (counted, lost) = function.counted(&state);
+    assert_eq!(lost, 0);
+    assert_eq!(counted.values().copied().collect::<Vec<u64>>(), [50, 50]);
+    assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
+    // The call's own entry gone: its paths are lost, never counted under a number.
+    for x in DROPS_FROM..DROPS_FROM + 100 {
+        assert_eq!((function.entry)(x), 2 - x % 2);
+    }
+    let (counted, lost) = function.counted(&state);
+    assert_eq!(lost, 100);
+    assert_eq!(counted.values().copied().collect::<Vec<u64>>(), [50, 50]);
+    assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
 }
