@@ -432,3 +432,30 @@ fn a_bad_output_path_is_refused_before_the_target_is_touched() {
     refused(target.pid(), &args, start);
     assert!(!agent_loaded(target.pid()));
 }
+
+#[test]
+fn a_function_that_calls_setjmp_gets_its_edges_without_paths_and_says_why() {
+    let mut target = Target::spawn("branches", &["stdin"]);
+    let bare = rounds(&mut target, 1)[0];
+    let output = tendril()
+        .args([
+            "edges",
+            &target.pid().to_string(),
+            "twice",
+            "--duration",
+            "0.2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}\n{stdout}");
+    let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(json["paths"], Value::Null, "{json}");
+    let note = json["paths_note"].as_str().unwrap_or_default();
+    assert!(note.contains("setjmp, which returns twice"), "{json}");
+    assert!(!json["blocks"].as_array().unwrap().is_empty(), "{json}");
+    code_bytes_match_file(target.pid()).unwrap();
+    assert_eq!(rounds(&mut target, 1), [bare]);
+}

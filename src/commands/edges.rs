@@ -34,6 +34,19 @@ use tendril_wire::{Hook, Request, Response};
 /// Most functions named when a pattern matches several.
 const NAMES_SHOWN: usize = 5;
 
+/// Functions that return twice: a call of one can come back after the code after it
+/// already ran, with the path register of that later time.
+const RETURNS_TWICE: [&str; 8] = [
+    "setjmp",
+    "_setjmp",
+    "__setjmp",
+    "sigsetjmp",
+    "__sigsetjmp",
+    "vfork",
+    "__vfork",
+    "getcontext",
+];
+
 /// What `tendril edges` was asked for.
 #[derive(Debug, Clone, clap::Args)]
 pub struct EdgesOptions {
@@ -76,8 +89,17 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
     refuse_before_attaching(function, name)?;
     let code = crate::symbols::maps::read_memory(pid, function.addr, function.end())
         .map_err(|e| anyhow!("cannot read the code of {name} in process {pid}: {e}"))?;
+    let twice = returns_twice_callee(pid, &symbols, function.addr, &code);
     interrupt::install();
-    let layout = install(&mut session, &symbols, function, name, !options.no_paths)?;
+    let count_paths = !options.no_paths && twice.is_none();
+    let mut layout = install(&mut session, &symbols, function, name, count_paths)?;
+    if let Some(callee) = twice
+        && !options.no_paths
+    {
+        layout.paths = Err(format!(
+            "it calls {callee}, which returns twice; a path register cannot follow that"
+        ));
+    }
     let ids = layout.counters();
     let waited = counters::wait_then_restore(
         &mut session,
@@ -248,6 +270,39 @@ fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<()> {
 }
 
 /// `name` or `name+0xN` for an address outside the function.
+/// The first function that returns twice (`setjmp`, `vfork`) that the code `code` at
+/// `start` calls, directly, through its PLT stub or through a GOT slot. Every byte is
+/// decoded, padding included: a false match only costs the paths.
+fn returns_twice_callee(
+    pid: i32,
+    symbols: &ProcessSymbols,
+    start: u64,
+    code: &[u8],
+) -> Option<String> {
+    use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind};
+    Decoder::with_ip(64, code, start, DecoderOptions::NONE)
+        .into_iter()
+        .filter(|instruction| {
+            instruction.flow_control() == FlowControl::Call
+                || instruction.flow_control() == FlowControl::IndirectCall
+        })
+        .find_map(|instruction| {
+            let target = match instruction.op0_kind() {
+                OpKind::NearBranch64 => instruction.near_branch64(),
+                OpKind::Memory if instruction.is_ip_rel_memory_operand() => {
+                    let slot = instruction.ip_rel_memory_address();
+                    let bytes = crate::symbols::maps::read_memory(pid, slot, slot + 8).ok()?;
+                    u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)
+                }
+                _ => return None,
+            };
+            let callee = symbols.lookup(target)?;
+            let name = callee.plt_target().unwrap_or(&callee.name);
+            let name = name.split('@').next().unwrap_or(name);
+            RETURNS_TWICE.contains(&name).then(|| name.to_string())
+        })
+}
+
 fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> {
     let function = symbols.lookup(address)?;
     Some(match address - function.addr {

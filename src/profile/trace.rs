@@ -12,7 +12,8 @@
 //! less than the hooks' calibrated cost, that clock can go backwards; the frames are
 //! then nested afterwards (`nest`): a frame never begins before the previous event nor
 //! ends after its parent, while every frame that does not conflict keeps its own times,
-//! so a root's length is always the tree's. Every begin has its end: frames still open
+//! so no child moves its parent: a root's length is the tree's (unless the root before
+//! it ended, on the corrected clock, a few ns after this one began). Every begin has its end: frames still open
 //! when the trace ends are closed there.
 
 use super::calibration::Correction;
@@ -296,8 +297,7 @@ impl<'a> Timeline<'a> {
 /// Makes a balanced timeline's times non-decreasing and properly nested, outermost
 /// frames first: each frame keeps its own begin and end unless they fall before the
 /// previous event or after its parent's (settled) end, and is then moved just enough.
-/// A root's times are therefore never moved by its children's, and its length stays
-/// the tree's.
+/// A frame's times are therefore never moved by its children's.
 fn nest(events: &mut [TraceEvent]) {
     let mut end_of_begin = vec![0u64; events.len()];
     let mut open = Vec::new();

@@ -85,6 +85,15 @@ impl PathNumbering {
     /// (a return, a jump through a pointer) has one, out of the function.
     pub fn new(successors: &[Vec<Option<usize>>]) -> Result<PathNumbering, TooManyPaths> {
         let blocks = successors.len();
+        if blocks == 0 {
+            // No code: no path (and nothing for the walks below to start from).
+            return Ok(PathNumbering {
+                paths: 0,
+                edges: Vec::new(),
+                dag: vec![Vec::new(), Vec::new()],
+                first_edge: Vec::new(),
+            });
+        }
         let (entry, exit) = (blocks, blocks + 1);
         let successors: Vec<Vec<Option<usize>>> = successors
             .iter()

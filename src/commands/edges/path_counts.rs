@@ -106,7 +106,6 @@ pub fn write_text(
         Ok(paths) => paths,
         Err(why) => return writeln!(out, "paths: not counted: {why}"),
     };
-    let ran = paths.counted.len() as u64 + u64::from(paths.beyond > 0);
     writeln!(
         out,
         "paths: {} of {} ran, {}",
@@ -118,13 +117,12 @@ pub fn write_text(
         out,
         "(a path ends at a return or at a loop's back edge; ↺ marks one starting or ending there)"
     )?;
-    if ran == 0 {
-        return Ok(());
-    }
     let shown = &paths.counted[..paths.counted.len().min(PATHS_SHOWN)];
     let counts: Vec<String> = shown.iter().map(|p| thousands(p.count)).collect();
     let width = counts.iter().map(String::len).max().unwrap_or(0).max(5);
-    writeln!(out, "  {:>width$}   SHARE  PATH", "COUNT")?;
+    if !shown.is_empty() {
+        writeln!(out, "  {:>width$}   SHARE  PATH", "COUNT")?;
+    }
     for (path, count) in shown.iter().zip(&counts) {
         let share = path.count as f64 * 100.0 / paths.total.max(1) as f64;
         let blocks: Vec<String> = path
@@ -153,7 +151,7 @@ pub fn write_text(
     if paths.beyond > 0 {
         writeln!(
             out,
-            "  {} of paths numbered {} and above, not told apart (tendril counts the first {} one by one)",
+            "  {} of paths numbered {} and above, not told apart (the first {} have counters)",
             amount(paths.beyond, "run", "runs"),
             thousands(paths.itemized),
             thousands(paths.itemized)
@@ -162,8 +160,16 @@ pub fn write_text(
     if paths.lost > 0 {
         writeln!(
             out,
-            "  {} not counted by path: calls nested deeper than tendril's per-thread path stack",
+            "  {} lost, counted under no number: calls nested over 127 deep in profiled",
             amount(paths.lost, "run", "runs")
+        )?;
+        writeln!(
+            out,
+            "  functions, or calls whose path register was displaced (a coroutine switching"
+        )?;
+        writeln!(
+            out,
+            "  stacks, a thread caught inside the function as its copy went in)"
         )?;
     }
     Ok(())

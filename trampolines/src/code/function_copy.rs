@@ -61,22 +61,6 @@ pub fn counter_sites(graph: &ControlFlowGraph) -> Vec<CounterSite> {
     sites
 }
 
-/// Whether the function `graph` describes (its bytes `code`) calls anything: a call
-/// ends its block, so only blocks' last instructions are looked at.
-pub fn makes_calls(graph: &ControlFlowGraph, code: &[u8]) -> bool {
-    graph.blocks.iter().any(|block| {
-        let last = last_instruction(block);
-        let offset = (last - graph.start) as usize;
-        let end = (block.end - graph.start) as usize;
-        let instruction =
-            Decoder::with_ip(64, &code[offset..end], last, DecoderOptions::NONE).decode();
-        matches!(
-            instruction.flow_control(),
-            iced_x86::FlowControl::Call | iced_x86::FlowControl::IndirectCall
-        )
-    })
-}
-
 /// Synthetic addresses that name instructions of the copy while it is encoded. They
 /// are non-canonical, so no real branch target can be one of them.
 pub struct Labels {

@@ -7,16 +7,17 @@
 //! recurse, so `r` lives in the thread's state, on a small stack with one entry per
 //! open call of a function whose paths are counted (`thread_layout::PathEntry`):
 //! - the entry code pushes `(!rsp, 0)`, the key being the call's `rsp` at its entry;
-//! - in a function that calls anything, every action computes its own call's key from
-//!   the frame's unwind row (the CFA less 8 is the entry's `rsp`, whatever the code
-//!   has pushed or allocated since), drops the entries above its own that are deeper
-//!   (calls an exception or a `longjmp` passed, as stacks grow down), and acts only on
-//!   its own entry. An entry it cannot find — lost to the full stack, or dropped while
-//!   a coroutine on another stack ran — makes its paths *lost*, never wrong numbers;
-//! - in a function that calls nothing, no other call can come between the entry and
-//!   the actions, so the top entry is the call's own (or the poisoned one below it);
-//! - the way-out action counts and pops its own entry (at a `ret` or tail jump the
-//!   stack pointer is the entry's again).
+//! - every action computes its own call's key from the frame's unwind row (the CFA
+//!   less 8 is the entry's `rsp`, whatever the code has pushed or allocated since; at
+//!   a `ret` or tail jump, `rsp` itself), drops the entries above its own that are
+//!   deeper (calls an exception or a `longjmp` passed, as stacks grow down), and acts
+//!   only on its own entry. An entry it cannot find — lost to the full stack, dropped
+//!   while a coroutine on another stack ran, or never pushed by a thread moved into
+//!   the copy mid-call when it went in — makes its paths *lost*, never wrong numbers;
+//! - the way-out action counts and pops its own entry.
+//!
+//! So a function needs unwind rows for its paths to be counted; almost every compiled
+//! function has them (`.eh_frame`).
 //!
 //! Path `n` below `itemized` is counter `first_id + n` (a function id of the counter
 //! tables, like every edge counter); larger numbers share `beyond_id`. A call nested
@@ -60,26 +61,19 @@ pub struct PathRegister<'a> {
     pub itemized: u32,
     pub beyond_id: u32,
     pub lost_id: u32,
-    /// Whether the function calls anything: only then can another call's entry come
-    /// between a call's own and its actions.
-    pub makes_calls: bool,
-    /// The function's unwind rows, which say where each action's frame began; a
-    /// function that calls anything and has none gets no path register (the caller
-    /// checks, with [`PathRegister::frames_suffice`]).
-    pub frames: Option<&'a OriginalUnwind>,
+    /// The function's unwind rows, which say where each action's frame began (the
+    /// caller checks them with [`PathRegister::frames_suffice`]).
+    pub frames: &'a OriginalUnwind,
 }
 
 impl PathRegister<'_> {
-    /// Whether the code can tell its own calls apart: always in a function that calls
-    /// nothing, else only with unwind rows whose CFA is a register plus an offset.
-    pub fn frames_suffice(makes_calls: bool, frames: Option<&OriginalUnwind>) -> bool {
-        !makes_calls
-            || frames.is_some_and(|frames| {
-                frames
-                    .rows
-                    .iter()
-                    .all(|row| prologue::gpr(row.cfa_register).is_some())
-            })
+    /// Whether the code can tell its own calls apart: with unwind rows whose CFA is a
+    /// register plus an offset.
+    pub fn frames_suffice(frames: &OriginalUnwind) -> bool {
+        frames
+            .rows
+            .iter()
+            .all(|row| prologue::gpr(row.cfa_register).is_some())
     }
 
     /// The code each call runs first: drop the entries of calls gone at or below this
@@ -96,23 +90,20 @@ impl PathRegister<'_> {
         let last = ((PATH_STACK_ENTRIES - 1) as i32 * PATH_ENTRY_SIZE) as u32;
         code.push(Instruction::with2(Code::Cmp_rm64_imm32, depth, last));
         code.push(Instruction::with_branch(Code::Jae_rel32_64, full));
+        // The entry is filled before `path_depth` covers it: a signal handler that
+        // runs path code in between sees the stack as it was.
+        let key = memory(Register::RDX, PATH_ENTRY_SIZE);
+        code.push(Instruction::with2(Code::Mov_rm64_r64, key, Register::RSI));
+        // r = 0.
         code.push(Instruction::with2(
-            Code::Add_rm64_imm8,
-            Register::RDX,
-            PATH_ENTRY_SIZE,
+            Code::Mov_rm64_imm32,
+            memory(Register::RDX, PATH_ENTRY_SIZE + PATH_ENTRY_REGISTER),
+            REGISTER_MASK,
         ));
         code.push(Instruction::with2(
             Code::Add_rm64_imm8,
             depth,
             PATH_ENTRY_SIZE,
-        ));
-        let key = memory(Register::RDX, 0);
-        code.push(Instruction::with2(Code::Mov_rm64_r64, key, Register::RSI));
-        // r = 0.
-        code.push(Instruction::with2(
-            Code::Mov_rm64_imm32,
-            register_of_top(),
-            REGISTER_MASK,
         ));
         code.push(Instruction::with_branch(Code::Jmp_rel32_64, code.done()));
         code.label_next(full);
@@ -140,23 +131,20 @@ impl PathRegister<'_> {
             return Inserted::default();
         }
         let ends_a_path = !matches!(action, EdgeAction::Add { .. });
-        let plan = if self.makes_calls {
-            // Its own entry, found by its key; not found, its paths are lost.
-            Plan {
-                key: self.key_at(row_of),
-                check: Check::Exact {
-                    lost_id: ends_a_path.then_some(self.lost_id),
-                },
-                scratch: ends_a_path,
-            }
-        } else {
-            // The top entry is its own; a way out needs its key to pop it.
-            let exits = matches!(action, EdgeAction::Exit { .. });
-            Plan {
-                key: exits.then_some(KeySource::StackPointer(0)),
-                check: Check::None,
-                scratch: ends_a_path,
-            }
+        let exits = matches!(action, EdgeAction::Exit { .. });
+        // Where the call's frame began: from the unwind row, or, at a way out, the
+        // stack pointer itself (a `ret` or tail jump runs where the entry did).
+        let key = self
+            .key_at(row_of)
+            .or_else(|| exits.then_some(KeySource::StackPointer(0)));
+        // Its own entry, found by its key; not found (or, where no row says where its
+        // frame is, never), its paths are lost.
+        let plan = Plan {
+            key,
+            check: Check::Exact {
+                lost_id: ends_a_path.then_some(self.lost_id),
+            },
+            scratch: ends_a_path,
         };
         let mut code = PathCode::begin(flags_live, plan, labels);
         match action {
@@ -168,18 +156,11 @@ impl PathRegister<'_> {
                 ));
             }
             EdgeAction::Exit { increment } => {
+                // The top entry is the call's own (`Check::Exact`): count and pop it.
                 self.count(&mut code, increment, labels);
-                let depth = memory(Register::RCX, STATE_PATH_DEPTH);
-                if !self.makes_calls {
-                    // Pop the entry if it is this call's own (it is not when this call
-                    // had no room for one).
-                    let key = memory(Register::RDX, 0);
-                    code.push(Instruction::with2(Code::Cmp_rm64_r64, key, Register::RSI));
-                    code.push(Instruction::with_branch(Code::Jne_rel32_64, code.done()));
-                }
                 code.push(Instruction::with2(
                     Code::Sub_rm64_imm8,
-                    depth,
+                    memory(Register::RCX, STATE_PATH_DEPTH),
                     PATH_ENTRY_SIZE,
                 ));
             }
@@ -217,7 +198,7 @@ impl PathRegister<'_> {
     /// Where the call's entry `rsp` is, at a point where `row_of`'s unwind row applies:
     /// the CFA less the return address.
     fn key_at(&self, row_of: u64) -> Option<KeySource> {
-        let row = self.frames?.row_at(row_of)?;
+        let row = self.frames.row_at(row_of)?;
         let register = prologue::gpr(row.cfa_register)?;
         let offset = row.cfa_offset - 8;
         Some(if register == Register::RSP {

@@ -81,35 +81,21 @@ pub fn install(
     }
     let calls_id = engine.id_for(address)?;
     let ids = counter_ids(engine, address, 0..sites.len())?;
-    let makes_calls = function_copy::makes_calls(&graph, &code);
-    let numbering = if !count_paths {
-        Err("not asked for (--no-paths)".to_string())
-    } else if !PathRegister::frames_suffice(makes_calls, unwind.as_ref()) {
-        Err(
-            "it calls other functions and its unwind information does not say where each \
-             call's frame is, which tendril needs to keep each call's path apart"
+    let numbering = match &unwind {
+        _ if !count_paths => Err("not asked for (--no-paths)".to_string()),
+        Some(frames) if PathRegister::frames_suffice(frames) => path_numbering(&graph),
+        _ => Err(
+            "it has no unwind information saying where each call's frame is, which \
+                  tendril needs to keep each call's path apart"
                 .to_string(),
-        )
-    } else {
-        path_numbering(&graph)
+        ),
     };
     let actions: Vec<EdgeAction> = match &numbering {
         Ok(numbering) => numbering.edges.iter().map(|edge| edge.action).collect(),
         Err(_) => Vec::new(),
     };
     let paths = match &numbering {
-        Ok(numbering) => {
-            let itemized = numbering.paths.min(MAX_ITEMIZED_PATHS) as usize;
-            let first = sites.len();
-            let path_ids = counter_ids(engine, address, first..first + itemized + 2)?;
-            Ok(PathLayout {
-                paths: numbering.paths,
-                first_counter: path_ids[0],
-                itemized: itemized as u32,
-                beyond_counter: path_ids[itemized],
-                lost_counter: path_ids[itemized + 1],
-            })
-        }
+        Ok(numbering) => path_counters(engine, address, sites.len(), numbering.paths),
         Err(why) => Err(why.clone()),
     };
     let request = PatchRequest {
@@ -136,15 +122,18 @@ pub fn install(
     };
     let mut counters = EdgeCounters {
         ids: &ids,
-        paths: paths.as_ref().ok().map(|paths| PathRegister {
-            actions: &actions,
-            first_id: paths.first_counter,
-            itemized: paths.itemized,
-            beyond_id: paths.beyond_counter,
-            lost_id: paths.lost_counter,
-            makes_calls,
-            frames: unwind.as_ref(),
-        }),
+        paths: paths
+            .as_ref()
+            .ok()
+            .zip(unwind.as_ref())
+            .map(|(paths, frames)| PathRegister {
+                actions: &actions,
+                first_id: paths.first_counter,
+                itemized: paths.itemized,
+                beyond_id: paths.beyond_counter,
+                lost_id: paths.lost_counter,
+                frames,
+            }),
     };
     // A first copy, anywhere in reach, says how much room the real one needs.
     let trial = function_copy::build(&graph, &code, address, &mut counters)
@@ -183,15 +172,13 @@ pub fn install(
                 .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
         frame_registry::register_eh_frame(section);
     }
-    // Threads found inside the bytes the entry jump overwrites go on in the copy; one
-    // at the entry itself runs the copy's entry code (the path register's push).
+    // Threads found strictly inside the bytes the entry jump overwrites go on in the
+    // copy, past its entry code: their calls have no path entry, so the path code
+    // counts their paths as lost (a thread at the entry itself takes the jump).
     let instruction_map = plan
         .instruction_offsets
         .iter()
         .filter_map(|&offset| {
-            if offset == 0 {
-                return Some((0, 0));
-            }
             let copied = copy.copy_of(address + offset as u64)?;
             Some((offset, (copied - copy.address) as usize))
         })
@@ -224,6 +211,36 @@ pub fn install(
     let [site] = batch;
     engine.register_installed(vec![site]);
     Ok(layout)
+}
+
+/// Ids for the counters of `paths` paths, after the `first` edge counters: the path
+/// code indexes them from the first, so the itemized ones must be consecutive.
+fn path_counters(
+    engine: &mut Engine,
+    address: u64,
+    first: usize,
+    paths: u64,
+) -> Result<PathLayout, String> {
+    let itemized = paths.min(MAX_ITEMIZED_PATHS) as usize;
+    let ids = counter_ids(engine, address, first..first + itemized + 2)
+        .map_err(|error| format!("no counters are left for them ({error})"))?;
+    if ids[..itemized]
+        .windows(2)
+        .any(|pair| pair[1] != pair[0] + 1)
+    {
+        return Err(
+            "their counters would not be consecutive (other code was counted at \
+                    this address before); edges only"
+                .into(),
+        );
+    }
+    Ok(PathLayout {
+        paths,
+        first_counter: ids[0],
+        itemized: itemized as u32,
+        beyond_counter: ids[itemized],
+        lost_counter: ids[itemized + 1],
+    })
 }
 
 /// The function's Ball–Larus numbering, or why its paths are not counted.

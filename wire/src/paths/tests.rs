@@ -187,3 +187,10 @@ fn too_many_paths_are_refused() {
     let lists: Vec<&[Option<usize>]> = successors.iter().map(|s| s.as_slice()).collect();
     assert_eq!(PathNumbering::new(&graph(&lists)), Err(TooManyPaths));
 }
+
+#[test]
+fn an_empty_graph_has_no_path() {
+    let numbering = PathNumbering::new(&[]).unwrap();
+    assert_eq!(numbering.paths, 0);
+    assert_eq!(numbering.path(0), None);
+}

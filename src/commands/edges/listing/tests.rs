@@ -162,3 +162,25 @@ fn the_hottest_paths_follow_the_code_as_block_offsets() {
         "{text}"
     );
 }
+
+#[test]
+fn lost_and_unitemized_runs_are_said_even_when_no_path_was_counted() {
+    let text = listing_of("trip", &TRIP, &trip().with_paths(&[], 7, 3).profile());
+    assert!(
+        text.contains("paths: 0 of 5 acyclic paths ran, 10 runs\n"),
+        "{text}"
+    );
+    assert!(!text.contains("SHARE  PATH"), "{text}");
+    assert!(
+        text.contains("  7 runs of paths numbered 5 and above"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  3 runs lost, counted under no number"),
+        "{text}"
+    );
+    assert!(
+        text.lines().all(|l| l.chars().count() <= MAX_WIDTH),
+        "{text}"
+    );
+}

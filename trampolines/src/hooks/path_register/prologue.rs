@@ -21,8 +21,6 @@ pub enum KeySource {
 /// How the code finds its call's entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Check {
-    /// The top entry is the call's own (a function that calls nothing).
-    None,
     /// A new call: entries at or below its `rsp` are of calls that are gone.
     NewCall,
     /// The entry whose key is the call's own, dropping deeper ones (gone) on the way;
@@ -75,9 +73,7 @@ impl PathCode {
     /// state, or one passing through, goes straight to the epilogue.
     pub fn begin(flags_live: bool, plan: Plan, labels: &mut super::Labels) -> PathCode {
         let mut saved = vec![Register::RCX, Register::RDX];
-        if plan.key.is_some() || plan.check != Check::None {
-            saved.push(Register::RSI);
-        }
+        saved.push(Register::RSI);
         if plan.scratch {
             saved.push(Register::RDI);
         }
@@ -174,7 +170,6 @@ impl PathCode {
             ),
         ));
         match plan.check {
-            Check::None => {}
             Check::NewCall => {
                 // An entry whose key is at least this call's (`rsp` at or below it)
                 // is of a call that is gone.

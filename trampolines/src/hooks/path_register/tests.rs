@@ -122,8 +122,7 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
             itemized,
             beyond_id,
             lost_id,
-            makes_calls: function_copy::makes_calls(&graph, &bytes),
-            frames: Some(&frames),
+            frames: &frames,
         }),
     };
     let copy = Mapped::new(1 << 16);
@@ -425,8 +424,11 @@ fn calls_back() -> Profiled {
         let mut even = a.create_label();
         a.push(rbx).unwrap();
         a.mov(rbx, rdi).unwrap();
-        a.mov(rax, disturb_the_path_stack as extern "C" fn(u64) as u64)
-            .unwrap();
+        a.mov(
+            rax,
+            disturb_the_path_stack as extern "C" fn(u64) as usize as u64,
+        )
+        .unwrap();
         a.call(rax).unwrap();
         a.test(bl, 1).unwrap();
         a.je(even).unwrap();
