@@ -21,12 +21,11 @@
 //!
 //! Path `n` below `itemized` is counter `first_id + n` (a function id of the counter
 //! tables, like every edge counter); larger numbers share `beyond_id`. A call nested
-//! deeper than the stack holds gets no entry: it poisons the innermost entry instead
-//! (the stored register is `r ^ REGISTER_MASK`, whose bit 63 is set for every real
-//! number; the zeroed sentinel and a poisoned register have it clear), and every path
-//! a poisoned register ends is counted under `lost_id`, never under a wrong number.
-//! The mask is `imm32` 0x8000_0000 sign-extended, so one `mov` starts a register and
-//! one `xor` reads it.
+//! deeper than the stack holds gets no entry, so its paths are lost. The stored
+//! register is `r ^ REGISTER_MASK`, whose bit 63 is set for every real number, so a
+//! register that is not one (the zeroed sentinel's) would count under `lost_id`,
+//! never under a wrong number; the mask is `imm32` 0x8000_0000 sign-extended, so one
+//! `mov` starts a register and one `xor` reads it.
 //!
 //! The code follows the edge counters' rules (`edge_counters`): it steps over the red
 //! zone, saves what it uses, keeps the flags where they are live, and does nothing on a
@@ -85,11 +84,12 @@ impl PathRegister<'_> {
             scratch: false,
         };
         let mut code = PathCode::begin(false, plan, labels);
-        let full = labels.create();
         let depth = memory(Register::RCX, STATE_PATH_DEPTH);
         let last = ((PATH_STACK_ENTRIES - 1) as i32 * PATH_ENTRY_SIZE) as u32;
         code.push(Instruction::with2(Code::Cmp_rm64_imm32, depth, last));
-        code.push(Instruction::with_branch(Code::Jae_rel32_64, full));
+        // No room: no entry, so this call's actions never find one and its paths are
+        // lost; every call outside it keeps its own.
+        code.push(Instruction::with_branch(Code::Jae_rel32_64, code.done()));
         // The entry is filled before `path_depth` covers it: a signal handler that
         // runs path code in between sees the stack as it was.
         let key = memory(Register::RDX, PATH_ENTRY_SIZE);
@@ -104,15 +104,6 @@ impl PathRegister<'_> {
             Code::Add_rm64_imm8,
             depth,
             PATH_ENTRY_SIZE,
-        ));
-        code.push(Instruction::with_branch(Code::Jmp_rel32_64, code.done()));
-        code.label_next(full);
-        // No room: the innermost open call's path is lost, and so is every path this
-        // call's actions end while they act on that entry.
-        code.push(Instruction::with2(
-            Code::Mov_rm64_imm32,
-            register_of_top(),
-            0,
         ));
         code.finish()
     }

@@ -376,11 +376,10 @@ fn recursion_counts_exactly(function: Profiled) {
             function.offset_of(blocks - 2),
             function.offset_of(blocks - 1),
         );
-        // The stack has 127 entries above the sentinel. With more than 127 calls
-        // nested, the 128th poisons the 127th's entry, so calls from depth 127 on are
-        // lost: g(n) makes n + 1 calls, g(k) at depth n + 1 - k.
+        // The stack has 127 entries above the sentinel: calls from depth 128 on get
+        // none and are lost. g(n) makes n + 1 calls, g(k) at depth n + 1 - k.
         let calls = n + 1;
-        let kept_calls = if calls > 127 { 126 } else { calls };
+        let kept_calls = calls.min(127);
         assert_eq!(after.1 - before.1, calls - kept_calls, "g({n})");
         // The outermost calls have the largest arguments.
         let kept: Vec<u64> = (0..=n).rev().take(kept_calls as usize).collect();
