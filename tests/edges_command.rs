@@ -459,3 +459,61 @@ fn a_function_that_calls_setjmp_gets_its_edges_without_paths_and_says_why() {
     code_bytes_match_file(target.pid()).unwrap();
     assert_eq!(rounds(&mut target, 1), [bare]);
 }
+
+#[test]
+fn coroutines_switching_stacks_inside_the_function_lose_paths_but_never_miscount_them() {
+    // co_work yields twice (inside co_leaf), then takes one side of its last branch in
+    // coroutine 0 and the other in coroutine 1; the two coroutines' calls interleave on
+    // one thread, each on a stack of its own.
+    let mut target = Target::spawn("coroutines", &[]);
+    target.write_stdin("run 3\n");
+    target.rounds(1, LINE_TIMEOUT);
+    let running = start_edges(target.pid(), &["co_work", "--json"]);
+    target.write_stdin("run 1000\n");
+    let round = target.rounds(1, LINE_TIMEOUT).remove(0);
+    let stdout = finish(running);
+    let json: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let calls = number(&json["calls"]);
+    assert_eq!(Some(calls), round.get("co_work"), "{json}");
+    let [branch] = &json["branches"].as_array().unwrap()[..] else {
+        panic!("one branch: {json}")
+    };
+    let side = |key: &str| {
+        (
+            number(&branch[key]),
+            branch[format!("{key}_offset")].clone(),
+        )
+    };
+    let (taken, taken_offset) = side("taken");
+    let (not_taken, not_taken_offset) = (
+        number(&branch["not_taken"]),
+        branch["not_taken_offset"].clone(),
+    );
+    // The two calls open on the coroutines' stacks when the copy went out return
+    // after the last reading.
+    assert!(taken + not_taken + 2 >= calls, "{json}");
+    // Each path ran at most as often as the side of the branch it goes through: a
+    // call whose register another coroutine's call displaced is lost, never counted
+    // under the other path.
+    let totals = &json["path_totals"];
+    let mut counted = 0;
+    for path in json["paths"].as_array().unwrap() {
+        let blocks = path["blocks"].as_array().unwrap();
+        let limit = if blocks.contains(&taken_offset) {
+            taken
+        } else {
+            assert!(blocks.contains(&not_taken_offset), "{path}");
+            not_taken
+        };
+        assert!(number(&path["count"]) <= limit, "{path} vs {json}");
+        counted += number(&path["count"]);
+    }
+    assert_eq!(counted + number(&totals["lost"]), number(&totals["runs"]));
+    assert_eq!(number(&totals["runs"]), taken + not_taken, "{json}");
+    code_bytes_match_file(target.pid()).unwrap();
+    target.write_stdin("run 10\n");
+    assert_eq!(
+        target.rounds(1, LINE_TIMEOUT).remove(0).get("co_work"),
+        Some(10)
+    );
+}
