@@ -517,3 +517,37 @@ fn coroutines_switching_stacks_inside_the_function_lose_paths_but_never_miscount
         Some(10)
     );
 }
+
+#[test]
+fn a_hundred_attach_profile_detach_cycles_under_eight_throwing_threads_leave_all_intact() {
+    // Eight threads call relay all the time, a quarter of the calls thrown through it.
+    let mut target = Target::spawn("throw_through", &["8"]);
+    let bare = target.checksum_lines(2, LINE_TIMEOUT);
+    let pid = target.pid().to_string();
+    let mut called = 0;
+    for cycle in 0..100 {
+        let output = tendril()
+            .args(["edges", &pid, "relay", "--duration", "0.02", "--json"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "cycle {cycle}: {}\n{stdout}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let json: Value =
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("cycle {cycle}: {e}"));
+        let calls = number(&json["calls"]);
+        let totals = &json["path_totals"];
+        // A call's path ends only if it returns: never more paths than calls.
+        assert!(number(&totals["runs"]) <= calls, "cycle {cycle}: {json}");
+        called += u64::from(calls > 0);
+    }
+    assert!(called > 0, "relay was never called in 100 cycles");
+    code_bytes_match_file(target.pid()).unwrap();
+    target.drain();
+    let after = target.checksum_lines(3, LINE_TIMEOUT);
+    assert!(after.iter().all(|&c| c == bare[0]), "{after:?} vs {bare:?}");
+    assert!(target.is_running());
+}
