@@ -8,7 +8,7 @@
 //! and jumps out of the function end liveness. A counter inserted where the flags are
 //! dead is a plain `inc`; where they are live it saves and restores them.
 
-use super::control_flow::{ControlFlowGraph, Successor};
+use super::control_flow::ControlFlowGraph;
 use iced_x86::{Decoder, DecoderOptions, FlowControl, RflagsBits};
 
 /// The flags an inserted counter may change: the six status flags.
@@ -50,20 +50,11 @@ pub fn live_at_block_starts(graph: &ControlFlowGraph, code: &[u8]) -> Vec<bool> 
             (used, killed)
         })
         .collect();
+    // The successors inside the function.
     let successors: Vec<Vec<usize>> = graph
-        .blocks
-        .iter()
-        .map(|block| {
-            block
-                .exit
-                .successors()
-                .into_iter()
-                .filter_map(|successor| match successor {
-                    Successor::Block(index) => Some(index),
-                    Successor::Leaves(_) => None,
-                })
-                .collect()
-        })
+        .edge_lists()
+        .into_iter()
+        .map(|edges| edges.into_iter().flatten().collect())
         .collect();
     let mut live_in = vec![0u32; graph.blocks.len()];
     let mut changed = true;

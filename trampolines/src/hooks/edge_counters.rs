@@ -20,10 +20,10 @@
 //! lea rsp,[rsp+128]
 //! ```
 
-use super::inserted_code::{RED_ZONE, Sequence, fixed};
+use super::inserted_code::{Sequence, fixed};
 use super::path_register::PathRegister;
 use crate::code::function_copy::{CounterCode, Inserted, Labels};
-use crate::hooks::thread_layout::{self as thread_state, FLAG_PASSTHROUGH, STATE_FLAGS};
+use crate::hooks::thread_layout as thread_state;
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 
 /// Counters whose index `i` (in `function_copy::counter_sites` order) is the function
@@ -62,113 +62,18 @@ impl CounterCode for EdgeCounters<'_> {
 /// The code that adds one to the calling thread's counter `id`.
 pub fn counter_code(id: u32, flags_live: bool, labels: &mut Labels) -> Inserted {
     let mut code = Sequence::default();
-    let below = |displacement: i64| MemoryOperand::with_base_displ(Register::RSP, displacement);
-    code.push(
-        fixed(Instruction::with2(
-            Code::Lea_r64_m,
-            Register::RSP,
-            below(-(RED_ZONE as i64)),
-        )),
-        0,
-    );
-    code.push(
-        fixed(Instruction::with1(Code::Push_r64, Register::RCX)),
-        RED_ZONE,
-    );
-    let mut depth = RED_ZONE + 8;
+    let mut depth = code.save(&[Register::RCX]);
     if flags_live {
-        code.push(
-            fixed(Instruction::with1(Code::Push_r64, Register::RAX)),
-            depth,
-        );
-        depth += 8;
-        code.push(Instruction::with(Code::Lahf), depth);
-        code.push(
-            fixed(Instruction::with1(Code::Seto_rm8, Register::AL)),
-            depth,
-        );
+        code.save_flags(&mut depth);
     }
-    let slot = MemoryOperand::new(
-        Register::None,
-        Register::None,
-        1,
-        i64::from(thread_state::slot_offset()),
-        // 8: a 64-bit address (the sign-extended displacement); 4 would mean `addr32`.
-        8,
-        false,
-        Register::FS,
-    );
-    code.push(
-        fixed(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, slot)),
-        depth,
-    );
     let done = labels.create();
-    code.push(
-        fixed(Instruction::with2(
-            Code::Test_rm64_r64,
-            Register::RCX,
-            Register::RCX,
-        )),
-        depth,
-    );
-    code.push(
-        fixed(Instruction::with_branch(Code::Je_rel32_64, done)),
-        depth,
-    );
-    let flags = MemoryOperand::with_base_displ(Register::RCX, i64::from(STATE_FLAGS));
-    code.push(
-        fixed(Instruction::with2(
-            Code::Test_rm8_imm8,
-            flags,
-            FLAG_PASSTHROUGH as u32,
-        )),
-        depth,
-    );
-    code.push(
-        fixed(Instruction::with_branch(Code::Jne_rel32_64, done)),
-        depth,
-    );
+    code.load_thread_state(depth, done);
     let counter = MemoryOperand::with_base_displ(
         Register::RCX,
         i64::from(thread_state::calls_displacement(id)),
     );
     code.push(fixed(Instruction::with1(Code::Inc_rm64, counter)), depth);
-    let mut first_after = true;
-    let mut labelled = |mut instruction: Instruction| {
-        if first_after {
-            instruction.set_ip(done);
-            first_after = false;
-        }
-        instruction
-    };
-    if flags_live {
-        code.push(
-            labelled(fixed(Instruction::with2(
-                Code::Add_rm8_imm8,
-                Register::AL,
-                0x7f,
-            ))),
-            depth,
-        );
-        code.push(Instruction::with(Code::Sahf), depth);
-        code.push(
-            fixed(Instruction::with1(Code::Pop_r64, Register::RAX)),
-            depth,
-        );
-        depth -= 8;
-    }
-    code.push(
-        labelled(fixed(Instruction::with1(Code::Pop_r64, Register::RCX))),
-        depth,
-    );
-    code.push(
-        fixed(Instruction::with2(
-            Code::Lea_r64_m,
-            Register::RSP,
-            below(i64::from(RED_ZONE)),
-        )),
-        RED_ZONE,
-    );
+    code.restore(&[Register::RCX], flags_live, depth, done);
     code.inserted
 }
 

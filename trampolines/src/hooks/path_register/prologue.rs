@@ -2,10 +2,9 @@
 //! the thread's state and its call's entry, and putting everything back.
 
 use crate::code::function_copy::Inserted;
-use crate::hooks::inserted_code::{RED_ZONE, Sequence, fixed};
+use crate::hooks::inserted_code::{Sequence, fixed};
 use crate::hooks::thread_layout::{
-    self as thread_state, FLAG_PASSTHROUGH, PATH_ENTRY_SIZE, STATE_FLAGS, STATE_PATH_DEPTH,
-    STATE_PATH_STACK,
+    self as thread_state, PATH_ENTRY_SIZE, STATE_PATH_DEPTH, STATE_PATH_STACK,
 };
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 
@@ -72,25 +71,12 @@ impl PathCode {
     /// thread's state and its call's entry as `plan.check` says. A thread without a
     /// state, or one passing through, goes straight to the epilogue.
     pub fn begin(flags_live: bool, plan: Plan, labels: &mut super::Labels) -> PathCode {
-        let mut saved = vec![Register::RCX, Register::RDX];
-        saved.push(Register::RSI);
+        let mut saved = vec![Register::RCX, Register::RDX, Register::RSI];
         if plan.scratch {
             saved.push(Register::RDI);
         }
         let mut code = Sequence::default();
-        code.push(
-            fixed(Instruction::with2(
-                Code::Lea_r64_m,
-                Register::RSP,
-                memory(Register::RSP, -i64::from(RED_ZONE)),
-            )),
-            0,
-        );
-        let mut depth = RED_ZONE;
-        for &register in &saved {
-            code.push(fixed(Instruction::with1(Code::Push_r64, register)), depth);
-            depth += 8;
-        }
+        let mut depth = code.save(&saved);
         // The key first, while every register but `rsp` holds the function's value.
         if let Some(source) = plan.key {
             let (base, displacement) = match source {
@@ -111,16 +97,7 @@ impl PathCode {
             );
         }
         if flags_live {
-            code.push(
-                fixed(Instruction::with1(Code::Push_r64, Register::RAX)),
-                depth,
-            );
-            depth += 8;
-            code.push(Instruction::with(Code::Lahf), depth);
-            code.push(
-                fixed(Instruction::with1(Code::Seto_rm8, Register::AL)),
-                depth,
-            );
+            code.save_flags(&mut depth);
         }
         let mut path = PathCode {
             code,
@@ -130,28 +107,7 @@ impl PathCode {
             done: labels.create(),
             next_label: None,
         };
-        let slot = MemoryOperand::new(
-            Register::None,
-            Register::None,
-            1,
-            i64::from(thread_state::slot_offset()),
-            8,
-            false,
-            Register::FS,
-        );
-        path.push(Instruction::with2(Code::Mov_r64_rm64, Register::RCX, slot));
-        path.push(Instruction::with2(
-            Code::Test_rm64_r64,
-            Register::RCX,
-            Register::RCX,
-        ));
-        path.push(Instruction::with_branch(Code::Je_rel32_64, path.done));
-        path.push(Instruction::with2(
-            Code::Test_rm8_imm8,
-            memory(Register::RCX, i64::from(STATE_FLAGS)),
-            FLAG_PASSTHROUGH as u32,
-        ));
-        path.push(Instruction::with_branch(Code::Jne_rel32_64, path.done));
+        path.code.load_thread_state(depth, path.done);
         let stack_depth = memory(Register::RCX, i64::from(STATE_PATH_DEPTH));
         path.push(Instruction::with2(
             Code::Mov_r64_rm64,
@@ -261,47 +217,8 @@ impl PathCode {
             self.next_label.is_none(),
             "a label left without its instruction"
         );
-        let done = self.done;
-        let mut first = true;
-        let mut labelled = |mut instruction: Instruction| {
-            if first {
-                instruction.set_ip(done);
-                first = false;
-            }
-            instruction
-        };
-        let mut depth = self.depth;
-        if self.flags_live {
-            self.code.push(
-                labelled(fixed(Instruction::with2(
-                    Code::Add_rm8_imm8,
-                    Register::AL,
-                    0x7f,
-                ))),
-                depth,
-            );
-            self.code.push(Instruction::with(Code::Sahf), depth);
-            self.code.push(
-                fixed(Instruction::with1(Code::Pop_r64, Register::RAX)),
-                depth,
-            );
-            depth -= 8;
-        }
-        for &register in self.saved.iter().rev() {
-            self.code.push(
-                labelled(fixed(Instruction::with1(Code::Pop_r64, register))),
-                depth,
-            );
-            depth -= 8;
-        }
-        self.code.push(
-            fixed(Instruction::with2(
-                Code::Lea_r64_m,
-                Register::RSP,
-                memory(Register::RSP, i64::from(RED_ZONE)),
-            )),
-            RED_ZONE,
-        );
+        self.code
+            .restore(&self.saved, self.flags_live, self.depth, self.done);
         self.code.inserted
     }
 }
