@@ -140,10 +140,9 @@ fn a_switch_and_parallel_edges_give_one_path_each() {
     check_bijection(&numbering);
 }
 
-#[test]
-fn nested_diamonds_number_every_path_exactly_once() {
-    // n diamonds in a row: 2^n paths, each execution counted under its own number.
-    let n = 10;
+/// `n` diamonds in a row (block `3d` branches to `3d + 1` and `3d + 2`, which both go
+/// on to `3d + 3`), then a return: 2^n paths.
+fn diamonds(n: usize) -> Vec<Vec<Option<usize>>> {
     let mut successors: Vec<Vec<Option<usize>>> = Vec::new();
     for d in 0..n {
         let base = 3 * d;
@@ -152,8 +151,14 @@ fn nested_diamonds_number_every_path_exactly_once() {
         successors.push(vec![Some(base + 3)]);
     }
     successors.push(vec![]);
-    let lists: Vec<&[Option<usize>]> = successors.iter().map(|s| s.as_slice()).collect();
-    let numbering = PathNumbering::new(&graph(&lists)).unwrap();
+    successors
+}
+
+#[test]
+fn nested_diamonds_number_every_path_exactly_once() {
+    // n diamonds in a row: 2^n paths, each execution counted under its own number.
+    let n = 10;
+    let numbering = PathNumbering::new(&diamonds(n)).unwrap();
     assert_eq!(numbering.paths, 1 << n);
     let mut seen = std::collections::HashSet::new();
     for choice in 0..1u32 << n {
@@ -176,16 +181,7 @@ fn nested_diamonds_number_every_path_exactly_once() {
 fn too_many_paths_are_refused() {
     // 70 diamonds: 2^70 paths.
     let n = 70;
-    let mut successors: Vec<Vec<Option<usize>>> = Vec::new();
-    for d in 0..n {
-        let base = 3 * d;
-        successors.push(vec![Some(base + 1), Some(base + 2)]);
-        successors.push(vec![Some(base + 3)]);
-        successors.push(vec![Some(base + 3)]);
-    }
-    successors.push(vec![]);
-    let lists: Vec<&[Option<usize>]> = successors.iter().map(|s| s.as_slice()).collect();
-    assert_eq!(PathNumbering::new(&graph(&lists)), Err(TooManyPaths));
+    assert_eq!(PathNumbering::new(&diamonds(n)), Err(TooManyPaths));
 }
 
 #[test]
