@@ -14,6 +14,8 @@ pub mod branch_index;
 pub mod control_flow;
 pub mod copy_unwind;
 pub mod entry_plan;
+#[cfg(all(test, not(miri)))]
+pub mod executable_memory;
 pub mod flags_liveness;
 pub mod function_copy;
 pub mod jump_table;

@@ -2,6 +2,7 @@
 //! every counter counts exactly what ran.
 
 use super::*;
+use crate::code::executable_memory::Mapped;
 use iced_x86::code_asm::*;
 use iced_x86::{MemoryOperand, Register};
 
@@ -66,40 +67,6 @@ impl CounterCode for TestCounters {
     }
 }
 
-/// Executable memory holding a copy.
-struct Mapped {
-    address: *mut u8,
-    len: usize,
-}
-
-impl Mapped {
-    fn new(len: usize) -> Mapped {
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(address, libc::MAP_FAILED);
-        Mapped {
-            address: address.cast(),
-            len,
-        }
-    }
-}
-
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `new`, which no function pointer outlives.
-        unsafe { libc::munmap(self.address.cast(), self.len) };
-    }
-}
-
 /// A function assembled at `BASE`, its graph, and a copy of it mapped and ready.
 struct Copied {
     graph: ControlFlowGraph,
@@ -130,12 +97,11 @@ fn copy_of(assemble: impl FnOnce(&mut CodeAssembler), code_len: Option<usize>) -
     let graph = ControlFlowGraph::build(BASE, code, &read).unwrap();
     let mut counters = TestCounters::new(counter_sites(&graph).len());
     let memory = Mapped::new(1 << 16);
-    let copy = build(&graph, code, memory.address as u64, &mut counters).unwrap();
-    // SAFETY: the mapping is 64 KiB, larger than any copy made here.
-    unsafe { std::ptr::copy_nonoverlapping(copy.bytes.as_ptr(), memory.address, copy.bytes.len()) };
+    let copy = build(&graph, code, memory.address, &mut counters).unwrap();
+    memory.write(0, &copy.bytes);
     // SAFETY: the copy is System V code taking two integers and returning one.
     let entry =
-        unsafe { std::mem::transmute::<*mut u8, extern "C" fn(u64, u64) -> u64>(memory.address) };
+        unsafe { std::mem::transmute::<u64, extern "C" fn(u64, u64) -> u64>(memory.address) };
     Copied {
         graph,
         counters,
@@ -347,22 +313,15 @@ fn pic_switch_runs(cases: usize) {
     let graph = ControlFlowGraph::build(BASE, &bytes[..code_len], &read).unwrap();
     let mut counters = TestCounters::new(counter_sites(&graph).len());
     let memory = Mapped::new(1 << 16);
-    let copy = build(
-        &graph,
-        &bytes[..code_len],
-        memory.address as u64,
-        &mut counters,
-    )
-    .unwrap();
+    let copy = build(&graph, &bytes[..code_len], memory.address, &mut counters).unwrap();
     assert!(
         copy.bytes.len() as u64 > copy.code_len,
         "the table's copy follows the code"
     );
-    // SAFETY: the mapping is 64 KiB, larger than the copy.
-    unsafe { std::ptr::copy_nonoverlapping(copy.bytes.as_ptr(), memory.address, copy.bytes.len()) };
+    memory.write(0, &copy.bytes);
     // SAFETY: the copy is System V code taking two integers and returning one.
     let entry =
-        unsafe { std::mem::transmute::<*mut u8, extern "C" fn(u64, u64) -> u64>(memory.address) };
+        unsafe { std::mem::transmute::<u64, extern "C" fn(u64, u64) -> u64>(memory.address) };
     for round in 0..3u64 {
         for op in 0..(cases as u64 + 2) {
             let expected = if op < cases as u64 {

@@ -5,6 +5,7 @@
 use super::*;
 use crate::code::control_flow::{ControlFlowGraph, Successor};
 use crate::code::copy_unwind::{OriginalUnwind, Row};
+use crate::code::executable_memory::Mapped;
 use crate::code::function_copy::{self, counter_sites};
 use crate::hooks::edge_counters::EdgeCounters;
 use crate::hooks::thread_layout::{REGION_BYTES, STATE_PATH_STACK, ThreadState, set_current_slot};
@@ -12,52 +13,6 @@ use iced_x86::code_asm::*;
 use iced_x86::{Decoder, DecoderOptions};
 use std::collections::BTreeMap;
 use tendril_wire::paths::PathNumbering;
-
-/// Executable memory.
-struct Mapped {
-    address: u64,
-    len: usize,
-}
-
-impl Mapped {
-    fn new(len: usize) -> Mapped {
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let address = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(address, libc::MAP_FAILED);
-        Mapped {
-            address: address as u64,
-            len,
-        }
-    }
-
-    fn write(&self, offset: usize, bytes: &[u8]) {
-        assert!(offset + bytes.len() <= self.len);
-        // SAFETY: inside the mapping, which nothing is running yet.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                (self.address as *mut u8).add(offset),
-                bytes.len(),
-            )
-        };
-    }
-}
-
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: unmaps the mapping made in `new`, which no function pointer outlives.
-        unsafe { libc::munmap(self.address as *mut libc::c_void, self.len) };
-    }
-}
 
 /// A thread state for this test's thread, installed in its slot while it lives.
 struct OwnState {
