@@ -13,8 +13,8 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::Target;
-use std::collections::HashMap;
+use common::{Target, edge_counts};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tendril::symbols::ProcessSymbols;
 use tendril::targets;
@@ -78,20 +78,9 @@ fn main() {
         let time = timed(target);
         let addresses = layouts.iter().map(|l| l.address).collect();
         session.request(&Request::Unpatch { addresses }).unwrap();
-        let mut counts = HashMap::new();
+        let mut counts = BTreeMap::new();
         for layout in &layouts {
-            let ids = layout.counters();
-            let Response::Counters { threads } = session
-                .request(&Request::ReadCounters { ids: ids.clone() })
-                .unwrap()
-            else {
-                panic!("no counters")
-            };
-            for thread in threads {
-                for (id, calls) in ids.iter().zip(thread.calls) {
-                    *counts.entry(*id).or_insert(0u64) += calls;
-                }
-            }
+            counts.extend(edge_counts(&mut session, layout));
         }
         let increments = counts.values().sum();
         let calls = layouts.iter().map(|l| counts[&l.calls_counter]).sum();

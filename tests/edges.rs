@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Target, code_bytes_match_file};
+use common::{Target, code_bytes_match_file, edge_counts};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tendril::session::AgentSession;
@@ -45,21 +45,6 @@ fn install(session: &mut AgentSession, symbols: &ProcessSymbols, name: &str) -> 
         Response::EdgesInstalled { layout } => layout,
         other => panic!("{name}: {other:?}"),
     }
-}
-
-/// Every counter of `layout`, summed over the threads.
-fn read(session: &mut AgentSession, layout: &EdgeLayout) -> BTreeMap<u32, u64> {
-    let ids = layout.counters();
-    let Response::Counters { threads } = session
-        .request(&Request::ReadCounters { ids: ids.clone() })
-        .unwrap()
-    else {
-        panic!("no counters")
-    };
-    ids.iter()
-        .enumerate()
-        .map(|(i, &id)| (id, threads.iter().map(|t| t.calls[i]).sum()))
-        .collect()
 }
 
 fn unpatch(session: &mut AgentSession, addresses: Vec<u64>) {
@@ -118,7 +103,7 @@ fn branch_table_and_loop_counts_are_exact_and_every_byte_comes_back() {
     );
     let counts: Vec<BTreeMap<u32, u64>> = [&classify, &dispatch, &trip]
         .iter()
-        .map(|layout| read(&mut session, layout))
+        .map(|layout| edge_counts(&mut session, layout))
         .collect();
     drop(session);
 
@@ -188,7 +173,7 @@ fn exceptions_pass_through_the_copy_to_their_handler_and_its_branch_is_counted()
     let relay = install(&mut session, &symbols, "relay");
     let during = throwing_rounds(&mut target, ROUNDS);
     unpatch(&mut session, vec![relay.address]);
-    let counts = read(&mut session, &relay);
+    let counts = edge_counts(&mut session, &relay);
     drop(session);
     assert!(
         during.iter().all(|&round| round == bare),
@@ -267,7 +252,7 @@ fn a_hundred_copy_and_restore_cycles_leave_the_code_and_results_intact() {
         assert_eq!(checksums, [bare], "cycle {cycle}");
         unpatch(&mut session, layouts.iter().map(|l| l.address).collect());
         // Counters start from zero at each installation.
-        let counts = read(&mut session, &layouts[0]);
+        let counts = edge_counts(&mut session, &layouts[0]);
         assert_eq!(counts[&layouts[0].calls_counter], 300, "cycle {cycle}");
     }
     drop(session);
@@ -285,7 +270,7 @@ fn a_recursive_function_counts_every_level_through_its_copy() {
     let (_, mut session) = tendril::inject::attach(pid).unwrap();
     let descend = install(&mut session, &symbols, "descend");
     let deadline = std::time::Instant::now() + LINE_TIMEOUT;
-    while read(&mut session, &descend)[&descend.calls_counter] < 9_000 {
+    while edge_counts(&mut session, &descend)[&descend.calls_counter] < 9_000 {
         assert!(
             std::time::Instant::now() < deadline,
             "descend is not being called"
@@ -293,7 +278,7 @@ fn a_recursive_function_counts_every_level_through_its_copy() {
         std::thread::sleep(Duration::from_millis(10));
     }
     unpatch(&mut session, vec![descend.address]);
-    let counts = read(&mut session, &descend);
+    let counts = edge_counts(&mut session, &descend);
     drop(session);
     let calls = counts[&descend.calls_counter];
     assert_eq!(

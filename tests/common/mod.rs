@@ -1,7 +1,8 @@
 //! What the integration tests share: the fixture programs, built on demand (`fixture`),
 //! running fixture processes (`Target`), the `tendril` binary (`tendril`), and the check
-//! that a process runs exactly the code of its files (`code_bytes_match_file`), and the
-//! consistency every profile must have (`check_profile`).
+//! that a process runs exactly the code of its files (`code_bytes_match_file`), the
+//! consistency every profile must have (`check_profile`), and the counts of a function
+//! copied with counters (`edge_counts`).
 //!
 //! The one idea: tests run real programs. Each test binary includes this module with
 //! `mod common;` and uses only what it needs, hence the `allow` below.
@@ -32,4 +33,20 @@ use std::process::Command;
 /// A `Command` for the `tendril` binary that cargo built for these tests.
 pub fn tendril() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tendril"))
+}
+
+/// Every counter of the copy `layout` describes, summed over the threads.
+pub fn edge_counts(
+    session: &mut tendril::session::AgentSession,
+    layout: &tendril_wire::edges::EdgeLayout,
+) -> std::collections::BTreeMap<u32, u64> {
+    let ids = layout.counters();
+    let request = tendril_wire::Request::ReadCounters { ids: ids.clone() };
+    let tendril_wire::Response::Counters { threads } = session.request(&request).unwrap() else {
+        panic!("no counters")
+    };
+    ids.iter()
+        .enumerate()
+        .map(|(i, &id)| (id, threads.iter().map(|t| t.calls[i]).sum()))
+        .collect()
 }
