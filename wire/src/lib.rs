@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire8");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire9");
 
 /// The longest request line the agent reads (newline included). A `Patch` target and
 /// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
@@ -83,6 +83,17 @@ pub enum Request {
         address: u64,
         size: u64,
         code_ranges: Vec<(u64, u64)>,
+        paths: bool,
+    },
+    /// Put a copy of the function at `address` (`size` bytes), with edge counters for
+    /// the calls made inside the call graph (and the path register when `paths` is
+    /// set), behind the recording hook this session has on it: the live view's
+    /// annotated code. Answered with [`Response::EdgesBehindHook`]; a restore of the
+    /// function (a pause, a root change, the end of the recording) takes the copy out
+    /// with the hook.
+    CopyBehindRecordingHook {
+        address: u64,
+        size: u64,
         paths: bool,
     },
 }
@@ -230,6 +241,14 @@ pub enum Response {
     TableUpdated { functions: u64 },
     /// Answer to [`Request::CopyWithCounters`]: the copy's blocks and counters.
     EdgesInstalled { layout: edges::EdgeLayout },
+    /// Answer to [`Request::CopyBehindRecordingHook`]: the copy's blocks and counters
+    /// (its calls counter counts the calls inside the call graph), and the function's
+    /// original bytes (its entry is patched, so reading it from outside would show the
+    /// hook's jump).
+    EdgesBehindHook {
+        layout: edges::EdgeLayout,
+        code: Vec<u8>,
+    },
     /// The request was refused; the message says why and what to do.
     Error { message: String },
 }

@@ -127,6 +127,18 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                     message: error.to_string(),
                 },
             },
+            Ok(Request::CopyBehindRecordingHook {
+                address,
+                size,
+                paths,
+            }) => match crate::patching::function_copies::install_behind_hook(
+                session, address, size, paths,
+            ) {
+                Ok((layout, code)) => Response::EdgesBehindHook { layout, code },
+                Err(error) => Response::Error {
+                    message: error.to_string(),
+                },
+            },
         };
         let answer = tendril_wire::encode(&response);
         let sent = match &rings {

@@ -20,6 +20,7 @@
 //! lea rsp,[rsp+128]
 //! ```
 
+pub use super::inserted_code::Gate;
 use super::inserted_code::{Sequence, fixed};
 use super::path_register::PathRegister;
 use crate::code::function_copy::{CounterCode, Inserted, Labels};
@@ -31,18 +32,30 @@ use iced_x86::{Code, Instruction, MemoryOperand, Register};
 pub struct EdgeCounters<'a> {
     pub ids: &'a [u32],
     pub paths: Option<PathRegister<'a>>,
+    /// Which calls count (the path code has its own, the same).
+    pub gate: Gate,
+    /// A counter of the calls themselves, in the code each call runs first (a copy
+    /// behind a recording hook, whose hook counts no calls).
+    pub calls_id: Option<u32>,
 }
 
 impl CounterCode for EdgeCounters<'_> {
     fn counter(&mut self, index: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
-        counter_code(self.ids[index], flags_live, labels)
+        counter_code(self.ids[index], flags_live, self.gate, labels)
     }
 
     fn entry(&mut self, labels: &mut Labels) -> Inserted {
-        match &self.paths {
-            Some(paths) => paths.entry(labels),
+        // A call starts with its flags dead (the ABI leaves them undefined).
+        let mut code = match self.calls_id {
+            Some(id) => counter_code(id, false, self.gate, labels),
             None => Inserted::default(),
+        };
+        if let Some(paths) = &self.paths {
+            let path_entry = paths.entry(labels);
+            code.instructions.extend(path_entry.instructions);
+            code.extra_stack.extend(path_entry.extra_stack);
         }
+        code
     }
 
     fn edge(
@@ -59,9 +72,13 @@ impl CounterCode for EdgeCounters<'_> {
     }
 }
 
-/// The code that adds one to the calling thread's counter `id`.
-pub fn counter_code(id: u32, flags_live: bool, labels: &mut Labels) -> Inserted {
-    let mut code = Sequence::default();
+/// The code that adds one to the calling thread's counter `id`, for the calls `gate`
+/// lets through.
+pub fn counter_code(id: u32, flags_live: bool, gate: Gate, labels: &mut Labels) -> Inserted {
+    let mut code = Sequence {
+        gate,
+        ..Sequence::default()
+    };
     let mut depth = code.save(&[Register::RCX]);
     if flags_live {
         code.save_flags(&mut depth);
@@ -85,7 +102,7 @@ mod tests {
 
     fn disassemble(flags_live: bool) -> Vec<String> {
         let mut labels = Labels::new_for_tests();
-        let inserted = counter_code(3, flags_live, &mut labels);
+        let inserted = counter_code(3, flags_live, Gate::EveryCall, &mut labels);
         assert_eq!(inserted.instructions.len(), inserted.extra_stack.len());
         let address = 0x7f00_0000_1000;
         let encoded = BlockEncoder::encode(

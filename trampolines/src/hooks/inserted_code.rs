@@ -5,7 +5,9 @@
 //! status flags where they are live, finding the thread's state, and undoing it all.
 
 use crate::code::function_copy::Inserted;
-use crate::hooks::thread_layout::{self as thread_state, FLAG_PASSTHROUGH, STATE_FLAGS};
+use crate::hooks::thread_layout::{
+    self as thread_state, FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH,
+};
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 
 /// Bytes inserted code steps over below the stack pointer: the System V red zone.
@@ -15,6 +17,19 @@ pub const RED_ZONE: u32 = 128;
 #[derive(Default)]
 pub struct Sequence {
     pub inserted: Inserted,
+    /// Act only for calls inside a recording's call graph (see [`Gate`]).
+    pub gate: Gate,
+}
+
+/// Which calls the inserted code acts for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Gate {
+    /// Every call of a thread that has a state (`tendril edges`).
+    #[default]
+    EveryCall,
+    /// Only calls made inside a recording's call graph (`graph_depth` above 0): the
+    /// calls the recording's tree counts, for a copy behind a recording hook.
+    InCallGraph,
 }
 
 impl Sequence {
@@ -59,7 +74,8 @@ impl Sequence {
     }
 
     /// `mov rcx,fs:[slot]`, the thread's state, and on to `done` for a thread that has
-    /// none yet (moved into the copy mid-entry) or that passes through.
+    /// none yet (moved into the copy mid-entry), that passes through, or, with
+    /// [`Gate::InCallGraph`], that is outside the call graph.
     pub fn load_thread_state(&mut self, depth: u32, done: u64) {
         let slot = MemoryOperand::new(
             Register::None,
@@ -81,6 +97,17 @@ impl Sequence {
         ];
         for instruction in checks {
             self.push(fixed(instruction), depth);
+        }
+        if self.gate == Gate::InCallGraph {
+            let graph_depth =
+                MemoryOperand::with_base_displ(Register::RCX, i64::from(STATE_GRAPH_DEPTH));
+            let outside = [
+                Instruction::with2(Code::Cmp_rm64_imm8, graph_depth, 0),
+                Instruction::with_branch(Code::Je_rel32_64, done),
+            ];
+            for instruction in outside {
+                self.push(fixed(instruction), depth);
+            }
         }
     }
 

@@ -35,6 +35,7 @@ mod prologue;
 
 use crate::code::copy_unwind::OriginalUnwind;
 use crate::code::function_copy::{Inserted, Labels};
+use crate::hooks::inserted_code::Gate;
 use crate::hooks::thread_layout::{
     self as thread_state, PATH_ENTRY_REGISTER, PATH_ENTRY_SIZE, PATH_STACK_ENTRIES,
     STATE_PATH_DEPTH,
@@ -63,6 +64,8 @@ pub struct PathRegister<'a> {
     /// The function's unwind rows, which say where each action's frame began (the
     /// caller checks them with [`PathRegister::frames_suffice`]).
     pub frames: &'a OriginalUnwind,
+    /// Which calls' paths are counted.
+    pub gate: Gate,
 }
 
 impl PathRegister<'_> {
@@ -82,6 +85,7 @@ impl PathRegister<'_> {
             key: Some(KeySource::StackPointer(0)),
             check: Check::NewCall,
             scratch: false,
+            gate: self.gate,
         };
         let mut code = PathCode::begin(false, plan, labels);
         let depth = memory(Register::RCX, STATE_PATH_DEPTH);
@@ -136,6 +140,7 @@ impl PathRegister<'_> {
                 lost_id: ends_a_path.then_some(self.lost_id),
             },
             scratch: ends_a_path,
+            gate: self.gate,
         };
         let mut code = PathCode::begin(flags_live, plan, labels);
         match action {

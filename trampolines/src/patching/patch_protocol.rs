@@ -170,6 +170,67 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     }
 }
 
+/// Points the installed `site` at another trampoline, whose hook is `hook`: its entry
+/// jump, or for a short patch its pad's jump, now leads there (a copy behind a
+/// recording hook). Either is one instruction before and after, so no thread is ever
+/// between two of its instructions: a thread arriving meanwhile waits at the guard, and
+/// one already on a pad (it took the short jump just before the guard) is stopped and
+/// sent to the old hook, where it would have gone. A thread inside the old trampoline
+/// finishes there. The site's original bytes do not change. On an error the site still
+/// leads to its old trampoline.
+pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
+    if site.trampoline.plan.style == PatchStyle::CallThunk {
+        return Err(AgentError::Refused(
+            "its entry is a call, which its hook replaced in place; a copy needs a jump there"
+                .into(),
+        ));
+    }
+    let _no_thread_start = agent_threads::code_change();
+    let writable = WritableCode::open([(site.patch_at, site.jump_len() as u64)])
+        .map_err(|e| AgentError::io("cannot make the code writable for a moment", e))?;
+    // Everything a stop needs is ready before the guard goes up: from then on this
+    // thread runs no code the guard may hold (libc included) and allocates nothing.
+    let mut buffers = match &site.pad {
+        Some(_) => {
+            stop_world::install()?;
+            crate::sys::thread_tracer::prepare()?;
+            signal_frames::learn_restorers(stop_world::park_signal());
+            Some(StopBuffers::new())
+        }
+        None => None,
+    };
+    let entry = site.entry_jump();
+    writable.store_two_bytes(site.patch_at, GUARD);
+    stop_world::serialize_all_cores();
+    let written = match (&site.pad, buffers.as_mut()) {
+        (Some(pad), Some(buffers)) => {
+            let old_hook = site.trampoline.hook;
+            let on_pad =
+                |pc: u64| (pc >= pad.address && pc < pad.address + PAD_LEN).then_some(old_hook);
+            let jump = rel32_jump(pad.address, hook);
+            stop_world::with_world_stopped_in(buffers, |world| {
+                move_threads(world, &on_pad);
+                let written = code_memory::write_code(pad.address, &jump);
+                stop_world::serialize_all_cores();
+                written
+            })
+            .and_then(|written| written.map_err(|e| AgentError::io("cannot write code", e)))
+        }
+        _ => {
+            let jump = rel32_jump(site.patch_at, hook);
+            writable.store_bytes(site.patch_at + 2, &jump[2..]);
+            stop_world::serialize_all_cores();
+            writable.store_two_bytes(site.patch_at, [jump[0], jump[1]]);
+            stop_world::serialize_all_cores();
+            return Ok(());
+        }
+    };
+    // The short jump to the pad goes back over the guard, whatever the pad now says.
+    writable.store_two_bytes(site.patch_at, [entry[0], entry[1]]);
+    stop_world::serialize_all_cores();
+    written
+}
+
 /// Writes back the bytes of pads no thread can have reached.
 fn put_pads_back(sites: &[Site]) {
     for site in sites {
@@ -372,6 +433,7 @@ mod tests {
             },
             owner: 1,
             id: 0,
+            kind: tendril_wire::Hook::Count,
             internal: false,
             recorded: [None, None],
         }

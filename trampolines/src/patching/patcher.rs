@@ -337,6 +337,7 @@ impl Engine {
             trampoline,
             owner,
             id,
+            kind: request.kind,
             internal: is_internal(request.kind),
             recorded: [None, None],
         })

@@ -42,6 +42,8 @@ pub struct Site {
     pub trampoline: Trampoline,
     pub owner: u64,
     pub id: u32,
+    /// The hook its trampoline runs.
+    pub kind: Hook,
     /// An internal hook on the unwinder (see `shadow`): it goes in before, and comes
     /// out after, every return hook.
     pub internal: bool,

@@ -2,7 +2,7 @@
 //! the thread's state and its call's entry, and putting everything back.
 
 use crate::code::function_copy::Inserted;
-use crate::hooks::inserted_code::{Sequence, fixed};
+use crate::hooks::inserted_code::{Gate, Sequence, fixed};
 use crate::hooks::thread_layout::{
     self as thread_state, PATH_ENTRY_SIZE, STATE_PATH_DEPTH, STATE_PATH_STACK,
 };
@@ -36,6 +36,8 @@ pub struct Plan {
     pub check: Check,
     /// A scratch register, `rdi`.
     pub scratch: bool,
+    /// Which calls the code acts for.
+    pub gate: Gate,
 }
 
 /// The general-purpose register of DWARF register number `number` (x86-64).
@@ -75,7 +77,10 @@ impl PathCode {
         if plan.scratch {
             saved.push(Register::RDI);
         }
-        let mut code = Sequence::default();
+        let mut code = Sequence {
+            gate: plan.gate,
+            ..Sequence::default()
+        };
         let mut depth = code.save(&saved);
         // The key first, while every register but `rsp` holds the function's value.
         if let Some(source) = plan.key {

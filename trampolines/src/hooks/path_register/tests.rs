@@ -8,7 +8,9 @@ use crate::code::copy_unwind::{OriginalUnwind, Row};
 use crate::code::executable_memory::Mapped;
 use crate::code::function_copy::{self, counter_sites};
 use crate::hooks::edge_counters::EdgeCounters;
-use crate::hooks::thread_layout::{REGION_BYTES, STATE_PATH_STACK, ThreadState, set_current_slot};
+use crate::hooks::thread_layout::{
+    REGION_BYTES, STATE_GRAPH_DEPTH, STATE_PATH_STACK, ThreadState, set_current_slot,
+};
 use iced_x86::code_asm::*;
 use iced_x86::{Decoder, DecoderOptions};
 use std::collections::BTreeMap;
@@ -51,10 +53,18 @@ struct Profiled {
     first_id: u32,
     beyond_id: u32,
     lost_id: u32,
+    /// The counter of the calls themselves (a copy behind a recording hook).
+    calls_id: u32,
 }
 
 /// `assemble` writes the function, given the address it is assembled at.
 fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
+    profiled_behind(Gate::EveryCall, assemble)
+}
+
+/// [`profiled`], its code acting for the calls `gate` lets through, with a calls
+/// counter when those are the call graph's.
+fn profiled_behind(gate: Gate, assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
     let original = Mapped::new(1 << 12);
     let mut a = CodeAssembler::new(64).unwrap();
     assemble(&mut a, original.address);
@@ -68,6 +78,7 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
     let ids: Vec<u32> = (1..=sites).collect();
     let itemized = numbering.paths as u32;
     let (first_id, beyond_id, lost_id) = (sites + 1, sites + 1 + itemized, sites + 2 + itemized);
+    let calls_id = lost_id + 1;
     let actions: Vec<EdgeAction> = numbering.edges.iter().map(|edge| edge.action).collect();
     let mut counters = EdgeCounters {
         ids: &ids,
@@ -78,7 +89,10 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
             beyond_id,
             lost_id,
             frames: &frames,
+            gate,
         }),
+        gate,
+        calls_id: (gate == Gate::InCallGraph).then_some(calls_id),
     };
     let copy = Mapped::new(1 << 16);
     let built = function_copy::build(&graph, &bytes, copy.address, &mut counters).unwrap();
@@ -99,6 +113,7 @@ fn profiled(assemble: impl FnOnce(&mut CodeAssembler, u64)) -> Profiled {
         first_id,
         beyond_id,
         lost_id,
+        calls_id,
     }
 }
 
@@ -186,32 +201,34 @@ impl Profiled {
     }
 }
 
+/// f(i) = (i % 3 != 0 ? i + 100 : i) + 7 * (i & 3): a branch, then a loop of i & 3 trips.
+fn branch_and_loop(a: &mut CodeAssembler, _start: u64) {
+    let mut skip = a.create_label();
+    let mut head = a.create_label();
+    let mut done = a.create_label();
+    a.mov(eax, edi).unwrap();
+    a.xor(edx, edx).unwrap();
+    a.mov(ecx, 3).unwrap();
+    a.div(ecx).unwrap();
+    a.mov(eax, edi).unwrap();
+    a.test(edx, edx).unwrap();
+    a.je(skip).unwrap();
+    a.add(eax, 100).unwrap();
+    a.set_label(&mut skip).unwrap();
+    a.mov(ecx, edi).unwrap();
+    a.and(ecx, 3).unwrap();
+    a.je(done).unwrap();
+    a.set_label(&mut head).unwrap();
+    a.add(eax, 7).unwrap();
+    a.dec(ecx).unwrap();
+    a.jne(head).unwrap();
+    a.set_label(&mut done).unwrap();
+    a.ret().unwrap();
+}
+
 #[test]
 fn a_branch_and_a_loop_count_every_path_exactly() {
-    // f(i) = (i % 3 != 0 ? i + 100 : i) + 7 * (i & 3)
-    let function = profiled(|a, _| {
-        let mut skip = a.create_label();
-        let mut head = a.create_label();
-        let mut done = a.create_label();
-        a.mov(eax, edi).unwrap();
-        a.xor(edx, edx).unwrap();
-        a.mov(ecx, 3).unwrap();
-        a.div(ecx).unwrap();
-        a.mov(eax, edi).unwrap();
-        a.test(edx, edx).unwrap();
-        a.je(skip).unwrap();
-        a.add(eax, 100).unwrap();
-        a.set_label(&mut skip).unwrap();
-        a.mov(ecx, edi).unwrap();
-        a.and(ecx, 3).unwrap();
-        a.je(done).unwrap();
-        a.set_label(&mut head).unwrap();
-        a.add(eax, 7).unwrap();
-        a.dec(ecx).unwrap();
-        a.jne(head).unwrap();
-        a.set_label(&mut done).unwrap();
-        a.ret().unwrap();
-    });
+    let function = profiled(branch_and_loop);
     let offsets: Vec<u64> = (0..function.graph.blocks.len())
         .map(|b| function.offset_of(b))
         .collect();
@@ -415,5 +432,31 @@ fn entries_of_gone_calls_are_dropped_and_a_missing_entry_loses_its_path() {
     let (counted, lost) = function.counted(&state);
     assert_eq!(lost, 100);
     assert_eq!(counted.values().copied().collect::<Vec<u64>>(), [50, 50]);
+    assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
+}
+
+#[test]
+fn behind_a_recording_hook_only_the_call_graphs_calls_are_counted() {
+    let function = profiled_behind(Gate::InCallGraph, branch_and_loop);
+    let mut state = OwnState::install();
+    let graph_depth = STATE_GRAPH_DEPTH as usize / 8;
+    let mut expected_runs = 0;
+    for (depth, calls) in [(0, 100u64), (1, 300), (0, 50), (3, 60)] {
+        state.region[graph_depth] = depth;
+        for i in 0..calls {
+            let plus = if i % 3 != 0 { 100 } else { 0 };
+            assert_eq!((function.entry)(i), i + plus + 7 * (i & 3), "f({i})");
+            if depth > 0 {
+                // One path per call, and one more per back edge taken.
+                expected_runs += 1 + (i & 3).saturating_sub(1);
+            }
+        }
+    }
+    // Outside the graph (depth 0) nothing counts, not even as lost.
+    assert_eq!(state.counter(function.calls_id), 360);
+    assert_eq!(state.counter(1), 360, "block 0's counter");
+    let (counted, lost) = function.counted(&state);
+    assert_eq!(lost, 0);
+    assert_eq!(counted.values().sum::<u64>(), expected_runs);
     assert_eq!(state.region[STATE_PATH_DEPTH as usize / 8], 0);
 }
