@@ -11,8 +11,8 @@
 //! number follows from the counters (`derived`), and the Ball–Larus path numbers the
 //! copy counted decode into their blocks (`path_counts`).
 
-mod derived;
-mod listing;
+pub(crate) mod derived;
+pub(crate) mod listing;
 mod path_counts;
 
 use crate::commands::counters::{self, CounterWait};
@@ -269,11 +269,10 @@ fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<()> {
     }
 }
 
-/// `name` or `name+0xN` for an address outside the function.
 /// The first function that returns twice (`setjmp`, `vfork`) that the code `code` at
 /// `start` calls, directly, through its PLT stub or through a GOT slot. Every byte is
 /// decoded, padding included: a false match only costs the paths.
-fn returns_twice_callee(
+pub(crate) fn returns_twice_callee(
     pid: i32,
     symbols: &ProcessSymbols,
     start: u64,
@@ -303,7 +302,8 @@ fn returns_twice_callee(
         })
 }
 
-fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> {
+/// `name` or `name+0xN` for an address outside the function.
+pub(crate) fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> {
     let function = symbols.lookup(address)?;
     Some(match address - function.addr {
         0 => function.name.clone(),

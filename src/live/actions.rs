@@ -43,6 +43,8 @@ impl Session {
             Action::SaveSampled => self.save_sampled(app),
             Action::Trace => self.trace(app),
             Action::Detach => self.detach(app),
+            Action::ShowCode { name, module } => self.show_code(name, module, app),
+            Action::CloseCode => self.close_code(),
         }
         Flow::Continue
     }

@@ -12,6 +12,8 @@
 
 mod actions;
 mod busy;
+mod code_counts;
+mod code_view;
 pub mod controller;
 pub mod convert;
 mod input;

@@ -10,6 +10,7 @@
 //! halfway through its ptrace calls — so that the recorder it makes can be finished.
 //! The UI's [`tendril_tui::Action`]s are carried out in `actions.rs`.
 
+use super::code_counts::CodeWatch;
 use super::convert::{EventRate, snapshot_of, target_label};
 use super::job::{Job, JobState};
 use super::processes::list_processes;
@@ -90,6 +91,8 @@ pub struct Session {
     next_alive_check: Instant,
     /// The target has exited: nothing more to check or detach.
     pub(super) target_gone: bool,
+    /// The annotated code being counted (`e`).
+    pub(super) code: CodeWatch,
 }
 
 impl Session {
@@ -108,6 +111,7 @@ impl Session {
             saving: None,
             next_alive_check: Instant::now(),
             target_gone: false,
+            code: CodeWatch::Closed,
         }
     }
 
@@ -211,6 +215,7 @@ impl Session {
         self.check_sampling(app);
         self.check_start(app)?;
         self.check_busy(app);
+        self.check_code(app);
         self.check_save(app);
         if now >= self.next_alive_check {
             self.next_alive_check = now + ALIVE_CHECK_INTERVAL;

@@ -24,4 +24,4 @@ pub mod recorder;
 pub mod rings;
 pub mod tsc;
 
-pub use recorder::{Finished, RecordError, RecordOptions, Recorder, Scheme};
+pub use recorder::{Finished, HookedCopy, RecordError, RecordOptions, Recorder, Scheme};

@@ -10,6 +10,7 @@
 //! the cost correction — happens here, at the controller's pace, so a recording can be
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
+mod code_copy;
 mod controls;
 mod in_situ;
 mod late_modules;
@@ -17,6 +18,7 @@ mod polling;
 mod snapshot;
 mod tracing;
 
+pub use code_copy::HookedCopy;
 pub use tracing::TraceStatus;
 
 use super::closure;

@@ -40,6 +40,12 @@ pub enum Action {
     /// Keep the raw enter and exit events of the next second as a timeline (saved with
     /// the profile, for the chrome and speedscope exports).
     Trace,
+    /// Show this function's annotated code with exact block, branch and path counts,
+    /// counted live (`e` on a node): the controller sends [`crate::App::update_code`]
+    /// a few times a second, or [`crate::App::close_code`] with the reason it cannot.
+    ShowCode { name: String, module: String },
+    /// The annotated code was left (Esc): stop reading its counts.
+    CloseCode,
     /// Restore the target's code and stop collecting; the UI stays to browse the data.
     Detach,
     /// Leave the UI (the controller detaches first if still attached).

@@ -16,7 +16,10 @@ use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
+mod code_screen;
+
 use crate::action::Action;
+use crate::code_view::CodeView;
 use crate::help::{self, Context, KeyHelp, Needs};
 use crate::live::LiveView;
 use crate::live_draw;
@@ -50,6 +53,8 @@ pub enum ScreenKind {
     Live,
     /// The sampled tree: Enter instruments the selected function.
     Sampled,
+    /// One function's annotated code, counted live (`e` in the live view).
+    Code,
 }
 
 /// The terminal UI's state. See the crate documentation for the controller's loop.
@@ -74,6 +79,7 @@ pub struct App {
     help_visible: bool,
     /// The live view shows on-CPU times (`C`) instead of wall-clock times.
     shows_cpu_time: bool,
+    code: CodeView,
 }
 
 impl App {
@@ -93,6 +99,7 @@ impl App {
             message: None,
             help_visible: false,
             shows_cpu_time: false,
+            code: CodeView::default(),
         };
         match screen {
             Screen::ProcessPicker(processes) => app.process_picker.set_processes(processes),
@@ -336,6 +343,7 @@ impl App {
             ScreenKind::RootPicker => self.root_picker_key(key),
             ScreenKind::Live => self.live_key(key),
             ScreenKind::Sampled => self.sampled_key(key),
+            ScreenKind::Code => self.code_key(key),
         }
     }
 
@@ -407,7 +415,8 @@ impl App {
             KeyCode::Char('S') if self.allowed(Needs::Samples) => self.show_sampled(),
             KeyCode::Char('C') => self.toggle_clock(),
             KeyCode::Char('E') => self.show_error_estimate(),
-            KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r' | 'S') => {}
+            KeyCode::Char('e') if self.allowed(Needs::Target) => return self.open_code(),
+            KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r' | 'S' | 'e') => {}
             KeyCode::Esc => self.message = None,
             _ => {
                 self.live.handle_key(key, &self.snapshot);
@@ -480,6 +489,7 @@ impl App {
             ScreenKind::RootPicker => help::ROOT_PICKER_KEYS,
             ScreenKind::Live => help::LIVE_KEYS,
             ScreenKind::Sampled => help::SAMPLED_KEYS,
+            ScreenKind::Code => help::CODE_KEYS,
         }
     }
 
@@ -490,8 +500,10 @@ impl App {
             return;
         }
         let footer_height = u16::from(area.height >= 2);
-        let shows_status = matches!(self.screen, ScreenKind::Live | ScreenKind::Sampled)
-            || (self.screen == ScreenKind::RootPicker && self.session_started);
+        let shows_status = matches!(
+            self.screen,
+            ScreenKind::Live | ScreenKind::Sampled | ScreenKind::Code
+        ) || (self.screen == ScreenKind::RootPicker && self.session_started);
         let status_height = match area.height {
             _ if !shows_status => 0,
             0..=4 => 0,
@@ -515,6 +527,7 @@ impl App {
                 live_draw::draw_tabs(&self.sampled_view, &self.sampled, frame, tabs);
                 live_draw::draw_body(&mut self.sampled_view, &self.sampled, false, frame, tree);
             }
+            ScreenKind::Code => self.code.draw(frame, body),
         }
         if status_height > 0 {
             let shown_status = if self.screen == ScreenKind::Sampled {

@@ -176,6 +176,12 @@ pub const LIVE_KEYS: &[KeyHelp] = &[
         None,
     ),
     key(
+        "e",
+        "the selected function's code with exact block, branch and path counts, live",
+        Needs::Target,
+        Some("e code"),
+    ),
+    key(
         "S",
         "the sampled tree (taken before instrumenting), to compare",
         Needs::Samples,
@@ -294,6 +300,23 @@ pub const SAMPLED_KEYS: &[KeyHelp] = &[
     key("? F1", "this help", Needs::Nothing, Some("? help")),
 ];
 
+pub const CODE_KEYS: &[KeyHelp] = &[
+    key("↑↓ jk PgUp PgDn Home End", "move", Needs::Nothing, None),
+    key(
+        "Esc",
+        "back to the live view (the counting goes on until the recording stops)",
+        Needs::Nothing,
+        Some("Esc back"),
+    ),
+    key(
+        "q Ctrl-C",
+        "quit (detaches first)",
+        Needs::Nothing,
+        Some("q quit"),
+    ),
+    key("? F1", "this help", Needs::Nothing, Some("? help")),
+];
+
 /// Whether a key is available given the session's state.
 pub fn available(needs: Needs, context: Context) -> bool {
     match needs {
@@ -308,7 +331,7 @@ pub fn available(needs: Needs, context: Context) -> bool {
 /// footer drops the least important ones; the rest keep the table's order.
 const HINT_IMPORTANCE: &[&str] = &[
     "?", "F1", "q", "Ctrl-C", "Enter", "type", "S", "p", "r", "w", "d", "1-3", "Tab", "Esc", "s",
-    "h", "Ctrl-R", "X", "C", "E",
+    "h", "Ctrl-R", "X", "C", "E", "e",
 ];
 
 /// The footer's key hints for `keys` that fit in `width` columns (the most important

@@ -36,6 +36,7 @@
 
 mod action;
 mod app;
+mod code_view;
 mod columns;
 mod cursor;
 mod format;
@@ -55,6 +56,7 @@ mod tree_view;
 
 pub use action::Action;
 pub use app::{App, Screen, ScreenKind};
+pub use code_view::{CodeLine, CodeSnapshot};
 pub use live::{LiveTab, TreeSource};
 pub use model::{
     FunctionEntry, ProcessEntry, ProfileSnapshot, SamplingStatus, Status, ThreadSummary, TreeNode,

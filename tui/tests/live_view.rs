@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use tendril_tui::crossterm::event::KeyCode;
-use tendril_tui::{Action, App, ProfileSnapshot, Screen, ScreenKind};
+use tendril_tui::{Action, App, CodeLine, CodeSnapshot, ProfileSnapshot, Screen, ScreenKind};
 
 fn live_app() -> App {
     App::new(Screen::Live(snapshot()))
@@ -562,6 +562,64 @@ fn capital_e_gives_the_selected_nodes_estimated_error() {
         app.message()
             .unwrap_or_default()
             .contains("no error estimate"),
+        "{:?}",
+        app.message()
+    );
+}
+
+#[test]
+fn e_opens_the_selected_functions_code_and_esc_goes_back() {
+    let mut app = live_app();
+    press(&mut app, KeyCode::Down); // compute
+    assert_eq!(
+        press_char(&mut app, 'e'),
+        Some(Action::ShowCode {
+            name: "compute".into(),
+            module: "calltree".into()
+        })
+    );
+    assert_eq!(app.screen(), ScreenKind::Code);
+    assert!(screen_text(&mut app, 100, 20).contains("copying compute"));
+    app.update_code(CodeSnapshot {
+        title: "compute (calltree): 5 calls inside the call graph".into(),
+        lines: vec![CodeLine {
+            text: "▶ 5  100.0%  +0x0    push rbp".into(),
+            hot: true,
+        }],
+    });
+    let text = screen_text(&mut app, 100, 20);
+    assert!(text.contains("5 calls inside the call graph"), "{text}");
+    assert!(text.contains("push rbp"), "{text}");
+    assert!(text.contains("Esc back"), "the footer names Esc: {text}");
+    // The live view's keys do nothing here: p does not pause.
+    assert_eq!(press_char(&mut app, 'p'), None);
+    assert_eq!(press(&mut app, KeyCode::Esc), Some(Action::CloseCode));
+    assert_eq!(app.screen(), ScreenKind::Live);
+    // Counts arriving late are dropped; a refusal comes back to the live view.
+    app.update_code(CodeSnapshot::default());
+    assert_eq!(app.code(), None);
+    press_char(&mut app, 'e');
+    app.close_code("cannot count compute's edges: its size is unknown");
+    assert_eq!(app.screen(), ScreenKind::Live);
+    assert_eq!(
+        app.message(),
+        Some("cannot count compute's edges: its size is unknown")
+    );
+}
+
+#[test]
+fn e_needs_a_target_and_a_function() {
+    let mut app = App::new(Screen::ReadOnly(snapshot()));
+    assert_eq!(press_char(&mut app, 'e'), None);
+    assert_eq!(app.screen(), ScreenKind::Live);
+    assert!(app.message().unwrap_or_default().contains("read-only"));
+    let mut app = live_app();
+    press_char(&mut app, '3'); // the threads tab: no function selected
+    assert_eq!(press_char(&mut app, 'e'), None);
+    assert!(
+        app.message()
+            .unwrap_or_default()
+            .contains("select a function"),
         "{:?}",
         app.message()
     );

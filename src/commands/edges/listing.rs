@@ -91,6 +91,17 @@ pub fn write_text(
     path_counts::write_text(out, &profile.paths, profile.address)
 }
 
+/// The listing as lines, each with whether it starts a hot block (the `▶` mark), for
+/// the live view, which colours those.
+pub fn lines(listing: &Listing, profile: &EdgeProfile) -> Vec<(bool, String)> {
+    let mut text = Vec::new();
+    write_text(&mut text, listing, profile).expect("writing to memory cannot fail");
+    String::from_utf8_lossy(&text)
+        .lines()
+        .map(|line| (line.starts_with('▶'), line.to_string()))
+        .collect()
+}
+
 fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
     let start = profile.address;
     let end = start + listing.code.len() as u64;

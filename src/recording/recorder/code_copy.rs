@@ -1,0 +1,70 @@
+//! A recorded function's copy with edge counters, put behind its recording hook while
+//! the recording goes on: what the live view's annotated code reads (issue 18).
+//!
+//! The one idea: the recording's node names a function the agent has hooked; the agent
+//! keeps that hook and runs a counted copy behind it, whose counters count only the
+//! calls inside the call graph — the calls the tree counts. Only the request goes
+//! through the recording's connection (it owns the hook); reading the counters does
+//! not need it.
+
+use super::Recorder;
+use crate::recording::RecordError;
+use crate::session::SessionError;
+use crate::symbols::Function;
+use tendril_wire::edges::EdgeLayout;
+use tendril_wire::{Request, Response};
+
+/// A function's copy behind its recording hook.
+pub struct HookedCopy {
+    pub function: Function,
+    pub layout: EdgeLayout,
+    /// The function's original bytes, from its entry.
+    pub code: Vec<u8>,
+}
+
+impl Recorder {
+    /// The function the recording names `name` in `module` (a node of its tree), if it
+    /// has hooked it.
+    pub fn recorded_function(&self, name: &str, module: &str) -> Option<Function> {
+        let rings = self.rings.as_ref()?;
+        (0..)
+            .map_while(|id| rings.function_address(id))
+            .filter_map(|address| {
+                (self.symbols.lookup(address)).filter(|function| function.addr == address)
+            })
+            .find(|function| function.name == name && function.module == module)
+            .cloned()
+    }
+
+    /// Puts a copy of `function` with edge counters (and the path register if `paths`)
+    /// behind its recording hook. Refused, with the reason, when the recording has no
+    /// hook on it (any more) or its code cannot be copied.
+    pub fn copy_behind_hook(
+        &mut self,
+        function: &Function,
+        paths: bool,
+    ) -> Result<HookedCopy, RecordError> {
+        let pid = self.target.pid;
+        let request = Request::CopyBehindRecordingHook {
+            address: function.addr,
+            size: function.size,
+            paths,
+        };
+        match self.session.request(&request) {
+            Ok(Response::EdgesBehindHook { layout, code }) => Ok(HookedCopy {
+                function: function.clone(),
+                layout,
+                code,
+            }),
+            Ok(other) => Err(RecordError::Session {
+                pid,
+                source: SessionError::Protocol(format!("{other:?}")),
+            }),
+            Err(SessionError::Refused(reason)) => Err(RecordError::Refused {
+                pid,
+                message: format!("cannot count {}'s edges: {reason}", function.name),
+            }),
+            Err(source) => Err(RecordError::Session { pid, source }),
+        }
+    }
+}
