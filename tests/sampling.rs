@@ -394,8 +394,8 @@ fn a_process_another_user_cannot_sample_is_refused_in_one_line() {
 
 use std::os::unix::process::CommandExt;
 
-/// Raw sample records of every thread of `pid`, as the kernel wrote them, until at
-/// least `count` arrived.
+/// Raw records of every thread of `pid`, as the kernel wrote them, until at least
+/// `count` samples arrived (under load the kernel adds throttling and lost records).
 fn raw_samples(pid: i32, count: usize) -> Vec<Vec<u8>> {
     use tendril::sampling::perf::{EventKind, PerfEvent, Ring};
     let options = SamplerOptions::default();
@@ -409,12 +409,15 @@ fn raw_samples(pid: i32, count: usize) -> Vec<Vec<u8>> {
         event.enable().expect("enable");
         rings.push((event, ring));
     }
+    // `perf_event_header.type` of a sample.
+    const PERF_RECORD_SAMPLE: u32 = 9;
+    let is_sample = |bytes: &Vec<u8>| bytes.get(..4) == Some(&PERF_RECORD_SAMPLE.to_le_bytes());
     let mut records = Vec::new();
     let deadline = Instant::now() + SAMPLES_TIMEOUT;
-    while records.len() < count {
+    while records.iter().filter(|r| is_sample(r)).count() < count {
         assert!(
             Instant::now() < deadline,
-            "{} samples of {count}",
+            "{} records of {count} samples",
             records.len()
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -453,7 +456,8 @@ fn stack_marking_gives_the_trees_a_full_walk_of_every_sample_gives() {
                 "every walk is cut at 1,024"
             );
         }
-        assert!(marked.trees.samples >= 200, "{}", marked.trees.samples);
+        // (A sample the kernel took without the thread's user registers is not walked.)
+        assert!(marked.trees.samples >= 190, "{}", marked.trees.samples);
         // Spinning at the bottom of the recursion: nearly every walk meets the previous
         // one's frames a frame or two in.
         assert!(
