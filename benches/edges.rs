@@ -59,6 +59,7 @@ fn main() {
                     address: function.addr,
                     size: function.size,
                     code_ranges,
+                    cold_parts: Vec::new(),
                     paths,
                 }
             })

@@ -177,6 +177,21 @@ pub fn patch_request(symbols: &ProcessSymbols, functions: &[(&Function, Hook)]) 
     }
 }
 
+/// The `.cold` parts (start, size) the compiler split off `function`: the rarely run
+/// code it jumps to, named after it (`name.cold`) in the same module.
+pub fn cold_parts(symbols: &ProcessSymbols, function: &Function) -> Vec<(u64, u64)> {
+    symbols
+        .functions()
+        .iter()
+        .filter(|f| {
+            f.size > 0
+                && f.module == function.module
+                && f.raw_name.strip_suffix(".cold") == Some(function.raw_name.as_str())
+        })
+        .map(|f| (f.addr, f.size))
+        .collect()
+}
+
 /// Every known function within [`NEIGHBOURHOOD`] of one of `functions` (same module),
 /// the functions themselves, and their `.cold` parts wherever those are: the code that
 /// might branch into a patched entry (glibc's `__mempcpy_*` jump into `__memmove_*` a

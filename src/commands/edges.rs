@@ -90,6 +90,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
     let code = crate::symbols::maps::read_memory(pid, function.addr, function.end())
         .map_err(|e| anyhow!("cannot read the code of {name} in process {pid}: {e}"))?;
     let twice = returns_twice_callee(pid, &symbols, function.addr, &code);
+    let cold = cold_bytes(pid, &symbols, function);
     interrupt::install();
     let count_paths = !options.no_paths && twice.is_none();
     let mut layout = install(&mut session, &symbols, function, name, count_paths)?;
@@ -150,6 +151,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
         let listing = Listing {
             about: &about,
             code: &code,
+            cold: &cold,
             name_of: &name_of,
         };
         listing::write_text(&mut text, &listing, &profile)?;
@@ -246,6 +248,7 @@ fn install(
         address: function.addr,
         size: function.size,
         code_ranges,
+        cold_parts: targets::cold_parts(symbols, function),
         paths,
     };
     match session.request(&request) {
@@ -267,6 +270,21 @@ fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<()> {
         Response::Unpatched { .. } => Ok(()),
         other => bail!("unexpected answer from the agent: {other:?}"),
     }
+}
+
+/// The bytes of `function`'s `.cold` parts that can be read: (start, bytes).
+pub(crate) fn cold_bytes(
+    pid: i32,
+    symbols: &ProcessSymbols,
+    function: &Function,
+) -> Vec<(u64, Vec<u8>)> {
+    targets::cold_parts(symbols, function)
+        .into_iter()
+        .filter_map(|(start, size)| {
+            let bytes = crate::symbols::maps::read_memory(pid, start, start + size).ok()?;
+            Some((start, bytes))
+        })
+        .collect()
 }
 
 /// The first function that returns twice (`setjmp`, `vfork`) that the code `code` at

@@ -39,14 +39,22 @@ pub struct Opened {
     names: HashMap<u64, String>,
     /// Why paths are not counted, when the function calls one that returns twice.
     no_paths: Option<String>,
+    /// The bytes of its `.cold` parts: (start, bytes).
+    cold: Vec<(u64, Vec<u8>)>,
 }
 
 impl Opened {
-    pub fn new(copy: HookedCopy, names: HashMap<u64, String>, no_paths: Option<String>) -> Opened {
+    pub fn new(
+        copy: HookedCopy,
+        names: HashMap<u64, String>,
+        no_paths: Option<String>,
+        cold: Vec<(u64, Vec<u8>)>,
+    ) -> Opened {
         Opened {
             copy,
             names,
             no_paths,
+            cold,
         }
     }
 }
@@ -143,6 +151,7 @@ impl OpenCode {
         let listing = Listing {
             about: &about,
             code: &copy.code,
+            cold: &self.opened.cold,
             name_of: &name_of,
         };
         CodeSnapshot {

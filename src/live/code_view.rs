@@ -13,7 +13,7 @@
 use super::code_counts::{CodeWatch, Opened, read_counts};
 use super::session::Session;
 use super::stage::Recording;
-use crate::commands::edges::{name_of, returns_twice_callee};
+use crate::commands::edges::{cold_bytes, name_of, returns_twice_callee};
 use crate::recording::Recorder;
 use std::sync::mpsc::TryRecvError;
 use std::sync::{Arc, Mutex};
@@ -115,13 +115,12 @@ fn open(recorder: &mut Recorder, name: &str, module: &str) -> Result<Opened, Str
         ));
     };
     let pid = recorder.pid();
-    let symbols = recorder.symbols();
-    let code = crate::symbols::maps::read_memory(pid, function.addr, function.end())
-        .map_err(|e| format!("cannot read the code of {name}: {e}"))?;
-    let twice = returns_twice_callee(pid, symbols, function.addr, &code);
     let copy = recorder
-        .copy_behind_hook(&function, twice.is_none())
+        .copy_behind_hook(&function, true)
         .map_err(|e| e.to_string())?;
+    // Read in the original bytes the agent sent (the live entry is patched): a callee
+    // that returns twice makes the counted paths meaningless, so they are not shown.
+    let twice = returns_twice_callee(pid, recorder.symbols(), function.addr, &copy.code);
     let symbols = recorder.symbols();
     let end = function.addr + copy.code.len() as u64;
     let names = iced_x86::Decoder::with_ip(64, &copy.code, function.addr, 0)
@@ -136,5 +135,6 @@ fn open(recorder: &mut Recorder, name: &str, module: &str) -> Result<Opened, Str
         twice.map(|callee| {
             format!("it calls {callee}, which returns twice; a path register cannot follow that")
         }),
+        cold_bytes(pid, symbols, &function),
     ))
 }

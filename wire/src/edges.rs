@@ -23,10 +23,15 @@ pub struct EdgeLayout {
     pub address: u64,
     /// The counter of calls that entered the copy.
     pub calls_counter: u32,
-    /// The basic blocks, in address order; the first starts at the entry.
+    /// The basic blocks: the function's, in address order (the first starts at the
+    /// entry), then those of its `.cold` parts, copied with it.
     pub blocks: Vec<EdgeBlock>,
     /// The path counters, or why paths are not counted.
     pub paths: Result<PathLayout, String>,
+    /// The blocks only the unwinder reaches: the landing pads of the function's
+    /// exception tables (handlers and cleanups), in address order.
+    #[serde(default)]
+    pub landing_pads: Vec<u64>,
 }
 
 /// Where a copy counts its paths. Path number `n` below `itemized` is counted by
@@ -182,6 +187,7 @@ mod tests {
                     exit: EdgeExit::Return,
                 },
             ],
+            landing_pads: Vec::new(),
             paths: Ok(PathLayout {
                 paths: 3,
                 first_counter: 13,

@@ -76,13 +76,16 @@ pub enum Request {
     UpdateTable { table_bytes: u64 },
     /// Copy the function at `address` (`size` bytes) with edge counters, and the path
     /// register when `paths` is set, and point its entry at the copy (see [`edges`]).
-    /// `code_ranges` as for [`Request::Patch`]. Answered with
+    /// `code_ranges` as for [`Request::Patch`]; `cold_parts` (start, size) are the
+    /// `.cold` parts the compiler split off the function, copied with it. Answered with
     /// [`Response::EdgesInstalled`]; [`Request::Unpatch`] of `address` restores the
     /// entry.
     CopyWithCounters {
         address: u64,
         size: u64,
         code_ranges: Vec<(u64, u64)>,
+        #[serde(default)]
+        cold_parts: Vec<(u64, u64)>,
         paths: bool,
     },
     /// Put a copy of the function at `address` (`size` bytes), with edge counters for
@@ -94,6 +97,8 @@ pub enum Request {
     CopyBehindRecordingHook {
         address: u64,
         size: u64,
+        #[serde(default)]
+        cold_parts: Vec<(u64, u64)>,
         paths: bool,
     },
 }

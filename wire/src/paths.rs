@@ -12,6 +12,10 @@
 //! set to `ENTRY → w`'s value. Returns, tail calls and any other way out of the function
 //! are edges to EXIT.
 //!
+//! Landing pads: a block only the unwinder enters (a C++ catch block or cleanup) gets an
+//! edge `ENTRY → pad` too, so a path starts there; the code at the pad sets the
+//! register to that edge's value. The path the exception cut short is not counted.
+//!
 //! Blocks are the graph's blocks; ENTRY and EXIT are virtual nodes. The graph comes as
 //! successor lists (block 0 is the entry), so the agent, numbering the function it
 //! copies, and the controller, decoding the counted numbers from the copy's layout
@@ -53,6 +57,11 @@ pub struct PathNumbering {
     dag: Vec<Vec<(usize, u64)>>,
     /// Block → index of its first edge in `edges`.
     first_edge: Vec<usize>,
+    /// ENTRY's edges after the one to block 0: to the loop heads, then to the landing
+    /// pads that are not loop heads: how many go to loop heads.
+    heads: usize,
+    /// Each landing pad's block and the value a path starting there begins with.
+    pub landing_pads: Vec<(usize, u64)>,
 }
 
 /// A path, decoded from its number.
@@ -60,6 +69,8 @@ pub struct PathNumbering {
 pub struct Path {
     /// Whether it starts at a loop's head after a back edge, rather than at the entry.
     pub from_back_edge: bool,
+    /// Whether it starts at a landing pad, where an exception landed.
+    pub from_landing_pad: bool,
     /// The blocks it runs through, in order.
     pub blocks: Vec<usize>,
     /// The edges it takes (indices into [`PathNumbering::edges`]), in order; the last
@@ -84,6 +95,15 @@ impl PathNumbering {
     /// order: `Some(block)` inside the function, `None` out of it. A block with no edge
     /// (a return, a jump through a pointer) has one, out of the function.
     pub fn new(successors: &[Vec<Option<usize>>]) -> Result<PathNumbering, TooManyPaths> {
+        Self::with_landing_pads(successors, &[])
+    }
+
+    /// [`PathNumbering::new`] for a graph whose blocks `pads` are entered by the
+    /// unwinder (landing pads): a path starts at each.
+    pub fn with_landing_pads(
+        successors: &[Vec<Option<usize>>],
+        pads: &[usize],
+    ) -> Result<PathNumbering, TooManyPaths> {
         let blocks = successors.len();
         if blocks == 0 {
             // No code: no path (and nothing for the walks below to start from).
@@ -92,8 +112,11 @@ impl PathNumbering {
                 edges: Vec::new(),
                 dag: vec![Vec::new(), Vec::new()],
                 first_edge: Vec::new(),
+                heads: 0,
+                landing_pads: Vec::new(),
             });
         }
+        let pads: Vec<usize> = pads.iter().copied().filter(|&pad| pad < blocks).collect();
         let (entry, exit) = (blocks, blocks + 1);
         let successors: Vec<Vec<Option<usize>>> = successors
             .iter()
@@ -105,7 +128,7 @@ impl PathNumbering {
                 }
             })
             .collect();
-        let back = back_edges(&successors);
+        let back = back_edges(&successors, &pads);
         // The acyclic graph: forward edges, block → EXIT for each exit and back edge,
         // ENTRY → block 0, and ENTRY → each loop head (once, however many back edges
         // lead to it).
@@ -128,6 +151,13 @@ impl PathNumbering {
         }
         dag_edges[entry].push(0);
         dag_edges[entry].extend(&heads);
+        let mut pad_edges: Vec<usize> = Vec::new();
+        for &pad in &pads {
+            if pad != 0 && !heads.contains(&pad) && !pad_edges.contains(&pad) {
+                pad_edges.push(pad);
+            }
+        }
+        dag_edges[entry].extend(&pad_edges);
         // Number of paths from each node to EXIT, in reverse topological order.
         let mut count = vec![0u64; blocks + 2];
         count[exit] = 1;
@@ -166,7 +196,7 @@ impl PathNumbering {
                 edges.push(PathEdge { from, to, action });
             }
         }
-        let dag = dag_edges
+        let dag: Vec<Vec<(usize, u64)>> = dag_edges
             .into_iter()
             .zip(values)
             .map(|(targets, values)| targets.into_iter().zip(values).collect())
@@ -175,11 +205,24 @@ impl PathNumbering {
         for (index, edge) in edges.iter().enumerate().rev() {
             first_edge[edge.from] = index;
         }
+        // ENTRY's edge to a pad: its own, or the loop head's it is.
+        let landing_pads = pads
+            .iter()
+            .map(|&pad| {
+                let at = dag[entry]
+                    .iter()
+                    .position(|&(to, _): &(usize, u64)| to == pad)
+                    .expect("every landing pad has an edge from ENTRY");
+                (pad, dag[entry][at].1)
+            })
+            .collect();
         Ok(PathNumbering {
             paths: count[entry],
             edges,
             dag,
             first_edge,
+            heads: heads.len(),
+            landing_pads,
         })
     }
 
@@ -194,6 +237,7 @@ impl PathNumbering {
         let mut node = entry;
         let mut path = Path {
             from_back_edge: false,
+            from_landing_pad: false,
             blocks: Vec::new(),
             edges: Vec::new(),
             to_back_edge: false,
@@ -204,7 +248,8 @@ impl PathNumbering {
             let at = self.dag[node].partition_point(|&(_, value)| value <= remaining) - 1;
             let (to, value) = self.dag[node][at];
             if first {
-                path.from_back_edge = at > 0;
+                path.from_back_edge = at > 0 && at <= self.heads;
+                path.from_landing_pad = at > self.heads;
                 first = false;
             }
             remaining -= value;
@@ -224,8 +269,9 @@ impl PathNumbering {
 }
 
 /// Which edges (by block, then position) are back edges of a depth-first search from
-/// block 0: edges to a block still on the search's stack.
-fn back_edges(successors: &[Vec<Option<usize>>]) -> Vec<Vec<bool>> {
+/// block 0, then from each of `pads` not reached yet: edges to a block still on the
+/// search's stack.
+fn back_edges(successors: &[Vec<Option<usize>>], pads: &[usize]) -> Vec<Vec<bool>> {
     #[derive(Clone, Copy, PartialEq)]
     enum State {
         New,
@@ -234,39 +280,52 @@ fn back_edges(successors: &[Vec<Option<usize>>]) -> Vec<Vec<bool>> {
     }
     let mut back: Vec<Vec<bool>> = successors.iter().map(|s| vec![false; s.len()]).collect();
     let mut state = vec![State::New; successors.len()];
-    // (block, next successor position to look at)
-    let mut stack = vec![(0usize, 0usize)];
-    state[0] = State::OnStack;
-    while let Some(&mut (block, ref mut position)) = stack.last_mut() {
-        match successors[block].get(*position) {
-            Some(&target) => {
-                let at = *position;
-                *position += 1;
-                if let Some(target) = target {
-                    match state[target] {
-                        State::New => {
-                            state[target] = State::OnStack;
-                            stack.push((target, 0));
+    for &root in std::iter::once(&0).chain(pads) {
+        if state[root] != State::New {
+            continue;
+        }
+        // (block, next successor position to look at)
+        let mut stack = vec![(root, 0usize)];
+        state[root] = State::OnStack;
+        while let Some(&mut (block, ref mut position)) = stack.last_mut() {
+            match successors[block].get(*position) {
+                Some(&target) => {
+                    let at = *position;
+                    *position += 1;
+                    if let Some(target) = target {
+                        match state[target] {
+                            State::New => {
+                                state[target] = State::OnStack;
+                                stack.push((target, 0));
+                            }
+                            State::OnStack => back[block][at] = true,
+                            State::Done => {}
                         }
-                        State::OnStack => back[block][at] = true,
-                        State::Done => {}
                     }
                 }
-            }
-            None => {
-                state[block] = State::Done;
-                stack.pop();
+                None => {
+                    state[block] = State::Done;
+                    stack.pop();
+                }
             }
         }
     }
     back
 }
 
-/// The nodes reachable from `entry` in topological order (Kahn's algorithm).
+/// The nodes reachable from `entry` in topological order (Kahn's algorithm, over the
+/// edges of reachable nodes only: a block no path reaches holds nothing up).
 fn topological_order(edges: &[Vec<usize>], entry: usize) -> Vec<usize> {
+    let mut reachable = vec![false; edges.len()];
+    let mut pending = vec![entry];
+    while let Some(node) = pending.pop() {
+        if !std::mem::replace(&mut reachable[node], true) {
+            pending.extend(&edges[node]);
+        }
+    }
     let mut incoming = vec![0usize; edges.len()];
-    for targets in edges {
-        for &to in targets {
+    for (from, targets) in edges.iter().enumerate() {
+        for &to in targets.iter().filter(|_| reachable[from]) {
             incoming[to] += 1;
         }
     }

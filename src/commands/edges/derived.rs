@@ -31,6 +31,8 @@ pub struct EdgeProfile {
     pub loops: Vec<LoopCount>,
     /// The paths, or why they were not counted.
     pub paths: Result<PathCounts, String>,
+    /// The blocks only the unwinder reaches (exception handlers and cleanups).
+    pub landing_pads: Vec<u64>,
 }
 
 /// How often a block started.
@@ -142,6 +144,7 @@ impl EdgeProfile {
             tables,
             loops,
             paths: PathCounts::derive(layout, &count),
+            landing_pads: layout.landing_pads.clone(),
         }
     }
 
@@ -220,6 +223,7 @@ impl EdgeProfile {
                         share: path.count as f64 / paths.total.max(1) as f64,
                         blocks: path.blocks.iter().map(|&b| offset(b)).collect(),
                         from_back_edge: path.from_back_edge,
+                        from_landing_pad: path.from_landing_pad,
                         to_back_edge: path.to_back_edge,
                         number: path.number,
                     })
@@ -233,6 +237,14 @@ impl EdgeProfile {
                 lost: paths.lost,
             }),
             paths_note: self.paths.as_ref().err().cloned(),
+            landing_pads: (self.landing_pads.iter())
+                .map(|&pad| JsonLandingPad {
+                    offset: offset(pad),
+                    count: (self.blocks.iter())
+                        .find(|block| block.start == pad)
+                        .map_or(0, |block| block.count),
+                })
+                .collect(),
         }
     }
 }
@@ -257,6 +269,14 @@ pub struct JsonReport<'a> {
     path_totals: Option<JsonPathTotals>,
     /// Why paths were not counted; null when they were.
     paths_note: Option<String>,
+    /// The blocks exceptions land in, and how often they did.
+    landing_pads: Vec<JsonLandingPad>,
+}
+
+#[derive(Serialize)]
+struct JsonLandingPad {
+    offset: i64,
+    count: u64,
 }
 
 #[derive(Serialize)]
@@ -267,6 +287,7 @@ struct JsonPath {
     /// The blocks' offsets, in order.
     blocks: Vec<i64>,
     from_back_edge: bool,
+    from_landing_pad: bool,
     to_back_edge: bool,
     /// Its Ball–Larus number.
     number: u64,

@@ -34,6 +34,8 @@ pub struct Listing<'a> {
     pub about: &'a About,
     /// The function's original bytes, from its entry.
     pub code: &'a [u8],
+    /// Its `.cold` parts copied with it: (start, bytes).
+    pub cold: &'a [(u64, Vec<u8>)],
     /// The name of an address outside the function (a `.cold` part, a tail call's
     /// target), when known.
     pub name_of: &'a dyn Fn(u64) -> Option<String>,
@@ -88,7 +90,8 @@ pub fn write_text(
     let rows = rows(listing, profile);
     print_rows(out, &rows)?;
     writeln!(out)?;
-    path_counts::write_text(out, &profile.paths, profile.address)
+    let offset = |address: u64| offset_text(listing, profile.address, address);
+    path_counts::write_text(out, &profile.paths, &offset)
 }
 
 /// The listing as lines, each with whether it starts a hot block (the `▶` mark), for
@@ -105,11 +108,15 @@ pub fn lines(listing: &Listing, profile: &EdgeProfile) -> Vec<(bool, String)> {
 fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
     let start = profile.address;
     let end = start + listing.code.len() as u64;
-    let offset = |address: u64| format!("+{:#x}", address.wrapping_sub(start));
+    let cold_part = |address: u64| cold_part_of(listing, address);
+    let offset = |address: u64| offset_text(listing, start, address);
     let decoded: Vec<Vec<Instruction>> = profile
         .blocks
         .iter()
-        .map(|block| decode(listing.code, start, block.start, block.end))
+        .map(|block| match cold_part(block.start) {
+            Some((at, bytes)) => decode(bytes, *at, block.start, block.end),
+            None => decode(listing.code, start, block.start, block.end),
+        })
         .collect();
     let mut names: HashMap<u64, String> = HashMap::new();
     for instruction in decoded.iter().flatten() {
@@ -117,7 +124,7 @@ fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
         if target == 0 || names.contains_key(&target) {
             continue;
         }
-        if (start..end).contains(&target) {
+        if (start..end).contains(&target) || cold_part(target).is_some() {
             names.insert(target, offset(target));
         } else if let Some(name) = (listing.name_of)(target) {
             names.insert(target, name);
@@ -131,16 +138,39 @@ fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
     };
     let mut rows = Vec::new();
     let mut reached = start;
+    let mut cold_shown = false;
     for (block, instructions) in profile.blocks.iter().zip(&decoded) {
-        if block.start > reached {
+        let in_cold = !(start..end).contains(&block.start);
+        if in_cold && !cold_shown {
+            cold_shown = true;
+            if end > reached {
+                rows.push(extra(format!(
+                    "… {} bytes no path reaches (padding)",
+                    end - reached
+                )));
+            }
+            reached = end;
+            rows.push(extra(format!(
+                "── its .cold part at {:#x}, the rarely run code the compiler moved out ──",
+                block.start
+            )));
+        }
+        if !in_cold && block.start > reached {
             rows.push(extra(format!(
                 "… {} bytes no path reaches (padding)",
                 block.start - reached
             )));
         }
-        reached = reached.max(block.end);
+        if !in_cold {
+            reached = reached.max(block.end);
+        }
         if let Some(head) = profile.loops.iter().find(|l| l.head == block.start) {
             rows.push(extra(loop_line(head)));
+        }
+        if profile.landing_pads.contains(&block.start) {
+            rows.push(extra(
+                "⤷ landing pad: exceptions thrown in the calls above land here".into(),
+            ));
         }
         for (i, instruction) in instructions.iter().enumerate() {
             let mut text = String::new();
@@ -187,6 +217,20 @@ fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
         )));
     }
     rows
+}
+
+/// The `.cold` part of `listing` that holds `address`: (start, bytes).
+fn cold_part_of<'a>(listing: &Listing<'a>, address: u64) -> Option<&'a (u64, Vec<u8>)> {
+    (listing.cold.iter()).find(|(at, bytes)| (*at..*at + bytes.len() as u64).contains(&address))
+}
+
+/// `+0x10` from the function's `start`, or `cold+0x4` from the start of a `.cold` part.
+fn offset_text(listing: &Listing, start: u64, address: u64) -> String {
+    let in_function = (start..start + listing.code.len() as u64).contains(&address);
+    match cold_part_of(listing, address) {
+        Some((at, _)) if !in_function => format!("cold+{:#x}", address - at),
+        _ => format!("+{:#x}", address.wrapping_sub(start)),
+    }
 }
 
 /// The instructions of `[from, to)`, decoded from `code` (the function's bytes from

@@ -4,8 +4,9 @@
 //! The one idea: the agent numbered the paths of the graph its layout describes, with
 //! `tendril_wire::paths`; this side numbers the same successor lists
 //! (`EdgeLayout::path_successors`) with the same code, so path `n` decodes to the very
-//! blocks the agent's number meant. A path starts at the entry or at a loop head after
-//! a back edge, and ends leaving the function or taking a back edge, so a loop's
+//! blocks the agent's number meant. A path starts at the entry, at a loop head after
+//! a back edge, or at a landing pad where an exception landed (the path it cut short is
+//! not counted), and ends leaving the function or taking a back edge, so a loop's
 //! iterations are paths of their own. The text output lists the hottest paths as
 //! block offsets joined by arrows.
 
@@ -41,6 +42,8 @@ pub struct PathCount {
     pub count: u64,
     /// Starts at a loop head after a back edge, rather than at the entry.
     pub from_back_edge: bool,
+    /// Starts at a landing pad, where an exception landed.
+    pub from_landing_pad: bool,
     /// The start of each block it runs through, in order.
     pub blocks: Vec<u64>,
     /// Ends by taking a back edge, rather than by leaving the function.
@@ -52,7 +55,10 @@ impl PathCounts {
     /// the agent gave when it did not count paths.
     pub fn derive(layout: &EdgeLayout, count: impl Fn(u32) -> u64) -> Result<PathCounts, String> {
         let counters = layout.paths.as_ref().map_err(Clone::clone)?;
-        let numbering = PathNumbering::new(&layout.path_successors())
+        let pads: Vec<usize> = (layout.landing_pads.iter())
+            .filter_map(|&pad| layout.blocks.iter().position(|block| block.start == pad))
+            .collect();
+        let numbering = PathNumbering::with_landing_pads(&layout.path_successors(), &pads)
             .map_err(|too_many| too_many.to_string())?;
         if numbering.paths != counters.paths {
             return Err(format!(
@@ -73,6 +79,7 @@ impl PathCounts {
                 number: u64::from(number),
                 count: runs,
                 from_back_edge: path.from_back_edge,
+                from_landing_pad: path.from_landing_pad,
                 blocks: path
                     .blocks
                     .iter()
@@ -96,11 +103,12 @@ impl PathCounts {
     }
 }
 
-/// Writes the paths section of the text output (offsets from `start`).
+/// Writes the paths section of the text output, each block named by `offset_of` its
+/// start (`+0x10`, `cold+0x4`).
 pub fn write_text(
     out: &mut impl Write,
     paths: &Result<PathCounts, String>,
-    start: u64,
+    offset_of: &dyn Fn(u64) -> String,
 ) -> io::Result<()> {
     let paths = match paths {
         Ok(paths) => paths,
@@ -117,6 +125,12 @@ pub fn write_text(
         out,
         "(a path ends at a return or at a loop's back edge; ↺ marks one starting or ending there)"
     )?;
+    if paths.counted.iter().any(|path| path.from_landing_pad) {
+        writeln!(
+            out,
+            "(⤷ marks one starting at a landing pad: the path an exception cut short is not counted)"
+        )?;
+    }
     let shown = &paths.counted[..paths.counted.len().min(PATHS_SHOWN)];
     let counts: Vec<String> = shown.iter().map(|p| thousands(p.count)).collect();
     let width = counts.iter().map(String::len).max().unwrap_or(0).max(5);
@@ -125,12 +139,12 @@ pub fn write_text(
     }
     for (path, count) in shown.iter().zip(&counts) {
         let share = path.count as f64 * 100.0 / paths.total.max(1) as f64;
-        let blocks: Vec<String> = path
-            .blocks
-            .iter()
-            .map(|&b| format!("+{:#x}", b.wrapping_sub(start)))
-            .collect();
-        let from = if path.from_back_edge { "↺ " } else { "" };
+        let blocks: Vec<String> = path.blocks.iter().map(|&b| offset_of(b)).collect();
+        let from = match (path.from_back_edge, path.from_landing_pad) {
+            (true, _) => "↺ ",
+            (_, true) => "⤷ ",
+            _ => "",
+        };
         let to = if path.to_back_edge { " ↺" } else { "" };
         writeln!(
             out,

@@ -48,6 +48,7 @@ impl Recorder {
         let request = Request::CopyBehindRecordingHook {
             address: function.addr,
             size: function.size,
+            cold_parts: crate::targets::cold_parts(&self.symbols, function),
             paths,
         };
         match self.session.request(&request) {

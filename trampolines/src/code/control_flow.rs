@@ -10,8 +10,10 @@
 //! What cannot be followed exactly is refused with the reason: bytes that do not decode,
 //! a branch into the middle of an instruction, an indirect jump that is neither a jump
 //! table nor a jump through a code pointer, a table without a bound, transactional
-//! memory. A branch that leaves the function (a tail call, a jump to a `.cold` part) is an
-//! edge out of it, as is a return.
+//! memory. A branch that leaves the function (a tail call, a jump to a `.cold` part the
+//! caller did not give) is an edge out of it, as is a return. The `.cold` parts a
+//! compiler split off (`FunctionBytes`) are followed like the rest: their blocks come
+//! after the main part's.
 
 use super::jump_table::{self, EntryKind, IndirectJump, Unresolved};
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction};
@@ -26,8 +28,72 @@ pub const MAX_FUNCTION_BYTES: usize = 1 << 20;
 pub struct ControlFlowGraph {
     /// The entry address.
     pub start: u64,
-    /// The blocks, in address order; `blocks[0]` starts at the entry.
+    /// The blocks: the main part's in address order (`blocks[0]` starts at the entry),
+    /// then each `.cold` part's.
     pub blocks: Vec<Block>,
+}
+
+/// A function's bytes: its main part, from its entry, then the `.cold` parts the
+/// compiler split off it (code only a jump from the function reaches).
+#[derive(Debug, Clone, Copy)]
+pub struct FunctionBytes<'a> {
+    parts: [(u64, &'a [u8]); MAX_PARTS],
+    count: usize,
+}
+
+/// The main part and at most this many `.cold` parts less one.
+pub const MAX_PARTS: usize = 4;
+
+impl<'a> FunctionBytes<'a> {
+    /// A function all in one part: `code` from `start`.
+    pub fn new(start: u64, code: &'a [u8]) -> FunctionBytes<'a> {
+        FunctionBytes {
+            parts: [(start, code); MAX_PARTS],
+            count: 1,
+        }
+    }
+
+    /// With a `.cold` part too: `code` from `start` (past [`MAX_PARTS`], ignored).
+    pub fn with_part(mut self, start: u64, code: &'a [u8]) -> FunctionBytes<'a> {
+        if self.count < MAX_PARTS {
+            self.parts[self.count] = (start, code);
+            self.count += 1;
+        }
+        self
+    }
+
+    /// The parts, the main one first.
+    pub fn parts(&self) -> &[(u64, &'a [u8])] {
+        &self.parts[..self.count]
+    }
+
+    /// Which part holds `address`.
+    pub fn part_of(&self, address: u64) -> Option<usize> {
+        self.parts()
+            .iter()
+            .position(|&(start, code)| (start..start + code.len() as u64).contains(&address))
+    }
+
+    /// The bytes from `address` to the end of its part (empty outside the function).
+    pub fn from(&self, address: u64) -> &'a [u8] {
+        match self.part_of(address) {
+            Some(part) => {
+                let (start, code) = self.parts[part];
+                &code[(address - start) as usize..]
+            }
+            None => &[],
+        }
+    }
+
+    /// The bytes of `from..to`, cut at the end of `from`'s part.
+    pub fn slice(&self, from: u64, to: u64) -> &'a [u8] {
+        let bytes = self.from(from);
+        &bytes[..(to.saturating_sub(from) as usize).min(bytes.len())]
+    }
+
+    fn len(&self) -> usize {
+        self.parts().iter().map(|(_, code)| code.len()).sum()
+    }
 }
 
 /// A basic block: straight-line code entered only at its start.
@@ -206,20 +272,36 @@ impl ControlFlowGraph {
 
     /// The graph of the function at `start`, whose bytes are `code`. `read` fetches
     /// other memory (jump tables) and returns false where it cannot.
+    #[cfg(test)]
     pub fn build(
         start: u64,
         code: &[u8],
         read: &dyn Fn(u64, &mut [u8]) -> bool,
     ) -> Result<ControlFlowGraph, CfgRefusal> {
-        if code.len() > MAX_FUNCTION_BYTES {
-            return Err(CfgRefusal::TooLarge { size: code.len() });
+        Self::build_with_entries(&FunctionBytes::new(start, code), read, &[])
+    }
+
+    /// The graph of the function `bytes` holds (its `.cold` parts included), followed
+    /// from its entry and from `entries` too: code inside it that only the unwinder
+    /// reaches (its landing pads), each a block.
+    pub fn build_with_entries(
+        bytes: &FunctionBytes,
+        read: &dyn Fn(u64, &mut [u8]) -> bool,
+        entries: &[u64],
+    ) -> Result<ControlFlowGraph, CfgRefusal> {
+        if bytes.len() > MAX_FUNCTION_BYTES {
+            return Err(CfgRefusal::TooLarge { size: bytes.len() });
         }
-        let end = start + code.len() as u64;
-        let inside = |address: u64| (start..end).contains(&address);
+        let start = bytes.parts[0].0;
+        let inside = |address: u64| bytes.part_of(address).is_some();
         let mut decoded: BTreeMap<u64, Decoded> = BTreeMap::new();
         let mut leaders = BTreeSet::from([start]);
         // (where to decode from, the branch that leads there)
         let mut pending = vec![(start, start)];
+        for &entry in entries.iter().filter(|&&entry| inside(entry)) {
+            leaders.insert(entry);
+            pending.push((entry, entry));
+        }
         while let Some((mut ip, from)) = pending.pop() {
             // The instructions run in a straight line before `ip`, for jump tables.
             let mut run: Vec<Instruction> = Vec::new();
@@ -229,11 +311,11 @@ impl ControlFlowGraph {
                 {
                     return Err(CfgRefusal::IntoInstruction { from, to: ip });
                 }
-                let offset = (ip - start) as usize;
-                let mut decoder = Decoder::with_ip(64, &code[offset..], ip, DecoderOptions::NONE);
+                let rest = bytes.from(ip);
+                let mut decoder = Decoder::with_ip(64, rest, ip, DecoderOptions::NONE);
                 let instruction = decoder.decode();
                 let next = instruction.next_ip();
-                if instruction.code() == Code::INVALID || next > end {
+                if instruction.code() == Code::INVALID || next > ip + rest.len() as u64 {
                     return Err(CfgRefusal::Undecodable { at: ip });
                 }
                 if let Some((&after, _)) = decoded.range(ip + 1..).next()
@@ -284,15 +366,17 @@ impl ControlFlowGraph {
                 ip = next;
             }
         }
-        Ok(Self::blocks(start, &decoded, &leaders))
+        Ok(Self::blocks(bytes, &decoded, &leaders))
     }
 
-    /// Splits the decoded instructions into blocks at the leaders and block ends.
+    /// Splits the decoded instructions into blocks at the leaders and block ends, the
+    /// main part's first.
     fn blocks(
-        start: u64,
+        bytes: &FunctionBytes,
         decoded: &BTreeMap<u64, Decoded>,
         leaders: &BTreeSet<u64>,
     ) -> ControlFlowGraph {
+        let start = bytes.parts[0].0;
         // Block starts: decoded leaders, and instructions not reached by fall-through.
         let mut starts = Vec::new();
         let mut expected_next = None;
@@ -305,14 +389,24 @@ impl ControlFlowGraph {
                 .is_none()
                 .then(|| instruction.instruction.next_ip());
         }
-        let index_of = |address: u64| starts.binary_search(&address).ok();
+        // Blocks in order of part, then of address; each ends before the next start in
+        // address order.
+        let rank = |address: u64| (bytes.part_of(address).unwrap_or(usize::MAX), address);
+        let mut order = starts.clone();
+        order.sort_by_key(|&address| rank(address));
+        let index_of = |address: u64| {
+            order
+                .binary_search_by_key(&rank(address), |&s| rank(s))
+                .ok()
+        };
         let successor = |address: u64| match index_of(address) {
             Some(index) => Successor::Block(index),
             None => Successor::Leaves(address),
         };
         let mut blocks = Vec::with_capacity(starts.len());
-        for (index, &block_start) in starts.iter().enumerate() {
-            let block_end = starts.get(index + 1).copied().unwrap_or(u64::MAX);
+        for &block_start in &order {
+            let next = starts.partition_point(|&s| s <= block_start);
+            let block_end = starts.get(next).copied().unwrap_or(u64::MAX);
             let mut instructions = Vec::new();
             let mut exit = None;
             let mut end = block_start;

@@ -8,9 +8,9 @@
 //! as they are. The rows are written as a fresh CIE and FDE (gimli's writer) covering
 //! the copy, ready for the unwinder's `__register_frame` (`sys::frame_registry`).
 //!
-//! Refused, with the reason: DWARF expressions (rare outside hand-written code), and
-//! functions with exception tables (an LSDA), whose landing pads are offsets into the
-//! original and would need tables of their own.
+//! A function with exception tables keeps its personality routine, and its copy's FDE
+//! points at the copy's own LSDA (`code::lsda` writes it). Refused, with the reason:
+//! DWARF expressions (rare outside hand-written code).
 
 use super::function_copy::PlacedInstruction;
 use gimli::write::{
@@ -101,6 +101,18 @@ pub struct OriginalUnwind {
     pub return_address_register: u16,
     /// Covering `start..end`, in address order.
     pub rows: Vec<Row>,
+    /// Its exception tables, if it has any.
+    pub exceptions: Option<Exceptions>,
+}
+
+/// A function's exception tables, and the personality routine that reads them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exceptions {
+    /// The LSDA's address.
+    pub lsda: u64,
+    /// The personality routine, or (when `indirect`) where its address is stored.
+    pub personality: u64,
+    pub indirect: bool,
 }
 
 /// Why a copy cannot get unwind information.
@@ -110,8 +122,8 @@ pub enum UnwindRefusal {
     Malformed(String),
     /// It uses a DWARF expression.
     Expression,
-    /// The function has exception tables.
-    ExceptionTables,
+    /// The function's exception tables cannot be given to the copy.
+    ExceptionTables(String),
     /// The copy names an original instruction at this address, outside the FDE.
     NotCovered(u64),
     /// The copy's instruction list does not describe the copy.
@@ -129,10 +141,10 @@ impl fmt::Display for UnwindRefusal {
                 "its unwind information uses a DWARF expression, which tendril cannot yet \
                  rewrite for a copy"
             ),
-            Self::ExceptionTables => write!(
+            Self::ExceptionTables(why) => write!(
                 f,
-                "it has exception-handling tables (a C++ try/catch, destructors or noexcept), \
-                 which tendril cannot yet move to a copy"
+                "its exception-handling tables (a C++ try/catch, destructors or noexcept) \
+                 cannot be moved to a copy: {why}"
             ),
             Self::NotCovered(address) => write!(
                 f,
@@ -171,9 +183,26 @@ impl OriginalUnwind {
                 gimli::EhFrame::cie_from_offset,
             )
             .map_err(malformed)?;
-        if has_exception_tables(section, fde_offset, fde.cie()).map_err(malformed)? {
-            return Err(UnwindRefusal::ExceptionTables);
-        }
+        let exceptions =
+            if has_exception_tables(section, fde_offset, fde.cie()).map_err(malformed)? {
+                let address = |pointer: gimli::Pointer| match pointer {
+                    gimli::Pointer::Direct(address) => (address, false),
+                    gimli::Pointer::Indirect(address) => (address, true),
+                };
+                let (Some(lsda), Some(personality)) = (fde.lsda(), fde.cie().personality()) else {
+                    return Err(UnwindRefusal::ExceptionTables(
+                        "an LSDA without a personality routine".into(),
+                    ));
+                };
+                let (personality, indirect) = address(personality);
+                Some(Exceptions {
+                    lsda: address(lsda).0,
+                    personality,
+                    indirect,
+                })
+            } else {
+                None
+            };
         let mut context = UnwindContext::new();
         let mut table = fde
             .rows(&eh_frame, &bases, &mut context)
@@ -211,7 +240,34 @@ impl OriginalUnwind {
             data_alignment_factor: fde.cie().data_alignment_factor(),
             return_address_register: fde.cie().return_address_register().0,
             rows,
+            exceptions,
         })
+    }
+
+    /// Whether the rows of another part of the function (its `.cold` part) can join
+    /// these: the same factor and return-address column, and, where both have exception
+    /// tables, the same personality routine.
+    pub fn joins(&self, part: &OriginalUnwind) -> bool {
+        let personality = |unwind: &OriginalUnwind| {
+            unwind
+                .exceptions
+                .map(|exceptions| (exceptions.personality, exceptions.indirect))
+        };
+        (self.data_alignment_factor, self.return_address_register)
+            == (part.data_alignment_factor, part.return_address_register)
+            && (personality(self).is_none()
+                || personality(part).is_none()
+                || personality(self) == personality(part))
+    }
+
+    /// Takes in the rows of `part` (see [`OriginalUnwind::joins`]), and its personality
+    /// routine if these had none.
+    pub fn join(&mut self, part: OriginalUnwind) {
+        self.rows.extend(part.rows);
+        self.rows.sort_by_key(|row| row.start);
+        if self.exceptions.is_none() {
+            self.exceptions = part.exceptions;
+        }
     }
 
     /// The row that applies at `address`, if the FDE covers it.
@@ -280,7 +336,8 @@ fn read_encoded(
 /// `copy_start..copy_start + copy_len`, whose instructions are `instructions`: sorted
 /// by address, the first at `copy_start`, each ending where the next begins and the
 /// last at the copy's end. The FDE's addresses are absolute, so the bytes may be
-/// written anywhere.
+/// written anywhere. A function with exception tables needs `lsda`, its copy's LSDA
+/// (see `code::lsda`), and keeps its personality routine.
 ///
 /// Rows are written where the row changes, as the difference from the one before: the
 /// CFA, the rules that are new or changed, and `DW_CFA_restore` for a register whose
@@ -292,6 +349,7 @@ pub fn eh_frame_for_copy<I: Copy + Into<CopiedInstruction>>(
     copy_start: u64,
     copy_len: u64,
     instructions: &[I],
+    lsda: Option<u64>,
 ) -> Result<Vec<u8>, UnwindRefusal> {
     let instructions: Vec<CopiedInstruction> = instructions.iter().map(|&i| i.into()).collect();
     check_layout(copy_start, copy_len, &instructions)?;
@@ -302,13 +360,34 @@ pub fn eh_frame_for_copy<I: Copy + Into<CopiedInstruction>>(
         version: 1,
         address_size: 8,
     };
-    let cie = CommonInformationEntry::new(
+    let mut cie = CommonInformationEntry::new(
         encoding,
         1,
         data_alignment_factor,
         Register(original.return_address_register),
     );
     let mut fde = FrameDescriptionEntry::new(Address::Constant(copy_start), copy_len as u32);
+    match (original.exceptions, lsda) {
+        (None, _) => {}
+        (Some(exceptions), Some(lsda)) => {
+            let indirect = if exceptions.indirect {
+                constants::DW_EH_PE_indirect
+            } else {
+                constants::DW_EH_PE_absptr
+            };
+            cie.personality = Some((
+                constants::DwEhPe(indirect.0 | constants::DW_EH_PE_absptr.0),
+                Address::Constant(exceptions.personality),
+            ));
+            cie.lsda_encoding = Some(constants::DW_EH_PE_absptr);
+            fde.lsda = Some(Address::Constant(lsda));
+        }
+        (Some(_), None) => {
+            return Err(UnwindRefusal::ExceptionTables(
+                "the copy has no LSDA of its own".into(),
+            ));
+        }
+    }
     let mut previous: Option<Row> = None;
     for copied in &instructions {
         let mut row = original

@@ -8,7 +8,7 @@
 //! and jumps out of the function end liveness. A counter inserted where the flags are
 //! dead is a plain `inc`; where they are live it saves and restores them.
 
-use super::control_flow::ControlFlowGraph;
+use super::control_flow::{ControlFlowGraph, FunctionBytes};
 use iced_x86::{Decoder, DecoderOptions, FlowControl, RflagsBits};
 
 /// The flags an inserted counter may change: the six status flags.
@@ -19,18 +19,16 @@ const STATUS_FLAGS: u32 = RflagsBits::OF
     | RflagsBits::CF
     | RflagsBits::PF;
 
-/// For each block of `graph` (whose bytes `code` start at `graph.start`), whether any
-/// status flag is live when the block starts.
-pub fn live_at_block_starts(graph: &ControlFlowGraph, code: &[u8]) -> Vec<bool> {
+/// For each block of `graph` (whose bytes are `code`), whether any status flag is live
+/// when the block starts.
+pub fn live_at_block_starts(graph: &ControlFlowGraph, code: &FunctionBytes) -> Vec<bool> {
     // Per block: flags read before written (`used`), and flags written (`killed`).
     let transfer: Vec<(u32, u32)> = graph
         .blocks
         .iter()
         .map(|block| {
-            let offset = (block.start - graph.start) as usize;
-            let end = (block.end - graph.start) as usize;
-            let decoder =
-                Decoder::with_ip(64, &code[offset..end], block.start, DecoderOptions::NONE);
+            let bytes = code.slice(block.start, block.end);
+            let decoder = Decoder::with_ip(64, bytes, block.start, DecoderOptions::NONE);
             let (mut used, mut killed) = (0u32, 0u32);
             for instruction in decoder {
                 let (read, written) = if matches!(
@@ -110,7 +108,7 @@ mod tests {
             a.mov(eax, 1).unwrap();
             a.ret().unwrap();
         });
-        let live = live_at_block_starts(&graph, &code);
+        let live = live_at_block_starts(&graph, &FunctionBytes::new(BASE, &code));
         let at = |address: u64| live[graph.block_at(address).unwrap()];
         assert!(!at(BASE), "the entry sets the flags before reading them");
         let second = graph.blocks[1].start;
@@ -137,7 +135,7 @@ mod tests {
             a.adc(eax, 0).unwrap();
             a.ret().unwrap();
         });
-        let live = live_at_block_starts(&graph, &code);
+        let live = live_at_block_starts(&graph, &FunctionBytes::new(BASE, &code));
         let head = graph.block_at(BASE + 1).unwrap();
         assert!(live[head], "adc reads the CF the previous iteration left");
         let returns = graph

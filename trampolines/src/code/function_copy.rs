@@ -21,7 +21,7 @@
 //! instruction's unwind row applies and how far inserted code has moved the stack
 //! pointer, so the copy's unwind information can be written (`copy_unwind`).
 
-use super::control_flow::{BlockExit, ControlFlowGraph, Successor};
+use super::control_flow::{BlockExit, ControlFlowGraph, FunctionBytes, Successor};
 use super::flags_liveness;
 use super::jump_table::EntryKind;
 use iced_x86::{
@@ -29,6 +29,9 @@ use iced_x86::{
 };
 use std::collections::BTreeMap;
 use std::fmt;
+
+mod counter_code;
+pub use counter_code::CounterCode;
 
 /// What a counter counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -95,37 +98,6 @@ pub struct Inserted {
     pub extra_stack: Vec<u32>,
 }
 
-/// The machine code of counters, and of the path register.
-///
-/// Every piece of code may clobber the status flags only when `flags_live` is false;
-/// any other state it changes it must restore, and it must not touch the 128 bytes
-/// below the stack pointer (the red zone, which leaf functions use). Branches inside
-/// it use `labels`.
-pub trait CounterCode {
-    /// The code that adds one to counter `index` (of [`counter_sites`]).
-    fn counter(&mut self, index: usize, flags_live: bool, labels: &mut Labels) -> Inserted;
-
-    /// The code each call runs once, first: where the flags are not live.
-    fn entry(&mut self, _labels: &mut Labels) -> Inserted {
-        Inserted::default()
-    }
-
-    /// The code on edge `edge` of the graph's [`ControlFlowGraph::edge_lists`] (blocks
-    /// in order, each block's edges in order, a block with none having one out of the
-    /// function), where the unwind row of original instruction `row_of` applies. An
-    /// edge out of the function runs where the stack pointer is the entry's (before
-    /// the `ret` or the tail jump), and the flags are not live there.
-    fn edge(
-        &mut self,
-        _edge: usize,
-        _flags_live: bool,
-        _row_of: u64,
-        _labels: &mut Labels,
-    ) -> Inserted {
-        Inserted::default()
-    }
-}
-
 /// One instruction of the copy, in copy order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlacedInstruction {
@@ -150,6 +122,9 @@ pub struct FunctionCopy {
     pub code_len: u64,
     /// Every instruction of the code part, in address order.
     pub instructions: Vec<PlacedInstruction>,
+    /// Where each block of the graph starts in the copy (at its counter), or for a
+    /// landing pad with code of its own, where the unwinder is to enter it.
+    pub block_starts: Vec<u64>,
 }
 
 impl FunctionCopy {
@@ -159,6 +134,27 @@ impl FunctionCopy {
             .iter()
             .find(|placed| placed.original == Some(original))
             .map(|placed| placed.copy)
+    }
+
+    /// The copy's pieces of the original instructions in `start..end`: each
+    /// instruction's bytes, contiguous ones joined.
+    pub fn pieces_of(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let code_end = self.address + self.code_len;
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        for (index, placed) in self.instructions.iter().enumerate() {
+            if !placed.original.is_some_and(|o| (start..end).contains(&o)) {
+                continue;
+            }
+            let next = self
+                .instructions
+                .get(index + 1)
+                .map_or(code_end, |p| p.copy);
+            match pieces.last_mut() {
+                Some(last) if last.1 == placed.copy => last.1 = next,
+                _ => pieces.push((placed.copy, next)),
+            }
+        }
+        pieces
     }
 }
 
@@ -211,7 +207,7 @@ struct TableCopy {
 /// `address`, with the counters of [`counter_sites`] written by `counters`.
 pub fn build(
     graph: &ControlFlowGraph,
-    code: &[u8],
+    code: &FunctionBytes,
     address: u64,
     counters: &mut dyn CounterCode,
 ) -> Result<FunctionCopy, CopyRefusal> {
@@ -231,6 +227,10 @@ pub fn build(
         .collect();
     let mut labels = Labels::new();
     let block_labels: Vec<u64> = graph.blocks.iter().map(|_| labels.create()).collect();
+    // Landing pads with code of their own get an entry before their label.
+    let pad_labels: Vec<Option<u64>> = (0..graph.blocks.len())
+        .map(|index| counters.is_landing_pad(index).then(|| labels.create()))
+        .collect();
     let target = |successor: Successor| match successor {
         Successor::Block(index) => block_labels[index],
         Successor::Leaves(address) => address,
@@ -302,6 +302,10 @@ pub fn build(
         let entry = counters.entry(labels);
         emit(&mut pending, entry, None, graph.start, labels);
         for (index, block) in graph.blocks.iter().enumerate() {
+            if let Some(pad_label) = pad_labels[index] {
+                let pad = counters.landing_pad(index, live[index], block.start, labels);
+                emit(&mut pending, pad, Some(pad_label), block.start, labels);
+            }
             let counter =
                 counters.counter(site_index[&CounterSite::Block(index)], live[index], labels);
             emit(
@@ -311,10 +315,8 @@ pub fn build(
                 block.start,
                 labels,
             );
-            let offset = (block.start - graph.start) as usize;
-            let end = (block.end - graph.start) as usize;
-            let decoder =
-                Decoder::with_ip(64, &code[offset..end], block.start, DecoderOptions::NONE);
+            let bytes = code.slice(block.start, block.end);
+            let decoder = Decoder::with_ip(64, bytes, block.start, DecoderOptions::NONE);
             let mut last = block.start;
             for mut instruction in decoder {
                 let original = instruction.ip();
@@ -372,7 +374,9 @@ pub fn build(
                 let row_of = row_at(next, last);
                 let code = counters.edge(edge, taken_live(next, &live), row_of, labels);
                 emit(&mut pending, code, None, row_of, labels);
-                if next != Successor::Block(index + 1) {
+                // Into the next block over its landing-pad code, or elsewhere: a jump.
+                let over_pad = pad_labels.get(index + 1).is_some_and(Option::is_some);
+                if next != Successor::Block(index + 1) || over_pad {
                     pending.push(jump(target(next), row_of, labels)?);
                 }
             }
@@ -468,11 +472,28 @@ pub fn build(
             extra_stack: p.extra_stack,
         })
         .collect();
+    // A block's label is its counter's first instruction (or, with no counter code,
+    // its own first instruction's).
+    let block_starts = block_labels
+        .iter()
+        .zip(&pad_labels)
+        .map(|(&label, pad)| pad.unwrap_or(label))
+        .zip(&graph.blocks)
+        .map(|(label, block)| {
+            let first = pending
+                .iter()
+                .position(|p| p.instruction.ip() == label)
+                .or_else(|| pending.iter().position(|p| p.original == Some(block.start)))
+                .expect("every block is copied");
+            address + u64::from(encoded.new_instruction_offsets[first])
+        })
+        .collect();
     Ok(FunctionCopy {
         address,
         bytes,
         code_len,
         instructions,
+        block_starts,
     })
 }
 

@@ -19,5 +19,6 @@ pub mod executable_memory;
 pub mod flags_liveness;
 pub mod function_copy;
 pub mod jump_table;
+pub mod lsda;
 pub mod padding;
 pub mod relocate;

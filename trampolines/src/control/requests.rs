@@ -114,12 +114,14 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                 address,
                 size,
                 code_ranges,
+                cold_parts,
                 paths,
             }) => match crate::patching::function_copies::install(
                 session,
                 address,
                 size,
                 &code_ranges,
+                &cold_parts,
                 paths,
             ) {
                 Ok(layout) => Response::EdgesInstalled { layout },
@@ -130,9 +132,14 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
             Ok(Request::CopyBehindRecordingHook {
                 address,
                 size,
+                cold_parts,
                 paths,
             }) => match crate::patching::function_copies::install_behind_hook(
-                session, address, size, paths,
+                session,
+                address,
+                size,
+                &cold_parts,
+                paths,
             ) {
                 Ok((layout, code)) => Response::EdgesBehindHook { layout, code },
                 Err(error) => Response::Error {

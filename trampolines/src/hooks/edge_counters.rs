@@ -58,6 +58,25 @@ impl CounterCode for EdgeCounters<'_> {
         code
     }
 
+    fn is_landing_pad(&self, block: usize) -> bool {
+        self.paths
+            .as_ref()
+            .is_some_and(|paths| paths.landing_pads.iter().any(|&(pad, _)| pad == block))
+    }
+
+    fn landing_pad(
+        &mut self,
+        block: usize,
+        flags_live: bool,
+        row_of: u64,
+        labels: &mut Labels,
+    ) -> Inserted {
+        match &self.paths {
+            Some(paths) => paths.landing_pad(block, flags_live, row_of, labels),
+            None => Inserted::default(),
+        }
+    }
+
     fn edge(
         &mut self,
         edge: usize,

@@ -66,6 +66,8 @@ pub struct PathRegister<'a> {
     pub frames: &'a OriginalUnwind,
     /// Which calls' paths are counted.
     pub gate: Gate,
+    /// Each landing pad's block and the number a path starting there begins with.
+    pub landing_pads: &'a [(usize, u64)],
 }
 
 impl PathRegister<'_> {
@@ -188,6 +190,37 @@ impl PathRegister<'_> {
                 ));
             }
         }
+        code.finish()
+    }
+
+    /// The code the unwinder's entry into landing pad `block` runs, where `row_of`'s
+    /// unwind row applies: the call's path so far was cut by the exception and is not
+    /// counted; a new one starts here (its register set to the pad's number). Only its
+    /// own entry is touched, found by its key; deeper ones (the calls the exception
+    /// left) are dropped.
+    pub fn landing_pad(
+        &self,
+        block: usize,
+        flags_live: bool,
+        row_of: u64,
+        labels: &mut Labels,
+    ) -> Inserted {
+        let Some(&(_, start)) = self.landing_pads.iter().find(|&&(pad, _)| pad == block) else {
+            return Inserted::default();
+        };
+        let plan = Plan {
+            key: self.key_at(row_of),
+            check: Check::Exact { lost_id: None },
+            scratch: false,
+            gate: self.gate,
+        };
+        let mut code = PathCode::begin(flags_live, plan, labels);
+        // The start, with bits 31..64 set: sign-extended from the 32-bit immediate.
+        code.push(Instruction::with2(
+            Code::Mov_rm64_imm32,
+            register_of_top(),
+            REGISTER_MASK | imm32(start),
+        ));
         code.finish()
     }
 

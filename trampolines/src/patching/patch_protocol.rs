@@ -214,7 +214,6 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
                 stop_world::serialize_all_cores();
                 written
             })
-            .and_then(|written| written.map_err(|e| AgentError::io("cannot write code", e)))
         }
         _ => {
             let jump = rel32_jump(site.patch_at, hook);
@@ -225,10 +224,11 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
             return Ok(());
         }
     };
-    // The short jump to the pad goes back over the guard, whatever the pad now says.
+    // The short jump to the pad goes back over the guard, whatever the pad now says;
+    // only then may an error be formatted (it allocates).
     writable.store_two_bytes(site.patch_at, [entry[0], entry[1]]);
     stop_world::serialize_all_cores();
-    written
+    written?.map_err(|e| AgentError::io("cannot write code", e))
 }
 
 /// Writes back the bytes of pads no thread can have reached.

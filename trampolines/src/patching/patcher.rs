@@ -81,12 +81,13 @@ pub fn is_patched_by(owner: u64, address: u64) -> bool {
         .is_some_and(|site| site.owner == owner)
 }
 
-/// Calls `visit(id, address)` for every function that ever got an id.
+/// Calls `visit(id, key)` for every id ever given: a function's, keyed by its address,
+/// or an edge counter's, keyed by a value with bit 63 set (`function_copies`), which no
+/// code address has. Every id is visited, so a registry filled from it has no gaps.
 pub fn for_each_id(mut visit: impl FnMut(u32, u64)) {
     if let Some(engine) = engine().as_ref() {
-        // Edge counters' ids have keys that are not addresses (`function_copies`).
-        for (&address, &id) in engine.ids.iter().filter(|(key, _)| **key >> 63 == 0) {
-            visit(id, address);
+        for (&key, &id) in engine.ids.iter() {
+            visit(id, key);
         }
     }
 }

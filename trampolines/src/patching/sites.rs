@@ -69,6 +69,17 @@ pub struct Engine {
     pub(in crate::patching) trampolines: HashMap<(u64, Hook), Trampoline>,
     /// Address of every entry jump and pad written → the bytes it replaced.
     pub(in crate::patching) originals: BTreeMap<u64, Vec<u8>>,
+    /// Function address → the counting copy put behind its recording hook, while the
+    /// site still leads there (`function_copies::install_behind_hook`).
+    pub(in crate::patching) copies_behind: HashMap<u64, CopyBehind>,
+}
+
+/// A counting copy behind a recording hook: the hook that leads to it, what the
+/// controller was told of it, and the function's original bytes.
+pub struct CopyBehind {
+    pub hook: u64,
+    pub layout: tendril_wire::edges::EdgeLayout,
+    pub code: Vec<u8>,
 }
 
 /// What the runtime above does at the patch engine's moments. The runtime installs it

@@ -482,7 +482,7 @@ pub fn sample_in_situ(shape: HookShape, sample: u64) {
 /// middle of writing an event itself (its pc is not in a hook or in agent code), and
 /// only if its ring has room (a handler cannot wait).
 pub fn adjust_after_park(pc: u64, ticks: u64) {
-    if crate::sys::code_memory::is_trampoline_code(pc) || crate::sys::own_code::is_agent_code(pc) {
+    if crate::sys::code_memory::is_hook_code(pc) || crate::sys::own_code::is_agent_code(pc) {
         return;
     }
     let Some(state) = current_state() else {

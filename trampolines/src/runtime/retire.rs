@@ -304,7 +304,7 @@ fn in_return_hook_code(address: u64) -> bool {
     let internal = STATE.internal_trampolines[..count]
         .iter()
         .map(|(start, end)| (start.load(Ordering::Acquire), end.load(Ordering::Acquire)));
-    code_memory::is_trampoline_code(address) && !in_any(address, internal)
+    code_memory::is_hook_code(address) && !in_any(address, internal)
 }
 
 /// Whether `address` lies in one of the `(start, end)` ranges.

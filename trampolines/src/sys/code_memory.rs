@@ -16,7 +16,7 @@
 //! after its function was restored.
 
 use super::error::AgentError;
-use super::state::{MAX_CHUNKS, STATE};
+use super::state::{MAX_CHUNKS, MAX_COPY_BODIES, STATE};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
@@ -121,6 +121,34 @@ pub fn is_trampoline_code(pc: u64) -> bool {
     STATE.chunk_starts[..count].iter().any(|start| {
         let start = start.load(Ordering::Acquire);
         start != 0 && (start..start + CHUNK_SIZE).contains(&pc)
+    })
+}
+
+/// Notes that `start..end` of the arena holds a function's copy (issue 18): the
+/// target's own code with counters, run from the arena, where a thread may spend any
+/// time. Called with the engine's lock held (one writer).
+pub fn note_function_copy(start: u64, end: u64) {
+    let index = STATE.copy_body_count.load(Ordering::Acquire);
+    if index < MAX_COPY_BODIES {
+        STATE.copy_bodies[index].1.store(end, Ordering::Release);
+        STATE.copy_bodies[index].0.store(start, Ordering::Release);
+        STATE.copy_body_count.store(index + 1, Ordering::Release);
+    }
+}
+
+/// Whether `pc` is in a hook's code: tendril's trampolines, but not the function
+/// copies among them (past the first [`MAX_COPY_BODIES`], a copy counts as a hook's).
+/// Lock-free, for signal handlers.
+pub fn is_hook_code(pc: u64) -> bool {
+    if !is_trampoline_code(pc) {
+        return false;
+    }
+    let count = STATE
+        .copy_body_count
+        .load(Ordering::Acquire)
+        .min(MAX_COPY_BODIES);
+    !STATE.copy_bodies[..count].iter().any(|(start, end)| {
+        (start.load(Ordering::Acquire)..end.load(Ordering::Acquire)).contains(&pc)
     })
 }
 

@@ -16,6 +16,8 @@ use std::sync::{Mutex, OnceLock};
 pub const MAX_TRACED: usize = 512;
 /// Most arena chunks the lock-free "is this trampoline code?" test knows.
 pub const MAX_CHUNKS: usize = 4096;
+/// Most function copies the lock-free "is this a hook's code?" test tells apart.
+pub const MAX_COPY_BODIES: usize = 1024;
 
 /// The system layer's statics.
 pub struct SysState {
@@ -28,6 +30,10 @@ pub struct SysState {
     /// signal handlers): a start is published before the count that covers it.
     pub chunk_starts: [AtomicU64; MAX_CHUNKS],
     pub chunk_count: AtomicUsize,
+    /// (start, end) of the function copies in the arena (issue 18): the target's own
+    /// code, not a hook's. A range is published before the count that covers it.
+    pub copy_bodies: [(AtomicU64, AtomicU64); MAX_COPY_BODIES],
+    pub copy_body_count: AtomicUsize,
     /// (start, end, protection) of the executable mappings seen in `/proc/self/maps`
     /// (`code_pages`).
     pub protections: Mutex<Vec<(u64, u64, i32)>>,
@@ -72,6 +78,8 @@ pub static STATE: SysState = SysState {
     mem_owner: AtomicI32::new(0),
     chunk_starts: [const { AtomicU64::new(0) }; MAX_CHUNKS],
     chunk_count: AtomicUsize::new(0),
+    copy_bodies: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_COPY_BODIES],
+    copy_body_count: AtomicUsize::new(0),
     protections: Mutex::new(Vec::new()),
     agent_threads: Mutex::new(Vec::new()),
     code_change: Mutex::new(()),

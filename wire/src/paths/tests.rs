@@ -190,3 +190,56 @@ fn an_empty_graph_has_no_path() {
     assert_eq!(numbering.paths, 0);
     assert_eq!(numbering.path(0), None);
 }
+
+#[test]
+fn a_landing_pad_starts_paths_of_its_own() {
+    // 0: a call that may throw, then a loop 1 ↔ 2 over more calls, out at 2; the
+    // landing pad 3 (a catch) goes back into the loop at 2, or the cleanup pad 4 leaves
+    // (to `_Unwind_Resume`).
+    let successors = graph(&[
+        &[Some(1)],
+        &[Some(2)],
+        &[Some(1), None],
+        &[Some(2)],
+        &[None],
+    ]);
+    let numbering = PathNumbering::with_landing_pads(&successors, &[3, 4]).unwrap();
+    check_bijection(&numbering);
+    // From the entry: 0 1 2 out, 0 1 2 back; from the loop head: 1 2 out, 1 2 back;
+    // from the catch: 3 2 out, 3 2 back; from the cleanup: 4 out.
+    assert_eq!(numbering.paths, 7);
+    let from_pads: Vec<Vec<usize>> = (0..numbering.paths)
+        .map(|n| numbering.path(n).unwrap())
+        .filter(|path| path.from_landing_pad)
+        .map(|path| {
+            assert!(!path.from_back_edge);
+            path.blocks
+        })
+        .collect();
+    assert_eq!(from_pads.len(), 3);
+    assert!(
+        from_pads
+            .iter()
+            .all(|blocks| blocks[0] == 3 || blocks[0] == 4)
+    );
+    // A path starting at a pad begins with the pad's value and goes on like any other:
+    // the catch, the loop's test, out.
+    let (pad, start) = numbering.landing_pads[0];
+    assert_eq!(pad, 3);
+    let mut register = start;
+    for (from, to) in [(3, Some(2)), (2, None)] {
+        let edge = numbering
+            .edges
+            .iter()
+            .find(|e| e.from == from && e.to == to)
+            .unwrap();
+        match edge.action {
+            EdgeAction::Add { increment } => register += increment,
+            EdgeAction::Exit { increment } => register += increment,
+            EdgeAction::Back { .. } => unreachable!(),
+        }
+    }
+    assert_eq!(numbering.path(register).unwrap().blocks, [3, 2]);
+    // Without pads, blocks 3 and 4 are on no path.
+    assert_eq!(PathNumbering::new(&successors).unwrap().paths, 2 + 2);
+}

@@ -34,6 +34,7 @@ fn layout(address: u64, blocks: Vec<EdgeBlock>) -> EdgeLayout {
         calls_counter: 1,
         blocks,
         paths: Err("not counted in this test".into()),
+        landing_pads: Vec::new(),
     }
 }
 

@@ -40,6 +40,7 @@ fn listing_of(name: &str, code: &[u8], profile: &EdgeProfile) -> String {
     let listing = Listing {
         about: &about,
         code,
+        cold: &[],
         name_of: &name_of,
     };
     let mut out = Vec::new();

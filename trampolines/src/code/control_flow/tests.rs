@@ -412,3 +412,51 @@ fn undecodable_bytes_and_transactions_are_refused() {
         CfgRefusal::Transactional { at: BASE }
     );
 }
+
+#[test]
+fn a_cold_part_given_with_the_function_is_followed_there_and_back() {
+    // The cold part first (as GCC places `.text.unlikely`), then the function.
+    let code = assemble(|a, labels| {
+        let mut cold = a.create_label();
+        let mut main = a.create_label();
+        let mut back = a.create_label();
+        a.set_label(&mut cold)?;
+        a.mov(eax, 5)?;
+        a.jmp(back)?;
+        a.set_label(&mut main)?;
+        a.xor(eax, eax)?;
+        a.test(edi, edi)?;
+        a.jne(cold)?;
+        a.set_label(&mut back)?;
+        a.add(eax, 1)?;
+        a.ret()?;
+        labels.extend([main, back]);
+        Ok(())
+    });
+    let [main, back] = code.labels[..] else {
+        panic!()
+    };
+    let split = (main - BASE) as usize;
+    let alone = ControlFlowGraph::build(main, &code.bytes[split..], &no_memory).unwrap();
+    let exits: Vec<&BlockExit> = alone.blocks.iter().map(|b| &b.exit).collect();
+    assert!(
+        matches!(exits[0], BlockExit::Conditional { taken: Successor::Leaves(to), .. } if *to == BASE),
+        "without its cold part, the jump there leaves: {exits:?}"
+    );
+    let bytes =
+        FunctionBytes::new(main, &code.bytes[split..]).with_part(BASE, &code.bytes[..split]);
+    let graph = ControlFlowGraph::build_with_entries(&bytes, &no_memory, &[]).unwrap();
+    let starts: Vec<u64> = graph.blocks.iter().map(|b| b.start).collect();
+    // The main part's blocks first (the entry is block 0), then the cold part's.
+    assert_eq!(starts, [main, back, BASE]);
+    assert_eq!(
+        graph.blocks[0].exit,
+        BlockExit::Conditional {
+            branch: main + 4,
+            taken: Successor::Block(2),
+            not_taken: Successor::Block(1),
+        }
+    );
+    assert_eq!(graph.blocks[2].exit, BlockExit::Jump(Successor::Block(1)));
+    assert_eq!(graph.blocks[1].exit, BlockExit::Return);
+}

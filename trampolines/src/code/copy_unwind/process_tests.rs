@@ -117,7 +117,7 @@ fn the_unwinder_finds_a_registered_copy_with_the_originals_rows_moved() {
         })
         .collect();
     assert!(find_fde(copy_start).is_none(), "no code there yet");
-    register_eh_frame(eh_frame_for_copy(&original, copy_start, len, &one_to_one).unwrap());
+    register_eh_frame(eh_frame_for_copy(&original, copy_start, len, &one_to_one, None).unwrap());
     for offset in 0..len {
         let found = find_fde(copy_start + offset).expect("the copy's FDE is registered");
         assert_eq!(found.function, copy_start);
@@ -201,7 +201,7 @@ fn a_panic_and_a_backtrace_pass_through_a_copy_with_inserted_pushes() {
         )
     };
     assert_eq!(protected, 0);
-    register_eh_frame(eh_frame_for_copy(&original, copy_start, len, &instructions).unwrap());
+    register_eh_frame(eh_frame_for_copy(&original, copy_start, len, &instructions, None).unwrap());
 
     // SAFETY: the copy is the original's code, moved: same arguments, same behaviour.
     let copy = unsafe { std::mem::transmute::<u64, CallWith>(copy_start) };

@@ -186,7 +186,7 @@ fn check_every_address(
     copy_start: u64,
     copy_len: u64,
 ) -> OriginalUnwind {
-    let bytes = eh_frame_for_copy(original, copy_start, copy_len, copied).unwrap();
+    let bytes = eh_frame_for_copy(original, copy_start, copy_len, copied, None).unwrap();
     assert_eq!(bytes[bytes.len() - 4..], [0; 4], "ended by a zero word");
     // Absolute addresses: the bytes read the same wherever they are loaded.
     let loaded_at = 0x7777_0000;
@@ -292,13 +292,13 @@ fn the_copy_builders_placed_instructions_are_taken_as_they_are() {
         })
         .collect();
     assert_eq!(
-        eh_frame_for_copy(&original, copy_start, len, &placed),
-        eh_frame_for_copy(&original, copy_start, len, &copied)
+        eh_frame_for_copy(&original, copy_start, len, &placed, None),
+        eh_frame_for_copy(&original, copy_start, len, &copied, None)
     );
 }
 
 #[test]
-fn a_personality_with_a_null_lsda_is_no_exception_table_whatever_its_encoding() {
+fn an_lsda_is_read_with_its_personality_and_a_null_one_is_none_whatever_its_encoding() {
     use CallFrameInstruction as I;
     let rows = [(1, I::CfaOffset(16))];
     for lsda_encoding in [
@@ -311,8 +311,20 @@ fn a_personality_with_a_null_lsda_is_no_exception_table_whatever_its_encoding() 
         cie.lsda_encoding = Some(lsda_encoding);
         let (mut bytes, fde) = section_with(cie, 0x10, Some(0x40_2000), &rows);
         assert_eq!(
-            OriginalUnwind::parse(&bytes, SECTION, fde),
-            Err(UnwindRefusal::ExceptionTables),
+            OriginalUnwind::parse(&bytes, SECTION, fde)
+                .unwrap()
+                .exceptions,
+            Some(Exceptions {
+                // gimli wrote a `pcrel` field relative to the start of its buffer.
+                lsda: 0x40_2000
+                    + if lsda_encoding == constants::DW_EH_PE_pcrel | constants::DW_EH_PE_sdata4 {
+                        SECTION
+                    } else {
+                        0
+                    },
+                personality: 0x1234,
+                indirect: false
+            }),
             "{lsda_encoding}"
         );
         // The LSDA field: after the length, the CIE pointer, the address and the length
@@ -331,6 +343,7 @@ fn a_personality_with_a_null_lsda_is_no_exception_table_whatever_its_encoding() 
         bytes[field..field + size].fill(0);
         let original = OriginalUnwind::parse(&bytes, SECTION, fde).unwrap();
         assert_eq!(original.rows.len(), 2);
+        assert_eq!(original.exceptions, None);
     }
 }
 
@@ -373,12 +386,12 @@ fn a_copy_that_names_code_outside_the_fde_or_does_not_tile_its_range_is_refused(
     let mut outside = copied.clone();
     outside[3].row_of = FUNCTION + 0x28;
     assert_eq!(
-        eh_frame_for_copy(&original, copy_start, len, &outside),
+        eh_frame_for_copy(&original, copy_start, len, &outside, None),
         Err(UnwindRefusal::NotCovered(FUNCTION + 0x28))
     );
     let layout = |copied: &[CopiedInstruction], len: u64| {
         matches!(
-            eh_frame_for_copy(&original, copy_start, len, copied),
+            eh_frame_for_copy(&original, copy_start, len, copied, None),
             Err(UnwindRefusal::Layout(_))
         )
     };
@@ -394,7 +407,10 @@ fn a_copy_that_names_code_outside_the_fde_or_does_not_tile_its_range_is_refused(
 fn every_refusal_says_why_in_a_sentence() {
     let reasons = [
         (UnwindRefusal::Expression, "DWARF expression"),
-        (UnwindRefusal::ExceptionTables, "try/catch"),
+        (
+            UnwindRefusal::ExceptionTables("no LSDA".into()),
+            "try/catch, destructors or noexcept) cannot be moved to a copy: no LSDA",
+        ),
         (
             UnwindRefusal::Malformed("eof".into()),
             "does not parse (eof)",

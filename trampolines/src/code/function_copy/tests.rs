@@ -97,7 +97,13 @@ fn copy_of(assemble: impl FnOnce(&mut CodeAssembler), code_len: Option<usize>) -
     let graph = ControlFlowGraph::build(BASE, code, &read).unwrap();
     let mut counters = TestCounters::new(counter_sites(&graph).len());
     let memory = Mapped::new(1 << 16);
-    let copy = build(&graph, code, memory.address, &mut counters).unwrap();
+    let copy = build(
+        &graph,
+        &FunctionBytes::new(BASE, code),
+        memory.address,
+        &mut counters,
+    )
+    .unwrap();
     memory.write(0, &copy.bytes);
     // SAFETY: the copy is System V code taking two integers and returning one.
     let entry =
@@ -313,7 +319,8 @@ fn pic_switch_runs(cases: usize) {
     let graph = ControlFlowGraph::build(BASE, &bytes[..code_len], &read).unwrap();
     let mut counters = TestCounters::new(counter_sites(&graph).len());
     let memory = Mapped::new(1 << 16);
-    let copy = build(&graph, &bytes[..code_len], memory.address, &mut counters).unwrap();
+    let bytes = FunctionBytes::new(BASE, &bytes[..code_len]);
+    let copy = build(&graph, &bytes, memory.address, &mut counters).unwrap();
     assert!(
         copy.bytes.len() as u64 > copy.code_len,
         "the table's copy follows the code"

@@ -3,7 +3,7 @@
 //! apart, and calls nested deeper than the path stack are counted as lost.
 
 use super::*;
-use crate::code::control_flow::{ControlFlowGraph, Successor};
+use crate::code::control_flow::{ControlFlowGraph, FunctionBytes, Successor};
 use crate::code::copy_unwind::{OriginalUnwind, Row};
 use crate::code::executable_memory::Mapped;
 use crate::code::function_copy::{self, counter_sites};
@@ -90,12 +90,14 @@ fn profiled_behind(gate: Gate, assemble: impl FnOnce(&mut CodeAssembler, u64)) -
             lost_id,
             frames: &frames,
             gate,
+            landing_pads: &[],
         }),
         gate,
         calls_id: (gate == Gate::InCallGraph).then_some(calls_id),
     };
     let copy = Mapped::new(1 << 16);
-    let built = function_copy::build(&graph, &bytes, copy.address, &mut counters).unwrap();
+    let code = FunctionBytes::new(original.address, &bytes);
+    let built = function_copy::build(&graph, &code, copy.address, &mut counters).unwrap();
     copy.write(0, &built.bytes);
     // The original's entry jumps to the copy, so recursive calls enter it again.
     let mut jump = CodeAssembler::new(64).unwrap();
@@ -169,6 +171,7 @@ fn frames_of(graph: &ControlFlowGraph, bytes: &[u8]) -> OriginalUnwind {
         data_alignment_factor: -8,
         return_address_register: 16,
         rows,
+        exceptions: None,
     }
 }
 
