@@ -261,7 +261,8 @@ impl OriginalUnwind {
     }
 
     /// Takes in the rows of `part` (see [`OriginalUnwind::joins`]), and its personality
-    /// routine if these had none.
+    /// routine if these had none. `start..end` stay the main part's; `row_at` answers
+    /// for every part's code, and for none between them.
     pub fn join(&mut self, part: OriginalUnwind) {
         self.rows.extend(part.rows);
         self.rows.sort_by_key(|row| row.start);

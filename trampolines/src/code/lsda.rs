@@ -5,9 +5,12 @@
 //! The one idea: an LSDA holds addresses only in its call-site table (code ranges and
 //! landing pads, as offsets from the function) and in its type table (pointers to
 //! `type_info`s, often relative to the entry's own place); its action table and
-//! exception specifications refer to the type table by index. So the copy's LSDA keeps
-//! the action and specification bytes as they are, re-encodes every type entry as an
-//! absolute pointer, and rebuilds the call-site table: each original range becomes the
+//! exception specifications refer to the type table by index. A landing pad compares
+//! the filter the personality hands it (in `rdx`) with numbers compiled into it, so
+//! every filter keeps its value: the copy's LSDA keeps the type indices and the
+//! specification bytes as they are (parts of one function share them), re-encodes every
+//! type entry as an absolute pointer, writes the action records again, and rebuilds
+//! the call-site table: each original range becomes the
 //! copy's pieces of the instructions in it, each landing pad inside the function the
 //! copy's block there (a landing pad outside it, in a `.cold` part, stays where it is).
 //! The rest of the format is the GCC/libgcc one (`unwind-pe.h`, `eh_personality.cc`):
@@ -41,8 +44,8 @@ pub struct CallSite {
     pub action: u64,
 }
 
-/// A parsed LSDA, its action records and exception specifications by index, so that
-/// LSDAs of several parts of a function can become one.
+/// A parsed LSDA, its action records by index, so that the LSDAs of several parts of a
+/// function can become one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lsda {
     /// Their `action`: 0 for none, else 1 + an index into `actions`.
@@ -53,8 +56,9 @@ pub struct Lsda {
     types: Option<Vec<u64>>,
     /// Whether type entries point at the `type_info` pointer rather than at it.
     indirect_types: bool,
-    /// Exception specifications: lists of type indices.
-    specifications: Vec<Vec<u64>>,
+    /// The exception specifications' bytes, from the type table's base to the end of
+    /// the last one a filter names (lists of type indices, each ended by 0).
+    specifications: Vec<u8>,
 }
 
 /// One action record.
@@ -70,7 +74,8 @@ enum Filter {
     Cleanup,
     /// Catches type entry `n` (1-based).
     Catch(u64),
-    /// Allows only the types of specification `n` (an index into `specifications`).
+    /// Allows only the types of the specification `n` bytes past the type table's base
+    /// (the filter `-n - 1`).
     Allows(usize),
 }
 
@@ -81,7 +86,7 @@ pub enum LsdaRefusal {
     Malformed(&'static str),
     /// A pointer encoding tendril does not read there.
     Encoding(u8),
-    /// Two parts of the function whose tables cannot be joined.
+    /// Two parts of the function whose tables disagree.
     Mismatch(&'static str),
 }
 
@@ -154,7 +159,7 @@ impl Cursor<'_> {
     /// A value in `encoding`'s format, with its application (absolute or relative to
     /// the field's address) applied; 0 stays 0, as libgcc reads it.
     fn encoded(&mut self, encoding: u8) -> Result<u64, LsdaRefusal> {
-        let field = self.address + self.at as u64;
+        let field = self.address.wrapping_add(self.at as u64);
         let raw = match encoding & 0x0f {
             ABSPTR | UDATA8 => self.fixed(8)?,
             ULEB128 => self.uleb()?,
@@ -212,7 +217,7 @@ impl Lsda {
             }
         };
         let site_encoding = cursor.u8()?;
-        if site_encoding & 0x70 != 0 {
+        if site_encoding & 0xf0 != 0 {
             return Err(LsdaRefusal::Encoding(site_encoding));
         }
         let sites_length = cursor.uleb()? as usize;
@@ -239,13 +244,16 @@ impl Lsda {
             type_base,
             by_offset: Vec::new(),
             actions: Vec::new(),
-            specification_offsets: Vec::new(),
-            specifications: Vec::new(),
+            specifications_end: None,
+            largest_in_specifications: 0,
         };
         for site in &mut call_sites {
             if site.action != 0 {
-                let offset = (site.action - 1) as usize;
-                site.action = 1 + reader.action_at(sites_end + offset)? as u64;
+                let offset = usize::try_from(site.action - 1)
+                    .ok()
+                    .and_then(|offset| sites_end.checked_add(offset))
+                    .ok_or(LsdaRefusal::Malformed("an action outside its table"))?;
+                site.action = 1 + reader.action_at(offset)? as u64;
             }
         }
         let largest_type = (reader.actions.iter())
@@ -253,9 +261,9 @@ impl Lsda {
                 Filter::Catch(n) => Some(n),
                 _ => None,
             })
-            .chain(reader.specifications.iter().flatten().copied())
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(reader.largest_in_specifications);
         let types = match type_base {
             None if largest_type > 0 => {
                 return Err(LsdaRefusal::Malformed("a filter without a type table"));
@@ -264,6 +272,9 @@ impl Lsda {
             Some(base) => {
                 let size = entry_size(type_encoding)?;
                 let mut types = Vec::new();
+                if largest_type > MOST_RECORDS as u64 {
+                    return Err(LsdaRefusal::Malformed("a type index past any table"));
+                }
                 for index in 1..=largest_type as usize {
                     reader.cursor.at = base.checked_sub(index * size).ok_or(SHORT)?;
                     types.push(reader.cursor.encoded(type_encoding & !INDIRECT)?);
@@ -271,17 +282,23 @@ impl Lsda {
                 Some(types)
             }
         };
+        let specifications = match (type_base, reader.specifications_end) {
+            (Some(base), Some(end)) => bytes.get(base..end).ok_or(SHORT)?.to_vec(),
+            _ => Vec::new(),
+        };
         Ok(Lsda {
             call_sites,
             actions: reader.actions,
             types,
             indirect_types: type_encoding != OMIT && type_encoding & INDIRECT != 0,
-            specifications: reader.specifications,
+            specifications,
         })
     }
 
-    /// The LSDAs of a function's parts (its main part's and its `.cold` parts') as one:
-    /// every call site keeps its own actions, types and specifications.
+    /// The LSDAs of a function's parts (its main part's and its `.cold` parts') as one.
+    /// GCC gives the parts the same types and specifications (only their call sites
+    /// differ), and their landing pads compare filters with those numbers: they must
+    /// agree (one may stop short of the other), and keep their values.
     pub fn join(parts: Vec<Lsda>) -> Result<Lsda, LsdaRefusal> {
         let mut parts = parts.into_iter();
         let Some(mut joined) = parts.next() else {
@@ -297,26 +314,21 @@ impl Lsda {
             if typed(&part) {
                 joined.indirect_types = part.indirect_types;
             }
-            let types = joined.types.get_or_insert_with(Vec::new);
-            let (action_base, type_base, specification_base) = (
-                joined.actions.len(),
-                types.len() as u64,
-                joined.specifications.len(),
-            );
-            types.extend(part.types.unwrap_or_default());
-            joined.specifications.extend(
-                (part.specifications.into_iter())
-                    .map(|list| list.into_iter().map(|n| n + type_base).collect::<Vec<_>>()),
-            );
+            joined.types = match (joined.types.take(), part.types) {
+                (Some(a), Some(b)) => Some(longer_agreeing(a, b, "their type tables")?),
+                (a, b) => a.or(b),
+            };
+            joined.specifications = longer_agreeing(
+                std::mem::take(&mut joined.specifications),
+                part.specifications,
+                "their exception specifications",
+            )?;
+            let action_base = joined.actions.len();
             joined
                 .actions
                 .extend(part.actions.into_iter().map(|action| Action {
-                    filter: match action.filter {
-                        Filter::Cleanup => Filter::Cleanup,
-                        Filter::Catch(n) => Filter::Catch(n + type_base),
-                        Filter::Allows(n) => Filter::Allows(n + specification_base),
-                    },
                     next: action.next.map(|next| next + action_base),
+                    ..action
                 }));
             joined
                 .call_sites
@@ -381,17 +393,6 @@ impl Lsda {
                 _ => merged.push(site),
             }
         }
-        // Specifications first (their offsets are the filters that name them), each
-        // list of type indices ended by 0.
-        let mut specifications = Vec::new();
-        let mut specification_at = Vec::new();
-        for list in &self.specifications {
-            specification_at.push(specifications.len() as i64);
-            for &index in list {
-                write_uleb(&mut specifications, index);
-            }
-            specifications.push(0);
-        }
         // Action records of a fixed size, so that every displacement is known before
         // it is written: each number in a padded 4-byte SLEB128.
         let mut actions = Vec::new();
@@ -399,7 +400,7 @@ impl Lsda {
             let filter = match action.filter {
                 Filter::Cleanup => 0,
                 Filter::Catch(n) => n as i64,
-                Filter::Allows(n) => -specification_at[n] - 1,
+                Filter::Allows(offset) => -(offset as i64) - 1,
             };
             let displacement = action.next.map_or(0, |next| {
                 (ACTION_BYTES * next) as i64 - (ACTION_BYTES * index + 4) as i64
@@ -440,7 +441,7 @@ impl Lsda {
                 }
                 write_uleb(&mut lsda, after_type_offset.len() as u64);
                 lsda.extend_from_slice(&after_type_offset);
-                lsda.extend_from_slice(&specifications);
+                lsda.extend_from_slice(&self.specifications);
             }
         }
         lsda
@@ -458,8 +459,10 @@ struct Records<'a> {
     /// (byte offset, index) of the records read.
     by_offset: Vec<(usize, usize)>,
     actions: Vec<Action>,
-    specification_offsets: Vec<usize>,
-    specifications: Vec<Vec<u64>>,
+    /// Where the specifications the filters name end (from the LSDA's start), and the
+    /// largest type index they hold.
+    specifications_end: Option<usize>,
+    largest_in_specifications: u64,
 }
 
 impl Records<'_> {
@@ -502,46 +505,52 @@ impl Records<'_> {
             self.actions[index].filter = match filter {
                 0 => Filter::Cleanup,
                 n if n > 0 => Filter::Catch(n as u64),
-                n => Filter::Allows(self.specification_at((-n - 1) as usize)?),
+                n => Filter::Allows(self.specification_at(!n as usize)?),
             };
             if displacement == 0 {
                 return Ok(head);
             }
-            at = usize::try_from(displacement_at as i64 + displacement)
-                .ok()
+            at = (displacement_at as i64)
+                .checked_add(displacement)
+                .and_then(|at| usize::try_from(at).ok())
                 .filter(|&at| at >= self.actions_start)
                 .ok_or(LsdaRefusal::Malformed("an action record outside its table"))?;
             previous = Some(index);
         }
     }
 
-    /// The index of the specification `offset` bytes past the type table's base.
+    /// Reads the specification `offset` bytes past the type table's base (a list of
+    /// type indices ended by 0), noting where it ends; returns `offset`.
     fn specification_at(&mut self, offset: usize) -> Result<usize, LsdaRefusal> {
-        if let Some(index) = self
-            .specification_offsets
-            .iter()
-            .position(|&at| at == offset)
-        {
-            return Ok(index);
-        }
         let base = self.type_base.ok_or(LsdaRefusal::Malformed(
             "a specification without a type table",
         ))?;
         self.cursor.at = base.checked_add(offset).ok_or(SHORT)?;
-        let mut list = Vec::new();
-        loop {
+        for _ in 0..MOST_RECORDS {
             match self.cursor.uleb()? {
-                0 => break,
-                _ if list.len() >= MOST_RECORDS => {
-                    return Err(LsdaRefusal::Malformed("an endless specification"));
+                0 => {
+                    let end = self.specifications_end.get_or_insert(self.cursor.at);
+                    *end = (*end).max(self.cursor.at);
+                    return Ok(offset);
                 }
-                index => list.push(index),
+                index => self.largest_in_specifications = self.largest_in_specifications.max(index),
             }
         }
-        self.specification_offsets.push(offset);
-        self.specifications.push(list);
-        Ok(self.specifications.len() - 1)
+        Err(LsdaRefusal::Malformed("an endless specification"))
     }
+}
+
+/// `a` or `b`, whichever is longer, if the shorter is the start of the longer.
+fn longer_agreeing<T: PartialEq>(
+    a: Vec<T>,
+    b: Vec<T>,
+    what: &'static str,
+) -> Result<Vec<T>, LsdaRefusal> {
+    let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
+    if long[..short.len()] != short[..] {
+        return Err(LsdaRefusal::Mismatch(what));
+    }
+    Ok(long)
 }
 
 /// `value` as SLEB128 in exactly 4 bytes (continuation bits on the first three); it

@@ -74,7 +74,7 @@ fn a_gcc_lsda_reads_as_absolute_call_sites_pads_and_types() {
     );
     assert_eq!(lsda.types, Some(types.to_vec()));
     assert!(lsda.indirect_types);
-    assert_eq!(lsda.specifications, [vec![2]]);
+    assert_eq!(lsda.specifications, [0x02, 0x00]);
     assert_eq!(
         lsda.actions,
         [
@@ -181,53 +181,57 @@ fn truncated_or_strange_lsdas_are_refused() {
     );
 }
 
-#[test]
-fn the_tables_of_a_function_and_its_cold_part_join_each_site_keeping_its_own() {
-    let hot_types = [0x5555_0000_7000, 0x5555_0000_7010];
-    let hot = Lsda::parse(&gcc_lsda(hot_types), LSDA_AT, FUNCTION).unwrap();
-    // The cold part's: one call site at its start, landing at +0x10, catching its own
-    // type 1 and then, chained, its type 2.
-    let cold_start = FUNCTION - 0x800;
+/// A cold part's LSDA, GCC-style with its own call site at its start landing at +0x10
+/// on an action chain catching type 2, then type 1 (the function's numbers), and the
+/// type table `types` (`indirect|absptr`).
+fn cold_lsda(types: &[u64]) -> Vec<u8> {
     let mut sites = Vec::new();
     for value in [0u64, 5, 0x10, 3] {
         write_uleb(&mut sites, value);
     }
-    let actions = [0x02, 0x00, 0x01, 0x7d]; // filter 2, end; filter 1, back to the first
+    let actions = [0x01, 0x00, 0x02, 0x7d]; // filter 1, end; filter 2, back to the first
+    let type_bytes = 8 * types.len();
     let mut cold = vec![
         OMIT,
         INDIRECT | ABSPTR,
-        (1 + 1 + sites.len() + actions.len() + 16) as u8,
+        (1 + 1 + sites.len() + actions.len() + type_bytes) as u8,
     ];
     cold.push(ULEB128);
     cold.push(sites.len() as u8);
     cold.extend_from_slice(&sites);
     cold.extend_from_slice(&actions);
-    for pointer in [0x9020u64, 0x9010] {
+    for pointer in types.iter().rev() {
         cold.extend_from_slice(&pointer.to_le_bytes());
     }
-    let cold = Lsda::parse(&cold, LSDA_AT + 0x100, cold_start).unwrap();
+    cold.extend_from_slice(&[0x02, 0x00]); // the same specification
+    cold
+}
+
+#[test]
+fn the_tables_of_a_function_and_its_cold_part_join_with_every_filter_kept() {
+    let hot_types = [0x5555_0000_7000, 0x5555_0000_7010];
+    let hot = Lsda::parse(&gcc_lsda(hot_types), LSDA_AT, FUNCTION).unwrap();
+    let cold_start = FUNCTION - 0x800;
+    let cold = Lsda::parse(&cold_lsda(&hot_types), LSDA_AT + 0x100, cold_start).unwrap();
     assert_eq!(cold.call_sites[0].action, 1);
-    // The call site names the record at offset 2 (filter 1), which chains to offset 0.
     let joined = Lsda::join(vec![hot.clone(), cold]).unwrap();
     let copy_start = FUNCTION;
     let same = |start: u64, end: u64| vec![(start + 0x10_0000, end + 0x10_0000)];
     let bytes = joined.for_copy(copy_start, &same, &|pad| pad + 0x10_0000);
     let copied = Lsda::parse(&bytes, 0x7f00_2000_0000, copy_start).unwrap();
-    assert_eq!(
-        copied.types,
-        Some(vec![hot_types[0], hot_types[1], 0x9010, 0x9020])
-    );
+    // The landing pads compare filters with the numbers compiled into them: the
+    // types, and the specification's offset, are the function's own.
+    assert_eq!(copied.types, Some(hot_types.to_vec()));
+    assert_eq!(copied.specifications, [0x02, 0x00]);
     let site = copied
         .call_sites
         .iter()
         .find(|site| site.start == cold_start + 0x10_0000)
         .unwrap();
     assert_eq!(site.landing_pad, Some(cold_start + 0x10 + 0x10_0000));
-    // Its chain: its own type 1 (now 3), then its own type 2 (now 4).
     let first = copied.actions[site.action as usize - 1];
-    assert_eq!(first.filter, Filter::Catch(3));
-    assert_eq!(copied.actions[first.next.unwrap()].filter, Filter::Catch(4));
-    // The main part's sites keep theirs.
+    assert_eq!(first.filter, Filter::Catch(2));
+    assert_eq!(copied.actions[first.next.unwrap()].filter, Filter::Catch(1));
     let hot_site = (copied.call_sites.iter())
         .find(|s| s.start == FUNCTION + 0x10 + 0x10_0000)
         .unwrap();
@@ -235,5 +239,17 @@ fn the_tables_of_a_function_and_its_cold_part_join_each_site_keeping_its_own() {
         copied.actions[hot_site.action as usize - 1].filter,
         Filter::Catch(1)
     );
-    assert_eq!(copied.specifications, [vec![2]]);
+    let spec_site = (copied.call_sites.iter())
+        .find(|s| s.start == FUNCTION + 0x36 + 0x10_0000)
+        .unwrap();
+    assert_eq!(
+        copied.actions[spec_site.action as usize - 1].filter,
+        Filter::Allows(0)
+    );
+    // A cold part that names other types cannot join: its filters would mean others.
+    let other = Lsda::parse(&cold_lsda(&[0x9010, 0x9020]), LSDA_AT + 0x100, cold_start).unwrap();
+    assert_eq!(
+        Lsda::join(vec![hot, other]),
+        Err(LsdaRefusal::Mismatch("their type tables"))
+    );
 }

@@ -99,9 +99,10 @@ impl Counted {
             tables.push(read_table(exceptions.lsda, address)?);
         }
         let main_end = address + code.len() as u64;
-        for &(start, size) in cold_parts.iter().take(MAX_PARTS - 1) {
-            let overlaps = start < main_end && address < start + size;
-            if size == 0 || size > function_copy_limit() || overlaps {
+        for &(start, size) in cold_parts {
+            let overlaps = start < main_end && address < start.saturating_add(size);
+            if cold.len() + 1 >= MAX_PARTS || size == 0 || size > function_copy_limit() || overlaps
+            {
                 continue;
             }
             let mut bytes = vec![0u8; size as usize];
@@ -115,8 +116,18 @@ impl Counted {
                 _ => continue,
             };
             if let Some(part) = part_unwind {
+                // A part whose table cannot be read, or does not agree with the
+                // others', stays out too.
                 if let Some(exceptions) = part.exceptions {
-                    tables.push(read_table(exceptions.lsda, start)?);
+                    let Ok(table) = read_table(exceptions.lsda, start) else {
+                        continue;
+                    };
+                    let mut with_it = tables.clone();
+                    with_it.push(table.clone());
+                    if Lsda::join(with_it).is_err() {
+                        continue;
+                    }
+                    tables.push(table);
                 }
                 if let Some(main) = unwind.as_mut() {
                     main.join(part);
