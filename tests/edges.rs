@@ -239,6 +239,40 @@ fn a_function_that_catches_runs_its_handler_in_the_copy_and_counts_where_excepti
 }
 
 #[test]
+fn a_typed_catch_on_a_call_site_of_the_cold_part_finds_its_handler_in_the_copy() {
+    let mut target = Target::spawn("throw_through", &["retry"]);
+    let bare = throwing_rounds(&mut target, 1)[0];
+    assert_eq!(bare.0, 500);
+    let pid = target.pid();
+    let symbols = ProcessSymbols::load(pid).unwrap();
+    let (_, mut session) = tendril::inject::attach(pid).unwrap();
+    // recover's catch block, in its `.cold` part, calls relay again inside a second
+    // try: that call site's handler is chosen by a filter compiled into the pad.
+    let recover = install(&mut session, &symbols, "recover");
+    let during = throwing_rounds(&mut target, ROUNDS);
+    unpatch(&mut session, vec![recover.address]);
+    let counts = edge_counts(&mut session, &recover);
+    drop(session);
+    assert!(
+        during.iter().all(|&round| round == bare),
+        "both catches reach their handlers: {during:?} vs {bare:?}"
+    );
+    assert_eq!(counts[&recover.calls_counter], 1000 * ROUNDS);
+    let mut landed: Vec<u64> = (recover.landing_pads.iter())
+        .map(|pad| {
+            let block = recover.blocks.iter().find(|b| b.start == *pad).unwrap();
+            counts[&block.counter]
+        })
+        .filter(|&count| count > 0)
+        .collect();
+    landed.sort();
+    assert_eq!(landed, [250 * ROUNDS, 250 * ROUNDS], "{recover:?}");
+    assert_eq!(path_runs(&recover, &counts).1, 0, "no path lost");
+    code_bytes_match_file(pid).unwrap();
+    assert_eq!(throwing_rounds(&mut target, 1), [bare]);
+}
+
+#[test]
 fn a_hundred_cycles_under_eight_throwing_threads_leave_code_and_results_intact() {
     let mut target = Target::spawn("throw_through", &["8"]);
     let bare = target.checksum_lines(2, LINE_TIMEOUT);
