@@ -15,7 +15,8 @@
 //!
 //! * phases (`ONLY=phases` only): the raw cost of a hooked call, nothing removed, by
 //!   `tightcall`'s own clock over `flat_root`'s 200,000 calls of a 1.3 ns leaf: 40 runs
-//!   in one recording, then 7 runs before and 7 after 0 and 20 pause/resume cycles.
+//!   in one recording, each beside the outer cost the in-situ batches measured during
+//!   it; then 7 runs before and 7 after 0 and 20 pause/resume cycles.
 //!
 //! The oversubscribed case, in CPU time, is `cargo bench --bench cpu_time`.
 
@@ -26,6 +27,7 @@ use common::{Target, node_at};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile};
 use tendril::recording::{RecordOptions, Recorder, Scheme};
+use tendril_wire::events::HookShape;
 
 const TIMEOUT: Duration = Duration::from_secs(300);
 const RUNS: usize = 5;
@@ -195,6 +197,18 @@ fn leaves() {
     print_calibration(&profile);
 }
 
+/// The mean of `a − b`, and the correlation of `a` with `b` (Pearson's r).
+fn gap_and_correlation(a: &[f64], b: &[f64]) -> (f64, f64) {
+    let n = a.len() as f64;
+    let (mean_a, mean_b) = (a.iter().sum::<f64>() / n, b.iter().sum::<f64>() / n);
+    let dot = |x: &[f64], mx: f64, y: &[f64], my: f64| -> f64 {
+        x.iter().zip(y).map(|(x, y)| (x - mx) * (y - my)).sum()
+    };
+    let r =
+        dot(a, mean_a, b, mean_b) / (dot(a, mean_a, a, mean_a) * dot(b, mean_b, b, mean_b)).sqrt();
+    (mean_a - mean_b, r)
+}
+
 /// The raw ns per call of one `flat 200000` (the hooks' whole cost included).
 fn flat_run(target: &mut Target, recorder: &mut Option<Recorder>) -> f64 {
     let line = ask(target, recorder, "flat 200000", "flat calls");
@@ -205,13 +219,46 @@ fn phases() {
     let mut target = Target::spawn("tightcall", &[]);
     for recording in 1..=2 {
         let mut recorder = Some(record(target.pid(), &["flat_root"]));
-        let runs: Vec<String> = (0..40)
-            .map(|_| format!("{:.1}", flat_run(&mut target, &mut recorder)))
+        // Per run: the raw ns per hooked call, and the median outer cost of the in-situ
+        // batches the run's thread made meanwhile, of the shape `leaf` has (a 5-byte jump).
+        let runs: Vec<(f64, Option<f64>)> = (0..40)
+            .map(|_| {
+                let batches = |recorder: &Option<Recorder>| {
+                    recorder.as_ref().unwrap().in_situ_batches(HookShape::Jump)
+                };
+                let (read_before, _) = batches(&recorder);
+                let raw = flat_run(&mut target, &mut recorder);
+                recorder.as_mut().unwrap().poll();
+                let (read_after, kept) = batches(&recorder);
+                let new = ((read_after - read_before) as usize).min(kept.len());
+                let outer: Vec<f64> = kept[kept.len() - new..].iter().map(|b| b.1).collect();
+                (raw, (!outer.is_empty()).then(|| median(outer)))
+            })
+            .collect();
+        let shown: Vec<String> = runs
+            .iter()
+            .map(|(raw, outer)| match outer {
+                Some(outer) => format!("{raw:.1}/{outer:.1}"),
+                None => format!("{raw:.1}/-"),
+            })
             .collect();
         println!(
-            "phases, recording {recording}, ns per hooked call: {}",
-            runs.join(" ")
+            "phases, recording {recording}, ns per hooked call / the run's in-situ t_O: {}",
+            shown.join(" ")
         );
+        // The first two runs discover `leaf` and fault the ring in.
+        let (raws, outers): (Vec<f64>, Vec<f64>) = runs[2..]
+            .iter()
+            .filter_map(|&(raw, outer)| Some((raw, outer?)))
+            .unzip();
+        if raws.len() > 2 {
+            let (mean, correlation) = gap_and_correlation(&raws, &outers);
+            println!(
+                "phases, recording {recording}: hooked call − in-situ t_O: mean {mean:.2} ns \
+                 (the leaf's bare 1.3 ns and the batches' own share of the run included); \
+                 correlation over runs {correlation:.2}"
+            );
+        }
         recorder.take().unwrap().finish(false).unwrap();
     }
     for cycles in [0, 20] {

@@ -35,9 +35,27 @@ pub(super) struct InSituBatches {
     at_start: Option<Calibration>,
     /// When the in-situ calibration was last worked out.
     computed_at: Option<Instant>,
+    /// Batches read over the whole recording, per shape (`batches` keeps the latest).
+    read_in_all: [u64; HOOK_SHAPES],
 }
 
 impl Recorder {
+    /// The batches of `shape` read so far in this recording, and the most recent of
+    /// them (up to the last 4,096), oldest first, as `(inner, outer)` ns per call: for
+    /// comparing what the batches measure with what the program's own calls pay
+    /// (`ONLY=phases cargo bench --bench accuracy`).
+    pub fn in_situ_batches(&self, shape: HookShape) -> (u64, Vec<(f64, f64)>) {
+        let Some(builder) = self.builder.as_ref() else {
+            return (0, Vec::new());
+        };
+        let ns_per_tick = 1e9 / builder.calibration().tsc_hz.max(1) as f64;
+        let batches = &self.in_situ.batches[shape as usize];
+        let in_ns = batches
+            .iter()
+            .map(|&(inner, outer)| (inner * ns_per_tick, outer * ns_per_tick));
+        (self.in_situ.read_in_all[shape as usize], in_ns.collect())
+    }
+
     /// After the agent started recording: its sample counts begin again, and the
     /// calibration functions' events are left out of the trees.
     pub(super) fn note_in_situ_start(&mut self) {
@@ -63,6 +81,7 @@ impl Recorder {
             self.in_situ.read[shape as usize] = count;
             let batches = &mut self.in_situ.batches[shape as usize];
             any_new |= !new.is_empty();
+            self.in_situ.read_in_all[shape as usize] += new.len() as u64;
             batches.extend(new);
             while batches.len() > KEPT_BATCHES {
                 batches.pop_front();
