@@ -1,15 +1,19 @@
 //! Removing tendril's own cost from measured times (JFluid §5.3).
 //!
 //! The one idea: every completed invocation is charged
-//! `t_exact = t_meas − t_I − m·t_O`, where `t_meas` is the time from its
+//! `t_exact = t_meas − t_I − Σ t_O`, where `t_meas` is the time from its
 //! entry event to its exit event minus the pauses tendril caused inside it, `t_I` (inner)
 //! is the part of one call's own hook cost that falls between those two timestamps, `t_O`
-//! (outer) is the whole cost one instrumented call adds to its caller, and `m` is the
-//! number of instrumented calls made inside the invocation — at any depth, since every
+//! (outer) is the whole cost one instrumented call adds to its caller, and the sum runs
+//! over the instrumented calls made inside the invocation — at any depth, since every
 //! hook below it runs inside its time (JFluid states the formula for a method's own
-//! time, with its direct calls; charged to totals, it takes all of them). The self time
-//! of a node, its total minus its children's totals, is then JFluid's. Everything here
-//! is in TSC ticks; nanoseconds appear only when a profile is produced.
+//! time, with its direct calls, as `m·t_O`; charged to totals, it takes all of them).
+//! The self time of a node, its total minus its children's totals, is then JFluid's.
+//! Each call inside is counted with the `t_O` of the correction in force when it
+//! returned, not the one in force when the invocation ends: the in-situ calibration
+//! follows the hooks' cost as it moves (`recording/recorder/in_situ.rs`), and a long
+//! invocation spans such moves. Everything here is in TSC ticks; nanoseconds appear
+//! only when a profile is produced.
 //!
 //! A charge is not clamped at 0: a call shorter than the error of `t_I` and `t_O`
 //! (a leaf of a nanosecond) may come out negative, and clamping each one would bias the
@@ -27,9 +31,6 @@ pub enum CalibrationError {
     #[error("calibration {which} time {value} ns is not a number ≥ 0")]
     BadOverhead { which: &'static str, value: f64 },
 }
-
-/// Instrumented calls per [`HookShape`] (indexed by `shape as usize`).
-pub type ShapeCalls = [u64; HOOK_SHAPES];
 
 /// The calibration in ticks, ready for the builder's hot loop: `t_I` and `t_O` per hook
 /// shape.
@@ -90,15 +91,13 @@ impl Correction {
     }
 
     /// `t_exact` in ticks of one invocation of a function hooked as `shape` that
-    /// measured `measured_ticks` (pauses already removed) and made `calls` instrumented
-    /// calls inside it, at any depth, counted by their hooks' shapes; negative when the
-    /// call was shorter than the cost removed (see the module comment).
+    /// measured `measured_ticks` (pauses already removed), inside which the
+    /// instrumented calls, at any depth, added `outer_inside_ticks` (the sum of their
+    /// [`Correction::outer_ticks`]); negative when the call was shorter than the cost
+    /// removed (see the module comment).
     #[inline]
-    pub fn charge(&self, measured_ticks: u64, shape: HookShape, calls: &ShapeCalls) -> f64 {
-        let outer: f64 = (0..HOOK_SHAPES)
-            .map(|k| calls[k] as f64 * self.outer_ticks[k])
-            .sum();
-        measured_ticks as f64 - self.inner_ticks[shape as usize] - outer
+    pub fn charge(&self, measured_ticks: u64, shape: HookShape, outer_inside_ticks: f64) -> f64 {
+        measured_ticks as f64 - self.inner_ticks[shape as usize] - outer_inside_ticks
     }
 
     /// `t_I` in ticks of a hook of `shape`.
@@ -107,6 +106,7 @@ impl Correction {
     }
 
     /// `t_O` in ticks of a hook of `shape`.
+    #[inline]
     pub fn outer_ticks(&self, shape: HookShape) -> f64 {
         self.outer_ticks[shape as usize]
     }
@@ -145,17 +145,35 @@ mod tests {
         profile.merged.roots
     }
 
+    /// The `t_O` of `calls` hooks of each shape, at `correction`.
+    fn outer_of(correction: &Correction, calls: [u64; HOOK_SHAPES]) -> f64 {
+        HookShape::ALL
+            .iter()
+            .map(|&shape| calls[shape as usize] as f64 * correction.outer_ticks(shape))
+            .sum()
+    }
+
     #[test]
-    fn charge_is_measured_minus_inner_minus_m_times_outer() {
+    fn charge_is_measured_minus_inner_minus_the_calls_outer() {
         let correction = Correction::new(&calibration()).unwrap();
         let jump = HookShape::Jump;
-        assert_eq!(correction.charge(100, jump, &[0, 0, 0]), 98.0);
-        assert_eq!(correction.charge(100, jump, &[3, 0, 0]), 83.0);
-        assert_eq!(correction.charge(10, jump, &[3, 0, 0]), -7.0, "not clamped");
+        assert_eq!(
+            correction.charge(100, jump, outer_of(&correction, [0, 0, 0])),
+            98.0
+        );
+        assert_eq!(
+            correction.charge(100, jump, outer_of(&correction, [3, 0, 0])),
+            83.0
+        );
+        assert_eq!(
+            correction.charge(10, jump, outer_of(&correction, [3, 0, 0])),
+            -7.0,
+            "not clamped"
+        );
         assert_eq!(correction.ticks_to_ns(83.0), 83);
         // No shape measured on its own: every shape is corrected as a jump.
         assert_eq!(
-            correction.charge(100, HookShape::CallThunk, &[1, 1, 1]),
+            correction.charge(100, HookShape::CallThunk, outer_of(&correction, [1, 1, 1])),
             83.0
         );
     }
@@ -176,10 +194,13 @@ mod tests {
         })
         .unwrap();
         // A pad-jump function: 100 − 3 − (2·5 + 1·7 + 3·4).
-        assert_eq!(correction.charge(100, HookShape::PadJump, &[2, 1, 3]), 68.0);
+        assert_eq!(
+            correction.charge(100, HookShape::PadJump, outer_of(&correction, [2, 1, 3])),
+            68.0
+        );
         // A call thunk's: 100 − 1 − 1·7.
         assert_eq!(
-            correction.charge(100, HookShape::CallThunk, &[0, 1, 0]),
+            correction.charge(100, HookShape::CallThunk, outer_of(&correction, [0, 1, 0])),
             92.0
         );
         // The largest spread of the shapes bounds the error.
@@ -198,7 +219,10 @@ mod tests {
         })
         .unwrap();
         // 3 ticks per ns: t_I = 3 ticks, t_O = 6 ticks.
-        assert_eq!(correction.charge(300, HookShape::Jump, &[2, 0, 0]), 285.0);
+        assert_eq!(
+            correction.charge(300, HookShape::Jump, outer_of(&correction, [2, 0, 0])),
+            285.0
+        );
         assert_eq!(correction.ticks_to_ns(285.0), 95);
         assert_eq!(correction.ticks_to_ns(4.0), 1, "1.33 ns rounds to 1");
         assert_eq!(correction.ticks_to_ns(5.0), 2, "1.67 ns rounds to 2");
@@ -246,6 +270,41 @@ mod tests {
         assert_eq!((mid.calls, mid.total_ns, mid.self_ns), (2, 26, 19));
         // root: 100 − 2 − 4·5 = 78 (two mids and two leaves ran inside it); self = 52
         assert_eq!((root.calls, root.total_ns, root.self_ns), (1, 78, 52));
+    }
+
+    #[test]
+    fn each_call_inside_is_charged_the_cost_in_force_when_it_returned() {
+        // root [0, 100] calls mid [10, 60], which calls leaf [20, 30]; then leaf [70, 80].
+        // The correction goes from t_I/t_O = 2/5 to 3/8 (as the in-situ calibration
+        // moves) after mid returns.
+        let mut builder = CctBuilder::new(calibration()).unwrap();
+        let early = [
+            entry(0, 0),
+            entry(1, 10),
+            entry(2, 20),
+            exit(2, 30),
+            exit(1, 60),
+        ];
+        builder.push_events(1, &early);
+        let later = Calibration {
+            inner_ns: 3.0,
+            outer_ns: 8.0,
+            ..calibration()
+        };
+        builder.set_calibration(later).unwrap();
+        let open = builder.snapshot(&info(), &names(&["root", "mid", "leaf"]));
+        // Open at 60: 60 − 3 − (5 + 5), the two calls' costs when they returned.
+        assert_eq!(open.merged.roots[0].total_ns, 47);
+        builder.push_events(1, &[entry(2, 70), exit(2, 80), exit(0, 100)]);
+        let profile = builder.snapshot(&info(), &names(&["root", "mid", "leaf"]));
+        let root = &profile.merged.roots[0];
+        let mid = &root.children[0];
+        // mid: 50 − 2 − 5 = 43; root: 100 − 3 − (5 + 5 + 8) = 79; self 79 − 43 − 7.
+        // Counting mid's leaf at the later cost, as a frame that counted its calls and
+        // charged them at its end would, takes 3 more from root's self time, for a
+        // change made after that leaf returned.
+        assert_eq!((mid.total_ns, root.total_ns, root.self_ns), (43, 79, 29));
+        assert_eq!(profile.calibration, later);
     }
 
     #[test]

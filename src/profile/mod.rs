@@ -42,7 +42,7 @@ pub mod trace_model;
 #[cfg(test)]
 mod tests_support;
 
-pub use calibration::{CalibrationError, Correction, ShapeCalls};
+pub use calibration::{CalibrationError, Correction};
 pub use cct::{BuildCounters, CctBuilder, FunctionName, FunctionNames, RecordingInfo};
 pub use clock::{Clock, NoCpuTime};
 pub use file::ProfileError;

@@ -25,7 +25,7 @@
 //! tree therefore only ever holds contexts that start at a root.
 
 use super::arena::{CallArena, TOP};
-use super::calibration::{Correction, ShapeCalls};
+use super::calibration::Correction;
 use std::collections::VecDeque;
 use tendril_wire::events::{Event, EventKind, HOOK_SHAPES, HookShape, KIND_MASK};
 
@@ -85,9 +85,10 @@ struct Frame {
     paused_at_entry: u64,
     /// The thread's [`OffCpu::total`] when the frame was entered.
     off_cpu_at_entry: u64,
-    /// Instrumented calls made inside this invocation, at any depth, that have returned
-    /// (`m` in the correction, with the frames still open above it), by hook shape.
-    descendant_calls: ShapeCalls,
+    /// The hook cost `t_O` of the instrumented calls made inside this invocation, at any
+    /// depth, that have returned, each at the correction in force when it returned
+    /// (with the frames still open above it, what the correction removes from it).
+    descendant_outer_ticks: f64,
 }
 
 /// What one thread's stream contained, beyond the tree.
@@ -338,7 +339,7 @@ impl ThreadTree {
             entry_ts: ts,
             paused_at_entry: self.paused_ticks,
             off_cpu_at_entry: self.off_cpu.total,
-            descendant_calls: [0; HOOK_SHAPES],
+            descendant_outer_ticks: 0.0,
         });
     }
 
@@ -417,33 +418,33 @@ impl ThreadTree {
             return;
         }
         let (charged, charged_cpu) =
-            self.charge_at(&frame, ts, &frame.descendant_calls, correction);
+            self.charge_at(&frame, ts, frame.descendant_outer_ticks, correction);
         let node = self.arena.node_mut(frame.node);
         node.total_ticks += charged;
         node.cpu_ticks += charged_cpu;
         if let Some(caller) = self.frames.last_mut() {
             // Every hook below a frame ran inside its time.
-            add_calls(&mut caller.descendant_calls, &frame);
+            caller.descendant_outer_ticks += outer_of_call(&frame, correction);
         }
         self.counters.unwound_exits += u64::from(unwound);
     }
 
-    /// The corrected wall and CPU times of `frame` if it ended at `ts`, with `calls`
-    /// instrumented calls made inside it.
+    /// The corrected wall and CPU times of `frame` if it ended at `ts`, with
+    /// `outer_inside` ticks of hook cost from the instrumented calls made inside it.
     #[inline]
     fn charge_at(
         &self,
         frame: &Frame,
         ts: u64,
-        calls: &ShapeCalls,
+        outer_inside: f64,
         correction: &Correction,
     ) -> (f64, f64) {
         let paused = self.paused_ticks - frame.paused_at_entry;
         let measured = ts.saturating_sub(frame.entry_ts).saturating_sub(paused);
         let off_cpu = self.off_cpu.total - frame.off_cpu_at_entry;
         (
-            correction.charge(measured, frame.shape, calls),
-            correction.charge(measured.saturating_sub(off_cpu), frame.shape, calls),
+            correction.charge(measured, frame.shape, outer_inside),
+            correction.charge(measured.saturating_sub(off_cpu), frame.shape, outer_inside),
         )
     }
 
@@ -485,28 +486,23 @@ impl ThreadTree {
             .map(|n| if cpu { n.cpu_ticks } else { n.total_ticks })
             .collect();
         // The frames open above a frame are calls made inside it too.
-        let mut open_above: ShapeCalls = [0; HOOK_SHAPES];
+        let mut open_above = 0.0;
         for frame in self.frames.iter().rev() {
             if frame.node == DISCARDED {
                 continue;
             }
-            let mut calls = frame.descendant_calls;
-            for (calls, above) in calls.iter_mut().zip(open_above) {
-                *calls += above;
-            }
-            let (wall, on_cpu) = self.charge_at(frame, self.latest_ts, &calls, correction);
+            let outer_inside = frame.descendant_outer_ticks + open_above;
+            let (wall, on_cpu) = self.charge_at(frame, self.latest_ts, outer_inside, correction);
             totals[frame.node as usize] += if cpu { on_cpu } else { wall };
-            add_calls(&mut open_above, frame);
+            open_above += outer_of_call(frame, correction);
         }
         totals
     }
 }
 
-/// Counts into `calls` a frame's own call and the calls made inside it.
+/// The hook cost a frame's caller is charged for it: its own call's `t_O`, and the
+/// calls made inside it.
 #[inline]
-fn add_calls(calls: &mut ShapeCalls, frame: &Frame) {
-    for (calls, inside) in calls.iter_mut().zip(frame.descendant_calls) {
-        *calls += inside;
-    }
-    calls[frame.shape as usize] += 1;
+fn outer_of_call(frame: &Frame, correction: &Correction) -> f64 {
+    frame.descendant_outer_ticks + correction.outer_ticks(frame.shape)
 }

@@ -514,13 +514,14 @@ fn the_in_situ_calibrations_events_are_left_out_and_its_correction_applies_from_
     let main = &profile.merged.roots[0];
     let work = &main.children[0];
     // work closed before the change: 20 − 2 (the batch) = 18, uncorrected; main after
-    // it: 100 − 2 − 1 − 1·5 = 92. No node for the calibration function.
+    // it: 100 − 2 − 1 = 97, less work's outer cost when it returned, 0. No node for
+    // the calibration function.
     assert_eq!(
         (work.name.as_str(), work.calls, work.total_ns),
         ("work", 1, 18)
     );
     assert!(work.children.is_empty(), "{work:?}");
-    assert_eq!((main.calls, main.total_ns), (1, 92));
+    assert_eq!((main.calls, main.total_ns), (1, 97));
 }
 
 #[test]
