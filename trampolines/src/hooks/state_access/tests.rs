@@ -9,16 +9,35 @@ use crate::hooks::thread_layout::{
 };
 use std::alloc::Layout;
 
-/// A zeroed region of `REGION_BYTES`, never freed (as the agent's regions are not).
-fn region() -> StatePtr {
-    let layout = Layout::from_size_align(REGION_BYTES, 4096).unwrap();
-    // SAFETY: the layout has a nonzero size.
-    let base = unsafe { std::alloc::alloc_zeroed(layout) };
-    assert!(!base.is_null());
-    // SAFETY: a zeroed, 4096-aligned allocation of REGION_BYTES, leaked.
-    let state = unsafe { StatePtr::from_raw(base.cast()) }.unwrap();
-    state.initialise(7, 0);
-    state
+/// A zeroed region of `REGION_BYTES`, freed when dropped (the agent's own regions
+/// never are, but a test's would be a leak, which Miri reports).
+struct Region {
+    base: *mut u8,
+    state: StatePtr,
+}
+
+impl Region {
+    fn layout() -> Layout {
+        Layout::from_size_align(REGION_BYTES, 4096).unwrap()
+    }
+
+    fn new() -> Region {
+        // SAFETY: the layout has a nonzero size.
+        let base = unsafe { std::alloc::alloc_zeroed(Region::layout()) };
+        assert!(!base.is_null());
+        // SAFETY: a zeroed, 4096-aligned allocation of REGION_BYTES, alive until the
+        // Region is dropped, after every use of `state` in the test.
+        let state = unsafe { StatePtr::from_raw(base.cast()) }.unwrap();
+        state.initialise(7, 0);
+        Region { base, state }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, and no longer used.
+        unsafe { std::alloc::dealloc(self.base, Region::layout()) };
+    }
 }
 
 /// The word at `displacement` from the region's base, as a stub addresses it.
@@ -56,7 +75,8 @@ fn entry(n: u64) -> ShadowEntry {
 
 #[test]
 fn counters_are_where_the_stubs_count() {
-    let state = region();
+    let region = Region::new();
+    let state = region.state;
     let last = MAX_FUNCTION_IDS as u32 - 1;
     for id in [0, 1, 4096, last] {
         // SAFETY: the counters lie in the region; nothing else runs.
@@ -78,7 +98,8 @@ fn counters_are_where_the_stubs_count() {
 
 #[test]
 fn header_words_are_where_the_stubs_read_them() {
-    let state = region();
+    let region = Region::new();
+    let state = region.state;
     state.flags().store(3, Ordering::Relaxed);
     state.graph_depth().store(5, Ordering::Relaxed);
     // SAFETY: header words of the region.
@@ -101,7 +122,8 @@ fn header_words_are_where_the_stubs_read_them() {
 
 #[test]
 fn shadow_entries_pushed_by_stubs_are_seen_and_popped() {
-    let state = region();
+    let region = Region::new();
+    let state = region.state;
     for n in 1..=3 {
         stub_push(state, entry(n));
     }
@@ -131,7 +153,8 @@ fn shadow_entries_pushed_by_stubs_are_seen_and_popped() {
 /// entries retired, as `counting` and `retire` do: Miri reports any data race.
 #[test]
 fn owner_and_collector_share_a_region_without_races() {
-    let state = region();
+    let region = Region::new();
+    let state = region.state;
     stub_push(state, entry(1));
     let collector = std::thread::spawn(move || {
         let mut seen = 0;
