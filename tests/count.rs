@@ -407,6 +407,7 @@ fn returns_and_calls_per_thread_are_exact_while_threads_call_through_the_patchin
             .collect()
     };
     let (ticks, parks) = (per_thread("tick"), per_thread("park"));
+    let workers: Vec<i64> = fixture_counts.iter().map(|row| row.0).collect();
     for (tid, fixture_ticks, fixture_parks) in fixture_counts {
         let counted = |rows: &[(i64, u64, u64)]| {
             rows.iter()
@@ -429,8 +430,14 @@ fn returns_and_calls_per_thread_are_exact_while_threads_call_through_the_patchin
         );
         assert_eq!(fixture_parks, 1);
     }
-    // Counts come only from the fixture's worker threads.
-    assert_eq!(ticks.len(), THREADS, "{}", report.stdout);
+    // Counts come only from the fixture's worker threads (on a busy machine a worker
+    // may make no call in the counting window: then it has no row, and the fixture's
+    // own count, checked above, is 0 too).
+    assert!(
+        ticks.iter().all(|row| workers.contains(&row.0)),
+        "{}",
+        report.stdout
+    );
     target.write_stdin("resume\n");
     target.expect_line("resumed", ROUND_TIMEOUT);
     code_bytes_match_file(target.pid()).unwrap();
