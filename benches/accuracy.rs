@@ -2,16 +2,18 @@
 //!
 //! Run with `cargo bench --bench accuracy` (`ONLY=tight|fib|leaves` runs one part;
 //! `ONLY=phases` runs a part the default leaves out, below).
-//! Every figure is a ratio against a bare run of the same process in the same run (the
-//! mean of the bare runs made before and after the recorded ones):
+//! Every figure is a ratio against a bare run of the same process in the same run (for
+//! the tight calls and recursion, bare runs made before and after the recorded ones;
+//! for the leaves, bare twins run between the recorded calls):
 //!
 //! * tight calls: `tightcall`'s `root(N)` — root → mid ×N → leaf ×2, functions of 1–2 ns
 //!   — recorded from `root` with Scheme B; the root's corrected total per call against
 //!   its bare time (the fixture's own clock);
 //! * recursion: `tightcall`'s `fib(N)`, about 1 ns per call, recorded from `fib`; the
 //!   outermost node's corrected total per call against the bare time;
-//! * leaves: `timed`'s leaves of 200 ns, 2 µs and 20 µs (busy-waits, measured by the
-//!   fixture itself) and their parent; self time per call against the truth.
+//! * leaves: `timed`'s leaves of 200 ns, 2 µs and 20 µs (busy-waits) and their parent;
+//!   self time per call (the parent's total) against the truth: the fixture's bare twins
+//!   of the same functions, timed right after each recorded call of the parent.
 //!
 //! * phases (`ONLY=phases` only): the raw cost of a hooked call, nothing removed, by
 //!   `tightcall`'s own clock over `flat_root`'s 200,000 calls of a 1.3 ns leaf: 40 runs
@@ -157,25 +159,23 @@ fn recursion() {
 
 fn leaves() {
     const CALLS: u32 = 300;
+    const ROUNDS: usize = 3;
     let mut target = Target::spawn("timed", &[]);
-    let mut none = None;
-    let truth = ask(
-        &mut target,
-        &mut none,
-        &format!("measure {CALLS}"),
-        "measure ",
-    );
     let mut recorder = Some(record(target.pid(), &["parent"]));
-    for _ in 0..3 {
-        ask(&mut target, &mut recorder, &format!("run {CALLS}"), "run ");
-    }
+    // Each recorded parent() is followed by its bare twin, so the truth is taken at
+    // the same moment as the recording (see the fixture).
+    let pairs = format!("pairs {CALLS}");
+    let replies: Vec<String> = (0..ROUNDS)
+        .map(|_| ask(&mut target, &mut recorder, &pairs, "pairs "))
+        .collect();
     let profile = recorder.take().unwrap().finish(false).unwrap().profile;
-    let truth_after = ask(
-        &mut target,
-        &mut none,
-        &format!("measure {CALLS}"),
-        "measure ",
-    );
+    let bare = |name: &str| {
+        let values = replies.iter().map(|line| {
+            let twins = &line[line.find(" bare ").expect("the twins' times")..];
+            value_after(twins, name)
+        });
+        values.sum::<f64>() / ROUNDS as f64
+    };
     let roots = &profile.merged.roots;
     let per_call = |node: &Node, total: bool| {
         (if total { node.total_ns } else { node.self_ns }) as f64 / node.calls as f64
@@ -187,7 +187,7 @@ fn leaves() {
         ("parent", &["parent"][..], true),
     ] {
         let node = node_at(roots, path).expect("recorded");
-        let truth = (value_after(&truth, name) + value_after(&truth_after, name)) / 2.0;
+        let truth = bare(name);
         let measured = per_call(node, total);
         println!(
             "leaf {name:>6}: truth {truth:>9.0} ns, measured {measured:>9.0} ns per call ({:+.2}%, goal ±5%)",

@@ -1,7 +1,8 @@
 //! Times are corrected for tendril's own cost: on a fixture whose leaves busy-wait
-//! known durations (measured by the fixture itself, unprofiled, in the same run), each
-//! leaf's self time per call is within 10% of its truth, and the parent's total per
-//! call within 5% of its bare time — although every call goes through two hooks. A root
+//! known durations (measured by the fixture itself on bare twins of the same code, run
+//! between the recorded calls), each leaf's self time per call is within 10% of its
+//! truth, and the parent's total per call within 5% of its bare time — although every
+//! call goes through two hooks. A root
 //! whose time is mostly short calls two levels down is within 15% (the hooks of every
 //! call below a frame ran inside its time, not only those of its direct calls).
 //!
@@ -18,7 +19,8 @@ use std::time::Duration;
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 const CALLS: u32 = 300;
 
-/// The fixture's own mean nanoseconds per call of each leaf and of `parent`.
+/// The fixture's own mean nanoseconds per call of each leaf and of `parent`, from the
+/// bare twins timed between the recorded calls, and of `layered`, measured before.
 struct Truth {
     short: f64,
     medium: f64,
@@ -27,21 +29,11 @@ struct Truth {
     layered: f64,
 }
 
-fn measure_truth(target: &mut Target) -> Truth {
-    target.write_stdin(&format!("measure {CALLS}\n"));
-    let line = target.expect_line("measure ", LINE_TIMEOUT);
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let value = |key: &str| -> f64 {
-        let at = words.iter().position(|w| *w == key).unwrap();
-        words[at + 1].parse().unwrap()
-    };
-    Truth {
-        short: value("short"),
-        medium: value("medium"),
-        long: value("long"),
-        parent: value("parent"),
-        layered: value("layered"),
-    }
+/// The number after `key` in `words`.
+fn value_after(words: &str, key: &str) -> f64 {
+    let words: Vec<&str> = words.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == key).unwrap();
+    words[at + 1].parse().unwrap()
 }
 
 fn attempt() -> Result<String, String> {
@@ -49,13 +41,23 @@ fn attempt() -> Result<String, String> {
     // take the CPU from it, so neither its own measurement nor the recorded run is
     // stretched by waits that have nothing to do with tendril.
     let mut target = Target::spawn_realtime("timed", &[]);
-    let truth = measure_truth(&mut target);
+    target.write_stdin(&format!("measure {CALLS}\n"));
+    let layered_truth = value_after(&target.expect_line("measure ", LINE_TIMEOUT), "layered");
     let recording = Recording::start(target.pid(), &["--root", "parent", "--root", "layered"]);
-    target.write_stdin(&format!("run {CALLS}\n"));
-    target.expect_line("run ", LINE_TIMEOUT);
+    // Each recorded parent() is followed by its bare twin: the truth of the same moment.
+    target.write_stdin(&format!("pairs {CALLS}\n"));
+    let pairs = target.expect_line("pairs ", LINE_TIMEOUT);
     target.write_stdin(&format!("layers {CALLS}\n"));
     target.expect_line("layers ", LINE_TIMEOUT);
     let recorded = recording.finish();
+    let twins = &pairs[pairs.find(" bare ").ok_or("no twins' times")?..];
+    let truth = Truth {
+        short: value_after(twins, "short"),
+        medium: value_after(twins, "medium"),
+        long: value_after(twins, "long"),
+        parent: value_after(twins, "parent"),
+        layered: layered_truth,
+    };
     let roots = &recorded.profile.merged.roots;
     let parent = node_at(roots, &["parent"]).ok_or("no parent node")?;
     let layered = node_at(roots, &["layered"]).ok_or("no layered node")?;
