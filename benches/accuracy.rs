@@ -110,6 +110,24 @@ fn corrected_against_bare(
     (per_call, (bare_before + bare_after) / 2.0, profile)
 }
 
+/// The root's estimated error per call (`error_ns`: the calibration's spread times the
+/// calls below it), and whether the bare time lies within it of the corrected time.
+fn error_bar(profile: &Profile, root: &str, recorded: f64, bare: f64) -> String {
+    let node = node_at(&profile.merged.roots, &[root]).expect("the root was recorded");
+    match node.error_ns {
+        Some(error) => {
+            let per_call = error as f64 / node.calls as f64;
+            let covers = (recorded - bare).abs() <= per_call;
+            format!(
+                "  estimated error ±{:.3} ms per call: the bare time is {}",
+                per_call / 1e6,
+                if covers { "inside it" } else { "OUTSIDE it" }
+            )
+        }
+        None => "  no estimated error (the calibration gave no spread)".to_string(),
+    }
+}
+
 fn print_calibration(profile: &Profile) {
     let c = &profile.calibration;
     println!(
@@ -141,6 +159,7 @@ fn tight_calls() {
         recorded / 1e6,
         recorded / bare
     );
+    println!("{}", error_bar(&profile, "root", recorded, bare));
     print_calibration(&profile);
 }
 
@@ -154,6 +173,7 @@ fn recursion() {
         recorded / 1e6,
         recorded / bare
     );
+    println!("{}", error_bar(&profile, "fib", recorded, bare));
     print_calibration(&profile);
 }
 
