@@ -15,14 +15,16 @@ pub struct Calibration {
     pub inner_ns: f64,
     /// `t_O`: the whole time one instrumented call adds to its caller's measured time.
     pub outer_ns: f64,
-    /// How far a typical calibration batch's `t_I` and `t_O` lay above the minimum used
-    /// (median − minimum): the uncertainty of the cost removed per call (0 if unknown).
+    /// The uncertainty of `t_I` and `t_O` per call (0 if unknown): how far the batches
+    /// spread around the value used. At the start, whose value is the batches'
+    /// minimum, their median − minimum; in situ, whose value is the median, a robust
+    /// standard deviation (1.4826 × the median absolute deviation).
     #[serde(default)]
     pub inner_spread_ns: f64,
     #[serde(default)]
     pub outer_spread_ns: f64,
-    /// In-situ batches the values above come from (their median; the spreads: median −
-    /// minimum); 0 when they are the start calibration's.
+    /// In-situ batches the values above come from (their median, and the spreads around
+    /// it); 0 when they are the start calibration's.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub in_situ_batches: u64,
     /// The start calibration's `t_I` and `t_O`, when the in-situ values replaced them.

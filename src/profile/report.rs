@@ -265,7 +265,7 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if calibration.inner_spread_ns > 0.0 || calibration.outer_spread_ns > 0.0 {
         write!(
             out,
-            " (a typical batch {:.1} and {:.1} ns more: each node's error_ns is that times \
+            " (give or take {:.1} and {:.1} ns a call: each node's error_ns is that times \
              its calls)",
             calibration.inner_spread_ns, calibration.outer_spread_ns
         )?;
