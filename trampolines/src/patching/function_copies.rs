@@ -16,8 +16,10 @@
 mod prepared;
 
 use super::patch_protocol::{self, Site};
-use super::patcher::{Nearby, PatchRequest, engine, own_code, prepare, replaced_bytes, runtime};
-use super::sites::{CopyBehind, Engine};
+use super::patcher::prepare;
+use super::site_plan::{Nearby, own_code, replaced_bytes};
+use super::sites::{CopyBehind, Engine, PatchRequest};
+use super::state::{engine, runtime};
 use crate::code::branch_index::BranchIndex;
 use crate::code::entry_plan::PatchStyle;
 use crate::code::padding::KnownRanges;

@@ -4,7 +4,8 @@
 //! resume points saved in signal frames), writing entry jumps safely while other
 //! threads run (`patch_protocol`), checking what a controller
 //! asks to patch (`patch_targets`), and the engine's bookkeeping of what is patched by
-//! whom (`patcher`, its data in `sites`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
+//! whom (`patcher`, which prepares each function's patch with `site_plan`, its data in
+//! `sites`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
 //! nothing here imports it.
 
 pub mod function_copies;
@@ -12,6 +13,7 @@ pub mod patch_protocol;
 pub mod patch_targets;
 pub mod patcher;
 pub mod signal_frames;
+mod site_plan;
 mod sites;
 mod state;
 pub mod stop_world;

@@ -1,7 +1,7 @@
 //! The patch engine's data: a patched function's site, its trampoline and pad, the
-//! engine's tables, and the runtime's callbacks. Data only (the code that acts on it is
-//! `patcher` and `patch_protocol`), so the layer's state can hold it without importing
-//! that code.
+//! engine's tables, the runtime's callbacks, and a request to patch. Data only (the
+//! code that acts on it is `patcher`, `site_plan` and `patch_protocol`), so the layer's
+//! state can hold it without importing that code.
 
 use crate::code::entry_plan::EntryPlan;
 use crate::code::padding::PAD_LEN;
@@ -99,3 +99,17 @@ pub struct RuntimeHooks {
     /// unwinder's hooks must then stay in).
     pub retire_exits: fn(attempts: usize) -> Result<(), AgentError>,
 }
+
+/// One function to patch.
+#[derive(Debug, Clone)]
+pub struct PatchRequest {
+    pub address: u64,
+    /// The function's size (symbol or FDE); its whole body is scanned for branches
+    /// back into the bytes the patch overwrites.
+    pub size: u64,
+    pub kind: Hook,
+}
+
+/// The owner of the agent's self-test patches (calibration): the only owner that may
+/// hook a function of the agent itself, the one made to be hooked.
+pub const SELF_TEST_OWNER: u64 = u64::MAX;

@@ -8,7 +8,7 @@
 use crate::patching::sites::{Engine, PendingPad, RuntimeHooks};
 use crate::sys::error::AgentError;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
-use std::sync::{Mutex, Once, OnceLock};
+use std::sync::{Mutex, MutexGuard, Once, OnceLock};
 
 /// Most threads one stop can park.
 pub const MAX_PARKED: usize = 4096;
@@ -100,3 +100,17 @@ pub static STATE: PatchingState = PatchingState {
     runtime: OnceLock::new(),
     lingering_because: Mutex::new(None),
 };
+
+/// The engine, locked (a poisoned lock is taken over: the engine's tables stay
+/// consistent between its own statements).
+pub fn engine() -> MutexGuard<'static, Option<Engine>> {
+    STATE
+        .engine
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The runtime's callbacks, once installed.
+pub fn runtime() -> Result<&'static RuntimeHooks, AgentError> {
+    STATE.runtime.get().ok_or(AgentError::RuntimeNotInstalled)
+}
