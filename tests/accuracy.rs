@@ -2,9 +2,9 @@
 //! known durations (measured by the fixture itself on bare twins of the same code, run
 //! between the recorded calls), each leaf's self time per call is within 10% of its
 //! truth, and the parent's total per call within 5% of its bare time — although every
-//! call goes through two hooks. A root
-//! whose time is mostly short calls two levels down is within 15% (the hooks of every
-//! call below a frame ran inside its time, not only those of its direct calls).
+//! call goes through two hooks. A root whose time is mostly short calls two levels down
+//! is within 15% of its time measured before the recording (the hooks of every call
+//! below a frame ran inside its time, not only those of its direct calls).
 //!
 //! This binary holds one test, so nothing else runs beside it, and the fixture runs at
 //! a real-time priority, so other work on a busy machine cannot stretch its calls. A
