@@ -1,18 +1,19 @@
 //! Per-call times after pauses, resets and root changes made while threads are deep
-//! inside the roots: within 10% of an uninterrupted recording of the same process.
+//! inside the roots: within 10% of the CPU time the fixture's own clock gave the same
+//! requests.
 //!
 //! The one idea: the `descend` fixture's requests recurse nine levels on three threads,
-//! each level computing a fixed amount, so a request's CPU time is the same whatever the
-//! machine is doing, and its few calls leave next to nothing to the hooks' cost
-//! correction. The test records the process without interruption, then again while
-//! pausing (or resetting, or changing the roots) twenty times with threads in the
-//! middle of the recursion, and compares the on-CPU time per call: frames left open
-//! across an interruption, or calls nested under frames that ended unseen, would add
-//! the time the recording was not watching. Uninterrupted recordings are made before
-//! and after, and the check is against the nearer of the two: CPU time per unit of
-//! work still moves a little with what else the cores run (caches), and the tests take
-//! turns so three of them do not crowd two cores. (`live_tree.rs` checks the tree's
-//! shape on the demo, whose calls are too short for a 10% bound.)
+//! each level computing a fixed amount, and its few calls leave next to nothing to the
+//! hooks' cost correction. The test records the process while pausing (or resetting,
+//! or changing the roots) twenty times with threads in the middle of the recursion, and
+//! compares the on-CPU time per call with the fixture's: each request timed with its
+//! thread's CPU clock, over the same stretch of time. Frames left open across an
+//! interruption, or calls nested under frames that ended unseen, would add the time
+//! the recording was not watching. The truth is taken at the same moment because a
+//! request's CPU time moves with what else the cores run: beside two busy loops, the
+//! same requests took 250 µs in one recording and 296 µs in the one before it. The
+//! tests take turns so three of them do not crowd two cores. (`live_tree.rs` checks
+//! the tree's shape on the demo, whose calls are too short for a 10% bound.)
 
 mod common;
 
@@ -101,17 +102,22 @@ fn per_call(profile: &Profile) -> [f64; 2] {
     })
 }
 
-fn uninterrupted(target: &Target) -> Profile {
-    let mut recorder = start(target, ROOT);
-    record_calls(&mut recorder, ROOT, CALLS);
-    let profile = recorder.finish(false).expect("the recording ends").profile;
-    common::check_profile(&profile);
-    profile
+/// The fixture's own CPU nanoseconds per request since the last time it was asked.
+fn fixture_cpu_per_request(target: &mut Target) -> f64 {
+    target.write_stdin("cpu\n");
+    let line = target.expect_line("cpu requests ", WAIT);
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (requests, ns): (f64, f64) = match words[..] {
+        ["cpu", "requests", requests, "ns", ns] => (requests.parse().unwrap(), ns.parse().unwrap()),
+        _ => panic!("unexpected reply: {line}"),
+    };
+    assert!(requests > 0.0, "no request finished: {line}");
+    ns / requests
 }
 
 /// The root only at the top of every tree, and the per-call times within
-/// [`TOLERANCE`] of the nearer of two uninterrupted recordings' (made before and after).
-fn check(profile: &Profile, references: [&Profile; 2], what: &str) {
+/// [`TOLERANCE`] of the fixture's own CPU time per request over the same stretch.
+fn check(profile: &Profile, truth: f64, what: &str) {
     common::check_profile(profile);
     let trees =
         std::iter::once(&profile.merged.roots).chain(profile.threads.iter().map(|t| &t.roots));
@@ -127,28 +133,26 @@ fn check(profile: &Profile, references: [&Profile; 2], what: &str) {
         }
     }
     let now = per_call(profile);
-    let then = references.map(per_call);
-    println!("{what}: on-CPU per call {now:.0?} ns; uninterrupted {then:.0?} ns");
+    println!("{what}: on-CPU per call {now:.0?} ns; the fixture's own clock {truth:.0} ns");
+    // A request is descend(8) and nothing else: both carry its time.
     for (i, name) in [ROOT, "descend"].iter().enumerate() {
-        let (low, high) = (then[0][i].min(then[1][i]), then[0][i].max(then[1][i]));
         assert!(
-            (low * (1.0 - TOLERANCE)..=high * (1.0 + TOLERANCE)).contains(&now[i]),
-            "after {what}: {name} takes {:.0} ns of CPU per call; uninterrupted {:.0} and \
-             {:.0} ns",
+            (truth * (1.0 - TOLERANCE)..=truth * (1.0 + TOLERANCE)).contains(&now[i]),
+            "after {what}: {name} takes {:.0} ns of CPU per call; the fixture's own clock \
+             gave {truth:.0} ns",
             now[i],
-            then[0][i],
-            then[1][i]
         );
     }
 }
 
-/// Records the fixture without interruption, then again doing `interrupt` [`ROUNDS`]
-/// times with two threads mid-recursion (it is given the round, and answers the root to
-/// count calls of until the next), then compares them (`check`).
+/// Records the fixture doing `interrupt` [`ROUNDS`] times with two threads
+/// mid-recursion (it is given the round, and answers the root to count calls of until
+/// the next), then compares the per-call times with the fixture's own (`check`).
 fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize) -> &'static str) {
     let _turn = one_at_a_time();
-    let target = Target::spawn("descend", &[]);
-    let before = uninterrupted(&target);
+    let mut target = Target::spawn("descend", &[]);
+    // From here on the fixture sums its requests' CPU time for the truth.
+    fixture_cpu_per_request(&mut target);
     let mut recorder = start(&target, ROOT);
     for round in 0..ROUNDS {
         until_mid_recursion(&mut recorder);
@@ -157,11 +161,12 @@ fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize)
     }
     record_calls(&mut recorder, ROOT, CALLS);
     let profile = recorder.finish(false).expect("the recording ends").profile;
-    check(&profile, [&before, &uninterrupted(&target)], what);
+    let truth = fixture_cpu_per_request(&mut target);
+    check(&profile, truth, what);
 }
 
 #[test]
-fn pauses_mid_recursion_leave_per_call_times_as_uninterrupted() {
+fn pauses_mid_recursion_leave_per_call_times_as_the_fixture_measures_them() {
     check_interrupted("20 pauses", |recorder, _| {
         recorder.pause().expect("pause");
         // Long enough for every request in progress to finish unwatched.
@@ -172,7 +177,7 @@ fn pauses_mid_recursion_leave_per_call_times_as_uninterrupted() {
 }
 
 #[test]
-fn resets_mid_recursion_leave_per_call_times_as_uninterrupted() {
+fn resets_mid_recursion_leave_per_call_times_as_the_fixture_measures_them() {
     check_interrupted("20 resets", |recorder, _| {
         recorder.reset();
         ROOT
@@ -180,7 +185,7 @@ fn resets_mid_recursion_leave_per_call_times_as_uninterrupted() {
 }
 
 #[test]
-fn root_changes_mid_recursion_leave_per_call_times_as_uninterrupted() {
+fn root_changes_mid_recursion_leave_per_call_times_as_the_fixture_measures_them() {
     check_interrupted("20 root changes", |recorder, round| {
         // Alternately the recursion itself and the request again; the last change
         // comes back to the request.
