@@ -8,6 +8,8 @@
 //! under 8 throwing threads leave everything intact.
 
 mod common;
+#[path = "edges_command/refusals.rs"]
+mod refusals;
 
 use common::{RunningTendril, Target, code_bytes_match_file, tendril};
 use serde_json::Value;
@@ -437,51 +439,6 @@ fn refused(pid: i32, args: &[&str], start: &str) -> String {
 fn agent_loaded(pid: i32) -> bool {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     maps.contains("libtendril_agent")
-}
-
-#[test]
-fn a_missing_name_or_a_glob_of_several_is_one_line_before_anything_is_loaded() {
-    let target = Target::spawn("branches", &["stdin"]);
-    let pid = target.pid();
-    let did_you_mean =
-        format!("tendril: no function matches 'clasify' in pid {pid} — did you mean: classify");
-    refused(pid, &["clasify"], &did_you_mean);
-    let several = refused(pid, &["branches:d*"], "tendril: 'branches:d*' matches ");
-    for part in [
-        "dispatch (branches)",
-        "depth (branches)",
-        "name one function",
-    ] {
-        assert!(several.contains(part), "{several}");
-    }
-    assert!(!agent_loaded(pid), "nothing was loaded into the target");
-}
-
-#[test]
-fn a_function_the_agent_refuses_is_one_line_with_the_reason_and_left_as_it_was() {
-    let mut target = Target::spawn("throw_through", &["0"]);
-    let bare = target_round(&mut target);
-    // relay is being profiled already: a second `edges` on it is refused by the agent.
-    let first = start_edges(target.pid(), &["relay*", "--json"]);
-    let start = "tendril: cannot profile relay(unsigned int)'s edges: ";
-    let reason = refused(target.pid(), &["relay*"], start);
-    assert!(reason.contains("instrumented already"), "{reason}");
-    // The first one goes on, undisturbed.
-    target_round(&mut target);
-    let json: Value = serde_json::from_str(&finish(first)).unwrap();
-    assert_eq!(number(&json["calls"]), 1000, "{json}");
-    code_bytes_match_file(target.pid()).unwrap();
-    assert_eq!(target_round(&mut target), bare);
-}
-
-#[test]
-fn a_bad_output_path_is_refused_before_the_target_is_touched() {
-    let target = Target::spawn("branches", &["stdin"]);
-    let args = ["classify", "-o", "/nonexistent-tendril-dir/out.txt"];
-    let start = "tendril: cannot write the profile to /nonexistent-tendril-dir/out.txt: \
-                 the directory /nonexistent-tendril-dir does not exist";
-    refused(target.pid(), &args, start);
-    assert!(!agent_loaded(target.pid()));
 }
 
 #[test]
