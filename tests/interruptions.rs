@@ -102,17 +102,16 @@ fn per_call(profile: &Profile) -> [f64; 2] {
     })
 }
 
-/// The fixture's own CPU nanoseconds per request since the last time it was asked.
-fn fixture_cpu_per_request(target: &mut Target) -> f64 {
+/// The requests the fixture finished since it was last asked, and their CPU
+/// nanoseconds in all (its own thread CPU clock); asking starts the sums again.
+fn fixture_cpu(target: &mut Target) -> (u64, u64) {
     target.write_stdin("cpu\n");
     let line = target.expect_line("cpu requests ", WAIT);
     let words: Vec<&str> = line.split_whitespace().collect();
-    let (requests, ns): (f64, f64) = match words[..] {
+    match words[..] {
         ["cpu", "requests", requests, "ns", ns] => (requests.parse().unwrap(), ns.parse().unwrap()),
         _ => panic!("unexpected reply: {line}"),
-    };
-    assert!(requests > 0.0, "no request finished: {line}");
-    ns / requests
+    }
 }
 
 /// The root only at the top of every tree, and the per-call times within
@@ -152,7 +151,7 @@ fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize)
     let _turn = one_at_a_time();
     let mut target = Target::spawn("descend", &[]);
     // From here on the fixture sums its requests' CPU time for the truth.
-    fixture_cpu_per_request(&mut target);
+    fixture_cpu(&mut target);
     let mut recorder = start(&target, ROOT);
     for round in 0..ROUNDS {
         until_mid_recursion(&mut recorder);
@@ -161,8 +160,12 @@ fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize)
     }
     record_calls(&mut recorder, ROOT, CALLS);
     let profile = recorder.finish(false).expect("the recording ends").profile;
-    let truth = fixture_cpu_per_request(&mut target);
-    check(&profile, truth, what);
+    let (requests, ns) = fixture_cpu(&mut target);
+    assert!(
+        requests > 0,
+        "the fixture finished no request while recorded"
+    );
+    check(&profile, ns as f64 / requests as f64, what);
 }
 
 #[test]
