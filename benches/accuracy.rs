@@ -25,7 +25,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{Target, node_at};
+use common::{Target, node_at, number_after};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile};
 use tendril::recording::{RecordOptions, Recorder, Scheme};
@@ -57,13 +57,6 @@ fn ask(target: &mut Target, recorder: &mut Option<Recorder>, command: &str, repl
     }
 }
 
-/// The number after `key` in a fixture's reply.
-fn value_after(line: &str, key: &str) -> f64 {
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == key).unwrap();
-    words[at + 1].parse().unwrap()
-}
-
 fn record(pid: i32, roots: &[&str]) -> Recorder {
     Recorder::start(&RecordOptions {
         pid,
@@ -79,7 +72,7 @@ fn bare_ns(target: &mut Target, command: &str, reply: &str) -> f64 {
     let mut none = None;
     median(
         (0..RUNS)
-            .map(|_| value_after(&ask(target, &mut none, command, reply), "ns"))
+            .map(|_| number_after::<f64>(&ask(target, &mut none, command, reply), "ns"))
             .collect(),
     )
 }
@@ -192,7 +185,7 @@ fn leaves() {
     let bare = |name: &str| {
         let values = replies.iter().map(|line| {
             let twins = &line[line.find(" bare ").expect("the twins' times")..];
-            value_after(twins, name)
+            number_after::<f64>(twins, name)
         });
         values.sum::<f64>() / ROUNDS as f64
     };
@@ -232,7 +225,7 @@ fn gap_and_correlation(a: &[f64], b: &[f64]) -> (f64, f64) {
 /// The raw ns per call of one `flat 200000` (the hooks' whole cost included).
 fn flat_run(target: &mut Target, recorder: &mut Option<Recorder>) -> f64 {
     let line = ask(target, recorder, "flat 200000", "flat calls");
-    value_after(&line, "ns") / value_after(&line, "calls")
+    number_after::<f64>(&line, "ns") / number_after::<f64>(&line, "calls")
 }
 
 fn phases() {

@@ -11,7 +11,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::Target;
+use common::{Target, number_after};
 use std::process::{Child, Command};
 use std::time::Duration;
 use tendril::profile::Node;
@@ -25,9 +25,7 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 fn run(target: &mut Target) -> f64 {
     target.write_stdin(&format!("run {REQUESTS}\n"));
     let line = target.expect_line("run ", TIMEOUT);
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == "crunch_cpu").unwrap();
-    words[at + 1].parse().unwrap()
+    number_after(&line, "crunch_cpu")
 }
 
 struct Busy(Vec<Child>);

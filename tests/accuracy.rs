@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::{Recording, Target, node_at};
+use common::{Recording, Target, node_at, number_after};
 use std::time::Duration;
 
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -29,20 +29,13 @@ struct Truth {
     layered: f64,
 }
 
-/// The number after `key` in `words`.
-fn value_after(words: &str, key: &str) -> f64 {
-    let words: Vec<&str> = words.split_whitespace().collect();
-    let at = words.iter().position(|w| *w == key).unwrap();
-    words[at + 1].parse().unwrap()
-}
-
 fn attempt() -> Result<String, String> {
     // The fixture runs at a real-time priority: other work on a busy machine cannot
     // take the CPU from it, so neither its own measurement nor the recorded run is
     // stretched by waits that have nothing to do with tendril.
     let mut target = Target::spawn_realtime("timed", &[]);
     target.write_stdin(&format!("measure {CALLS}\n"));
-    let layered_truth = value_after(&target.expect_line("measure ", LINE_TIMEOUT), "layered");
+    let layered_truth = number_after(&target.expect_line("measure ", LINE_TIMEOUT), "layered");
     let recording = Recording::start(target.pid(), &["--root", "parent", "--root", "layered"]);
     // Each recorded parent() is followed by its bare twin: the truth of the same moment.
     target.write_stdin(&format!("pairs {CALLS}\n"));
@@ -52,10 +45,10 @@ fn attempt() -> Result<String, String> {
     let recorded = recording.finish();
     let twins = &pairs[pairs.find(" bare ").ok_or("no twins' times")?..];
     let truth = Truth {
-        short: value_after(twins, "short"),
-        medium: value_after(twins, "medium"),
-        long: value_after(twins, "long"),
-        parent: value_after(twins, "parent"),
+        short: number_after(twins, "short"),
+        medium: number_after(twins, "medium"),
+        long: number_after(twins, "long"),
+        parent: number_after(twins, "parent"),
         layered: layered_truth,
     };
     let roots = &recorded.profile.merged.roots;

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{Recording, Target, node_at};
+use common::{Recording, Target, node_at, number_after};
 use std::time::Duration;
 use tendril::profile::{Clock, Node};
 
@@ -26,12 +26,8 @@ fn cpu_time_is_wall_time_less_the_time_off_the_cpu() {
     let recording = Recording::start(target.pid(), &["--root", "request"]);
     target.write_stdin(&format!("run {REQUESTS}\n"));
     let line = target.expect_line("run ", LINE_TIMEOUT);
-    let words: Vec<&str> = line.split_whitespace().collect();
-    let value = |key: &str| -> f64 {
-        let at = words.iter().position(|w| *w == key).unwrap();
-        words[at + 1].parse().unwrap()
-    };
-    let (crunch_cpu_truth, nap_ns) = (value("crunch_cpu"), value("nap_ns"));
+    let crunch_cpu_truth: f64 = number_after(&line, "crunch_cpu");
+    let nap_ns: f64 = number_after(&line, "nap_ns");
     let recorded = recording.finish();
     let profile = recorded.profile;
     assert_eq!(profile.stats.cpu_unmeasured, None);

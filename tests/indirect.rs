@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Recording, Target, code_bytes_match_file, fixture, node_at};
+use common::{Recording, Target, code_bytes_match_file, fixture, node_at, number_after};
 use std::time::Duration;
 use tendril::profile::{Node, Profile};
 
@@ -34,16 +34,6 @@ fn calls_of(profile: &Profile, matches: impl Fn(&str) -> bool) -> u64 {
         .sum()
 }
 
-/// The number that follows `key` in a fixture's output line.
-fn value_after(line: &str, key: &str) -> u64 {
-    let mut words = line.split_whitespace();
-    words.find(|w| *w == key);
-    words
-        .next()
-        .and_then(|w| w.parse().ok())
-        .unwrap_or_else(|| panic!("no number after {key:?} in {line:?}"))
-}
-
 #[test]
 fn a_dispatch_table_and_a_qsort_comparator_are_followed_under_their_callers() {
     let mut target = Target::spawn("indirect", &[]);
@@ -56,7 +46,7 @@ fn a_dispatch_table_and_a_qsort_comparator_are_followed_under_their_callers() {
     target.write_stdin("sort 1000\n");
     let sorted = target.expect_line("sort compares ", LINE_TIMEOUT);
     assert!(sorted.ends_with("sorted 1"), "{sorted}");
-    let compares = value_after(&sorted, "compares");
+    let compares: u64 = number_after(&sorted, "compares");
     let recorded = recording.finish();
     let profile = &recorded.profile;
     let merged = &profile.merged.roots;

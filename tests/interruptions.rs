@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::Target;
+use common::{Target, number_after};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile};
@@ -107,11 +107,7 @@ fn per_call(profile: &Profile) -> [f64; 2] {
 fn fixture_cpu(target: &mut Target) -> (u64, u64) {
     target.write_stdin("cpu\n");
     let line = target.expect_line("cpu requests ", WAIT);
-    let words: Vec<&str> = line.split_whitespace().collect();
-    match words[..] {
-        ["cpu", "requests", requests, "ns", ns] => (requests.parse().unwrap(), ns.parse().unwrap()),
-        _ => panic!("unexpected reply: {line}"),
-    }
+    (number_after(&line, "requests"), number_after(&line, "ns"))
 }
 
 /// The root only at the top of every tree, and the per-call times within

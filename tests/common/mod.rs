@@ -25,7 +25,7 @@ pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};
 pub use recording::{Recorded, Recording, all_nodes, node_at};
 pub use running::RunningTendril;
-pub use target::{READY_TIMEOUT, Round, Target};
+pub use target::{READY_TIMEOUT, Round, Target, number_after};
 pub use tmux::{EXIT_TIMEOUT, SCREEN_TIMEOUT, Tmux, calls_of, parse_count};
 
 use std::process::Command;

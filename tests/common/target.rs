@@ -428,3 +428,14 @@ impl Drop for Target {
         }
     }
 }
+
+/// The number that follows the word `key` in a fixture's reply `line` (its replies are
+/// words and numbers: `run 300 parent 160954`). Panics, naming both, if there is none.
+pub fn number_after<T: std::str::FromStr>(line: &str, key: &str) -> T {
+    let mut words = line.split_whitespace();
+    words.find(|word| *word == key);
+    words
+        .next()
+        .and_then(|word| word.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {key:?} in {line:?}"))
+}
