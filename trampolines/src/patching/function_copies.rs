@@ -20,9 +20,7 @@ use super::patcher::prepare;
 use super::site_plan::{Nearby, own_code, replaced_bytes};
 use super::sites::{CopyBehind, Engine, PatchRequest};
 use super::state::{engine, runtime};
-use crate::code::branch_index::BranchIndex;
 use crate::code::entry_plan::PatchStyle;
-use crate::code::padding::KnownRanges;
 use crate::sys::error::AgentError;
 use prepared::{Counted, counter_ids};
 use tendril_wire::Hook;
@@ -60,10 +58,7 @@ pub fn install(
         size,
         kind: Hook::Count,
     };
-    let nearby = Nearby {
-        branches: BranchIndex::new(code_ranges),
-        known: KnownRanges::new(code_ranges),
-    };
+    let nearby = Nearby::new(code_ranges);
     let pads_taken: Vec<u64> = engine
         .sites
         .values()

@@ -10,8 +10,6 @@
 //! counter keeps its meaning and a thread still inside a trampoline after a restore
 //! finishes correctly.
 
-use crate::code::branch_index::BranchIndex;
-use crate::code::padding::KnownRanges;
 use crate::hooks::slow_call;
 use crate::patching::patch_protocol::{self, Site};
 use crate::patching::site_plan::{Nearby, is_internal};
@@ -125,10 +123,7 @@ pub fn patch(
     if let Err(reason) = prepare() {
         return requests.iter().map(|_| Err(reason.clone())).collect();
     }
-    let nearby = Nearby {
-        branches: BranchIndex::new(code_ranges),
-        known: KnownRanges::new(code_ranges),
-    };
+    let nearby = Nearby::new(code_ranges);
     let mut results: Vec<Result<u32, AgentError>> = Vec::with_capacity(requests.len());
     let mut batch: Vec<Site> = Vec::new();
     // The batch's functions (address → id), and the pads taken so far, kept as the

@@ -29,6 +29,14 @@ pub(super) struct Nearby {
 }
 
 impl Nearby {
+    /// What is known of the code of the functions at `code_ranges` (start, size).
+    pub(super) fn new(code_ranges: &[(u64, u64)]) -> Self {
+        Nearby {
+            branches: BranchIndex::new(code_ranges),
+            known: KnownRanges::new(code_ranges),
+        }
+    }
+
     /// The neighbours' direct branches into `low..high`, read from their original code.
     fn branches_into(&self, engine: &Engine, low: u64, high: u64) -> Vec<(u64, u64)> {
         self.branches.landing_in(low, high, |at, buffer| {
