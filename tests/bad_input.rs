@@ -246,51 +246,91 @@ fn a_process_that_exits_during_the_attach() {
 }
 
 #[test]
-fn two_tendrils_attaching_at_once_the_loser_names_the_other() {
-    // Each round, two `tendril status` start together on a fresh single-threaded
-    // fixture: one loads the agent, the other finds the thread held by the first.
-    const ROUNDS: usize = 10;
-    let mut losers = 0;
+fn a_second_tendril_names_the_tendril_that_is_attaching() {
+    // A first `tendril status` is frozen (SIGSTOP) at a moment it holds the fresh
+    // single-threaded fixture, so the second always meets it; then it is let go and
+    // finishes its own attach. A round whose first tendril was done before it could be
+    // caught holding the target proves nothing and is run again.
+    const ROUNDS: usize = 20;
     for _ in 0..ROUNDS {
         let mut target = Target::spawn("departing", &["exec"]);
         let pid = target.pid();
-        let start = || {
-            status_of(pid)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("cannot run tendril")
-        };
-        let (first, second) = (start(), start());
-        let pids = [first.id(), second.id()];
-        let outputs = [first, second].map(|child| child.wait_with_output().unwrap());
-        for (index, output) in outputs.iter().enumerate() {
-            if output.status.success() {
-                continue;
-            }
-            losers += 1;
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let other = pids[1 - index];
-            assert_eq!(
-                stderr.trim_end(),
-                format!(
-                    "tendril: process {pid} is being traced by pid {other} (tendril): another \
-                     tendril is attaching to it; try again when it is done"
-                ),
-                "the loser's message"
-            );
-        }
+        let first = status_of(pid)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("cannot run tendril");
+        let first_pid = first.id() as i32;
+        let caught = freeze_while_it_traces(first_pid, pid);
+        let second = caught.then(|| status_of(pid).output());
+        // SAFETY: kill(2) on our own child, which has not been waited for yet.
+        unsafe { libc::kill(first_pid, libc::SIGCONT) };
+        let second = second.transpose().expect("cannot run tendril");
+        let first = first.wait_with_output().unwrap();
         assert!(
-            outputs.iter().any(|output| output.status.success()),
-            "one of the two attached"
+            first.status.success(),
+            "the first tendril failed: {}",
+            String::from_utf8_lossy(&first.stderr)
         );
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         assert!(status.contains("TracerPid:\t0\n"), "left traced:\n{status}");
         target.drain();
         target.expect_line("round ", Duration::from_secs(10));
-        if losers >= 3 {
-            break;
+        let Some(second) = second else { continue };
+        assert!(!second.status.success(), "the second tendril attached too");
+        assert_eq!(
+            String::from_utf8_lossy(&second.stderr).trim_end(),
+            format!(
+                "tendril: process {pid} is being traced by pid {first_pid} (tendril): another \
+                 tendril is attaching to it; try again when it is done"
+            ),
+            "the second tendril's message"
+        );
+        return;
+    }
+    panic!("in {ROUNDS} rounds, the first tendril was never caught holding the target");
+}
+
+/// Stops process `tracer` with SIGSTOP once it traces `pid`, and says whether it was
+/// stopped while still tracing it; `false` if it was done (or never traced it).
+fn freeze_while_it_traces(tracer: i32, pid: i32) -> bool {
+    let traced_by_tracer = || {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let tracer_thread = field(&status, "TracerPid").unwrap_or(0);
+        tracer_thread != 0
+            && std::fs::read_to_string(format!("/proc/{tracer_thread}/status"))
+                .ok()
+                .and_then(|status| field(&status, "Tgid"))
+                == Some(tracer)
+    };
+    let state = || {
+        let stat = std::fs::read_to_string(format!("/proc/{tracer}/stat")).unwrap_or_default();
+        // The state is the first field after the command's closing parenthesis.
+        stat.rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .unwrap_or('Z')
+    };
+    // No sleep: the hold lasts milliseconds.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !traced_by_tracer() {
+        if state() == 'Z' || std::time::Instant::now() >= deadline {
+            return false;
         }
     }
-    assert!(losers > 0, "in {ROUNDS} rounds, the two never met");
+    // SAFETY: kill(2) on our own child, which has not been waited for yet.
+    unsafe { libc::kill(tracer, libc::SIGSTOP) };
+    while !matches!(state(), 'T' | 'Z') {
+        std::thread::yield_now();
+    }
+    traced_by_tracer()
+}
+
+/// The number after `key:` in a `/proc/PID/status` text.
+fn field(status: &str, key: &str) -> Option<i32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))?
+        .trim()
+        .parse()
+        .ok()
 }
