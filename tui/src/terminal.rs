@@ -9,8 +9,13 @@
 //! Nothing here reads from the terminal: queries that wait for the terminal's answer
 //! (the cursor's position) are never made, so a terminal that does not answer, or that
 //! goes away, cannot hold the UI up.
+//!
+//! Each frame reaches the terminal in one write: ratatui flushes its backend once a frame
+//! is drawn, and the backend writes into a buffer large enough for any screen. (Through
+//! `Stdout`'s own 1 KiB line buffer a frame went out in pieces, and a terminal could show
+//! one half drawn.)
 
-use std::io::{self, Stdout, Write};
+use std::io::{self, BufWriter, Stdout, Write};
 use std::panic;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,7 +29,11 @@ use ratatui::crossterm::terminal::{
 };
 
 /// The terminal type the controller draws on.
-pub type CrosstermTerminal = Terminal<CrosstermBackend<Stdout>>;
+pub type CrosstermTerminal = Terminal<CrosstermBackend<BufWriter<Stdout>>>;
+
+/// The frame buffer's size: a whole screen of 400 × 120 cells, each with its colours,
+/// fits (a frame larger still is written in more than one piece, nothing worse).
+const FRAME_BUFFER_BYTES: usize = 1 << 20;
 
 /// Whether the terminal is currently in the UI's mode (raw + alternate screen).
 static UI_ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -50,7 +59,8 @@ impl TerminalGuard {
             restore_terminal();
             return Err(error);
         }
-        match Terminal::new(CrosstermBackend::new(stdout)) {
+        let frames = BufWriter::with_capacity(FRAME_BUFFER_BYTES, stdout);
+        match Terminal::new(CrosstermBackend::new(frames)) {
             Ok(terminal) => Ok(TerminalGuard { terminal }),
             Err(error) => {
                 restore_terminal();
