@@ -285,11 +285,8 @@ fn view_shows_a_saved_profile() {
     assert_eq!(root.name, "work_round");
 
     let ui = Tmux::tendril("view", &["view", &file.display().to_string()]);
-    let screen = ui.wait_for_text("READ-ONLY");
-    assert!(
-        screen.contains("calltree.json"),
-        "the status bar names the file:\n{screen}"
-    );
+    // The status bar names the file.
+    ui.wait_for_all(&["READ-ONLY", "calltree.json"]);
     // The hottest path opens by itself: work_round, compute_block, its hottest leaf.
     let screen = ui.wait_for("the call tree's rows", |screen| {
         calls_of(screen, "compute_block").map(|_| screen.to_string())
@@ -306,14 +303,10 @@ fn view_shows_a_saved_profile() {
     });
     // Threads: one row per thread of the file.
     ui.press("3");
-    let screen = ui.wait_for_text("TID");
-    for thread in &profile.threads {
-        assert!(
-            screen.contains(&thread.tid.to_string()),
-            "thread {} missing:\n{screen}",
-            thread.tid
-        );
-    }
+    let tids: Vec<String> = profile.threads.iter().map(|t| t.tid.to_string()).collect();
+    let mut expected: Vec<&str> = tids.iter().map(String::as_str).collect();
+    expected.push("TID");
+    ui.wait_for_all(&expected);
     // Keys that need a target explain why they do nothing.
     ui.press("d");
     ui.wait_for_text("read-only");
@@ -335,11 +328,11 @@ fn demo_shows_its_functions_detaches_and_quits() {
 
     // Detach: the demo keeps running its own code, and the data stays on screen.
     ui.press("d");
-    let screen = ui.wait_for_text("DETACHED");
-    assert!(
-        calls_of(&screen, "demo_handle_request").is_some_and(|c| c > 0.0),
-        "{screen}"
-    );
+    ui.wait_for("DETACHED, with the data", |screen| {
+        (screen.contains("DETACHED")
+            && calls_of(screen, "demo_handle_request").is_some_and(|c| c > 0.0))
+        .then_some(())
+    });
     assert!(
         Path::new(&format!("/proc/{child}")).exists(),
         "the demo still runs after detaching"
@@ -383,17 +376,15 @@ fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
     });
     ui.press("Tab"); // on
     ui.press("Enter");
+    // The footer says what p does (it is drawn last: waited for with the status bar).
     let screen = ui.wait_for("the paused status bar naming the new root", |screen| {
-        screen
+        (screen
             .lines()
             .any(|line| line.contains("PAUSED") && line.contains("root: compute_block"))
-            .then(|| screen.to_string())
+            && screen.contains("p starts profiling compute_block"))
+        .then(|| screen.to_string())
     });
     assert_eq!(calls_of(&screen, "work_round"), None, "{screen}");
-    assert!(
-        screen.contains("p starts profiling compute_block"),
-        "{screen}"
-    );
 
     // Resumed: compute_block is the root now.
     ui.press("p");
@@ -510,10 +501,12 @@ fn a_target_that_exits_leaves_its_data_to_browse_and_save() {
         target.wait_exit(EXIT_TIMEOUT).is_some(),
         "the target did not exit"
     );
-    let screen = ui.wait_for_text("exited; the data stays");
-    assert!(screen.contains("DETACHED"), "{screen}");
-    let rounds = calls_of(&screen, "work_round");
-    assert!(rounds.is_some_and(|calls| calls > 0.0), "{screen}");
+    ui.wait_for("the exit said, the data kept", |screen| {
+        (screen.contains("exited; the data stays")
+            && screen.contains("DETACHED")
+            && calls_of(screen, "work_round").is_some_and(|calls| calls > 0.0))
+        .then_some(())
+    });
 
     ui.press("w");
     let saved = ui.wait_for("the saved file's name", |screen| {

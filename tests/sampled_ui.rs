@@ -71,12 +71,11 @@ fn sampled_first_then_enter_instruments_the_hot_function() {
 
     // `tendril PID`: `tendril attach PID` without a root.
     let ui = Tmux::tendril("sampled", &[&pid.to_string()]);
-    let screen = ui.wait_for_text("SAMPLING");
-    assert!(screen.contains("SAMPLED · all threads"), "{screen}");
-    assert!(
-        screen.contains("nothing loaded into the target"),
-        "{screen}"
-    );
+    ui.wait_for_all(&[
+        "SAMPLING",
+        "SAMPLED · all threads",
+        "nothing loaded into the target",
+    ]);
     // Sampling loads nothing: no agent yet.
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(!maps.contains("libtendril_agent"), "{maps}");
@@ -87,18 +86,22 @@ fn sampled_first_then_enter_instruments_the_hot_function() {
     ui.press("Home");
     ui.press("Enter");
     wait_for_instrumented(&ui, &hottest);
-    let screen = ui.wait_for("the overlap with the sampled tree", |screen| {
-        overlap_of(screen).map(|_| screen.to_string())
+    let (screen, overlap) = ui.wait_for("the overlap with the sampled tree", |screen| {
+        let overlap = overlap_of(screen)?;
+        screen
+            .contains("with sampled")
+            .then(|| (screen.to_string(), overlap))
     });
-    let overlap = overlap_of(&screen).unwrap();
     assert!((0.0..=1.0).contains(&overlap), "{screen}");
-    assert!(screen.contains("with sampled"), "{screen}");
 
     // S: the sampled tree, kept as it was when the hooks went in; S again: live.
     ui.press("S");
-    let screen = ui.wait_for_text("SAMPLED │");
-    assert!(screen.contains("sampling stopped"), "{screen}");
-    assert!(calls_of(&screen, &hottest).is_some(), "{screen}");
+    ui.wait_for("the sampled tree, with the hottest function", |screen| {
+        (screen.contains("SAMPLED │")
+            && screen.contains("sampling stopped")
+            && calls_of(screen, &hottest).is_some())
+        .then_some(())
+    });
     // w there saves the sampled profile.
     ui.press("w");
     let saved = ui.wait_for("the saved file's name", |screen| {
@@ -155,11 +158,8 @@ fn refused_perf_events_open_the_root_picker_with_the_reason() {
     let target = Target::spawn("calltree", &["2"]);
     let pid = target.pid();
     let ui = Tmux::tendril_without_perf_events("no-perf", &["attach", &pid.to_string()]);
-    let screen = ui.wait_for_text("SIZE");
-    assert!(
-        screen.contains("perf_event_open is refused"),
-        "the reason, in one line:\n{screen}"
-    );
+    // The root picker, with the reason in one line.
+    let screen = ui.wait_for_all(&["SIZE", "perf_event_open is refused"]);
     assert!(!screen.contains("SAMPLING"), "{screen}");
     // The root picker works as without sampling.
     ui.type_text("work_round");

@@ -136,9 +136,23 @@ impl Tmux {
     }
 
     /// Waits for the text `text` to be on screen.
+    ///
+    /// Only `text` is sure to be there: a screen may be captured while a frame is still
+    /// being drawn, so what else a test needs of the same screen goes in one
+    /// [`Tmux::wait_for_all`] or [`Tmux::wait_for`] check.
     pub fn wait_for_text(&self, text: &str) -> String {
         self.wait_for(&format!("{text:?}"), |screen| {
             screen.contains(text).then(|| screen.to_string())
+        })
+    }
+
+    /// Waits for a screen with every one of `texts` on it.
+    pub fn wait_for_all(&self, texts: &[&str]) -> String {
+        self.wait_for(&format!("all of {texts:?}"), |screen| {
+            texts
+                .iter()
+                .all(|text| screen.contains(text))
+                .then(|| screen.to_string())
         })
     }
 
