@@ -20,9 +20,11 @@ use tendril_wire::events::{HOOK_SHAPES, HookShape};
 const MIN_BATCHES: usize = 5;
 /// Batches kept (the most recent), per hook shape.
 const KEPT_BATCHES: usize = 4096;
-/// The medians are worked out again at most this often: over thousands of batches they
-/// move slowly, and sorting them all at each poll (every few ms) took 4–18% of the
-/// controller's core.
+/// The medians are worked out again at most this often once they rest on many batches:
+/// over thousands of batches they move slowly, and sorting them all at each poll (every
+/// few ms) took 4–18% of the controller's core. While the batches are few they are
+/// worked out again as soon as the count has doubled, so that a short recording (fib(25)
+/// six times: 50 ms, some 45 batches) is not corrected with its first five alone.
 const RECOMPUTE_EVERY: Duration = Duration::from_millis(100);
 
 /// The batches read so far, `(inner, outer)` ticks per call, per hook shape.
@@ -33,8 +35,10 @@ pub(super) struct InSituBatches {
     batches: [VecDeque<(f64, f64)>; HOOK_SHAPES],
     /// The start calibration, kept while the in-situ one is used.
     at_start: Option<Calibration>,
-    /// When the in-situ calibration was last worked out.
+    /// When the in-situ calibration was last worked out, and from how many of the
+    /// 5-byte jump's batches.
     computed_at: Option<Instant>,
+    computed_from: usize,
     /// Batches read over the whole recording, per shape (`batches` keeps the latest).
     read_in_all: [u64; HOOK_SHAPES],
 }
@@ -87,11 +91,9 @@ impl Recorder {
                 batches.pop_front();
             }
         }
-        let recent = self
-            .in_situ
-            .computed_at
-            .is_some_and(|at| at.elapsed() < RECOMPUTE_EVERY);
-        if !any_new || recent {
+        let jump_batches = self.in_situ.batches[HookShape::Jump as usize].len();
+        let since_last = self.in_situ.computed_at.map(|at| at.elapsed());
+        if !any_new || !recompute_due(since_last, jump_batches, self.in_situ.computed_from) {
             return;
         }
         let at_start = *self.in_situ.at_start.get_or_insert(builder.calibration());
@@ -129,7 +131,14 @@ impl Recorder {
         // Values from the agent's fixed-point words are finite and ≥ 0.
         let _ = builder.set_calibration(calibration);
         self.in_situ.computed_at = Some(Instant::now());
+        self.in_situ.computed_from = jump_batches;
     }
+}
+
+/// Whether the medians are worked out again, `since_last` after the last time (`None`:
+/// never yet), which used `computed_from` of the 5-byte jump's `batches` now read.
+fn recompute_due(since_last: Option<Duration>, batches: usize, computed_from: usize) -> bool {
+    since_last.is_none_or(|elapsed| elapsed >= RECOMPUTE_EVERY || batches >= 2 * computed_from)
 }
 
 /// The median (the upper one of an even count) of `values` (at least one), and their
@@ -157,7 +166,21 @@ fn upper_median(values: &mut [f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::median_and_sigma;
+    use super::{RECOMPUTE_EVERY, median_and_sigma, recompute_due};
+    use std::time::Duration;
+
+    #[test]
+    fn the_medians_follow_the_batches_while_they_are_few_and_then_every_100_ms() {
+        assert!(recompute_due(None, 5, 0), "the first time");
+        let soon = Some(Duration::from_millis(3));
+        assert!(!recompute_due(soon, 9, 5));
+        assert!(recompute_due(soon, 10, 5), "twice as many batches");
+        assert!(
+            !recompute_due(soon, 4096, 4096),
+            "the kept batches are full"
+        );
+        assert!(recompute_due(Some(RECOMPUTE_EVERY), 4096, 4096));
+    }
 
     #[test]
     fn the_spread_is_the_median_absolute_deviation_scaled_to_a_standard_deviation() {
