@@ -7,6 +7,7 @@ use common::{Target, tendril};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
+use tendril::process::{StatLine, status_field};
 
 /// Runs tendril and returns its single error line, asserting failure and one line.
 fn error_line(command: &mut Command) -> String {
@@ -294,21 +295,17 @@ fn a_second_tendril_names_the_tendril_that_is_attaching() {
 /// Stops process `tracer` with SIGSTOP once it traces `pid`, and says whether it was
 /// stopped while still tracing it; `false` if it was done (or never traced it).
 fn freeze_while_it_traces(tracer: i32, pid: i32) -> bool {
-    let traced_by_tracer = || {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let tracer_thread = field(&status, "TracerPid").unwrap_or(0);
-        tracer_thread != 0
-            && std::fs::read_to_string(format!("/proc/{tracer_thread}/status"))
-                .ok()
-                .and_then(|status| field(&status, "Tgid"))
-                == Some(tracer)
+    let number = |path: String, key: &str| -> Option<i32> {
+        let status = std::fs::read_to_string(path).ok()?;
+        status_field(&status, key)?.parse().ok()
+    };
+    let traced_by_tracer = || match number(format!("/proc/{pid}/status"), "TracerPid") {
+        Some(0) | None => false,
+        Some(thread) => number(format!("/proc/{thread}/status"), "Tgid") == Some(tracer),
     };
     let state = || {
         let stat = std::fs::read_to_string(format!("/proc/{tracer}/stat")).unwrap_or_default();
-        // The state is the first field after the command's closing parenthesis.
-        stat.rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next())
-            .unwrap_or('Z')
+        StatLine::parse(&stat).map_or('Z', |line| line.state)
     };
     // No sleep: the hold lasts milliseconds.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -323,14 +320,4 @@ fn freeze_while_it_traces(tracer: i32, pid: i32) -> bool {
         std::thread::yield_now();
     }
     traced_by_tracer()
-}
-
-/// The number after `key:` in a `/proc/PID/status` text.
-fn field(status: &str, key: &str) -> Option<i32> {
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))?
-        .trim()
-        .parse()
-        .ok()
 }
