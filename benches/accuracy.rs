@@ -157,13 +157,14 @@ fn error_bar(profile: &Profile, root: &str, recorded: f64, bare: f64) -> String 
 fn print_calibration(profile: &Profile) {
     let c = &profile.calibration;
     println!(
-        "  calibration: inner {:.1} ns, outer {:.1} ns (spread {:.1} / {:.1}; {} in-situ batches); pauses removed {:.1} ms; {} events",
+        "  calibration: inner {:.1} ns, outer {:.1} ns (spread {:.1} / {:.1}; {} in-situ batches); pauses removed {:.1} ms ({:.1} ms of them waits for a core the drain held); {} events",
         c.inner_ns,
         c.outer_ns,
         c.inner_spread_ns,
         c.outer_spread_ns,
         c.in_situ_batches,
         profile.stats.pause_ns as f64 / 1e6,
+        profile.stats.core_wait_ns as f64 / 1e6,
         profile.stats.events
     );
     for (shape, values) in [("pad jump", c.pad_jump), ("call thunk", c.call_thunk)] {

@@ -10,8 +10,12 @@
 mod common;
 
 use common::{Recording, Target, node_at, number_after};
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::time::{ClockId, clock_gettime};
+use nix::unistd::Pid;
 use std::time::Duration;
 use tendril::profile::{Clock, Node};
+use tendril::recording::{RecordOptions, Recorder, Scheme};
 
 const LINE_TIMEOUT: Duration = Duration::from_secs(300);
 const REQUESTS: u64 = 200;
@@ -84,4 +88,80 @@ fn gross_only_recordings_say_cpu_time_is_not_measured() {
         .show_clock(Clock::Cpu)
         .expect_err("no CPU times to show");
     assert!(refused.to_string().contains("--gross-only"), "{refused}");
+}
+
+/// The first core this thread may run on.
+fn first_allowed_core() -> usize {
+    let allowed = sched_getaffinity(Pid::from_raw(0)).unwrap();
+    (0..CpuSet::count())
+        .find(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+        .expect("a core to run on")
+}
+
+/// Pins thread `tid` (0: the calling thread) to `core`.
+fn pin(tid: i32, core: usize) {
+    let mut only = CpuSet::new();
+    only.set(core).unwrap();
+    sched_setaffinity(Pid::from_raw(tid), &only).unwrap();
+}
+
+fn thread_cpu_ns() -> u64 {
+    let now = clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
+}
+
+/// The target and the thread that drains its recording share one core, and the drain
+/// keeps it busy: whenever the drain runs while the target computes (`timed`'s `held`
+/// spins for 400 ms), the target waits for the core. Those waits are tendril's doing, so
+/// they are told apart and taken out of wall time like the agent's pauses. Load cannot
+/// move what is asserted: whatever else shares the core, each moment the drain runs
+/// there during the spin is a moment the pinned target waits for it.
+#[test]
+fn waits_for_a_core_the_drain_held_are_pauses() {
+    let mut target = Target::spawn("timed", &[]);
+    let core = first_allowed_core();
+    pin(0, core);
+    for tid in tendril::process::thread_ids(target.pid()).unwrap() {
+        pin(tid, core);
+    }
+    let mut recorder = Recorder::start(&RecordOptions {
+        pid: target.pid(),
+        roots: vec!["held".into()],
+        scheme: Scheme::B,
+        gross_only: false,
+    })
+    .unwrap();
+    target.write_stdin("hold 400\n");
+    // Hold the core by turns until the spin ends: drain, then 2 ms of work.
+    let cpu_before = thread_cpu_ns();
+    let line = loop {
+        recorder.poll();
+        let busy_until = thread_cpu_ns() + 2_000_000;
+        while thread_cpu_ns() < busy_until {}
+        if let Some(line) = target.next_line(Duration::ZERO) {
+            break line;
+        }
+    };
+    let drain_cpu = thread_cpu_ns() - cpu_before;
+    assert!(line.starts_with("hold "), "{line}");
+    let profile = recorder.finish(false).unwrap().profile;
+    assert_eq!(profile.stats.cpu_unmeasured, None);
+    let waited = profile.stats.core_wait_ns;
+    // The last turn may end after the spin, and the first begin before it.
+    assert!(
+        waited as f64 >= 0.5 * drain_cpu as f64 && waited <= drain_cpu,
+        "the target waited {waited} ns for the core the drain held; the drain ran {drain_cpu} ns there"
+    );
+    assert!(profile.stats.pause_ns >= waited);
+    let held = node_at(&profile.merged.roots, &["held"]).expect("held was recorded");
+    assert_eq!(held.calls, 1);
+    assert!(held.cpu_ns.expect("a CPU time") <= held.total_ns);
+    // The spin lasts 400 ms by the clock, however long it waits: its wall time is that
+    // less the waits taken out (and the spin may end a turn late).
+    let accounted = (held.total_ns + waited) as f64 / 400e6;
+    assert!(
+        (0.95..=1.1).contains(&accounted),
+        "held: {} ns of wall time and {waited} ns of waits for the drain make {accounted:.3} of its 400 ms",
+        held.total_ns
+    );
 }

@@ -82,6 +82,8 @@ pub struct BuildCounters {
     pub malformed_events: u64,
     /// All pauses tendril caused in the target, in ticks.
     pub pause_ticks: u64,
+    /// Of those, the waits for a core that tendril's own draining held.
+    pub core_wait_ticks: u64,
     /// Returns to a stack a thread had left (coroutines), see `ThreadCounters`.
     pub stack_switches: u64,
     /// Frames closed when their stack was left that returned later.
@@ -131,7 +133,7 @@ pub struct CctBuilder {
     measures_cpu: bool,
     /// Off-CPU intervals of threads with no events yet, kept until their first events
     /// (the intervals come before the events that follow them).
-    off_cpu_of_unseen: HashMap<u32, Vec<(u64, u64)>>,
+    off_cpu_of_unseen: HashMap<u32, Vec<(u64, u64, u64)>>,
 }
 
 /// Off-CPU intervals kept for one thread with no events yet: a thread asleep outside
@@ -159,8 +161,8 @@ impl CctBuilder {
     fn thread_index(&mut self, tid: u32) -> usize {
         *self.index_of_tid.entry(tid).or_insert_with(|| {
             let mut thread = ThreadTree::new(tid);
-            for (out_tsc, in_tsc) in self.off_cpu_of_unseen.remove(&tid).unwrap_or_default() {
-                thread.push_off_cpu(out_tsc, in_tsc);
+            for (out_tsc, in_tsc, held) in self.off_cpu_of_unseen.remove(&tid).unwrap_or_default() {
+                thread.push_off_cpu(out_tsc, in_tsc, held);
             }
             self.threads.push(thread);
             self.threads.len() - 1
@@ -227,10 +229,11 @@ impl CctBuilder {
     }
 
     /// Thread `tid` was off the CPU from `out_tsc` to `in_tsc` (later than any interval
-    /// given for it before); give it before the thread's events that follow it.
-    pub fn push_off_cpu(&mut self, tid: u32, out_tsc: u64, in_tsc: u64) {
+    /// given for it before), `held` ticks of it waiting for a core tendril held; give it
+    /// before the thread's events that follow it.
+    pub fn push_off_cpu(&mut self, tid: u32, out_tsc: u64, in_tsc: u64, held: u64) {
         if let Some(&index) = self.index_of_tid.get(&tid) {
-            self.threads[index].push_off_cpu(out_tsc, in_tsc);
+            self.threads[index].push_off_cpu(out_tsc, in_tsc, held);
             return;
         }
         // No tree for a thread that never recorded an event (it would show in the
@@ -239,7 +242,7 @@ impl CctBuilder {
         if waiting.len() == MAX_UNSEEN_INTERVALS {
             waiting.drain(..MAX_UNSEEN_INTERVALS / 2);
         }
-        waiting.push((out_tsc, in_tsc));
+        waiting.push((out_tsc, in_tsc, held));
     }
 
     /// Names thread `tid` (e.g. from `/proc/PID/task/TID/comm`).
@@ -312,6 +315,7 @@ impl CctBuilder {
             sum.unwound_exits += counters.unwound_exits;
             sum.malformed_events += counters.malformed_events;
             sum.pause_ticks += counters.pause_ticks;
+            sum.core_wait_ticks += counters.core_wait_ticks;
             sum.stack_switches += counters.stack_switches;
             sum.dropped_frames += counters.dropped_frames;
             sum.stale_exits += counters.stale_exits;
@@ -391,6 +395,7 @@ impl CctBuilder {
                 lost_events: info.lost_events,
                 indirect_call_sites: info.indirect_call_sites,
                 pause_ns: correction.ticks_to_ns(counters.pause_ticks as f64),
+                core_wait_ns: correction.ticks_to_ns(counters.core_wait_ticks as f64),
                 unwound_exits: counters.unwound_exits,
                 unmatched_exits: counters.unmatched_exits,
                 stack_switches: counters.stack_switches,

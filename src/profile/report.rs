@@ -230,6 +230,14 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         stats.indirect_candidates,
         ms(stats.pause_ns)
     )?;
+    if stats.core_wait_ns > 0 {
+        writeln!(
+            out,
+            "of those pauses, {:.3} ms were the target's threads waiting for a core that \
+             tendril's draining held",
+            ms(stats.core_wait_ns)
+        )?;
+    }
     let not_followed = profile
         .discovery
         .as_ref()

@@ -103,6 +103,8 @@ pub struct ThreadCounters {
     pub malformed_events: u64,
     /// The sum of all pauses.
     pub pause_ticks: u64,
+    /// Of those, the waits for a core that tendril's own draining held.
+    pub core_wait_ticks: u64,
     /// Exits of frames entered before the thread's stream began (a recording started,
     /// resumed or was reset inside them): expected, and ignored.
     pub stale_exits: u64,
@@ -124,12 +126,13 @@ pub struct ThreadCounters {
 const MAX_PENDING_OFF_CPU: usize = 4096;
 
 /// Off-CPU time between `out` and `in` (TSC ticks): `off` ticks of it (all of it for
-/// one switch; less for merged ones).
+/// one switch; less for merged ones), of which `held` waited for a core tendril held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct OffSpan {
     out: u64,
     back: u64,
     off: u64,
+    held: u64,
 }
 
 impl OffSpan {
@@ -144,6 +147,14 @@ impl OffSpan {
             end - start
         } else {
             (self.off as u128 * u128::from(end - start) / u128::from(length.max(1))) as u64
+        }
+    }
+
+    /// The share of `held` in `off_part` of this span's off-CPU ticks.
+    fn held_in(&self, off_part: u64) -> u64 {
+        match self.off {
+            0 => 0,
+            off => (u128::from(self.held) * u128::from(off_part) / u128::from(off)) as u64,
         }
     }
 }
@@ -255,8 +266,9 @@ impl ThreadTree {
     }
 
     /// Adds an interval the thread spent off the CPU, `out_tsc..in_tsc` (later than
-    /// every interval given before).
-    pub fn push_off_cpu(&mut self, out_tsc: u64, in_tsc: u64) {
+    /// every interval given before), `held` ticks of which it waited for a core tendril
+    /// held: those are a pause, removed from wall time too.
+    pub fn push_off_cpu(&mut self, out_tsc: u64, in_tsc: u64, held: u64) {
         let pending = &mut self.off_cpu.pending;
         if pending.len() >= MAX_PENDING_OFF_CPU {
             // Merge the older half in pairs: the same off-CPU time in half the spans.
@@ -267,6 +279,7 @@ impl ThreadTree {
                         out: a.out,
                         back: b.back,
                         off: a.off + b.off,
+                        held: a.held + b.held,
                     },
                     [a] => *a,
                     _ => unreachable!("chunks of two"),
@@ -279,6 +292,7 @@ impl ThreadTree {
             out: out_tsc,
             back,
             off: back - out_tsc,
+            held: held.min(back - out_tsc),
         });
     }
 
@@ -287,28 +301,37 @@ impl ThreadTree {
     #[inline(never)]
     fn take_off_cpu_until(&mut self, ts: u64) {
         let window_start = self.latest_ts;
-        let mut off = 0;
+        let (mut off, mut held) = (0, 0);
         while let Some(&span) = self.off_cpu.pending.front() {
             if span.out >= ts {
                 break;
             }
-            off += span.off_within(window_start, ts);
+            let off_here = span.off_within(window_start, ts);
+            off += off_here;
+            held += span.held_in(off_here);
             if span.back <= ts {
                 self.off_cpu.pending.pop_front();
             } else {
                 // Ends after the event (the clocks' conversion is off by a hair, or a
                 // merged span): the rest belongs to the next window.
-                let rest = span.off - span.off_within(span.out, ts);
+                let before = span.off_within(span.out, ts);
                 self.off_cpu.pending[0] = OffSpan {
                     out: ts,
                     back: span.back,
-                    off: rest,
+                    off: span.off - before,
+                    held: span.held - span.held_in(before),
                 };
                 break;
             }
         }
+        // A wait for a core tendril held is a pause, unless it fell inside one of the
+        // agent's own (which measured it already): as for the off-CPU time, the pauses
+        // of the window are taken to overlap it.
         let paused = std::mem::take(&mut self.off_cpu.paused_in_window);
-        self.off_cpu.total += off.saturating_sub(paused);
+        let held_beyond_pauses = held.saturating_sub(paused);
+        self.paused_ticks += held_beyond_pauses;
+        self.counters.core_wait_ticks += held_beyond_pauses;
+        self.off_cpu.total += off.saturating_sub(paused + held_beyond_pauses);
     }
 
     #[inline]

@@ -13,6 +13,16 @@
 //! offer it.) The calling context trees take these intervals out of the frames they
 //! fell in, as they take out pauses, and that is CPU time per node.
 //!
+//! A wait for a core that tendril itself held is a pause tendril caused. On a machine
+//! of few cores the kernel can leave the thread that drains the rings and a target
+//! thread on one core for milliseconds while another stays idle, and the drain then
+//! preempts the target in the middle of the calls it times. So the draining thread
+//! watches its own switches too ([`OffCpuWatch::watch_own_thread`]): where a target
+//! thread was preempted on a core (`PERF_RECORD_MISC_SWITCH_OUT_PREEMPT`) and one of
+//! tendril's watched threads ran on that core before the target ran again, the overlap is
+//! [`OffCpuInterval::held_by_tendril`], which the trees remove from wall time like any
+//! pause.
+//!
 //! Nothing is loaded into the target and nothing in it changes. A thread started later
 //! is watched from when the recorder first sees it in the agent's rings
 //! ([`OffCpuWatch::watch_thread`]) or in `/proc/PID/task` (every [`RESCAN_INTERVAL`]),
@@ -23,7 +33,7 @@
 use crate::recording::tsc;
 use crate::sampling::perf::{OpenError, PerfEvent, Ring};
 use crate::sampling::records::{self, Record};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// How often the thread list is read again for new threads.
@@ -34,12 +44,111 @@ const RING_PAGES: usize = 16;
 /// The agent's own threads switch too, but never run inside a recorded frame.
 const AGENT_THREAD_PREFIX: &str = "tendril-";
 
+/// Most intervals kept of tendril's own threads on a core, waiting for a preempted
+/// target thread to run again (about 2 per poll of the drain).
+const MAX_OWN_INTERVALS: usize = 4096;
+
 /// One interval a thread spent off the CPU, in TSC ticks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OffCpuInterval {
     pub tid: u32,
     pub out_tsc: u64,
     pub in_tsc: u64,
+    /// Of those ticks, the ones the thread waited for a core that a watched thread of
+    /// tendril's held (it was preempted on that core, and tendril's thread ran there).
+    pub held_by_tendril: u64,
+}
+
+/// A thread's latest switch out, until the switch in that ends it.
+#[derive(Debug, Clone, Copy)]
+struct SwitchedOut {
+    at: u64,
+    /// The core it was preempted on; None if it went to sleep (or the core is unknown).
+    preempted_on: Option<u32>,
+}
+
+/// A time one of tendril's own threads ran on a core, in TSC ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OnCore {
+    cpu: u32,
+    from: u64,
+    to: u64,
+}
+
+/// When tendril's own watched threads ran, and on which cores.
+#[derive(Default)]
+struct OwnThreads {
+    watched: HashMap<i32, WatchedThread>,
+    /// Each running thread's core and switch in.
+    running: HashMap<u32, (u32, u64)>,
+    /// Times they ran, oldest first.
+    ran: VecDeque<OnCore>,
+}
+
+impl OwnThreads {
+    /// The ticks of `from..to` in which one of the threads ran on `cpu` (one still
+    /// running counts until `to`).
+    fn held(&self, cpu: u32, from: u64, to: u64) -> u64 {
+        let overlap = |start: u64, end: u64| end.min(to).saturating_sub(start.max(from));
+        let finished: u64 = (self.ran.iter())
+            .filter(|on| on.cpu == cpu)
+            .map(|on| overlap(on.from, on.to))
+            .sum();
+        let running: u64 = (self.running.values())
+            .filter(|(on, _)| *on == cpu)
+            .map(|&(_, since)| overlap(since, to))
+            .sum();
+        (finished + running).min(to.saturating_sub(from))
+    }
+
+    /// Reads the threads' switches up to now. A thread that has ended is let go, and
+    /// its last turn with it (an exit may leave no switch out to close it).
+    fn read(&mut self, clock: &ClockAnchor) {
+        let own_pid = std::process::id();
+        let (running, ran) = (&mut self.running, &mut self.ran);
+        for thread in self.watched.values_mut() {
+            thread.ring.drain(|bytes| {
+                if let Record::Switch {
+                    pid,
+                    tid,
+                    out,
+                    time_ns,
+                    cpu: Some(cpu),
+                    ..
+                } = records::parse_switch_records(bytes)
+                    && pid == own_pid
+                {
+                    let at = clock.tsc_at(time_ns);
+                    if !out {
+                        running.insert(tid, (cpu, at));
+                    } else if let Some((cpu, from)) = running.remove(&tid) {
+                        if ran.len() >= MAX_OWN_INTERVALS {
+                            ran.pop_front();
+                        }
+                        ran.push_back(OnCore {
+                            cpu,
+                            from,
+                            to: at.max(from),
+                        });
+                    }
+                }
+            });
+        }
+        self.watched
+            .retain(|tid, _| std::path::Path::new(&format!("/proc/self/task/{tid}")).exists());
+        let watched = &self.watched;
+        self.running
+            .retain(|tid, _| watched.contains_key(&(*tid as i32)));
+    }
+
+    /// Forgets the times that ended before `oldest`, the earliest moment a target thread
+    /// still waiting was preempted (everything, if none is).
+    fn forget_before(&mut self, oldest: Option<u64>) {
+        match oldest {
+            Some(oldest) => self.ran.retain(|on| on.to >= oldest),
+            None => self.ran.clear(),
+        }
+    }
 }
 
 /// The switch records of one thread.
@@ -115,8 +224,10 @@ pub struct OffCpuWatch {
     tsc_hz: u64,
     threads: HashMap<i32, WatchedThread>,
     scanned_at: Instant,
-    /// Each thread's last switch out (TSC), until the switch in that ends it.
-    out_since: HashMap<u32, u64>,
+    /// Each thread's last switch out, until the switch in that ends it.
+    out_since: HashMap<u32, SwitchedOut>,
+    /// Tendril's own threads that drain (see the module comment).
+    own: OwnThreads,
     /// Switch records the kernel dropped because a ring was full.
     lost: u64,
 }
@@ -136,6 +247,7 @@ impl OffCpuWatch {
             threads: HashMap::new(),
             scanned_at: Instant::now(),
             out_since: HashMap::new(),
+            own: OwnThreads::default(),
             lost: 0,
         };
         for tid in tids {
@@ -186,6 +298,26 @@ impl OffCpuWatch {
         }
     }
 
+    /// Watches the calling thread, one of tendril's own, from now on, if it is not
+    /// watched yet: a target thread's wait for a core it held is then told apart (the
+    /// recorder calls this from the thread that drains). A refusal leaves it unwatched.
+    pub fn watch_own_thread(&mut self) {
+        let tid = nix::unistd::gettid().as_raw();
+        if self.own.watched.contains_key(&tid) {
+            return;
+        }
+        let Ok(event) = PerfEvent::open_switch_records(tid, 4096) else {
+            return;
+        };
+        if let Ok(ring) = Ring::map(&event, RING_PAGES) {
+            let thread = WatchedThread {
+                _event: event,
+                ring,
+            };
+            self.own.watched.insert(tid, thread);
+        }
+    }
+
     /// Picks up threads started since the last scan (at most every [`RESCAN_INTERVAL`])
     /// and lets go of those that ended (their records were read just before).
     fn rescan(&mut self) {
@@ -209,33 +341,51 @@ impl OffCpuWatch {
     /// afterwards has been handed over by then.
     pub fn drain(&mut self, mut visit: impl FnMut(OffCpuInterval)) {
         let clock = ClockAnchor::now(self.tsc_hz);
+        // Tendril's own switches first: a target thread's wait that ends by now was
+        // spent while they ran, or did not.
+        self.own.read(&clock);
         let pid = self.pid as u32;
-        let out_since = &mut self.out_since;
+        let (out_since, own) = (&mut self.out_since, &self.own);
         let mut lost = 0;
         for thread in self.threads.values_mut() {
-            thread.ring.drain(|bytes| match records::parse(bytes) {
-                Record::Switch {
-                    pid: of,
-                    tid,
-                    out,
-                    time_ns,
-                } if of == pid => {
-                    let at = clock.tsc_at(time_ns);
-                    if out {
-                        out_since.insert(tid, at);
-                    } else if let Some(out_tsc) = out_since.remove(&tid) {
-                        visit(OffCpuInterval {
-                            tid,
-                            out_tsc,
-                            in_tsc: at.max(out_tsc),
-                        });
+            thread
+                .ring
+                .drain(|bytes| match records::parse_switch_records(bytes) {
+                    Record::Switch {
+                        pid: of,
+                        tid,
+                        out,
+                        time_ns,
+                        preempted,
+                        cpu,
+                    } if of == pid => {
+                        let at = clock.tsc_at(time_ns);
+                        if out {
+                            let preempted_on = cpu.filter(|_| preempted);
+                            out_since.insert(tid, SwitchedOut { at, preempted_on });
+                        } else if let Some(switched_out) = out_since.remove(&tid) {
+                            let in_tsc = at.max(switched_out.at);
+                            let held_by_tendril = switched_out
+                                .preempted_on
+                                .map_or(0, |cpu| own.held(cpu, switched_out.at, in_tsc));
+                            visit(OffCpuInterval {
+                                tid,
+                                out_tsc: switched_out.at,
+                                in_tsc,
+                                held_by_tendril,
+                            });
+                        }
                     }
-                }
-                Record::Lost { count } => lost += count,
-                _ => {}
-            });
+                    Record::Lost { count } => lost += count,
+                    _ => {}
+                });
         }
         self.lost += lost;
+        let oldest_wait = (self.out_since.values())
+            .filter(|out| out.preempted_on.is_some())
+            .map(|out| out.at)
+            .min();
+        self.own.forget_before(oldest_wait);
         self.rescan();
     }
 
@@ -286,6 +436,32 @@ mod tests {
             before <= slept.out_tsc && slept.in_tsc <= after,
             "{slept:?} outside the sleep's TSC reads {before}..{after}"
         );
+    }
+
+    #[test]
+    fn only_tendrils_time_on_the_core_a_thread_waited_for_counts() {
+        let mut own = OwnThreads::default();
+        own.ran.push_back(OnCore {
+            cpu: 0,
+            from: 100,
+            to: 200,
+        });
+        own.ran.push_back(OnCore {
+            cpu: 1,
+            from: 150,
+            to: 300,
+        });
+        own.running.insert(7, (0, 400));
+        // Waiting on core 0 from 150 to 450: 50 ticks of the finished turn there, and
+        // 50 of the one still running.
+        assert_eq!(own.held(0, 150, 450), 100);
+        assert_eq!(own.held(1, 150, 450), 150);
+        assert_eq!(own.held(2, 0, 1000), 0);
+        assert_eq!(own.held(0, 200, 400), 0);
+        own.forget_before(Some(250));
+        assert_eq!(own.ran.len(), 1);
+        own.forget_before(None);
+        assert!(own.ran.is_empty());
     }
 
     #[test]

@@ -108,7 +108,10 @@ impl PerfEvent {
             size: std::mem::size_of::<perf::perf_event_attr>() as u32,
             type_: perf::PERF_TYPE_SOFTWARE,
             config: perf::PERF_COUNT_SW_DUMMY as u64,
-            sample_type: perf::PERF_SAMPLE_TID as u64 | perf::PERF_SAMPLE_TIME as u64,
+            // The trailer `records::parse_switch_records` reads: pid and tid, time, CPU.
+            sample_type: perf::PERF_SAMPLE_TID as u64
+                | perf::PERF_SAMPLE_TIME as u64
+                | perf::PERF_SAMPLE_CPU as u64,
             ..Default::default()
         };
         attr.set_context_switch(1);

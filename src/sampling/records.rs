@@ -49,6 +49,10 @@ pub enum Record<'a> {
         tid: u32,
         time_ns: u64,
         out: bool,
+        /// Switched out while still runnable: it was preempted, and waits for a core.
+        preempted: bool,
+        /// The core it was switched out of or into ([`parse_switch_records`] only).
+        cpu: Option<u32>,
     },
     /// Throttling, mmap, comm and other records: not used.
     Other,
@@ -84,12 +88,19 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Parses one record (header included). A record too short for its type is `Other`.
+/// Parses one record (header included) of an event opened with [`super::perf::SAMPLE_TYPE`].
+/// A record too short for its type is `Other`.
 pub fn parse(record: &[u8]) -> Record<'_> {
-    parse_checked(record).unwrap_or(Record::Other)
+    parse_checked(record, false).unwrap_or(Record::Other)
 }
 
-fn parse_checked(record: &[u8]) -> Option<Record<'_>> {
+/// Parses one record of an event opened by `PerfEvent::open_switch_records`, whose
+/// `sample_id_all` trailer is pid and tid, time, CPU: its switches say which core.
+pub fn parse_switch_records(record: &[u8]) -> Record<'_> {
+    parse_checked(record, true).unwrap_or(Record::Other)
+}
+
+fn parse_checked(record: &[u8], trailer_has_cpu: bool) -> Option<Record<'_>> {
     let (header, body) = record.split_first_chunk::<8>()?;
     let kind = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]);
     let misc = u16::from_ne_bytes([header[4], header[5]]);
@@ -139,11 +150,17 @@ fn parse_checked(record: &[u8]) -> Option<Record<'_>> {
         perf::PERF_RECORD_SWITCH => {
             let (pid, tid) = cursor.u32_pair()?;
             let time_ns = cursor.u64()?;
+            let cpu = match trailer_has_cpu {
+                true => Some(cursor.u32_pair()?.0),
+                false => None,
+            };
             Some(Record::Switch {
                 pid,
                 tid,
                 time_ns,
                 out: u32::from(misc) & perf::PERF_RECORD_MISC_SWITCH_OUT != 0,
+                preempted: u32::from(misc) & perf::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0,
+                cpu,
             })
         }
         _ => Some(Record::Other),
@@ -235,12 +252,50 @@ mod tests {
                 pid: 5,
                 tid: 6,
                 time_ns: 42,
-                out: true
+                out: true,
+                preempted: false,
+                cpu: None,
             }
         ));
         let lost = record(perf::PERF_RECORD_LOST, 0, &[1, 17], &[]);
         assert!(matches!(parse(&lost), Record::Lost { count: 17 }));
         let short = record(perf::PERF_RECORD_SAMPLE, 0, &[1], &[]);
         assert!(matches!(parse(&short), Record::Other));
+    }
+
+    #[test]
+    fn a_switch_record_with_the_cpu_says_which_core_and_whether_preempted() {
+        let misc = perf::PERF_RECORD_MISC_SWITCH_OUT | perf::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT;
+        let preempted = record(
+            perf::PERF_RECORD_SWITCH,
+            misc as u16,
+            &[pid_tid(5, 6), 42, 3],
+            &[],
+        );
+        assert!(matches!(
+            parse_switch_records(&preempted),
+            Record::Switch {
+                out: true,
+                preempted: true,
+                cpu: Some(3),
+                ..
+            }
+        ));
+        let back_in = record(perf::PERF_RECORD_SWITCH, 0, &[pid_tid(5, 6), 43, 1], &[]);
+        assert!(matches!(
+            parse_switch_records(&back_in),
+            Record::Switch {
+                out: false,
+                preempted: false,
+                cpu: Some(1),
+                time_ns: 43,
+                ..
+            }
+        ));
+        let without_the_cpu = record(perf::PERF_RECORD_SWITCH, 0, &[pid_tid(5, 6), 43], &[]);
+        assert!(matches!(
+            parse_switch_records(&without_the_cpu),
+            Record::Other
+        ));
     }
 }

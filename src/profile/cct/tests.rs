@@ -381,8 +381,8 @@ fn time_off_the_cpu_is_taken_out_of_the_frames_it_fell_in() {
     // main [0, 1000] calls work [100, 400]; the thread is off the CPU at 150..250
     // (inside work) and at 500..800 (in main only). Intervals are given first, as the
     // recorder does.
-    builder.push_off_cpu(1, 150, 250);
-    builder.push_off_cpu(1, 500, 800);
+    builder.push_off_cpu(1, 150, 250, 0);
+    builder.push_off_cpu(1, 500, 800, 0);
     builder.push_events(
         1,
         &[entry(0, 0), entry(2, 100), exit(2, 400), exit(0, 1000)],
@@ -402,8 +402,8 @@ fn a_pause_spent_off_the_cpu_is_not_taken_out_twice() {
     builder.measure_cpu();
     // work [0, 1000] is paused 300 ticks by tendril (parked: off the CPU 350..650),
     // and waits 100 more on its own (700..800).
-    builder.push_off_cpu(1, 350, 650);
-    builder.push_off_cpu(1, 700, 800);
+    builder.push_off_cpu(1, 350, 650, 0);
+    builder.push_off_cpu(1, 700, 800, 0);
     builder.push_events(1, &[entry(2, 0), pause(300), entry(1, 690), exit(1, 900)]);
     builder.push_events(1, &[exit(2, 1000)]);
     let profile = snapshot(&builder);
@@ -414,6 +414,51 @@ fn a_pause_spent_off_the_cpu_is_not_taken_out_twice() {
             ("fib".to_owned(), 1, 210, 210, 110, 110),
         ]
     );
+}
+
+#[test]
+fn a_wait_for_a_core_tendril_held_is_taken_out_of_wall_time_too() {
+    let mut builder = exact_builder();
+    builder.measure_cpu();
+    // main [0, 1000] calls work [100, 400]; the thread waits for a core at 150..250
+    // (inside work), 60 ticks of it while tendril's drain held that core, and sleeps at
+    // 500..800 (in main only).
+    builder.push_off_cpu(1, 150, 250, 60);
+    builder.push_off_cpu(1, 500, 800, 0);
+    builder.push_events(
+        1,
+        &[entry(0, 0), entry(2, 100), exit(2, 400), exit(0, 1000)],
+    );
+    let profile = snapshot(&builder);
+    // Wall: the 60 ticks are gone from both; CPU: as without them.
+    let expected = vec![
+        ("main".to_owned(), 1, 940, 700, 600, 400),
+        ("work".to_owned(), 1, 240, 240, 200, 200),
+    ];
+    assert_eq!(cpu_times(&profile.threads[0].roots), expected);
+    assert_eq!(profile.stats.core_wait_ns, 60);
+    assert_eq!(profile.stats.pause_ns, 60);
+}
+
+#[test]
+fn a_wait_for_a_core_inside_an_agent_pause_is_not_taken_out_twice() {
+    let mut builder = exact_builder();
+    builder.measure_cpu();
+    // As in the test above of a pause spent off the CPU, but tendril's drain held the
+    // core the paused thread waited for: the agent's pause measured that wait already.
+    builder.push_off_cpu(1, 350, 650, 300);
+    builder.push_off_cpu(1, 700, 800, 0);
+    builder.push_events(1, &[entry(2, 0), pause(300), entry(1, 690), exit(1, 900)]);
+    builder.push_events(1, &[exit(2, 1000)]);
+    let profile = snapshot(&builder);
+    assert_eq!(
+        cpu_times(&profile.threads[0].roots),
+        vec![
+            ("work".to_owned(), 1, 700, 490, 600, 490),
+            ("fib".to_owned(), 1, 210, 210, 110, 110),
+        ]
+    );
+    assert_eq!(profile.stats.core_wait_ns, 0);
 }
 
 #[test]
@@ -469,7 +514,7 @@ fn many_switches_before_the_next_event_keep_their_off_cpu_time_in_bounded_memory
     builder.push_events(1, &[entry(0, 0)]);
     // 10,000 switches of 5 ticks each, far more than are kept one by one.
     for i in 0..10_000u64 {
-        builder.push_off_cpu(1, 10 + i * 10, 15 + i * 10);
+        builder.push_off_cpu(1, 10 + i * 10, 15 + i * 10, 0);
     }
     builder.push_events(1, &[exit(0, 200_000)]);
     let profile = snapshot(&builder);

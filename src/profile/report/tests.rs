@@ -289,3 +289,19 @@ fn folded_stacks_at_the_cap_are_whole() {
     assert_eq!(cut.split(';').count(), MAX_FOLDED_FRAMES + 1);
     assert_eq!(folded_stacks_elided(&deep), 1);
 }
+
+#[test]
+fn waits_for_a_core_tendrils_draining_held_are_said_under_the_pauses() {
+    let mut waited = profile();
+    waited.stats.core_wait_ns = 400_000;
+    let text = report(&waited, ReportFormat::Tree);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[1].ends_with(
+        "pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)"
+    ));
+    assert_eq!(
+        lines[2],
+        "of those pauses, 0.400 ms were the target's threads waiting for a core that tendril's draining held"
+    );
+    assert!(!report(&profile(), ReportFormat::Tree).contains("waiting for a core"));
+}

@@ -99,7 +99,10 @@ impl Receivers<'_> {
     fn read_off_cpu(&mut self) {
         if let Some(watch) = self.off_cpu.as_mut() {
             let builder = &mut *self.builder;
-            watch.drain(|off| builder.push_off_cpu(off.tid, off.out_tsc, off.in_tsc));
+            watch.watch_own_thread();
+            watch.drain(|off| {
+                builder.push_off_cpu(off.tid, off.out_tsc, off.in_tsc, off.held_by_tendril)
+            });
         }
     }
 

@@ -40,7 +40,9 @@ impl Recorder {
     /// how calls through pointers were followed.
     fn add_extras(&self, profile: &mut Profile, counters: &AgentCounters) {
         let hz = profile.calibration.tsc_hz.max(1) as f64;
-        profile.stats.pause_ns = (counters.pause_ticks as f64 * 1e9 / hz) as u64;
+        // The agent's own pauses, and the waits for a core the drain held (the trees').
+        profile.stats.pause_ns =
+            (counters.pause_ticks as f64 * 1e9 / hz) as u64 + profile.stats.core_wait_ns;
         profile.duration_ns =
             ((tsc::read().saturating_sub(self.started_tsc)) as f64 * 1e9 / hz) as u64;
         let mean_ns = |ticks: u64, count: u64| {
