@@ -13,6 +13,7 @@ use common::{RunningTendril, Target, node_at, tendril};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use tendril::process::{StatLine, status_field};
 use tendril::profile::Profile;
 
 /// How long tendril may take to attach, calibrate and patch.
@@ -46,11 +47,9 @@ fn wait_end(running: RunningTendril) -> (bool, String) {
     let pid = running.pid();
     let deadline = Instant::now() + END_TIMEOUT;
     loop {
+        // Gone, or a zombie waiting for this test to reap it.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let exited = stat
-            .rsplit(')')
-            .next()
-            .is_none_or(|rest| rest.trim_start().starts_with('Z'));
+        let exited = StatLine::parse(&stat).is_none_or(|line| line.state == 'Z');
         if exited {
             let (status, _, stderr) = running.wait();
             return (status.success(), stderr);
@@ -73,12 +72,7 @@ fn rounds(target: &mut Target, n: usize) {
 
 fn tracer_of(pid: i32) -> String {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("TracerPid:"))
-        .unwrap()
-        .trim()
-        .to_string()
+    status_field(&status, "TracerPid").unwrap().to_string()
 }
 
 /// The profile holds whole rounds: depart_round → depart_work → 1000 × depart_leaf.
@@ -185,7 +179,8 @@ fn record_says_the_target_is_a_zombie_its_parent_has_not_reaped() {
         "expected {expected:?} in:\n{stderr}"
     );
     let stat = std::fs::read_to_string(format!("/proc/{worker}/stat")).unwrap();
-    assert!(stat.contains(") Z "), "the worker is a zombie: {stat}");
+    let state = StatLine::parse(&stat).map(|line| line.state);
+    assert_eq!(state, Some('Z'), "the worker is a zombie: {stat}");
     let profile = Profile::load(&output).expect("the profile was written");
     common::check_profile(&profile);
     assert_rounds_recorded(&profile, 3);

@@ -15,6 +15,7 @@ use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, tendri
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tendril::process::StatLine;
 
 /// How long a fixture may take to print its checksum lines.
 const LINES_TIMEOUT: Duration = Duration::from_secs(10);
@@ -443,9 +444,7 @@ fn a_terminal_that_goes_away_detaches_and_quits() {
     let deadline = Instant::now() + EXIT_TIMEOUT;
     let exited = || {
         std::fs::read_to_string(format!("/proc/{tendril_pid}/stat")).map_or(true, |stat| {
-            stat.rsplit(')')
-                .next()
-                .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+            StatLine::parse(&stat).is_some_and(|s| s.state == 'Z')
         })
     };
     while !exited() {
