@@ -110,47 +110,85 @@ fn thread_cpu_ns() -> u64 {
     now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
 }
 
+/// Keeps this thread on the CPU for `ns` of its own CPU time.
+fn burn_cpu(ns: u64) {
+    let until = thread_cpu_ns() + ns;
+    while thread_cpu_ns() < until {}
+}
+
+/// How long the threads of `pid` have waited for a core, runnable but not running
+/// (`run_delay` of their schedstat), in ns.
+fn waited_for_a_core_ns(pid: i32) -> u64 {
+    let waited = |tid: i32| -> u64 {
+        let path = format!("/proc/{pid}/task/{tid}/schedstat");
+        let schedstat = std::fs::read_to_string(path).unwrap_or_default();
+        schedstat
+            .split_whitespace()
+            .nth(1)
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    tendril::process::thread_ids(pid)
+        .unwrap()
+        .into_iter()
+        .map(waited)
+        .sum()
+}
+
+/// Pins every thread of `pid`, and the calling thread, to one core; returns a recorder
+/// of `root`.
+fn recording_on_one_core(pid: i32, root: &str) -> Recorder {
+    let core = first_allowed_core();
+    pin(0, core);
+    for tid in tendril::process::thread_ids(pid).unwrap() {
+        pin(tid, core);
+    }
+    Recorder::start(&RecordOptions {
+        pid,
+        roots: vec![root.into()],
+        scheme: Scheme::B,
+        gross_only: false,
+    })
+    .unwrap()
+}
+
+/// Sends `command` and, until the reply starting with `reply` comes, holds the core by
+/// turns: drain, then 2 ms of work. Returns the CPU time the turns took.
+fn drain_by_turns(target: &mut Target, recorder: &mut Recorder, command: &str, reply: &str) -> u64 {
+    target.write_stdin(&format!("{command}\n"));
+    let cpu_before = thread_cpu_ns();
+    loop {
+        recorder.poll();
+        burn_cpu(2_000_000);
+        if let Some(line) = target.next_line(Duration::ZERO) {
+            assert!(line.starts_with(reply), "{line}");
+            return thread_cpu_ns() - cpu_before;
+        }
+    }
+}
+
 /// The target and the thread that drains its recording share one core, and the drain
 /// keeps it busy: whenever the drain runs while the target computes (`timed`'s `held`
 /// spins for 400 ms), the target waits for the core. Those waits are tendril's doing, so
 /// they are told apart and taken out of wall time like the agent's pauses. Load cannot
 /// move what is asserted: whatever else shares the core, each moment the drain runs
-/// there during the spin is a moment the pinned target waits for it.
+/// there during the spin is a moment the pinned target waits for it, and no wait found
+/// can be longer than the kernel's own count of the target's waits.
 #[test]
 fn waits_for_a_core_the_drain_held_are_pauses() {
     let mut target = Target::spawn("timed", &[]);
-    let core = first_allowed_core();
-    pin(0, core);
-    for tid in tendril::process::thread_ids(target.pid()).unwrap() {
-        pin(tid, core);
-    }
-    let mut recorder = Recorder::start(&RecordOptions {
-        pid: target.pid(),
-        roots: vec!["held".into()],
-        scheme: Scheme::B,
-        gross_only: false,
-    })
-    .unwrap();
-    target.write_stdin("hold 400\n");
-    // Hold the core by turns until the spin ends: drain, then 2 ms of work.
-    let cpu_before = thread_cpu_ns();
-    let line = loop {
-        recorder.poll();
-        let busy_until = thread_cpu_ns() + 2_000_000;
-        while thread_cpu_ns() < busy_until {}
-        if let Some(line) = target.next_line(Duration::ZERO) {
-            break line;
-        }
-    };
-    let drain_cpu = thread_cpu_ns() - cpu_before;
-    assert!(line.starts_with("hold "), "{line}");
+    let mut recorder = recording_on_one_core(target.pid(), "held");
+    let kernel_waits_before = waited_for_a_core_ns(target.pid());
+    let drain_cpu = drain_by_turns(&mut target, &mut recorder, "hold 400", "hold ");
+    let kernel_waits = waited_for_a_core_ns(target.pid()) - kernel_waits_before;
     let profile = recorder.finish(false).unwrap().profile;
     assert_eq!(profile.stats.cpu_unmeasured, None);
     let waited = profile.stats.core_wait_ns;
-    // The last turn may end after the spin, and the first begin before it.
+    // The last turn may end after the spin, and the first begin before it; the two
+    // clocks may differ by a hair.
     assert!(
-        waited as f64 >= 0.5 * drain_cpu as f64 && waited <= drain_cpu,
-        "the target waited {waited} ns for the core the drain held; the drain ran {drain_cpu} ns there"
+        waited as f64 >= 0.5 * drain_cpu as f64 && waited as f64 <= 1.02 * kernel_waits as f64,
+        "the target waited {waited} ns for the core the drain held; the drain ran {drain_cpu} \
+         ns there during the spin, and the kernel counts {kernel_waits} ns of waits in all"
     );
     assert!(profile.stats.pause_ns >= waited);
     let held = node_at(&profile.merged.roots, &["held"]).expect("held was recorded");
@@ -164,4 +202,24 @@ fn waits_for_a_core_the_drain_held_are_pauses() {
         "held: {} ns of wall time and {waited} ns of waits for the drain make {accounted:.3} of its 400 ms",
         held.total_ns
     );
+}
+
+/// The same, with a target that sleeps inside its recorded calls (`off_cpu`'s requests:
+/// a fixed computation, then a 2 ms nap): the drain's turns while it sleeps are no wait
+/// for a core, so what is found stays within the kernel's own count of its waits.
+#[test]
+fn the_drains_turns_while_the_target_sleeps_are_no_wait() {
+    let mut target = Target::spawn("off_cpu", &[]);
+    let mut recorder = recording_on_one_core(target.pid(), "request");
+    let kernel_waits_before = waited_for_a_core_ns(target.pid());
+    drain_by_turns(&mut target, &mut recorder, "run 100", "run ");
+    let kernel_waits = waited_for_a_core_ns(target.pid()) - kernel_waits_before;
+    let profile = recorder.finish(false).unwrap().profile;
+    let waited = profile.stats.core_wait_ns;
+    assert!(
+        waited as f64 <= 1.02 * kernel_waits as f64,
+        "{waited} ns of waits for the drain found; the kernel counts {kernel_waits} ns of waits in all"
+    );
+    let request = node_at(&profile.merged.roots, &["request"]).expect("request was recorded");
+    assert_eq!(request.calls, 100);
 }

@@ -49,7 +49,7 @@ fn wait_end(running: RunningTendril) -> (bool, String) {
     loop {
         // Gone, or a zombie waiting for this test to reap it.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let exited = StatLine::parse(&stat).is_none_or(|line| line.state == 'Z');
+        let exited = StatLine::parse(&stat).is_none_or(|line| line.has_exited());
         if exited {
             let (status, _, stderr) = running.wait();
             return (status.success(), stderr);

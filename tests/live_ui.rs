@@ -444,7 +444,7 @@ fn a_terminal_that_goes_away_detaches_and_quits() {
     let deadline = Instant::now() + EXIT_TIMEOUT;
     let exited = || {
         std::fs::read_to_string(format!("/proc/{tendril_pid}/stat")).map_or(true, |stat| {
-            StatLine::parse(&stat).is_some_and(|s| s.state == 'Z')
+            StatLine::parse(&stat).is_some_and(|s| s.has_exited())
         })
     };
     while !exited() {

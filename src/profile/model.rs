@@ -192,8 +192,9 @@ pub struct Stats {
     pub indirect_targets: u64,
     /// Total time tendril paused the target's threads (removed from the times above).
     pub pause_ns: u64,
-    /// Of `pause_ns`: the target's threads waiting for a core that tendril's draining
-    /// held, preempted by it (known from context switches, so with CPU time only).
+    /// Of `pause_ns`: the target's threads waiting, after a preemption, for a core on
+    /// which tendril's draining thread ran (known from context switches, so with CPU
+    /// time only).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub core_wait_ns: u64,
     /// Frames closed by an unwind (exception, panic, longjmp, thread exit) or because the

@@ -328,7 +328,13 @@ impl ThreadTree {
         // agent's own (which measured it already): as for the off-CPU time, the pauses
         // of the window are taken to overlap it.
         let paused = std::mem::take(&mut self.off_cpu.paused_in_window);
-        let held_beyond_pauses = held.saturating_sub(paused);
+        // Only while a recorded frame is open is it a pause removed from anything (a
+        // discarded frame opens only where no recorded one is, so the top one tells).
+        let in_a_recorded_frame = self.frames.last().is_some_and(|f| f.node != DISCARDED);
+        let held_beyond_pauses = match in_a_recorded_frame {
+            true => held.saturating_sub(paused),
+            false => 0,
+        };
         self.paused_ticks += held_beyond_pauses;
         self.counters.core_wait_ticks += held_beyond_pauses;
         self.off_cpu.total += off.saturating_sub(paused + held_beyond_pauses);

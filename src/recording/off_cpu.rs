@@ -87,7 +87,10 @@ struct OwnThreads {
 
 impl OwnThreads {
     /// The ticks of `from..to` in which one of the threads ran on `cpu` (one still
-    /// running counts until `to`).
+    /// running counts until `to`). Two approximations, both at most a turn long: a
+    /// target thread that moved to another core while it waited is charged the turns
+    /// on the core it left, and a draining thread preempted in the middle of a drain
+    /// counts as running until then (its switch out is read at the next drain).
     fn held(&self, cpu: u32, from: u64, to: u64) -> u64 {
         let overlap = |start: u64, end: u64| end.min(to).saturating_sub(start.max(from));
         let finished: u64 = (self.ran.iter())
@@ -330,6 +333,9 @@ impl OffCpuWatch {
         };
         let alive: HashSet<i32> = tids.iter().copied().collect();
         self.threads.retain(|tid, _| alive.contains(tid));
+        // A thread that ended while switched out never switches in: forget it, or the
+        // oldest wait would keep tendril's turns from being forgotten.
+        (self.out_since).retain(|tid, _| alive.contains(&(*tid as i32)));
         for tid in tids {
             self.watch_thread(tid);
         }

@@ -441,6 +441,19 @@ fn a_wait_for_a_core_tendril_held_is_taken_out_of_wall_time_too() {
 }
 
 #[test]
+fn a_wait_for_a_core_outside_every_recorded_frame_is_no_pause() {
+    let mut builder = exact_builder();
+    builder.measure_cpu();
+    // The thread waits for a core tendril held at 10..50, before it enters main.
+    builder.push_off_cpu(1, 10, 50, 40);
+    builder.push_events(1, &[entry(0, 100), exit(0, 200)]);
+    let profile = snapshot(&builder);
+    assert_eq!(profile.stats.core_wait_ns, 0);
+    assert_eq!(profile.stats.pause_ns, 0);
+    assert_eq!(profile.merged.roots[0].total_ns, 100);
+}
+
+#[test]
 fn a_wait_for_a_core_inside_an_agent_pause_is_not_taken_out_twice() {
     let mut builder = exact_builder();
     builder.measure_cpu();
