@@ -374,20 +374,24 @@ fn cpu_times(roots: &[Node]) -> Vec<(String, u64, u64, u64, u64, u64)> {
     out
 }
 
-#[test]
-fn time_off_the_cpu_is_taken_out_of_the_frames_it_fell_in() {
+/// main [0, 1000] calls work [100, 400]; the thread is off the CPU at 150..250 (inside
+/// work, `held` ticks of it waiting for a core tendril held) and at 500..800 (in main
+/// only). Intervals are given first, as the recorder does.
+fn main_and_work_off_the_cpu(held: u64) -> Profile {
     let mut builder = exact_builder();
     builder.measure_cpu();
-    // main [0, 1000] calls work [100, 400]; the thread is off the CPU at 150..250
-    // (inside work) and at 500..800 (in main only). Intervals are given first, as the
-    // recorder does.
-    builder.push_off_cpu(1, 150, 250, 0);
+    builder.push_off_cpu(1, 150, 250, held);
     builder.push_off_cpu(1, 500, 800, 0);
     builder.push_events(
         1,
         &[entry(0, 0), entry(2, 100), exit(2, 400), exit(0, 1000)],
     );
-    let profile = snapshot(&builder);
+    snapshot(&builder)
+}
+
+#[test]
+fn time_off_the_cpu_is_taken_out_of_the_frames_it_fell_in() {
+    let profile = main_and_work_off_the_cpu(0);
     let expected = vec![
         ("main".to_owned(), 1, 1000, 700, 600, 400),
         ("work".to_owned(), 1, 300, 300, 200, 200),
@@ -397,39 +401,8 @@ fn time_off_the_cpu_is_taken_out_of_the_frames_it_fell_in() {
 }
 
 #[test]
-fn a_pause_spent_off_the_cpu_is_not_taken_out_twice() {
-    let mut builder = exact_builder();
-    builder.measure_cpu();
-    // work [0, 1000] is paused 300 ticks by tendril (parked: off the CPU 350..650),
-    // and waits 100 more on its own (700..800).
-    builder.push_off_cpu(1, 350, 650, 0);
-    builder.push_off_cpu(1, 700, 800, 0);
-    builder.push_events(1, &[entry(2, 0), pause(300), entry(1, 690), exit(1, 900)]);
-    builder.push_events(1, &[exit(2, 1000)]);
-    let profile = snapshot(&builder);
-    assert_eq!(
-        cpu_times(&profile.threads[0].roots),
-        vec![
-            ("work".to_owned(), 1, 700, 490, 600, 490),
-            ("fib".to_owned(), 1, 210, 210, 110, 110),
-        ]
-    );
-}
-
-#[test]
 fn a_wait_for_a_core_tendril_held_is_taken_out_of_wall_time_too() {
-    let mut builder = exact_builder();
-    builder.measure_cpu();
-    // main [0, 1000] calls work [100, 400]; the thread waits for a core at 150..250
-    // (inside work), 60 ticks of it while tendril's drain held that core, and sleeps at
-    // 500..800 (in main only).
-    builder.push_off_cpu(1, 150, 250, 60);
-    builder.push_off_cpu(1, 500, 800, 0);
-    builder.push_events(
-        1,
-        &[entry(0, 0), entry(2, 100), exit(2, 400), exit(0, 1000)],
-    );
-    let profile = snapshot(&builder);
+    let profile = main_and_work_off_the_cpu(60);
     // Wall: the 60 ticks are gone from both; CPU: as without them.
     let expected = vec![
         ("main".to_owned(), 1, 940, 700, 600, 400),
@@ -438,6 +411,36 @@ fn a_wait_for_a_core_tendril_held_is_taken_out_of_wall_time_too() {
     assert_eq!(cpu_times(&profile.threads[0].roots), expected);
     assert_eq!(profile.stats.core_wait_ns, 60);
     assert_eq!(profile.stats.pause_ns, 60);
+}
+
+/// work [0, 1000] is paused 300 ticks by tendril (parked: off the CPU 350..650, `held`
+/// ticks of it waiting for a core tendril held), and waits 100 more on its own
+/// (700..800).
+fn work_paused_off_the_cpu(held: u64) -> Profile {
+    let mut builder = exact_builder();
+    builder.measure_cpu();
+    builder.push_off_cpu(1, 350, 650, held);
+    builder.push_off_cpu(1, 700, 800, 0);
+    builder.push_events(1, &[entry(2, 0), pause(300), entry(1, 690), exit(1, 900)]);
+    builder.push_events(1, &[exit(2, 1000)]);
+    snapshot(&builder)
+}
+
+#[test]
+fn a_pause_spent_off_the_cpu_is_not_taken_out_twice() {
+    // A wait for a core inside the agent's pause was measured by the pause already.
+    for held in [0, 300] {
+        let profile = work_paused_off_the_cpu(held);
+        assert_eq!(
+            cpu_times(&profile.threads[0].roots),
+            vec![
+                ("work".to_owned(), 1, 700, 490, 600, 490),
+                ("fib".to_owned(), 1, 210, 210, 110, 110),
+            ],
+            "{held} ticks held"
+        );
+        assert_eq!(profile.stats.core_wait_ns, 0);
+    }
 }
 
 #[test]
@@ -451,27 +454,6 @@ fn a_wait_for_a_core_outside_every_recorded_frame_is_no_pause() {
     assert_eq!(profile.stats.core_wait_ns, 0);
     assert_eq!(profile.stats.pause_ns, 0);
     assert_eq!(profile.merged.roots[0].total_ns, 100);
-}
-
-#[test]
-fn a_wait_for_a_core_inside_an_agent_pause_is_not_taken_out_twice() {
-    let mut builder = exact_builder();
-    builder.measure_cpu();
-    // As in the test above of a pause spent off the CPU, but tendril's drain held the
-    // core the paused thread waited for: the agent's pause measured that wait already.
-    builder.push_off_cpu(1, 350, 650, 300);
-    builder.push_off_cpu(1, 700, 800, 0);
-    builder.push_events(1, &[entry(2, 0), pause(300), entry(1, 690), exit(1, 900)]);
-    builder.push_events(1, &[exit(2, 1000)]);
-    let profile = snapshot(&builder);
-    assert_eq!(
-        cpu_times(&profile.threads[0].roots),
-        vec![
-            ("work".to_owned(), 1, 700, 490, 600, 490),
-            ("fib".to_owned(), 1, 210, 210, 110, 110),
-        ]
-    );
-    assert_eq!(profile.stats.core_wait_ns, 0);
 }
 
 #[test]
