@@ -27,7 +27,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{Target, node_at, number_after};
+use common::{Target, node_at, number_after, thread_waited_for_a_core_ns};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile};
 use tendril::recording::{RecordOptions, Recorder, Scheme};
@@ -79,18 +79,6 @@ fn bare_ns(target: &mut Target, command: &str, reply: &str) -> f64 {
     )
 }
 
-/// How long the target's main thread has waited for a core, runnable but not running
-/// (the second field of `/proc/PID/schedstat`), in ns.
-fn waited_for_a_core_ns(pid: i32) -> u64 {
-    let schedstat = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
-    schedstat
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// A root recorded against its bare runs.
 struct Measured {
     /// The root's corrected total per call, ns.
@@ -113,9 +101,9 @@ fn corrected_against_bare(target: &mut Target, root: &str, command: &str, reply:
     let before = node_at(&profile_before.merged.roots, &[root]).map(|n| (n.calls, n.total_ns));
     let mut waits = Vec::new();
     for _ in 0..RUNS {
-        let waited_before = waited_for_a_core_ns(target.pid());
+        let waited_before = thread_waited_for_a_core_ns(target.pid(), target.pid());
         ask(target, &mut recorder, command, reply);
-        let waited = waited_for_a_core_ns(target.pid()) - waited_before;
+        let waited = thread_waited_for_a_core_ns(target.pid(), target.pid()) - waited_before;
         waits.push(format!("{:.2}", waited as f64 / 1e6));
     }
 

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{Recording, Target, node_at, number_after};
+use common::{Recording, Target, node_at, number_after, waited_for_a_core_ns};
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::time::{ClockId, clock_gettime};
 use nix::unistd::Pid;
@@ -114,24 +114,6 @@ fn thread_cpu_ns() -> u64 {
 fn burn_cpu(ns: u64) {
     let until = thread_cpu_ns() + ns;
     while thread_cpu_ns() < until {}
-}
-
-/// How long the threads of `pid` have waited for a core, runnable but not running
-/// (`run_delay` of their schedstat), in ns.
-fn waited_for_a_core_ns(pid: i32) -> u64 {
-    let waited = |tid: i32| -> u64 {
-        let path = format!("/proc/{pid}/task/{tid}/schedstat");
-        let schedstat = std::fs::read_to_string(path).unwrap_or_default();
-        schedstat
-            .split_whitespace()
-            .nth(1)
-            .map_or(0, |v| v.parse().unwrap())
-    };
-    tendril::process::thread_ids(pid)
-        .unwrap()
-        .into_iter()
-        .map(waited)
-        .sum()
 }
 
 /// Pins every thread of `pid`, and the calling thread, to one core; returns a recorder

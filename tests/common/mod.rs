@@ -1,8 +1,9 @@
 //! What the integration tests share: the fixture programs, built on demand (`fixture`),
 //! running fixture processes (`Target`), the `tendril` binary (`tendril`), and the check
 //! that a process runs exactly the code of its files (`code_bytes_match_file`), the
-//! consistency every profile must have (`check_profile`), and the counts of a function
-//! copied with counters (`edge_counts`).
+//! consistency every profile must have (`check_profile`), the counts of a function
+//! copied with counters (`edge_counts`), and the kernel's count of a fixture's waits for
+//! a core (`waited_for_a_core_ns`).
 //!
 //! The one idea: tests run real programs. Each test binary includes this module with
 //! `mod common;` and uses only what it needs, hence the `allow` below.
@@ -15,6 +16,7 @@ mod counting;
 mod fixture_build;
 mod recording;
 mod running;
+mod schedstat;
 mod target;
 mod tmux;
 
@@ -25,6 +27,7 @@ pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};
 pub use recording::{Recorded, Recording, all_nodes, node_at};
 pub use running::RunningTendril;
+pub use schedstat::{thread_waited_for_a_core_ns, waited_for_a_core_ns};
 pub use target::{READY_TIMEOUT, Round, Target, number_after};
 pub use tmux::{EXIT_TIMEOUT, SCREEN_TIMEOUT, Tmux, calls_of, parse_count};
 
