@@ -174,6 +174,7 @@ fn main() {
         .map(|id| FunctionName {
             name: format!("function_{id}"),
             module: "bench".to_owned(),
+            address: None,
         })
         .collect();
     let started = Instant::now();

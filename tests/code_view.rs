@@ -3,12 +3,12 @@
 //! fixture processes: the copy counts exactly the calls the recording's tree counts
 //! (the root's and Scheme B's callees', a jump table's and a recursion's included), the
 //! target computes the same checksums meanwhile, the recording stays consistent, and
-//! the end of the recording puts every byte back. Then `e` in the terminal UI, as a
-//! user presses it.
+//! the end of the recording puts every byte back; two `static` functions of one name
+//! are told apart by address. Then `e` in the terminal UI, as a user presses it.
 
 mod common;
 
-use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, edge_counts};
+use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, edge_counts, node_at};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tendril::recording::{HookedCopy, RecordOptions, Recorder, Scheme};
@@ -30,7 +30,7 @@ fn rounds(target: &mut Target, recorder: &mut Recorder, n: u64) -> Vec<u64> {
 
 fn copy_behind_hook(recorder: &mut Recorder, name: &str) -> HookedCopy {
     let function = recorder
-        .recorded_function(name, "branches")
+        .recorded_function(name, "branches", None)
         .unwrap_or_else(|| panic!("{name} is not recorded"));
     recorder
         .copy_behind_hook(&function, true)
@@ -160,6 +160,82 @@ fn a_copy_behind_the_recording_hook_counts_exactly_the_calls_the_tree_counts() {
     assert_eq!(tree_calls("round_of_work"), 1 + ROUNDS);
     assert_eq!(tree_calls("classify"), 300 * (1 + ROUNDS));
     assert_eq!(tree_calls("dispatch"), 90 * (1 + ROUNDS));
+    code_bytes_match_file(pid).expect("every byte is back after the recording");
+    let after = target.checksums_on_demand(2, LINE_TIMEOUT);
+    assert!(after.iter().all(|&c| c == bare), "{after:?}");
+}
+
+/// The address after `key=` in `twin_statics`' ready line.
+fn address_after(ready: &str, key: &str) -> u64 {
+    let field = ready
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix(key)?.strip_prefix("=0x"))
+        .unwrap_or_else(|| panic!("no {key}= in {ready:?}"));
+    u64::from_str_radix(field, 16).unwrap()
+}
+
+#[test]
+fn two_static_functions_of_one_name_are_told_apart_by_their_addresses() {
+    // Two `step`s in module twin_statics: 1,000 calls of this one a round, 3,000 of the
+    // other file's (under other_steps).
+    let mut target = Target::spawn("twin_statics", &[]);
+    let ready = target.ready_line().expect("a ready line").to_owned();
+    let (here, other) = (
+        address_after(&ready, "here"),
+        address_after(&ready, "other"),
+    );
+    let bare = target.checksums_on_demand(1, LINE_TIMEOUT)[0];
+    let pid = target.pid();
+    let mut recorder = Recorder::start(&RecordOptions {
+        pid,
+        roots: vec!["round_of_steps".into()],
+        scheme: Scheme::B,
+        gross_only: false,
+    })
+    .unwrap_or_else(|e| panic!("cannot record the fixture: {e}"));
+    let first = rounds(&mut target, &mut recorder, 1);
+
+    // Each node of the live tree carries its own function's address.
+    let profile = recorder.snapshot();
+    let roots = &profile.merged.roots;
+    let step_here = node_at(roots, &["round_of_steps", "step"]).expect("this file's step");
+    let step_other =
+        node_at(roots, &["round_of_steps", "other_steps", "step"]).expect("the other file's step");
+    assert_eq!((step_here.address, step_here.calls), (Some(here), 1000));
+    assert_eq!((step_other.address, step_other.calls), (Some(other), 3000));
+
+    // `e` names the function by that address: each copy counts its own twin's calls.
+    let copy_at = |recorder: &mut Recorder, address: u64| -> HookedCopy {
+        let function = recorder
+            .recorded_function("step", "twin_statics", Some(address))
+            .expect("both steps are recorded");
+        assert_eq!(function.addr, address);
+        recorder.copy_behind_hook(&function, true).unwrap()
+    };
+    let copy_other = copy_at(&mut recorder, other);
+    let copy_here = copy_at(&mut recorder, here);
+    let during = rounds(&mut target, &mut recorder, ROUNDS);
+    assert!(
+        first.iter().chain(&during).all(|&c| c == bare),
+        "checksums changed: {bare} then {first:?} {during:?}"
+    );
+    let (_, mut reader) = tendril::inject::connect_existing(pid)
+        .unwrap()
+        .expect("the agent is loaded");
+    for (copy, per_round) in [(&copy_here, 1000), (&copy_other, 3000)] {
+        let counts = edge_counts(&mut reader, &copy.layout);
+        assert_eq!(counts[&copy.layout.calls_counter], per_round * ROUNDS);
+    }
+    drop(reader);
+
+    let finished = recorder.finish(false).expect("the recording ends cleanly");
+    common::check_profile(&finished.profile);
+    let roots = &finished.profile.merged.roots;
+    let step_other = node_at(roots, &["round_of_steps", "other_steps", "step"]).unwrap();
+    assert_eq!(
+        (step_other.address, step_other.calls),
+        (Some(other), 3000 * (1 + ROUNDS))
+    );
     code_bytes_match_file(pid).expect("every byte is back after the recording");
     let after = target.checksums_on_demand(2, LINE_TIMEOUT);
     assert!(after.iter().all(|&c| c == bare), "{after:?}");

@@ -1,6 +1,7 @@
 //! `tendril count` against real fixture processes: exact counts, per-thread JSON, the
 //! target's code restored byte for byte, targets that keep computing correct results,
-//! a controller that dies, refusals with reasons, and bad input.
+//! a controller that dies, refusals with reasons, bad input, and a function named by its
+//! address.
 
 mod common;
 
@@ -459,5 +460,42 @@ fn a_plt_stub_row_names_its_module_and_its_calls_are_in_the_total_once() {
         "{}",
         report.stdout
     );
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn an_address_counts_one_of_two_static_functions_that_share_a_name() {
+    // Two `static` functions `step` in one module: 1,000 calls of one a round, 3,000 of
+    // the other; only an address names one of them.
+    let mut target = Target::spawn("twin_statics", &[]);
+    let ready = target.ready_line().expect("a ready line").to_owned();
+    let other = ready
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("other="))
+        .expect("the other step's address")
+        .to_owned();
+    let here = ready
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("here="))
+        .expect("this file's step's address")
+        .to_owned();
+    let bare = target.checksums_on_demand(1, ROUND_TIMEOUT)[0];
+    let counting = Counting::start(target.pid(), &[&other]);
+    let during = target.checksums_on_demand(2, ROUND_TIMEOUT);
+    let report = counting.finish();
+    assert_eq!(report.rows.len(), 1, "{}", report.stdout);
+    assert_eq!(report.calls("step"), 6000, "{}", report.stdout);
+    assert!(during.iter().all(|&c| c == bare), "{during:?}");
+    code_bytes_match_file(target.pid()).unwrap();
+
+    // Both, by name: each row says which one it is.
+    let counting = Counting::start(target.pid(), &["twin_statics:step"]);
+    let during = target.checksums_on_demand(1, ROUND_TIMEOUT);
+    let report = counting.finish();
+    assert_eq!(report.rows.len(), 2, "{}", report.stdout);
+    let twin = |address: &str| format!("step (twin_statics at {address})");
+    assert_eq!(report.calls(&twin(&here)), 1000, "{}", report.stdout);
+    assert_eq!(report.calls(&twin(&other)), 3000, "{}", report.stdout);
+    assert_eq!(during, [bare]);
     code_bytes_match_file(target.pid()).unwrap();
 }

@@ -252,12 +252,25 @@ fn stub_of_a_counted_function(stub: &Counted, counted: &[Counted]) -> bool {
     })
 }
 
-/// A row's name: a PLT stub says which module's stub it is (each module has its own).
-fn row_name(c: &Counted) -> String {
-    if c.chosen.function.plt_target().is_some() {
-        format!("{} ({})", c.chosen.display_name, c.chosen.function.module)
+/// A row's name, with where it is when that tells it apart: a PLT stub says which
+/// module's stub it is (each module has its own), a name another row has too says its
+/// module, and its address as well when the module is the same (two `static` functions
+/// of two files).
+fn row_name(c: &Counted, counted: &[Counted]) -> String {
+    let (name, function) = (&c.chosen.display_name, &c.chosen.function);
+    let shared_with = |same_module: bool| {
+        counted.iter().any(|other| {
+            other.chosen.function.addr != function.addr
+                && other.chosen.display_name == *name
+                && (!same_module || other.chosen.function.module == function.module)
+        })
+    };
+    if shared_with(true) {
+        format!("{name} ({} at {:#x})", function.module, function.addr)
+    } else if function.plt_target().is_some() || shared_with(false) {
+        format!("{name} ({})", function.module)
     } else {
-        c.chosen.display_name.clone()
+        name.clone()
     }
 }
 
@@ -283,10 +296,10 @@ fn write_text(
                 "{:>width$} {:>width$}  {}",
                 c.calls,
                 c.returns,
-                row_name(c)
+                row_name(c, counted)
             )?;
         } else {
-            writeln!(out, "{:>width$}  {}", c.calls, row_name(c))?;
+            writeln!(out, "{:>width$}  {}", c.calls, row_name(c, counted))?;
         }
     }
     let through_stubs = if total < all_rows {

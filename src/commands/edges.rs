@@ -206,7 +206,7 @@ fn one_function<'a>(symbols: &'a ProcessSymbols, pattern: &str) -> anyhow::Resul
             };
             bail!(
                 "'{pattern}' matches {} functions in pid {}: {}{more} — name one function \
-                 (its exact name, or module:name)",
+                 (its exact name, module:name, or its address)",
                 several.len(),
                 symbols.pid(),
                 names.join(", ")

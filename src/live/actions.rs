@@ -43,7 +43,11 @@ impl Session {
             Action::SaveSampled => self.save_sampled(app),
             Action::Trace => self.trace(app),
             Action::Detach => self.detach(app),
-            Action::ShowCode { name, module } => self.show_code(name, module, app),
+            Action::ShowCode {
+                name,
+                module,
+                address,
+            } => self.show_code(name, module, address, app),
             Action::CloseCode => self.close_code(),
         }
         Flow::Continue

@@ -20,8 +20,15 @@ use std::sync::{Arc, Mutex};
 use tendril_tui::App;
 
 impl Session {
-    /// `e`: copies the function the node names behind its hook, in the background.
-    pub(super) fn show_code(&mut self, name: String, module: String, app: &mut App) {
+    /// `e`: copies the function the node names (by its address, when the node has one)
+    /// behind its hook, in the background.
+    pub(super) fn show_code(
+        &mut self,
+        name: String,
+        module: String,
+        address: Option<u64>,
+        app: &mut App,
+    ) {
         self.code = CodeWatch::Closed;
         match &self.recording {
             Recording::Live(recorder) if !recorder.is_recording() => {
@@ -37,7 +44,7 @@ impl Session {
             "copying a function",
             note,
             move |recorder| {
-                let opened = open(recorder, &name, &module);
+                let opened = open(recorder, &name, &module, address);
                 let message = match &opened {
                     Ok(_) => format!(
                         "{name}: its calls inside the call graph are counted exactly; Esc goes back"
@@ -107,9 +114,15 @@ impl Session {
     }
 }
 
-/// Puts the copy of the recorded function `name` (in `module`) behind its hook.
-fn open(recorder: &mut Recorder, name: &str, module: &str) -> Result<Opened, String> {
-    let Some(function) = recorder.recorded_function(name, module) else {
+/// Puts the copy of the recorded function `name` (in `module`, at `address` if known)
+/// behind its hook.
+fn open(
+    recorder: &mut Recorder,
+    name: &str,
+    module: &str,
+    address: Option<u64>,
+) -> Result<Opened, String> {
+    let Some(function) = recorder.recorded_function(name, module, address) else {
         return Err(format!(
             "{name} is not instrumented by this recording, so its code cannot be counted"
         ));

@@ -215,17 +215,17 @@ impl CallArena {
 
     /// The roots as profile nodes: `totals[i]` (ticks, [settled](CallArena::settle)) is
     /// node `i`'s total time, `self` time is the total minus the children's totals, and
-    /// `describe` gives a function's (name, module). A node marked in `below` whose self
-    /// time is under half a nanosecond is below resolution: its total is exactly its
-    /// children's. Totals are rounded to whole nanoseconds and never below the sum of
-    /// the children's rounded totals.
+    /// `describe` gives a function's (name, module, entry address). A node marked in
+    /// `below` whose self time is under half a nanosecond is below resolution: its total
+    /// is exactly its children's. Totals are rounded to whole nanoseconds and never below
+    /// the sum of the children's rounded totals.
     #[cfg(test)]
     pub fn to_nodes(
         &self,
         totals: &[f64],
         below: &[bool],
         correction: &Correction,
-        describe: impl FnMut(u32) -> (String, String),
+        describe: impl FnMut(u32) -> (String, String, Option<u64>),
     ) -> Vec<Node> {
         self.to_nodes_with_cpu(totals, below, None, correction, describe)
     }
@@ -238,7 +238,7 @@ impl CallArena {
         below: &[bool],
         cpu: Option<&[f64]>,
         correction: &Correction,
-        mut describe: impl FnMut(u32) -> (String, String),
+        mut describe: impl FnMut(u32) -> (String, String, Option<u64>),
     ) -> Vec<Node> {
         // Children have higher indices than parents: build from the last node back, so a
         // node's children are complete when the node is built.
@@ -270,7 +270,7 @@ impl CallArena {
             } else {
                 correction.ticks_to_ns(totals[index]).max(children_ns)
             };
-            let (name, module) = describe(node.function);
+            let (name, module, address) = describe(node.function);
             let cpu_ns = cpu.map(|cpu| {
                 let children_cpu_ns: u64 = children.iter().filter_map(|c| c.cpu_ns).sum();
                 correction
@@ -290,7 +290,7 @@ impl CallArena {
                 cpu_ns,
                 self_cpu_ns,
                 error_ns: correction.error_ns(node.calls, subtree_calls[index] - node.calls),
-                address: None,
+                address,
                 samples: None,
                 children,
             });
@@ -372,7 +372,7 @@ mod tests {
         let names = ["root", "leaf", "other"];
         let below = vec![false; totals.len()];
         let roots = merged.to_nodes(&totals, &below, &one_ns_ticks(), |f| {
-            (names[f as usize].to_owned(), "m".to_owned())
+            (names[f as usize].to_owned(), "m".to_owned(), None)
         });
         let mut expected = Node::leaf("root", "m", 2, 80, 45);
         expected.children.push(Node::leaf("leaf", "m", 3, 30, 30));
@@ -390,7 +390,7 @@ mod tests {
         let totals: Vec<f64> = (0..arena.len()).map(|i| (100_001 - i) as f64).collect();
         let below = vec![false; totals.len()];
         let roots = arena.to_nodes(&totals, &below, &one_ns_ticks(), |_| {
-            ("f".into(), "m".into())
+            ("f".into(), "m".into(), None)
         });
         assert_eq!(roots.len(), 1);
         assert_eq!((roots[0].total_ns, roots[0].self_ns), (100_000, 1));
@@ -419,7 +419,7 @@ mod tests {
         assert_eq!(settled.below, [false, true, true, false, false, false]);
         let names = ["root", "mid", "a", "b", "other"];
         let roots = arena.to_nodes(&settled.totals, &settled.below, &one_ns_ticks(), |f| {
-            (names[f as usize].to_owned(), "m".to_owned())
+            (names[f as usize].to_owned(), "m".to_owned(), None)
         });
         let (root, mid) = (&roots[0], &roots[0].children[0]);
         assert_eq!(
@@ -448,7 +448,7 @@ mod tests {
             &[0.0, 4.9, 1.6, 1.6, 1.6],
             &[false; 5],
             &one_ns_ticks(),
-            |_| ("f".into(), "m".into()),
+            |_| ("f".into(), "m".into(), None),
         );
         assert_eq!((roots[0].total_ns, roots[0].self_ns), (6, 0));
         assert!(!roots[0].below_resolution);

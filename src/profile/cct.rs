@@ -20,6 +20,11 @@ pub trait FunctionNames {
     fn name(&self, function: u32) -> Cow<'_, str>;
     /// The file name of the module defining `function`.
     fn module(&self, function: u32) -> Cow<'_, str>;
+    /// The entry address of `function` in the target, when known: what tells apart two
+    /// functions that share a name and module (`static` functions of two files).
+    fn address(&self, _function: u32) -> Option<u64> {
+        None
+    }
 }
 
 /// One entry of a function table indexed by function id.
@@ -27,6 +32,8 @@ pub trait FunctionNames {
 pub struct FunctionName {
     pub name: String,
     pub module: String,
+    /// Its entry address in the target, when known.
+    pub address: Option<u64>,
 }
 
 /// A table indexed by function id; an id past its end is named `function #ID` in `?`.
@@ -44,6 +51,10 @@ impl FunctionNames for [FunctionName] {
             None => Cow::Borrowed("?"),
         }
     }
+
+    fn address(&self, function: u32) -> Option<u64> {
+        self.get(function as usize)?.address
+    }
 }
 
 impl FunctionNames for Vec<FunctionName> {
@@ -53,6 +64,10 @@ impl FunctionNames for Vec<FunctionName> {
 
     fn module(&self, function: u32) -> Cow<'_, str> {
         self.as_slice().module(function)
+    }
+
+    fn address(&self, function: u32) -> Option<u64> {
+        self.as_slice().address(function)
     }
 }
 
@@ -332,6 +347,7 @@ impl CctBuilder {
             (
                 names.name(function).into_owned(),
                 names.module(function).into_owned(),
+                names.address(function),
             )
         };
         let mut merged = CallArena::default();

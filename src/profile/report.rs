@@ -462,7 +462,7 @@ pub fn write_hot(
             self_ms(row.self_ns, row.below_resolution, 11),
             percent(row.self_ns, whole),
             row.calls,
-            row_label(row.name, row.module, columns, HOT_COLUMNS)
+            row_label(row.name, &row.location(), columns, HOT_COLUMNS)
         )?;
     }
     Ok(())

@@ -38,6 +38,7 @@ pub fn names(names: &[&str]) -> Vec<FunctionName> {
         .map(|name| FunctionName {
             name: (*name).to_owned(),
             module: "app".to_owned(),
+            address: None,
         })
         .collect()
 }

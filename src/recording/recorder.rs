@@ -569,7 +569,7 @@ impl Recorder {
         }
         let refused = std::mem::take(&mut self.refused);
         let mut profile = self.snapshot();
-        tracing::add_addresses(&mut profile, &self.symbols);
+        tracing::add_modules(&mut profile, &self.symbols);
         Ok(Finished { profile, refused })
     }
 }

@@ -23,7 +23,9 @@ use crate::symbols::ProcessSymbols;
 pub struct FunctionTable {
     /// (name, module, entry address) by index.
     functions: Vec<(String, String, Option<u64>)>,
-    by_name: FastMap<(String, String), u32>,
+    /// (name, module, entry address) → index: two functions that share a name and module
+    /// (`static` functions of two files) are two functions.
+    index_of: FastMap<(String, String, Option<u64>), u32>,
     /// Frame address → function index, for addresses seen before.
     by_address: FastMap<u64, u32>,
 }
@@ -43,21 +45,21 @@ impl FunctionTable {
     pub fn new() -> FunctionTable {
         FunctionTable {
             functions: Vec::new(),
-            by_name: FastMap::default(),
+            index_of: FastMap::default(),
             by_address: FastMap::default(),
         }
     }
 
-    /// The index of a function named `name` in `module`.
+    /// The index of the function named `name` in `module` at `address`.
     pub fn intern(&mut self, name: &str, module: &str, address: Option<u64>) -> u32 {
-        if let Some(&index) = self.by_name.get(&(name.to_owned(), module.to_owned())) {
+        let key = (name.to_owned(), module.to_owned(), address);
+        if let Some(&index) = self.index_of.get(&key) {
             return index;
         }
         let index = self.functions.len() as u32;
         self.functions
             .push((name.to_owned(), module.to_owned(), address));
-        self.by_name
-            .insert((name.to_owned(), module.to_owned()), index);
+        self.index_of.insert(key, index);
         index
     }
 
@@ -304,6 +306,20 @@ impl SampledTrees {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn two_functions_of_one_name_and_module_are_two_functions() {
+        // `static` functions of two files, told apart by their entries.
+        let mut functions = FunctionTable::new();
+        let here = functions.intern("step", "app", Some(0x1210));
+        let other = functions.intern("step", "app", Some(0x1260));
+        assert_ne!(here, other);
+        assert_eq!(functions.intern("step", "app", Some(0x1210)), here);
+        assert_eq!(
+            (functions.address(here), functions.address(other)),
+            (Some(0x1210), Some(0x1260))
+        );
+    }
 
     #[test]
     fn samples_build_paths_and_count_recursion_once_per_sample() {

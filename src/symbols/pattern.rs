@@ -146,6 +146,12 @@ pub(super) fn find<'a>(
     modules: &[Module],
     pattern: &str,
 ) -> Result<Vec<&'a Function>, SymbolError> {
+    if let Some(address) = parse_address(pattern) {
+        return at_address(functions, address).ok_or_else(|| SymbolError::NoMatch {
+            pattern: pattern.to_string(),
+            suggestions: Vec::new(),
+        });
+    }
     let query = Query::parse(pattern, modules);
     let found: Vec<&Function> = functions
         .iter()
@@ -171,6 +177,27 @@ pub(super) fn find<'a>(
         });
     }
     Ok(found)
+}
+
+/// A pattern that is a hexadecimal address (`0x5581a2c01210`): no name can be one.
+fn parse_address(pattern: &str) -> Option<u64> {
+    let digits = pattern.strip_prefix("0x")?;
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// The functions that start at `address` (every name of that entry), else those whose
+/// code holds it; `None` if none does. This names one of two functions that share a
+/// name and module (two `static` functions of different files), which no name can.
+fn at_address(functions: &[Function], address: u64) -> Option<Vec<&Function>> {
+    let starting: Vec<&Function> = functions.iter().filter(|f| f.addr == address).collect();
+    if !starting.is_empty() {
+        return Some(starting);
+    }
+    let holding: Vec<&Function> = functions
+        .iter()
+        .filter(|f| f.addr < address && address < f.end())
+        .collect();
+    (!holding.is_empty()).then_some(holding)
 }
 
 /// Whether `pattern` has a module part (`module:name`) and it matches `module`: the
@@ -309,6 +336,37 @@ mod tests {
             Err(SymbolError::NoMatch { .. }) => {}
             other => panic!("expected NoMatch, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_address_names_the_function_at_or_around_it() {
+        let modules = [module("app")];
+        // Two `static` functions of one name (16 bytes each, from `function`).
+        let fs = [
+            function("app", "step", 0x10),
+            function("app", "step", 0x20),
+            function("app", "other", 0x40),
+        ];
+        let addresses = |pattern: &str| -> Vec<u64> {
+            let found = find(&fs, &modules, pattern).unwrap();
+            found.iter().map(|f| f.addr).collect()
+        };
+        assert_eq!(addresses("step"), [0x10, 0x20]);
+        assert_eq!(addresses("0x20"), [0x20]);
+        assert_eq!(addresses("0x2f"), [0x20]);
+        assert_eq!(addresses("0x10"), [0x10]);
+        for nothing_there in ["0x30", "0x0", "0xffffffffffffffff"] {
+            match find(&fs, &modules, nothing_there) {
+                Err(SymbolError::NoMatch {
+                    pattern,
+                    suggestions,
+                }) => assert!(pattern == nothing_there && suggestions.is_empty()),
+                other => panic!("{nothing_there}: expected NoMatch, got {other:?}"),
+            }
+        }
+        // Not an address: a glob, and an overflowing number, are names.
+        assert!(find(&fs, &modules, "0x1*").is_err());
+        assert!(find(&fs, &modules, "0x10000000000000000").is_err());
     }
 
     #[test]

@@ -174,6 +174,9 @@ impl ProcessSymbols {
     ///   only if the text before it matches a loaded module; otherwise the whole pattern
     ///   is a name. So `std::vector<int>::size` and `f[abi:cxx11]` are names. An empty
     ///   name (`libc.so.6:`) matches every function of the module.
+    /// * `0x…` — an address: the function that starts there, else the one whose code
+    ///   holds it. The one way to name one of two functions that share a name in one
+    ///   module (`static` functions of two source files).
     ///
     /// Nothing found is [`SymbolError::NoMatch`] with up to five close names.
     pub fn find(&self, pattern: &str) -> Result<Vec<&Function>, SymbolError> {

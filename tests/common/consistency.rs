@@ -172,10 +172,10 @@ fn subtree_sizes(roots: &[Node]) -> HashMap<*const Node, u64> {
 }
 
 fn check_hot_spots(roots: &[Node]) {
-    let mut calls: HashMap<(&str, &str), (u64, u64)> = HashMap::new();
+    let mut calls: HashMap<(&str, &str, Option<u64>), (u64, u64)> = HashMap::new();
     let _ = walk::<()>(roots, |step| {
         if let Visit::Enter { node, .. } = step {
-            let entry = calls.entry((&node.name, &node.module)).or_default();
+            let entry = (calls.entry((&node.name, &node.module, node.address))).or_default();
             entry.0 += node.calls;
             entry.1 += node.self_ns;
         }
@@ -189,7 +189,7 @@ fn check_hot_spots(roots: &[Node]) {
     );
     for spot in spots {
         assert_eq!(
-            calls.get(&(spot.name, spot.module)).copied(),
+            calls.get(&(spot.name, spot.module, spot.address)).copied(),
             Some((spot.calls, spot.self_ns)),
             "hot spot {} ({}): calls and self time against the tree's",
             spot.name,

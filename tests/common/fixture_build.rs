@@ -32,6 +32,8 @@ enum Recipe {
     CxxWithLibrary(&'static str),
     /// `gcc -O2 -g -fomit-frame-pointer -pthread`: only `.eh_frame` can unwind it.
     CNoFramePointers,
+    /// `gcc -O2 -g -pthread` of the source and the named second one into one program.
+    CTwoUnits(&'static str),
     /// `g++ -O2 -g -pthread`.
     Cxx,
     /// `rustc -O -g --edition 2021 -C panic=unwind`.
@@ -48,7 +50,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 28] = [
+const FIXTURES: [Fixture; 29] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -185,6 +187,11 @@ const FIXTURES: [Fixture; 28] = [
         recipe: Recipe::C,
     },
     Fixture {
+        name: "twin_statics",
+        source: "twin_statics.c",
+        recipe: Recipe::CTwoUnits("twin_statics_other.c"),
+    },
+    Fixture {
         name: "i386_loop",
         source: "i386_loop.S",
         recipe: Recipe::I386,
@@ -252,6 +259,9 @@ fn is_up_to_date(fixture: &Fixture, binary: &Path) -> bool {
         inputs.push(workspace_dir().join("fixtures").join(library));
         inputs.push(fixtures_dir().join(library_file_name(library)));
     }
+    if let Recipe::CTwoUnits(second) = fixture.recipe {
+        inputs.push(workspace_dir().join("fixtures").join(second));
+    }
     // An input that cannot be found (this file, under an unusual layout) does not count.
     inputs
         .iter()
@@ -313,6 +323,12 @@ fn compile(fixture: &Fixture, scratch: &Path) -> Result<PathBuf, String> {
     let c_args = |mode| vec!["-O2", "-g", "-Wall", "-Wextra", mode, "-o", out, source];
     match fixture.recipe {
         Recipe::C => run(scratch, "gcc", &c_args("-pthread"))?,
+        Recipe::CTwoUnits(second) => {
+            let second = workspace_dir().join("fixtures").join(second);
+            let mut args = c_args("-pthread");
+            args.push(second.to_str().expect("the workspace path is UTF-8"));
+            run(scratch, "gcc", &args)?
+        }
         Recipe::CStatic => run(scratch, "gcc", &c_args("-static"))?,
         Recipe::CDlopen => {
             let mut args = c_args("-pthread");

@@ -43,7 +43,13 @@ pub enum Action {
     /// Show this function's annotated code with exact block, branch and path counts,
     /// counted live (`e` on a node): the controller sends [`crate::App::update_code`]
     /// a few times a second, or [`crate::App::close_code`] with the reason it cannot.
-    ShowCode { name: String, module: String },
+    /// The function is named by its entry address where known (two `static` functions
+    /// may share a name and module), else by name and module.
+    ShowCode {
+        name: String,
+        module: String,
+        address: Option<u64>,
+    },
     /// The annotated code was left (Esc): stop reading its counts.
     CloseCode,
     /// Restore the target's code and stop collecting; the UI stays to browse the data.

@@ -23,23 +23,38 @@ pub struct HotSpot {
     pub below_resolution: bool,
     /// Total time without double counting recursive activations.
     pub total_ns: f64,
+    /// The entry address, when known: two functions that share a name and module
+    /// (`static` functions of two files) are two hot spots.
+    pub address: Option<u64>,
+    /// Another hot spot has the same name and module: the rows show the addresses.
+    pub has_a_twin: bool,
 }
 
-/// Sums `roots` per (name, module), sorted by self time (descending, then by name).
-/// `inclusive_counts`: the nodes' `calls` are samples at or below them (a sampled tree),
-/// counted once per path like total time.
+impl HotSpot {
+    /// The module column: the module, and for one of twins its address.
+    pub fn location(&self) -> String {
+        match (self.has_a_twin, self.address) {
+            (true, Some(address)) => format!("{} at {address:#x}", self.module),
+            _ => self.module.clone(),
+        }
+    }
+}
+
+/// Sums `roots` per function (name, module, address), sorted by self time (descending,
+/// then by name). `inclusive_counts`: the nodes' `calls` are samples at or below them (a
+/// sampled tree), counted once per path like total time.
 pub fn aggregate(roots: &[TreeNode], inclusive_counts: bool) -> Vec<HotSpot> {
     enum Step<'a> {
         Enter(&'a TreeNode),
-        Leave((&'a str, &'a str)),
+        Leave((&'a str, &'a str, Option<u64>)),
     }
-    let mut by_function: HashMap<(&str, &str), HotSpot> = HashMap::new();
-    let mut active_on_path: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut by_function: HashMap<(&str, &str, Option<u64>), HotSpot> = HashMap::new();
+    let mut active_on_path: HashMap<(&str, &str, Option<u64>), usize> = HashMap::new();
     let mut steps: Vec<Step> = roots.iter().rev().map(Step::Enter).collect();
     while let Some(step) = steps.pop() {
         match step {
             Step::Enter(node) => {
-                let key = (node.name.as_str(), node.module.as_str());
+                let key = (node.name.as_str(), node.module.as_str(), node.address);
                 let spot = by_function.entry(key).or_insert_with(|| HotSpot {
                     name: node.name.clone(),
                     module: node.module.clone(),
@@ -47,6 +62,8 @@ pub fn aggregate(roots: &[TreeNode], inclusive_counts: bool) -> Vec<HotSpot> {
                     self_ns: 0.0,
                     below_resolution: true,
                     total_ns: 0.0,
+                    address: node.address,
+                    has_a_twin: false,
                 });
                 spot.self_ns += node.self_ns;
                 spot.below_resolution &= node.below_resolution;
@@ -69,11 +86,21 @@ pub fn aggregate(roots: &[TreeNode], inclusive_counts: bool) -> Vec<HotSpot> {
         }
     }
     let mut spots: Vec<HotSpot> = by_function.into_values().collect();
+    let mut named: HashMap<(String, String), usize> = HashMap::new();
+    for spot in &spots {
+        *named
+            .entry((spot.name.clone(), spot.module.clone()))
+            .or_default() += 1;
+    }
+    for spot in &mut spots {
+        spot.has_a_twin = named[&(spot.name.clone(), spot.module.clone())] > 1;
+    }
     spots.sort_by(|a, b| {
         b.self_ns
             .total_cmp(&a.self_ns)
             .then_with(|| a.name.cmp(&b.name))
             .then_with(|| a.module.cmp(&b.module))
+            .then_with(|| a.address.cmp(&b.address))
     });
     spots
 }
@@ -109,12 +136,12 @@ impl HotSpotsView {
         let selected = self
             .spots
             .get(self.cursor.selected())
-            .map(|spot| (spot.name.clone(), spot.module.clone()));
+            .map(|spot| (spot.name.clone(), spot.module.clone(), spot.address));
         self.spots = aggregate(roots, inclusive_counts);
-        let row = selected.and_then(|(name, module)| {
-            self.spots
-                .iter()
-                .position(|spot| spot.name == name && spot.module == module)
+        let row = selected.and_then(|(name, module, address)| {
+            self.spots.iter().position(|spot| {
+                spot.name == name && spot.module == module && spot.address == address
+            })
         });
         let len = self.spots.len();
         self.cursor

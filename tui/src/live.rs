@@ -152,19 +152,23 @@ impl LiveView {
         }
     }
 
-    /// The function (name, module) selected in the call tree or the hot spots, if any.
-    pub fn selected_function(&mut self, snapshot: &ProfileSnapshot) -> Option<(String, String)> {
+    /// The function (name, module, entry address when known) selected in the call tree or
+    /// the hot spots, if any.
+    pub fn selected_function(
+        &mut self,
+        snapshot: &ProfileSnapshot,
+    ) -> Option<(String, String, Option<u64>)> {
         self.refresh(snapshot);
         match self.tab {
             LiveTab::CallTree => self
                 .tree
                 .selected_row()
-                .map(|row| (row.name.clone(), row.module.clone())),
+                .map(|row| (row.name.clone(), row.module.clone(), row.address)),
             LiveTab::HotSpots => self
                 .hot_spots
                 .spots()
                 .get(self.hot_spots.cursor.selected())
-                .map(|spot| (spot.name.clone(), spot.module.clone())),
+                .map(|spot| (spot.name.clone(), spot.module.clone(), spot.address)),
             LiveTab::Threads => None,
         }
     }

@@ -233,7 +233,7 @@ fn hot_spot_lines(
         let spot_share = share(spot.self_ns, total_self);
         let cells = [
             spot.name.clone(),
-            module_cell(&spot.name, &spot.module),
+            module_cell(&spot.name, &spot.location()),
             count(spot.calls),
             self_millis(spot.self_ns, spot.below_resolution),
             percent(spot_share),

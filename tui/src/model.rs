@@ -50,6 +50,9 @@ pub struct TreeNode {
     pub other_clock: Option<(f64, f64)>,
     /// The estimated error of `total_ns`, when the profiler gives one.
     pub error_ns: Option<f64>,
+    /// The function's entry address in the target, when known: what tells apart two
+    /// functions that share a name and module (`static` functions of two files).
+    pub address: Option<u64>,
     pub children: Vec<TreeNode>,
 }
 
@@ -71,6 +74,7 @@ impl TreeNode {
             below_resolution: false,
             other_clock: None,
             error_ns: None,
+            address: None,
             children: Vec::new(),
         }
     }
@@ -127,6 +131,7 @@ impl TreeNode {
             below_resolution: self.below_resolution,
             other_clock: self.other_clock,
             error_ns: self.error_ns,
+            address: self.address,
             children: Vec::with_capacity(self.children.len()),
         }
     }
@@ -140,6 +145,7 @@ impl TreeNode {
             && self.below_resolution == other.below_resolution
             && self.other_clock == other.other_clock
             && self.error_ns == other.error_ns
+            && self.address == other.address
             && self.children.len() == other.children.len()
     }
 }

@@ -13,17 +13,18 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use crate::cursor::ListCursor;
 use crate::model::TreeNode;
 
-/// A node's identity: a hash of its path of (name, module) pairs from a root.
+/// A node's identity: a hash of its path of (name, module, address) triples from a root.
 pub type PathId = u64;
 
 const ROOT_PARENT: PathId = 0;
 
-/// The identity of the child `name` (in `module`) of the node identified by `parent`.
-pub fn child_path(parent: PathId, name: &str, module: &str) -> PathId {
+/// The identity of the child `node` of the node identified by `parent`.
+pub fn child_path(parent: PathId, node: &TreeNode) -> PathId {
     let mut hasher = DefaultHasher::new();
     parent.hash(&mut hasher);
-    name.hash(&mut hasher);
-    module.hash(&mut hasher);
+    node.name.hash(&mut hasher);
+    node.module.hash(&mut hasher);
+    node.address.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -82,6 +83,8 @@ pub struct FlatRow {
     pub below_resolution: bool,
     /// The estimated error of `total_ns`, when known.
     pub error_ns: Option<f64>,
+    /// The function's entry address, when known.
+    pub address: Option<u64>,
     pub has_children: bool,
     pub expanded: bool,
 }
@@ -228,7 +231,7 @@ impl TreeView {
 
     fn expand_new_roots(&mut self, roots: &[TreeNode]) {
         for root in roots {
-            let path = child_path(ROOT_PARENT, &root.name, &root.module);
+            let path = child_path(ROOT_PARENT, root);
             if self.seen_roots.insert(path) {
                 self.expanded.insert(path);
             }
@@ -248,7 +251,7 @@ impl TreeView {
             depth,
         }) = stack.pop()
         {
-            let path = child_path(parent_path, &node.name, &node.module);
+            let path = child_path(parent_path, node);
             let has_children = !node.children.is_empty();
             let expanded = has_children && self.expanded.contains(&path);
             let row = rows.len();
@@ -264,6 +267,7 @@ impl TreeView {
                 self_ns: node.self_ns,
                 below_resolution: node.below_resolution,
                 error_ns: node.error_ns,
+                address: node.address,
                 has_children,
                 expanded,
             });
@@ -369,7 +373,7 @@ impl TreeView {
             }
         }) {
             self.expanded.insert(path);
-            path = child_path(path, &hottest.name, &hottest.module);
+            path = child_path(path, hottest);
             node = hottest;
         }
         self.select_after_rebuild = Some(path);

@@ -30,10 +30,12 @@ pub struct Frame<'a> {
     pub address: Option<u64>,
 }
 
-/// Each distinct (name, module) numbered once, in order of first appearance.
+/// Each distinct (name, module, address) numbered once, in order of first appearance:
+/// two functions that share a name and module (`static` functions of two files) are two
+/// frames.
 #[derive(Debug, Default)]
 pub struct Frames<'a> {
-    index: HashMap<(&'a str, &'a str), usize>,
+    index: HashMap<(&'a str, &'a str, Option<u64>), usize>,
     pub frames: Vec<Frame<'a>>,
 }
 
@@ -43,16 +45,19 @@ impl<'a> Frames<'a> {
         self.named(&node.name, &node.module, node.address)
     }
 
-    /// The number of the function `name` in `module`.
+    /// The number of the function `name` in `module` at `address`.
     pub fn named(&mut self, name: &'a str, module: &'a str, address: Option<u64>) -> usize {
-        *self.index.entry((name, module)).or_insert_with(|| {
-            self.frames.push(Frame {
-                name,
-                module,
-                address,
-            });
-            self.frames.len() - 1
-        })
+        *self
+            .index
+            .entry((name, module, address))
+            .or_insert_with(|| {
+                self.frames.push(Frame {
+                    name,
+                    module,
+                    address,
+                });
+                self.frames.len() - 1
+            })
     }
 }
 

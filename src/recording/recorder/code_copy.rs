@@ -24,15 +24,25 @@ pub struct HookedCopy {
 
 impl Recorder {
     /// The function the recording names `name` in `module` (a node of its tree), if it
-    /// has hooked it.
-    pub fn recorded_function(&self, name: &str, module: &str) -> Option<Function> {
+    /// has hooked it; at `address`, when given, since two functions may share a name and
+    /// module (`static` functions of two files).
+    pub fn recorded_function(
+        &self,
+        name: &str,
+        module: &str,
+        address: Option<u64>,
+    ) -> Option<Function> {
         let rings = self.rings.as_ref()?;
         (0..)
             .map_while(|id| rings.function_address(id))
             .filter_map(|address| {
                 (self.symbols.lookup(address)).filter(|function| function.addr == address)
             })
-            .find(|function| function.name == name && function.module == module)
+            .find(|function| {
+                function.name == name
+                    && function.module == module
+                    && address.is_none_or(|address| function.addr == address)
+            })
             .cloned()
     }
 

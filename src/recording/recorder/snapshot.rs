@@ -100,7 +100,11 @@ impl Recorder {
                 }
                 _ => (format!("{address:#x}"), "?".to_string()),
             };
-            self.names.push(FunctionName { name, module });
+            self.names.push(FunctionName {
+                name,
+                module,
+                address: Some(address),
+            });
             id += 1;
         }
     }
@@ -121,5 +125,9 @@ impl FunctionNames for Names<'_> {
         self.0
             .get(id as usize)
             .map_or(Cow::Borrowed("?"), |n| Cow::Borrowed(n.module.as_str()))
+    }
+
+    fn address(&self, id: u32) -> Option<u64> {
+        self.0.get(id as usize)?.address
     }
 }

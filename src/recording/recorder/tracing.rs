@@ -64,42 +64,24 @@ impl Recorder {
     }
 }
 
-/// Gives each node of `profile` its function's entry address and lists the modules
-/// they are in, with their address ranges (pprof's mappings and locations).
-pub(super) fn add_addresses(profile: &mut Profile, symbols: &ProcessSymbols) {
-    let mut wanted: HashSet<(String, String)> = HashSet::new();
+/// Lists the modules the nodes of `profile` are in, with their address ranges (pprof's
+/// mappings; each node carries its function's entry address from the recording).
+pub(super) fn add_modules(profile: &mut Profile, symbols: &ProcessSymbols) {
+    let mut modules: HashSet<String> = HashSet::new();
     let mut pending: Vec<&Node> = profile.merged.roots.iter().collect();
     for thread in &profile.threads {
         pending.extend(&thread.roots);
     }
     while let Some(node) = pending.pop() {
-        wanted.insert((node.name.clone(), node.module.clone()));
+        if !modules.contains(&node.module) {
+            modules.insert(node.module.clone());
+        }
         pending.extend(&node.children);
     }
-    let mut address: HashMap<(&str, &str), u64> = HashMap::new();
-    for function in symbols.functions() {
-        let key = (function.name.clone(), function.module.clone());
-        if wanted.contains(&key) {
-            address
-                .entry((function.name.as_str(), function.module.as_str()))
-                .or_insert(function.addr);
-        }
-    }
-    let mut pending: Vec<&mut Node> = profile.merged.roots.iter_mut().collect();
-    for thread in &mut profile.threads {
-        pending.extend(thread.roots.iter_mut());
-    }
-    while let Some(node) = pending.pop() {
-        node.address = address
-            .get(&(node.name.as_str(), node.module.as_str()))
-            .copied();
-        pending.extend(node.children.iter_mut());
-    }
-    let modules: HashSet<&str> = wanted.iter().map(|(_, module)| module.as_str()).collect();
     profile.modules = symbols
         .modules()
         .iter()
-        .filter(|m| modules.contains(m.name.as_str()))
+        .filter(|m| modules.contains(&m.name))
         .map(|m| ModuleMapping {
             name: m.name.clone(),
             path: m.path.display().to_string(),

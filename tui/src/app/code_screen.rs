@@ -10,14 +10,18 @@ use ratatui::crossterm::event::{KeyCode, KeyEvent};
 impl App {
     /// `e`: the selected function's annotated code, which the controller prepares.
     pub(super) fn open_code(&mut self) -> Option<Action> {
-        let Some((name, module)) = self.live.selected_function(&self.snapshot) else {
+        let Some((name, module, address)) = self.live.selected_function(&self.snapshot) else {
             self.set_message("e: select a function in the call tree (1) or the hot spots (2)");
             return None;
         };
         self.code.open(name.clone());
         self.screen = ScreenKind::Code;
         self.message = None;
-        Some(Action::ShowCode { name, module })
+        Some(Action::ShowCode {
+            name,
+            module,
+            address,
+        })
     }
 
     pub(super) fn code_key(&mut self, key: KeyEvent) -> Option<Action> {

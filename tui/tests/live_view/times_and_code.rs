@@ -1,11 +1,12 @@
 //! The live view's other measures and its code screen: `C` between wall-clock and
 //! on-CPU times, `E` for a node's estimated error, and `e` for a function's annotated
-//! code, with what each says when it has nothing to show.
+//! code, with what each says when it has nothing to show, and for which of two functions
+//! that share a name.
 
 use super::live_app;
 use crate::common::*;
 use tendril_tui::crossterm::event::KeyCode;
-use tendril_tui::{Action, App, CodeLine, CodeSnapshot, Screen, ScreenKind};
+use tendril_tui::{Action, App, CodeLine, CodeSnapshot, Screen, ScreenKind, TreeNode};
 #[test]
 fn capital_c_switches_between_wall_and_on_cpu_times_and_back() {
     let mut snapshot = snapshot();
@@ -71,7 +72,8 @@ fn e_opens_the_selected_functions_code_and_esc_goes_back() {
         press_char(&mut app, 'e'),
         Some(Action::ShowCode {
             name: "compute".into(),
-            module: "calltree".into()
+            module: "calltree".into(),
+            address: None,
         })
     );
     assert_eq!(app.screen(), ScreenKind::Code);
@@ -119,4 +121,44 @@ fn e_needs_a_target_and_a_function() {
         "{:?}",
         app.message()
     );
+}
+
+#[test]
+fn twins_of_one_name_are_two_rows_and_e_names_each_by_its_address() {
+    // Two `static` functions `step` of one module, told apart only by their addresses.
+    let step = |address: u64, total_ms: f64| {
+        let mut node = TreeNode::new("step", "app", 10, total_ms * MS, total_ms * MS);
+        node.address = Some(address);
+        node
+    };
+    let root = TreeNode::new("main", "app", 1, 10.0 * MS, 4.0 * MS)
+        .with_children([step(0x1210, 5.0), step(0x1260, 1.0)]);
+    let mut snapshot = snapshot();
+    snapshot.merged = vec![root];
+    let mut app = App::new(Screen::Live(snapshot));
+    let show_code = |address| {
+        Some(Action::ShowCode {
+            name: "step".into(),
+            module: "app".into(),
+            address: Some(address),
+        })
+    };
+    press(&mut app, KeyCode::Down);
+    assert_eq!(press_char(&mut app, 'e'), show_code(0x1210));
+    press(&mut app, KeyCode::Esc);
+    press(&mut app, KeyCode::Down);
+    assert_eq!(press_char(&mut app, 'e'), show_code(0x1260));
+    press(&mut app, KeyCode::Esc);
+    // The hot spots do not add them up: two rows, by self time (step 5 ms, main 4 ms,
+    // step 1 ms), which show the addresses.
+    press_char(&mut app, '2');
+    let text = screen_text(&mut app, 120, 20);
+    for twin in ["app at 0x1210", "app at 0x1260"] {
+        assert!(text.contains(twin), "{text}");
+    }
+    assert_eq!(press_char(&mut app, 'e'), show_code(0x1210));
+    press(&mut app, KeyCode::Esc);
+    press(&mut app, KeyCode::Down);
+    press(&mut app, KeyCode::Down);
+    assert_eq!(press_char(&mut app, 'e'), show_code(0x1260));
 }
