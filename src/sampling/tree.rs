@@ -290,16 +290,14 @@ impl SampledTrees {
         }
     }
 
-    /// Each function's counts, with its name and module, in no particular order.
-    pub fn function_counts(&self) -> impl Iterator<Item = (&str, &str, FunctionCounts)> {
+    /// Each function's counts, with its index in [`SampledTrees::functions`], in no
+    /// particular order.
+    pub fn function_counts(&self) -> impl Iterator<Item = (u32, FunctionCounts)> {
         self.counts
             .iter()
             .enumerate()
             .filter(|(_, counts)| counts.total_samples > 0)
-            .map(|(i, &counts)| {
-                let (name, module) = self.functions.name(i as u32);
-                (name, module, counts)
-            })
+            .map(|(i, &counts)| (i as u32, counts))
     }
 }
 
@@ -341,8 +339,9 @@ mod tests {
         let work_node = &main_node.children[0];
         assert_eq!(work_node.samples, Some(2));
         assert_eq!(work_node.children.len(), 2);
-        let counts: HashMap<&str, FunctionCounts> =
-            trees.function_counts().map(|(n, _, c)| (n, c)).collect();
+        let counts: HashMap<&str, FunctionCounts> = (trees.function_counts())
+            .map(|(i, c)| (trees.functions.name(i).0, c))
+            .collect();
         assert_eq!(
             counts["work"],
             FunctionCounts {
