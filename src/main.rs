@@ -37,8 +37,8 @@ enum Command {
     Attach {
         /// Process id of the target.
         pid: i32,
-        /// Start with this root function (exact name, glob or `module:name`; repeat for
-        /// several) instead of choosing in the root picker.
+        /// Start with this root function (exact name, glob, `module:name` or address;
+        /// repeat for several) instead of choosing in the root picker.
         #[arg(long = "root", value_name = "SYM")]
         roots: Vec<String>,
     },
@@ -51,7 +51,8 @@ enum Command {
     Symbols {
         /// Process id of the target.
         pid: i32,
-        /// Only functions matching: exact name, glob (`dee*`) or `module:name`.
+        /// Only functions matching: exact name, glob (`dee*`), `module:name` or an
+        /// address (`0x…`: the function at or around it).
         pattern: Option<String>,
         /// Print a JSON array instead of aligned lines.
         #[arg(long)]
@@ -71,7 +72,8 @@ enum Command {
     Count {
         /// Process id of the target.
         pid: i32,
-        /// Functions to count: exact name, glob (`dee*`) or `module:name`.
+        /// Functions to count: exact name, glob (`dee*`), `module:name` or an address
+        /// (`0x…`: the function at or around it).
         #[arg(required = true)]
         patterns: Vec<String>,
         /// Stop after this many seconds (default: until Ctrl-C).
@@ -93,15 +95,14 @@ enum Command {
     /// Count one function's control-flow edges and paths exactly (blocks, branches,
     /// jump-table entries, loop trips, Ball–Larus paths), then restore the code and
     /// print its annotated disassembly with the hottest paths.
-    ///
-    /// Functions with exception-handling tables are refused for now.
     Edges(tendril::commands::edges::EdgesOptions),
     /// Profile the call graph below root functions, then restore the code and write
     /// the profile (JSON).
     Record {
         /// Process id of the target.
         pid: i32,
-        /// A root function: exact name, glob or `module:name` (repeat for several).
+        /// A root function: exact name, glob, `module:name` or address (repeat for
+        /// several).
         #[arg(long = "root", required = true, value_name = "SYM")]
         roots: Vec<String>,
         #[command(flatten)]

@@ -52,7 +52,8 @@ const RETURNS_TWICE: [&str; 8] = [
 pub struct EdgesOptions {
     /// Process id of the target.
     pub pid: i32,
-    /// The function: exact name, `module:name`, or a glob that matches one function.
+    /// The function: exact name, `module:name`, a glob that matches one function, or
+    /// its address (`0x…`).
     #[arg(value_name = "FUNC")]
     pub function: String,
     /// Stop after this many seconds (default: until Ctrl-C).
