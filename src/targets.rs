@@ -178,10 +178,12 @@ pub fn patch_request(symbols: &ProcessSymbols, functions: &[(&Function, Hook)]) 
 }
 
 /// The `.cold` parts (start, size) the compiler split off `function`: the rarely run
-/// code it jumps to, named after it (`name.cold`) in the same module.
+/// code it jumps to, named after it (`name.cold`) in the same module. When another
+/// function of the module has the same name (`static` functions of two files), so do
+/// their parts: then only the parts `function`'s code branches into are its own.
 pub fn cold_parts(symbols: &ProcessSymbols, function: &Function) -> Vec<(u64, u64)> {
-    symbols
-        .functions()
+    let all = symbols.functions();
+    let named: Vec<(u64, u64)> = all
         .iter()
         .filter(|f| {
             f.size > 0
@@ -189,6 +191,31 @@ pub fn cold_parts(symbols: &ProcessSymbols, function: &Function) -> Vec<(u64, u6
                 && f.raw_name.strip_suffix(".cold") == Some(function.raw_name.as_str())
         })
         .map(|f| (f.addr, f.size))
+        .collect();
+    let has_a_twin = all.iter().any(|f| {
+        f.addr != function.addr && f.module == function.module && f.raw_name == function.raw_name
+    });
+    if !has_a_twin || named.is_empty() {
+        return named;
+    }
+    // The code as the process has it. A patched entry (a jump over part of a longer
+    // instruction) can put the decoder off its instructions for a while, so it starts
+    // at each of the first 16 bytes: x86 code falls back into step within a few
+    // instructions, and a target must also land in a part of this very name.
+    let code = crate::symbols::maps::read_memory(symbols.pid(), function.addr, function.end())
+        .unwrap_or_default();
+    let targets: Vec<u64> = (0..code.len().min(16))
+        .flat_map(|start| {
+            iced_x86::Decoder::with_ip(64, &code[start..], function.addr + start as u64, 0)
+                .into_iter()
+                .map(|instruction| instruction.near_branch_target())
+                .filter(|&target| target != 0)
+                .collect::<Vec<u64>>()
+        })
+        .collect();
+    named
+        .into_iter()
+        .filter(|&(start, size)| targets.iter().any(|t| (start..start + size).contains(t)))
         .collect()
 }
 

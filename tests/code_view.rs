@@ -204,16 +204,22 @@ fn two_static_functions_of_one_name_are_told_apart_by_their_addresses() {
     assert_eq!((step_here.address, step_here.calls), (Some(here), 1000));
     assert_eq!((step_other.address, step_other.calls), (Some(other), 3000));
 
-    // `e` names the function by that address: each copy counts its own twin's calls.
-    let copy_at = |recorder: &mut Recorder, address: u64| -> HookedCopy {
+    // `e` names the function by that address: each copy counts its own twin's calls,
+    // and takes its own `step.cold` (both are named so), found from its hooked code.
+    let mut cold_parts = Vec::new();
+    let mut copy_at = |recorder: &mut Recorder, address: u64| -> HookedCopy {
         let function = recorder
             .recorded_function("step", "twin_statics", Some(address))
             .expect("both steps are recorded");
         assert_eq!(function.addr, address);
+        let cold = tendril::targets::cold_parts(recorder.symbols(), &function);
+        assert_eq!(cold.len(), 1, "{address:#x}'s own step.cold: {cold:?}");
+        cold_parts.extend(cold);
         recorder.copy_behind_hook(&function, true).unwrap()
     };
     let copy_other = copy_at(&mut recorder, other);
     let copy_here = copy_at(&mut recorder, here);
+    assert_ne!(cold_parts[0], cold_parts[1]);
     let during = rounds(&mut target, &mut recorder, ROUNDS);
     assert!(
         first.iter().chain(&during).all(|&c| c == bare),

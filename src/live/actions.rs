@@ -37,7 +37,11 @@ impl Session {
             Action::RefreshProcesses => app.set_processes(super::processes::list_processes()),
             Action::LoadFunctions => self.load_functions(app),
             Action::SetRoots(entries) => self.set_roots(&entries, app),
-            Action::RootFromSamples { name, module } => self.root_from_samples(&name, &module, app),
+            Action::RootFromSamples {
+                name,
+                module,
+                address,
+            } => self.root_from_samples(&name, &module, address, app),
             Action::Pause | Action::Resume | Action::Reset => self.collection(&action, app),
             Action::Save => self.save(app),
             Action::SaveSampled => self.save_sampled(app),

@@ -109,8 +109,15 @@ impl Session {
 
     /// Enter on a sampled function: instrument it as the only root. A name that no
     /// function of the target has (an address in stripped code no unwind entry covers)
-    /// is refused with the reason, back in the Sampled view.
-    pub(super) fn root_from_samples(&mut self, name: &str, module: &str, app: &mut App) {
+    /// is refused with the reason, back in the Sampled view. `address` picks one of two
+    /// functions that share a name and module.
+    pub(super) fn root_from_samples(
+        &mut self,
+        name: &str,
+        module: &str,
+        address: Option<u64>,
+        app: &mut App,
+    ) {
         let symbols = match (&self.recording, &self.symbols) {
             (Recording::Live(recorder), _) => recorder.symbols(),
             (_, Symbols::Loaded(symbols)) => symbols,
@@ -120,7 +127,7 @@ impl Session {
                 return;
             }
         };
-        let entries = sampled_function(symbols, name, module);
+        let entries = sampled_function(symbols, name, module, address);
         if entries.is_empty() {
             app.show_sampled();
             app.set_message(cannot_instrument(name, module));
@@ -175,13 +182,26 @@ impl Session {
     }
 }
 
-/// The target's functions a sampled frame names (several only for a symbol name two
-/// functions of one module share), as the root picker would hand them over.
-fn sampled_function(symbols: &ProcessSymbols, name: &str, module: &str) -> Vec<FunctionEntry> {
-    function_entries(symbols)
+/// The target's functions a sampled frame names, as the root picker would hand them
+/// over: the one at `address` when the frame has it, else every one of that name and
+/// module (several only for a name two functions of one module share).
+fn sampled_function(
+    symbols: &ProcessSymbols,
+    name: &str,
+    module: &str,
+    address: Option<u64>,
+) -> Vec<FunctionEntry> {
+    let named: Vec<FunctionEntry> = function_entries(symbols)
         .into_iter()
         .filter(|entry| entry.name == name && entry.module == module)
-        .collect()
+        .collect();
+    match address {
+        Some(address) if named.iter().any(|entry| entry.address == address) => named
+            .into_iter()
+            .filter(|entry| entry.address == address)
+            .collect(),
+        _ => named,
+    }
 }
 
 /// Why a sampled name cannot be instrumented.
@@ -218,14 +238,35 @@ mod tests {
             .expect("malloc in libc")
             .module
             .clone();
-        let entries = sampled_function(&symbols, "malloc", &libc);
+        let entries = sampled_function(&symbols, "malloc", &libc, None);
         assert_eq!(entries.len(), 1, "{entries:?}");
         assert_eq!(entries[0].name, "malloc");
         let uncovered = format!("{libc}+0x1");
-        assert!(sampled_function(&symbols, &uncovered, &libc).is_empty());
+        assert!(sampled_function(&symbols, &uncovered, &libc, None).is_empty());
         assert!(cannot_instrument(&uncovered, &libc).contains("stripped code"));
         assert!(
             cannot_instrument("gone", "libgone.so").contains("not among the target's functions")
         );
+    }
+
+    #[test]
+    fn a_sampled_address_picks_one_of_two_functions_that_share_a_name() {
+        // This test binary has names that several functions of one module share
+        // (generic instances under Rust's legacy mangling, say).
+        let symbols = own_symbols();
+        let entries = function_entries(&symbols);
+        let twin = entries
+            .iter()
+            .find(|a| {
+                (entries.iter())
+                    .any(|b| b.address != a.address && b.name == a.name && b.module == a.module)
+            })
+            .expect("two functions of one name in one module");
+        let all = sampled_function(&symbols, &twin.name, &twin.module, None);
+        assert!(all.len() >= 2, "{all:?}");
+        for entry in &all {
+            let one = sampled_function(&symbols, &twin.name, &twin.module, Some(entry.address));
+            assert_eq!(one, std::slice::from_ref(entry));
+        }
     }
 }

@@ -38,7 +38,8 @@ impl PathChange {
 /// Every call path of either profile's merged tree, by absolute change in total time
 /// (then in self time, then by path).
 pub fn compare(a: &Profile, b: &Profile) -> Vec<PathChange> {
-    let mut frames = Frames::default();
+    // The two profiles may come from two processes: paths pair by names, not addresses.
+    let mut frames = Frames::across_processes();
     let mut index: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut rows: Vec<PathChange> = Vec::new();
     for (side, profile) in [a, b].into_iter().enumerate() {
@@ -136,6 +137,24 @@ mod tests {
     use super::*;
     use crate::profile::file::tests::small_profile;
     use crate::profile::model::Node;
+
+    #[test]
+    fn paths_pair_across_processes_whose_functions_sit_at_other_addresses() {
+        let with_addresses = |base: u64| {
+            let mut profile = small_profile();
+            let mut pending: Vec<&mut Node> = profile.merged.roots.iter_mut().collect();
+            let mut next = base;
+            while let Some(node) = pending.pop() {
+                node.address = Some(next);
+                next += 0x10;
+                pending.extend(node.children.iter_mut());
+            }
+            profile
+        };
+        let rows = compare(&with_addresses(0x5555_0000), &with_addresses(0x7777_0000));
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        assert!(rows.iter().all(|r| r.total_change_ns() == 0), "{rows:?}");
+    }
 
     #[test]
     fn paths_are_paired_and_sorted_by_absolute_change() {

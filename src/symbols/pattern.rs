@@ -182,7 +182,8 @@ pub(super) fn find<'a>(
 /// A pattern that is a hexadecimal address (`0x5581a2c01210`): no name can be one.
 fn parse_address(pattern: &str) -> Option<u64> {
     let digits = pattern.strip_prefix("0x")?;
-    u64::from_str_radix(digits, 16).ok()
+    let hexadecimal = !digits.is_empty() && digits.chars().all(|c| c.is_ascii_hexdigit());
+    u64::from_str_radix(digits, 16).ok().filter(|_| hexadecimal)
 }
 
 /// The functions that start at `address` (every name of that entry), else those whose
@@ -364,9 +365,13 @@ mod tests {
                 other => panic!("{nothing_there}: expected NoMatch, got {other:?}"),
             }
         }
-        // Not an address: a glob, and an overflowing number, are names.
-        assert!(find(&fs, &modules, "0x1*").is_err());
-        assert!(find(&fs, &modules, "0x10000000000000000").is_err());
+        // Not an address: a glob, a sign, and an overflowing number are names.
+        for name in ["0x1*", "0x+10", "0x10000000000000000"] {
+            match find(&fs, &modules, name) {
+                Err(SymbolError::NoMatch { pattern, .. }) => assert_eq!(pattern, name),
+                other => panic!("{name}: expected NoMatch, got {other:?}"),
+            }
+        }
     }
 
     #[test]

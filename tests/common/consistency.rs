@@ -96,14 +96,15 @@ fn check_cpu_times(which: &str, node: &Node, depth: usize) {
     );
 }
 
-/// Nodes with the same (name, module) under one parent, by that key.
-type Siblings<'a> = BTreeMap<(&'a str, &'a str), Vec<&'a Node>>;
+/// Nodes of the same function (name, module, address: two `static` functions may share
+/// a name and module) under one parent, by that key.
+type Siblings<'a> = BTreeMap<(&'a str, &'a str, Option<u64>), Vec<&'a Node>>;
 
 fn by_function<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Siblings<'a> {
     let mut grouped: Siblings = BTreeMap::new();
     for node in nodes {
         grouped
-            .entry((node.name.as_str(), node.module.as_str()))
+            .entry((node.name.as_str(), node.module.as_str(), node.address))
             .or_default()
             .push(node);
     }

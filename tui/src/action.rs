@@ -24,8 +24,13 @@ pub enum Action {
     /// view) as the only root, by its sampled name and module (`module+0xOFFSET` for
     /// stripped code). The UI has switched to the live view; if the function cannot be
     /// instrumented, the controller says why and may call
-    /// [`crate::App::show_sampled`] to go back.
-    RootFromSamples { name: String, module: String },
+    /// [`crate::App::show_sampled`] to go back. `address`, when the samples have it,
+    /// picks one of two functions that share a name and module.
+    RootFromSamples {
+        name: String,
+        module: String,
+        address: Option<u64>,
+    },
     /// Stop collecting events: the target's code is restored (it runs its own code
     /// again) and the roots are kept for [`Action::Resume`]; the data stays browsable.
     Pause,

@@ -471,7 +471,7 @@ impl App {
 
     /// Enter in the Sampled view: the selected function becomes the root.
     fn instrument_selected(&mut self) -> Option<Action> {
-        let (name, module, _) = self.sampled_view.selected_function(&self.sampled)?;
+        let (name, module, address) = self.sampled_view.selected_function(&self.sampled)?;
         if name.starts_with('[') {
             self.set_message(format!(
                 "{name} is not a function: choose one of its callers or callees"
@@ -480,7 +480,11 @@ impl App {
         }
         self.screen = ScreenKind::Live;
         self.session_started = true;
-        Some(Action::RootFromSamples { name, module })
+        Some(Action::RootFromSamples {
+            name,
+            module,
+            address,
+        })
     }
 
     fn keys(&self) -> &'static [KeyHelp] {

@@ -31,11 +31,12 @@ pub struct HotSpot {
 }
 
 impl HotSpot {
-    /// The module column: the module, and for one of twins its address.
-    pub fn location(&self) -> String {
+    /// The function column: the name, and for one of twins its address (in this wide
+    /// column, where the module's would cut it).
+    pub fn label(&self) -> String {
         match (self.has_a_twin, self.address) {
-            (true, Some(address)) => format!("{} at {address:#x}", self.module),
-            _ => self.module.clone(),
+            (true, Some(address)) => format!("{} at {address:#x}", self.name),
+            _ => self.name.clone(),
         }
     }
 }

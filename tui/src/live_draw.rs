@@ -232,8 +232,8 @@ fn hot_spot_lines(
         let spot = &live.hot_spots.spots()[index];
         let spot_share = share(spot.self_ns, total_self);
         let cells = [
-            spot.name.clone(),
-            module_cell(&spot.name, &spot.location()),
+            spot.label(),
+            module_cell(&spot.name, &spot.module),
             count(spot.calls),
             self_millis(spot.self_ns, spot.below_resolution),
             percent(spot_share),

@@ -18,6 +18,8 @@ use crate::theme;
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TopRow {
     pub name: String,
+    /// The module; for one of two functions that share a name and module (`static`
+    /// functions of two files), the module and its address (`app at 0x…`).
     pub module: String,
     /// Share of the last refresh's samples in which it was the innermost frame.
     pub self_percent: f64,

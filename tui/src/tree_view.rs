@@ -1,8 +1,8 @@
 //! The call tree view's state: which nodes are expanded, the sort order, the selection, and
 //! the flattened list of visible rows.
 //!
-//! The one idea: a node is identified by its path of names from the root (hashed into a
-//! [`PathId`]), never by its index, so expansion and selection survive the snapshots that
+//! The one idea: a node is identified by its path of functions (name, module, address)
+//! from the root (hashed into a [`PathId`]), never by its index, so expansion and selection survive the snapshots that
 //! replace the tree several times a second. Only expanded nodes are descended into when the
 //! visible rows are rebuilt, and every walk uses an explicit stack (trees can be thousands
 //! of levels deep).

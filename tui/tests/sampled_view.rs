@@ -115,7 +115,8 @@ fn enter_instruments_the_selected_function_and_goes_live() {
         press(&mut app, KeyCode::Enter),
         Some(Action::RootFromSamples {
             name: "compute".into(),
-            module: "calltree".into()
+            module: "calltree".into(),
+            address: None,
         })
     );
     assert_eq!(app.screen(), ScreenKind::Live);
@@ -138,7 +139,8 @@ fn enter_on_a_hot_spot_instruments_it_and_samples_count_once_per_path() {
         press(&mut app, KeyCode::Enter),
         Some(Action::RootFromSamples {
             name: "leaf_add".into(),
-            module: "calltree".into()
+            module: "calltree".into(),
+            address: None,
         })
     );
 }

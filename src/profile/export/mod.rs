@@ -32,14 +32,25 @@ pub struct Frame<'a> {
 
 /// Each distinct (name, module, address) numbered once, in order of first appearance:
 /// two functions that share a name and module (`static` functions of two files) are two
-/// frames.
+/// frames. [`Frames::across_processes`] leaves the address out.
 #[derive(Debug, Default)]
 pub struct Frames<'a> {
     index: HashMap<(&'a str, &'a str, Option<u64>), usize>,
     pub frames: Vec<Frame<'a>>,
+    /// Frames are numbered by (name, module) only.
+    ignore_addresses: bool,
 }
 
 impl<'a> Frames<'a> {
+    /// Frames numbered by (name, module), for profiles of different processes: the same
+    /// function sits at another address in each (address randomisation, a rebuild).
+    pub fn across_processes() -> Frames<'a> {
+        Frames {
+            ignore_addresses: true,
+            ..Frames::default()
+        }
+    }
+
     /// The number of `node`'s function.
     pub fn of(&mut self, node: &'a Node) -> usize {
         self.named(&node.name, &node.module, node.address)
@@ -47,17 +58,15 @@ impl<'a> Frames<'a> {
 
     /// The number of the function `name` in `module` at `address`.
     pub fn named(&mut self, name: &'a str, module: &'a str, address: Option<u64>) -> usize {
-        *self
-            .index
-            .entry((name, module, address))
-            .or_insert_with(|| {
-                self.frames.push(Frame {
-                    name,
-                    module,
-                    address,
-                });
-                self.frames.len() - 1
-            })
+        let key = (name, module, address.filter(|_| !self.ignore_addresses));
+        *self.index.entry(key).or_insert_with(|| {
+            self.frames.push(Frame {
+                name,
+                module,
+                address,
+            });
+            self.frames.len() - 1
+        })
     }
 }
 

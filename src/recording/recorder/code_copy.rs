@@ -35,8 +35,8 @@ impl Recorder {
         let rings = self.rings.as_ref()?;
         (0..)
             .map_while(|id| rings.function_address(id))
-            .filter_map(|address| {
-                (self.symbols.lookup(address)).filter(|function| function.addr == address)
+            .filter_map(|hooked| {
+                (self.symbols.lookup(hooked)).filter(|function| function.addr == hooked)
             })
             .find(|function| {
                 function.name == name

@@ -1,5 +1,5 @@
 //! The recorder's trace (`record --trace`, the live view's trace key) and the
-//! addresses a finished profile carries for pprof.
+//! module list a finished profile carries for pprof (its nodes carry their addresses).
 //!
 //! The one idea: a trace is one more reader of the events the rings deliver — it copies
 //! the raw events of its window as they are drained into the trees, and is corrected
