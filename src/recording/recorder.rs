@@ -30,14 +30,11 @@ use super::rings::{AgentCounters, Rings};
 use super::tsc;
 use crate::inject;
 use crate::process::{AttachError, TargetProcess};
-use crate::profile::{
-    Calibration, CctBuilder, FunctionName, FunctionNames, Profile, RecordingInfo,
-};
+use crate::profile::{Calibration, CctBuilder, FunctionName, Profile, RecordingInfo};
 use crate::refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
 use crate::targets::{self, Chosen, SelectError};
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Instant;
 use tendril_wire::events::{Event, EventKind};

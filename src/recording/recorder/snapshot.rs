@@ -14,7 +14,7 @@ impl Recorder {
         let counters = self.rings().counters();
         let info = self.recording_info(&counters);
         let builder = self.builder.as_ref().expect("a recording has begun");
-        let mut profile = builder.snapshot(&info, &Names(&self.names));
+        let mut profile = builder.snapshot(&info, self.names.as_slice());
         self.add_extras(&mut profile, &counters);
         self.add_trace(&mut profile);
         profile
@@ -107,27 +107,5 @@ impl Recorder {
             });
             id += 1;
         }
-    }
-}
-
-/// Names by id for the snapshot.
-pub(super) struct Names<'a>(pub(super) &'a [FunctionName]);
-
-impl FunctionNames for Names<'_> {
-    fn name(&self, id: u32) -> Cow<'_, str> {
-        self.0.get(id as usize).map_or_else(
-            || Cow::Owned(format!("function #{id}")),
-            |n| Cow::Borrowed(n.name.as_str()),
-        )
-    }
-
-    fn module(&self, id: u32) -> Cow<'_, str> {
-        self.0
-            .get(id as usize)
-            .map_or(Cow::Borrowed("?"), |n| Cow::Borrowed(n.module.as_str()))
-    }
-
-    fn address(&self, id: u32) -> Option<u64> {
-        self.0.get(id as usize)?.address
     }
 }

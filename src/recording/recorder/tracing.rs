@@ -6,7 +6,6 @@
 //! and named only when a profile is made. The agent does nothing different.
 
 use super::Recorder;
-use super::snapshot::Names;
 use crate::profile::trace::{MAX_TRACE_EVENTS, TraceCapture};
 use crate::profile::{Correction, ModuleMapping, Node, Profile};
 use crate::recording::tsc;
@@ -55,7 +54,7 @@ impl Recorder {
             .iter()
             .map(|t| (t.tid, t.name.clone()))
             .collect();
-        profile.trace = Some(capture.to_trace(&correction, &Names(&self.names), |tid| {
+        profile.trace = Some(capture.to_trace(&correction, self.names.as_slice(), |tid| {
             thread_names
                 .get(&tid)
                 .cloned()
