@@ -8,10 +8,13 @@
 
 mod common;
 
-use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, edge_counts, node_at};
+use common::{
+    EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, edge_counts, node_at,
+    start_recorder,
+};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tendril::recording::{HookedCopy, RecordOptions, Recorder, Scheme};
+use tendril::recording::{HookedCopy, Recorder};
 use tendril_wire::edges::{EdgeExit, EdgeLayout};
 
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -52,13 +55,7 @@ fn a_copy_behind_the_recording_hook_counts_exactly_the_calls_the_tree_counts() {
     let mut target = Target::spawn("branches", &["stdin"]);
     let bare = target.checksums_on_demand(1, LINE_TIMEOUT)[0];
     let pid = target.pid();
-    let mut recorder = Recorder::start(&RecordOptions {
-        pid,
-        roots: vec!["round_of_work".into()],
-        scheme: Scheme::B,
-        gross_only: false,
-    })
-    .unwrap_or_else(|e| panic!("cannot record the fixture: {e}"));
+    let mut recorder = start_recorder(pid, "round_of_work");
     // The root's copy goes in before its callees are instrumented (Scheme B, in the
     // first round): the functions found after it still get their names.
     let root = copy_behind_hook(&mut recorder, "round_of_work");
@@ -186,13 +183,7 @@ fn two_static_functions_of_one_name_are_told_apart_by_their_addresses() {
     );
     let bare = target.checksums_on_demand(1, LINE_TIMEOUT)[0];
     let pid = target.pid();
-    let mut recorder = Recorder::start(&RecordOptions {
-        pid,
-        roots: vec!["round_of_steps".into()],
-        scheme: Scheme::B,
-        gross_only: false,
-    })
-    .unwrap_or_else(|e| panic!("cannot record the fixture: {e}"));
+    let mut recorder = start_recorder(pid, "round_of_steps");
     let first = rounds(&mut target, &mut recorder, 1);
 
     // Each node of the live tree carries its own function's address.

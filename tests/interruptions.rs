@@ -17,11 +17,11 @@
 
 mod common;
 
-use common::{Target, number_after};
+use common::{Target, number_after, start_recorder};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile};
-use tendril::recording::{RecordOptions, Recorder, Scheme};
+use tendril::recording::Recorder;
 
 /// How long any one wait may take on a loaded machine before the test gives up.
 const WAIT: Duration = Duration::from_secs(120);
@@ -38,16 +38,6 @@ const TOLERANCE: f64 = 0.10;
 fn one_at_a_time() -> MutexGuard<'static, ()> {
     static TURN: Mutex<()> = Mutex::new(());
     TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn start(target: &Target, root: &str) -> Recorder {
-    Recorder::start(&RecordOptions {
-        pid: target.pid(),
-        roots: vec![root.to_string()],
-        scheme: Scheme::B,
-        gross_only: false,
-    })
-    .unwrap_or_else(|e| panic!("cannot record the fixture: {e}"))
 }
 
 /// Drains the rings until `condition` holds, looking at a snapshot every 20 ms.
@@ -148,7 +138,7 @@ fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize)
     let mut target = Target::spawn("descend", &[]);
     // From here on the fixture sums its requests' CPU time for the truth.
     fixture_cpu(&mut target);
-    let mut recorder = start(&target, ROOT);
+    let mut recorder = start_recorder(target.pid(), ROOT);
     for round in 0..ROUNDS {
         until_mid_recursion(&mut recorder);
         let root = interrupt(&mut recorder, round);

@@ -6,7 +6,9 @@ mod common;
 #[path = "record/errors.rs"]
 mod errors;
 
-use common::{Recording, Target, all_nodes, code_bytes_match_file, node_at, tendril};
+use common::{
+    Recording, Target, all_nodes, code_bytes_match_file, node_at, start_recorder, tendril,
+};
 use std::time::Duration;
 use tendril::profile::Profile;
 
@@ -353,7 +355,7 @@ fn reports_print_the_tree_hot_spots_folded_stacks_and_json() {
 
 #[test]
 fn roots_change_without_detaching_and_a_refused_root_keeps_the_old_ones() {
-    use tendril::recording::{RecordOptions, Recorder, Scheme};
+    use tendril::recording::Recorder;
     let mut target = Target::spawn("calltree", &["2"]);
     let expected = target.checksum_lines(2, LINE_TIMEOUT)[1];
     let calls_of = |recorder: &mut Recorder, root: &str| {
@@ -363,13 +365,7 @@ fn roots_change_without_detaching_and_a_refused_root_keeps_the_old_ones() {
         common::check_profile(&profile);
         node_at(&profile.merged.roots, &[root]).map_or(0, |node| node.calls)
     };
-    let mut recorder = Recorder::start(&RecordOptions {
-        pid: target.pid(),
-        roots: vec!["counted_outer".into()],
-        scheme: Scheme::B,
-        gross_only: false,
-    })
-    .unwrap();
+    let mut recorder = start_recorder(target.pid(), "counted_outer");
 
     recorder.set_roots(&["work_round".into()]).unwrap();
     assert!(recorder.is_recording());

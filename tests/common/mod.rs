@@ -25,7 +25,7 @@ pub use code_check::{agent_code_matches_file, code_bytes_match_file};
 pub use consistency::check_profile;
 pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture};
-pub use recording::{Recorded, Recording, all_nodes, node_at};
+pub use recording::{Recorded, Recording, all_nodes, node_at, start_recorder};
 pub use running::RunningTendril;
 pub use schedstat::{thread_waited_for_a_core_ns, waited_for_a_core_ns};
 pub use target::{READY_TIMEOUT, Round, Target, number_after};

@@ -3,18 +3,32 @@
 //! The one idea: as with `Counting`, a test starts the recording, waits until tendril
 //! says the roots are instrumented (`tendril: recording ...` on stderr), makes the
 //! fixture do a known amount of work, ends the recording with SIGINT as Ctrl-C does,
-//! and reads the profile file.
+//! and reads the profile file. Tests that drive a recording in their own process start
+//! it with `start_recorder`.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 use tendril::profile::{Node, Profile, walk};
+use tendril::recording::{RecordOptions, Recorder, Scheme};
 
 use super::running::RunningTendril;
 use super::tendril;
 
 /// How long tendril may take to attach, calibrate and patch.
 const START_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A recording of the call graph below `root` in process `pid` (Scheme B, timed), run
+/// in the test's own process, as `tendril record --root ROOT` runs it.
+pub fn start_recorder(pid: i32, root: &str) -> Recorder {
+    Recorder::start(&RecordOptions {
+        pid,
+        roots: vec![root.to_string()],
+        scheme: Scheme::B,
+        gross_only: false,
+    })
+    .unwrap_or_else(|e| panic!("cannot record the fixture: {e}"))
+}
 
 /// A `tendril record` in progress.
 pub struct Recording {
