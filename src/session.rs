@@ -137,6 +137,14 @@ impl AgentSession {
         self.request_with_payload(request, &[])
     }
 
+    /// The dynamic loader's counts of libraries added and removed so far in the target.
+    pub fn loader_counts(&mut self) -> Result<tendril_wire::LoaderCounts, SessionError> {
+        match self.request(&Request::ReadCounters { ids: Vec::new() })? {
+            Response::Counters { loader, .. } => Ok(loader),
+            other => Err(SessionError::Protocol(format!("{other:?}"))),
+        }
+    }
+
     /// Sends one request followed by `payload` (the bytes a request says follow it, as
     /// `StartRecording`'s table), and waits for its response.
     pub fn request_with_payload(
@@ -276,6 +284,7 @@ mod tests {
                     address,
                     size: 16,
                     hook: Hook::Count,
+                    module: None,
                 })
                 .collect(),
             code_ranges: Vec::new(),

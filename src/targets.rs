@@ -168,6 +168,10 @@ pub fn patch_request(symbols: &ProcessSymbols, functions: &[(&Function, Hook)]) 
             address: function.addr,
             size: function.size,
             hook,
+            module: function
+                .module_path
+                .is_absolute()
+                .then(|| function.module_path.display().to_string()),
         })
         .collect();
     let only_functions: Vec<&Function> = functions.iter().map(|&(f, _)| f).collect();

@@ -474,6 +474,7 @@ fn the_agent_refuses_a_table_path_and_a_stack_address() {
             address: start + 0x100,
             size: 64,
             hook: tendril_wire::Hook::Count,
+            module: None,
         }],
         code_ranges: vec![(start + 0x100, 64)],
     };

@@ -21,7 +21,7 @@ use anyhow::bail;
 use serde_json::json;
 use std::io::Write;
 use std::time::Duration;
-use tendril_wire::{Hook, PatchOutcome, Request, Response, ThreadCounters};
+use tendril_wire::{Hook, LoaderCounts, PatchOutcome, Request, Response, ThreadCounters};
 
 /// Frames the agent's per-thread return stack holds (`trampolines/src/thread_state.rs`).
 const SHADOW_FRAMES: u64 = 32 * 1024;
@@ -44,6 +44,24 @@ struct Counted {
     calls: u64,
     returns: u64,
     per_thread: Vec<(i32, String, u64, u64)>,
+    /// Its library was unloaded during the count (its later calls are not counted).
+    unloaded: bool,
+}
+
+/// Libraries the process loaded and unloaded during the count (the loader's own counts).
+#[derive(Debug, Default, Clone, Copy)]
+struct LibraryChurn {
+    loaded: u64,
+    unloaded: u64,
+}
+
+impl LibraryChurn {
+    fn between(start: LoaderCounts, end: LoaderCounts) -> LibraryChurn {
+        LibraryChurn {
+            loaded: end.loads.saturating_sub(start.loads),
+            unloaded: end.unloads.saturating_sub(start.unloads),
+        }
+    }
 }
 
 pub fn run(options: &CountOptions) -> anyhow::Result<()> {
@@ -109,6 +127,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
                 calls: 0,
                 returns: 0,
                 per_thread: Vec::new(),
+                unloaded: false,
             }),
             (None, reason) => refused.push((chosen, reason.as_deref().unwrap_or("refused"))),
         }
@@ -125,6 +144,8 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     let ids: Vec<u32> = counted.iter().map(|c| c.id).collect();
     // Only the threads' overflow counters need a starting point.
     let baseline = counters::read_counters(&mut session, &ids)?;
+    let loader_at_start = session.loader_counts()?;
+    let mut unloaded: Vec<u64> = Vec::new();
     let waited = counters::wait_then_restore(
         &mut session,
         CounterWait {
@@ -146,10 +167,21 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
                 thousands(ids.len() as u64)
             )
         },
-        |session| unpatch_all(session, &outcomes, pid),
+        |session| {
+            unloaded = unpatch_all(session, &outcomes, pid)?;
+            Ok(())
+        },
     )?;
     let (latest, elapsed, failure) = (waited.latest, waited.elapsed, waited.failure);
+    // The session may be gone (another tendril's detach ended it): no counts then.
+    let libraries = session
+        .loader_counts()
+        .map(|now| LibraryChurn::between(loader_at_start, now))
+        .unwrap_or_default();
     fill_counts(&mut counted, &latest);
+    for c in counted.iter_mut() {
+        c.unloaded = unloaded.contains(&c.chosen.function.addr);
+    }
     let overflows = latest
         .iter()
         .map(|t| t.shadow_overflows)
@@ -163,9 +195,12 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     if options.json {
         let returns = options.returns.then_some(overflows);
-        write_json(&mut out, pid, elapsed, returns, &counted, &refused)?;
+        write_json(
+            &mut out, pid, elapsed, returns, &counted, &refused, libraries,
+        )?;
     } else {
         write_text(&mut out, elapsed, options.returns, &counted, &refused)?;
+        write_unloaded_note(&mut out, &counted, libraries)?;
         if options.returns && overflows > 0 {
             writeln!(
                 out,
@@ -182,11 +217,13 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     }
 }
 
+/// Restores every patched function; returns those whose library was unloaded while
+/// they were patched (nothing was written where they had been).
 fn unpatch_all(
     session: &mut AgentSession,
     outcomes: &[PatchOutcome],
     pid: i32,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<u64>> {
     let addresses: Vec<u64> = outcomes
         .iter()
         .filter(|o| o.id.is_some())
@@ -199,6 +236,7 @@ fn unpatch_all(
         Response::Unpatched {
             pending,
             pending_reason,
+            unloaded,
             ..
         } => {
             if pending > 0 {
@@ -211,7 +249,7 @@ fn unpatch_all(
                         .unwrap_or("a thread is inside tendril's hooks")
                 );
             }
-            Ok(())
+            Ok(unloaded)
         }
         other => bail!("unexpected answer from the agent: {other:?}"),
     }
@@ -333,6 +371,40 @@ fn write_text(
     Ok(())
 }
 
+/// Says which counted functions were unloaded with their library during the count, and
+/// that calls after that (into a copy loaded again too) are not in their counts.
+fn write_unloaded_note(
+    out: &mut impl Write,
+    counted: &[Counted],
+    libraries: LibraryChurn,
+) -> std::io::Result<()> {
+    let gone: Vec<String> = counted
+        .iter()
+        .filter(|c| c.unloaded)
+        .map(|c| row_name(c, counted))
+        .collect();
+    if gone.is_empty() {
+        return Ok(());
+    }
+    let modules: std::collections::BTreeSet<&str> = counted
+        .iter()
+        .filter(|c| c.unloaded)
+        .map(|c| c.chosen.function.module.as_str())
+        .collect();
+    let modules: Vec<&str> = modules.into_iter().collect();
+    writeln!(
+        out,
+        "note: {} {} unloaded with {} during the count (the process loaded {} and unloaded {} \
+         libraries meanwhile); calls after the unload are not counted, including calls into \
+         a copy loaded again",
+        gone.join(", "),
+        if gone.len() == 1 { "was" } else { "were" },
+        modules.join(", "),
+        libraries.loaded,
+        libraries.unloaded,
+    )
+}
+
 /// `returns`: with return hooks, the calls whose returns went uncounted (too deep).
 fn write_json(
     out: &mut impl Write,
@@ -341,6 +413,7 @@ fn write_json(
     returns: Option<u64>,
     counted: &[Counted],
     refused: &[(&Chosen, &str)],
+    libraries: LibraryChurn,
 ) -> std::io::Result<()> {
     let functions: Vec<serde_json::Value> = counted
         .iter()
@@ -366,6 +439,9 @@ fn write_json(
             if returns.is_some() {
                 function["returns"] = json!(c.returns);
             }
+            if c.unloaded {
+                function["unloaded"] = json!(true);
+            }
             function
         })
         .collect();
@@ -386,6 +462,8 @@ fn write_json(
         "total_calls": total_calls(counted),
         "functions": functions,
         "refused": refused,
+        "libraries_loaded": libraries.loaded,
+        "libraries_unloaded": libraries.unloaded,
     });
     if let Some(overflows) = returns {
         report["returns_not_counted"] = json!(overflows);

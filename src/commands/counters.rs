@@ -183,7 +183,7 @@ pub fn read_counters(
     ids: &[u32],
 ) -> Result<Vec<ThreadCounters>, SessionError> {
     match session.request(&Request::ReadCounters { ids: ids.to_vec() })? {
-        Response::Counters { threads } => Ok(threads),
+        Response::Counters { threads, .. } => Ok(threads),
         other => Err(SessionError::Protocol(format!("{other:?}"))),
     }
 }

@@ -13,24 +13,33 @@ pub fn run(pid: i32) -> anyhow::Result<()> {
     match session.request(&Request::Detach)? {
         Response::Detached {
             restored,
-            pending: 0,
-            ..
-        } => {
-            println!("detached: pid={pid} restored={restored} functions; the agent stays dormant");
-            Ok(())
-        }
-        Response::Detached {
-            restored,
+            unloaded,
             pending,
             pending_reason,
         } => {
+            let gone = match unloaded.len() {
+                0 => String::new(),
+                n => format!(
+                    "; {n} patched function{} had been unloaded with {} library (nothing of \
+                     {} to restore)",
+                    if n == 1 { "" } else { "s" },
+                    if n == 1 { "its" } else { "their" },
+                    if n == 1 { "it" } else { "theirs" },
+                ),
+            };
+            let lingering = match pending {
+                0 => String::new(),
+                _ => format!(
+                    "; {pending} of tendril's own hooks on the unwinder are still in ({}), and \
+                     come out by themselves once it leaves (`tendril status {pid}` shows them)",
+                    pending_reason
+                        .as_deref()
+                        .unwrap_or("a thread is inside tendril's hooks")
+                ),
+            };
             println!(
-                "detached: pid={pid} restored={restored} functions; {pending} of tendril's own \
-                 hooks on the unwinder are still in ({}), and come out by themselves once it \
-                 leaves (`tendril status {pid}` shows them)",
-                pending_reason
-                    .as_deref()
-                    .unwrap_or("a thread is inside tendril's hooks")
+                "detached: pid={pid} restored={restored} functions{gone}{lingering}; the agent \
+                 stays dormant"
             );
             Ok(())
         }

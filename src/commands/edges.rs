@@ -103,6 +103,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
         ));
     }
     let ids = layout.counters();
+    let mut unloaded = false;
     let waited = counters::wait_then_restore(
         &mut session,
         CounterWait {
@@ -123,8 +124,18 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
                 thousands(counters::summed(latest, 0))
             )
         },
-        |session| restore(session, layout.address),
+        |session| {
+            unloaded = restore(session, layout.address)?;
+            Ok(())
+        },
     )?;
+    if unloaded {
+        eprintln!(
+            "tendril: {name} was unloaded with {} during the edge count; the counts are of \
+             its calls before that (nothing was written where it had been)",
+            function.module
+        );
+    }
     let counts: HashMap<u32, u64> = ids
         .iter()
         .enumerate()
@@ -260,15 +271,16 @@ fn install(
     }
 }
 
-/// Points the entry back at the original code.
-fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<()> {
+/// Points the entry back at the original code; says whether the function had been
+/// unloaded with its library instead (its code gone, nothing to restore).
+fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<bool> {
     match session
         .request(&Request::Unpatch {
             addresses: vec![address],
         })
         .map_err(|e| anyhow!("cannot restore the target's code: {e}"))?
     {
-        Response::Unpatched { .. } => Ok(()),
+        Response::Unpatched { unloaded, .. } => Ok(unloaded.contains(&address)),
         other => bail!("unexpected answer from the agent: {other:?}"),
     }
 }

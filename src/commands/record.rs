@@ -227,6 +227,9 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
     if let Some(warning) = crate::profile::stack_switch_warning(profile) {
         eprintln!("tendril: {warning}");
     }
+    if let Some(note) = crate::profile::library_churn_note(stats) {
+        eprintln!("tendril: {note}");
+    }
     if let Some(trace) = &profile.trace {
         eprintln!("tendril: {}", trace.summary());
     }

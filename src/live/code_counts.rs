@@ -84,7 +84,7 @@ pub fn read_counts(opened: Opened, pid: i32) -> OpenCode {
         };
         loop {
             let update = match session.request(&request) {
-                Ok(Response::Counters { threads }) => Ok(threads),
+                Ok(Response::Counters { threads, .. }) => Ok(threads),
                 Ok(other) => Err(SessionError::Protocol(format!("{other:?}")).to_string()),
                 Err(error) => Err(format!("cannot read counts: {error}")),
             };

@@ -51,5 +51,7 @@ pub use model::{
     Profile, SamplingInfo, ShapeCalibration, Stats, ThreadProfile, Visit, walk,
 };
 pub use prune::{Prune, PruneError};
-pub use report::{ReportFormat, UnknownReportFormat, stack_switch_warning, write_report};
+pub use report::{
+    ReportFormat, UnknownReportFormat, library_churn_note, stack_switch_warning, write_report,
+};
 pub use thread_tree::OwnFunctions;

@@ -224,6 +224,21 @@ pub struct Stats {
     /// have taken out counts as on-CPU.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub off_cpu_lost: u64,
+    /// Libraries the process loaded and unloaded while the recording ran (the dynamic
+    /// loader's own counts).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub libraries_loaded: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub libraries_unloaded: u64,
+    /// Of `libraries_loaded`: those tendril followed (read and instrumented a new one, or
+    /// instrumented again one loaded where it had been). Calls into the others — loaded
+    /// and unloaded between two of its looks, every 100 ms — are not recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub libraries_followed: u64,
+    /// Instrumented functions whose library was unloaded while they were patched: their
+    /// calls after that are recorded only if the library came back and was followed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unloaded_functions: u64,
     /// Whether the nodes' `total_ns`/`self_ns` hold CPU times now
     /// (`Profile::show_clock`); never saved: a saved profile holds wall-clock times there.
     #[serde(skip)]

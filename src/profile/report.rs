@@ -9,7 +9,7 @@
 use super::export;
 pub use super::folded::{MAX_FOLDED_FRAMES, folded_stacks_elided, write_folded};
 use super::hot::hot_spots;
-use super::model::{Node, Profile};
+use super::model::{Node, Profile, Stats};
 use super::names::{fit_middle, function_label, printable};
 use std::fmt;
 use std::io::{self, Write};
@@ -164,6 +164,33 @@ fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
 
+/// What a profile recorded while the process loaded and unloaded libraries must say
+/// (`None` if it followed every library, and none took instrumented code with it).
+pub fn library_churn_note(stats: &Stats) -> Option<String> {
+    let missed = stats
+        .libraries_loaded
+        .saturating_sub(stats.libraries_followed);
+    if missed == 0 && stats.unloaded_functions == 0 {
+        return None;
+    }
+    let gone = match stats.unloaded_functions {
+        0 => String::new(),
+        n => format!(
+            "; {} went with {} library",
+            plural(n, "instrumented function", "instrumented functions"),
+            if n == 1 { "its" } else { "their" }
+        ),
+    };
+    Some(format!(
+        "the process loaded {} and unloaded {} while recording, and tendril followed {}: \
+         calls into the others (loaded and unloaded between its looks, every 100 ms) are not \
+         recorded{gone}",
+        plural(stats.libraries_loaded, "library", "libraries"),
+        stats.libraries_unloaded,
+        stats.libraries_followed,
+    ))
+}
+
 /// The warning a profile whose threads switched stacks must carry (`None` if none
 /// did): how many switches and how many frames the trees cut short, per thread.
 pub fn stack_switch_warning(profile: &Profile) -> Option<String> {
@@ -237,6 +264,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
              tendril's draining held",
             ms(stats.core_wait_ns)
         )?;
+    }
+    if let Some(note) = library_churn_note(stats) {
+        writeln!(out, "{note}")?;
     }
     let not_followed = profile
         .discovery

@@ -251,12 +251,16 @@ impl Recorder {
                     outer_ticks,
                     inner_spread_ticks,
                     outer_spread_ticks,
-                } => (
-                    inner_ticks,
-                    outer_ticks,
-                    inner_spread_ticks,
-                    outer_spread_ticks,
-                ),
+                    loader,
+                } => {
+                    self.late_modules.started(loader);
+                    (
+                        inner_ticks,
+                        outer_ticks,
+                        inner_spread_ticks,
+                        outer_spread_ticks,
+                    )
+                }
                 other => {
                     return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
                 }
@@ -397,6 +401,7 @@ impl Recorder {
             indirect.note_outcomes(&patched, &outcomes);
             eprintln!("tendril: {}", indirect.summary());
         }
+        self.late_modules.instrumented(&patched, &outcomes);
         self.root_names = root_names;
         self.instrumented_up_front = recorded;
         self.static_indirect_call_sites = closure.indirect_call_sites;
@@ -418,7 +423,15 @@ impl Recorder {
         self.poll();
         self.stop_watching();
         let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
-            Response::RecordingStopped { refused, .. } => refused,
+            Response::RecordingStopped {
+                refused,
+                unloaded,
+                loader,
+                ..
+            } => {
+                self.late_modules.stopped(loader, unloaded.len());
+                refused
+            }
             other => {
                 return Err(RecordError::Session {
                     pid,

@@ -50,7 +50,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 29] = [
+const FIXTURES: [Fixture; 32] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -195,6 +195,21 @@ const FIXTURES: [Fixture; 29] = [
         name: "i386_loop",
         source: "i386_loop.S",
         recipe: Recipe::I386,
+    },
+    Fixture {
+        name: "plug_host",
+        source: "plug_host.c",
+        recipe: Recipe::CDlopen,
+    },
+    Fixture {
+        name: "libplug_a.so",
+        source: "plug_a.c",
+        recipe: Recipe::CSharedLibrary,
+    },
+    Fixture {
+        name: "libplug_b.so",
+        source: "plug_b.c",
+        recipe: Recipe::CSharedLibrary,
     },
 ];
 

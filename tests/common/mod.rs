@@ -45,7 +45,8 @@ pub fn edge_counts(
 ) -> std::collections::BTreeMap<u32, u64> {
     let ids = layout.counters();
     let request = tendril_wire::Request::ReadCounters { ids: ids.clone() };
-    let tendril_wire::Response::Counters { threads } = session.request(&request).unwrap() else {
+    let tendril_wire::Response::Counters { threads, .. } = session.request(&request).unwrap()
+    else {
         panic!("no counters")
     };
     ids.iter()

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire9");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire10");
 
 /// The longest request line the agent reads (newline included). A `Patch` target and
 /// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
@@ -152,6 +152,12 @@ pub struct PatchTarget {
     /// Its size in bytes (symbol or FDE).
     pub size: u64,
     pub hook: Hook,
+    /// The path of the file the controller found the function in, as the target's
+    /// `/proc/PID/maps` names it: the agent patches only if that file is still mapped
+    /// there (a library unloaded since, and maybe another loaded at its address, is
+    /// refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub module: Option<String>,
 }
 
 /// What became of one [`PatchTarget`].
@@ -162,6 +168,16 @@ pub struct PatchOutcome {
     pub id: Option<u32>,
     /// Why it was not patched.
     pub refused: Option<String>,
+}
+
+/// The dynamic loader's counts of the libraries it has added and removed since the
+/// process started (`dl_phdr_info`'s `dlpi_adds` and `dlpi_subs`; 0 where the C library
+/// keeps none): two readings tell how many libraries came and went between them, even
+/// those that came and went too fast to be seen in `/proc/PID/maps`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderCounts {
+    pub loads: u64,
+    pub unloads: u64,
 }
 
 /// One thread's counters, in the order of the ids asked for.
@@ -202,6 +218,10 @@ pub enum Response {
     /// and how many of tendril's unwinder hooks still wait to come out (and why).
     Detached {
         restored: usize,
+        /// Functions whose library was unloaded while they were patched: their bytes
+        /// went with it, and nothing was written where they were.
+        #[serde(default)]
+        unloaded: Vec<u64>,
         #[serde(default)]
         pending: usize,
         #[serde(default)]
@@ -212,6 +232,9 @@ pub enum Response {
     /// Answer to [`Request::Unpatch`].
     Unpatched {
         restored: usize,
+        /// As in [`Response::Detached`].
+        #[serde(default)]
+        unloaded: Vec<u64>,
         /// tendril's own unwinder hooks that had to stay in for now (see
         /// [`Response::Detached`]).
         #[serde(default)]
@@ -220,7 +243,11 @@ pub enum Response {
         pending_reason: Option<String>,
     },
     /// Answer to [`Request::ReadCounters`].
-    Counters { threads: Vec<ThreadCounters> },
+    Counters {
+        threads: Vec<ThreadCounters>,
+        #[serde(default)]
+        loader: LoaderCounts,
+    },
     /// Answer to [`Request::ResolveSymbols`], one address (or none) per name.
     Resolved { addresses: Vec<Option<u64>> },
     /// Answer to [`Request::StartRecording`]: the hooks' calibrated cost in TSC ticks
@@ -235,12 +262,19 @@ pub enum Response {
         inner_spread_ticks: f64,
         #[serde(default)]
         outer_spread_ticks: f64,
+        #[serde(default)]
+        loader: LoaderCounts,
     },
     /// Answer to [`Request::StopRecording`]: functions restored, and the callees that
     /// could not be instrumented, with the reason.
     RecordingStopped {
         restored: usize,
         refused: Vec<(u64, String)>,
+        /// As in [`Response::Detached`].
+        #[serde(default)]
+        unloaded: Vec<u64>,
+        #[serde(default)]
+        loader: LoaderCounts,
     },
     /// Answer to [`Request::UpdateTable`]: the number of functions the table now holds.
     TableUpdated { functions: u64 },

@@ -3,12 +3,22 @@
 //! plugin is followed like any other.
 //!
 //! The one idea: the controller already knows how to read a module; it only has to
-//! notice one. Every [`CHECK_EVERY`] of draining, it compares the code objects of
-//! `/proc/PID/maps` with the modules it has symbols for (a read of a few kilobytes). A new
-//! one makes it load the process's symbols again, send the agent the new table
-//! (`UpdateTable`), patch the new module's address-taken and exported functions (a
-//! `dlopen`ed module is reached through `dlsym`) in one batch, and say so on stderr. A call into the new module made before that (at most about
-//! [`CHECK_EVERY`] after the `dlopen`) is not followed; from then on it is.
+//! notice one. Every [`CHECK_EVERY`] of draining, it asks the agent for the dynamic
+//! loader's counts of libraries added and removed; when they moved, it compares the code
+//! objects of `/proc/PID/maps` with the modules it has symbols for. A new one makes it
+//! load the process's symbols again, send the agent the new table (`UpdateTable`), patch
+//! the new module's address-taken and exported functions (a `dlopen`ed module is reached
+//! through `dlsym`) in one batch, and say so on stderr. A call into the new module made
+//! before that (at most about [`CHECK_EVERY`] after the `dlopen`) is not followed; from
+//! then on it is.
+//!
+//! A library unloaded while instrumented takes its patches with it (the agent writes
+//! nothing where they were, see the agent's `loaded_modules`); one loaded again where it
+//! was is the same module to `/proc/PID/maps`. So when the loader removed a library,
+//! everything instrumented up front and since is patched again: the agent answers at
+//! once for what is still in, and instruments anew what came back. The profile's stats
+//! say how many libraries came and went, how many of those tendril followed, and how many
+//! instrumented functions went away with theirs.
 
 use super::*;
 use crate::recording::address_taken;
@@ -16,16 +26,75 @@ use crate::symbols::maps;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
+use tendril_wire::{LoaderCounts, PatchOutcome};
 
 /// How often the target's modules are compared with the known ones.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
 
-/// When modules were last looked for.
+/// When modules were last looked for, and what came and went.
 #[derive(Debug, Default)]
 pub(super) struct Watch {
     last_check: Option<Instant>,
     /// Modules that could not be followed, so that they are not tried again.
     given_up: HashSet<PathBuf>,
+    /// The loader's counts when the recording (re)started, and at the last look.
+    loader_at_start: LoaderCounts,
+    loader: LoaderCounts,
+    /// The loader's counts when the recording stopped.
+    loader_at_stop: Option<LoaderCounts>,
+    /// Libraries loaded since the start that tendril followed (new modules, and
+    /// libraries loaded again whose functions it instrumented again).
+    followed: u64,
+    /// Instrumented functions whose library was unloaded while they were patched.
+    unloaded_functions: u64,
+    /// What is instrumented besides discovery (roots, address-taken functions), with
+    /// its id: patched again when a library was unloaded, in case it came back.
+    instrumented: Vec<(u64, Hook, u32)>,
+}
+
+impl Watch {
+    /// A recording (re)started with the loader at `loader`.
+    pub(super) fn started(&mut self, loader: LoaderCounts) {
+        self.loader_at_start = loader;
+        self.loader = loader;
+        self.loader_at_stop = None;
+        self.followed = 0;
+        self.unloaded_functions = 0;
+        self.instrumented.clear();
+    }
+
+    /// Notes what `patched` got in (`outcomes`, in the same order).
+    pub(super) fn instrumented(
+        &mut self,
+        patched: &[(&Function, Hook)],
+        outcomes: &[PatchOutcome],
+    ) {
+        self.instrumented.extend(
+            patched
+                .iter()
+                .zip(outcomes)
+                .filter(|((_, hook), _)| hook.records())
+                .filter_map(|((function, hook), outcome)| {
+                    Some((function.addr, *hook, outcome.id?))
+                }),
+        );
+    }
+
+    /// The recording stopped with the loader at `loader`; `unloaded` instrumented
+    /// functions had gone with their library.
+    pub(super) fn stopped(&mut self, loader: LoaderCounts, unloaded: usize) {
+        self.loader_at_stop = Some(loader);
+        self.unloaded_functions += unloaded as u64;
+    }
+
+    /// The libraries that came and went, for the profile's stats.
+    pub(super) fn fill_stats(&self, stats: &mut crate::profile::Stats) {
+        let now = self.loader_at_stop.unwrap_or(self.loader);
+        stats.libraries_loaded = now.loads.saturating_sub(self.loader_at_start.loads);
+        stats.libraries_unloaded = now.unloads.saturating_sub(self.loader_at_start.unloads);
+        stats.libraries_followed = self.followed.min(stats.libraries_loaded);
+        stats.unloaded_functions = self.unloaded_functions;
+    }
 }
 
 impl Recorder {
@@ -43,13 +112,70 @@ impl Recorder {
             return;
         }
         self.late_modules.last_check = Some(now);
-        let new = self.new_modules();
-        if new.is_empty() {
+        let Ok(loader) = self.session.loader_counts() else {
+            return;
+        };
+        let before = std::mem::replace(&mut self.late_modules.loader, loader);
+        if loader == before {
             return;
         }
-        if let Err(message) = self.follow(&new) {
-            eprintln!("tendril: calls into new modules are not followed: {message}");
-            self.late_modules.given_up.extend(new);
+        let new = self.new_modules();
+        if !new.is_empty() {
+            match self.follow(&new) {
+                Ok(()) => self.late_modules.followed += new.len() as u64,
+                Err(message) => {
+                    eprintln!("tendril: calls into new modules are not followed: {message}");
+                    self.late_modules.given_up.extend(new);
+                }
+            }
+        }
+        if loader.unloads > before.unloads {
+            self.instrument_again();
+        }
+    }
+
+    /// Patches again what was instrumented besides discovery, after a library was
+    /// unloaded: what went with it and came back gets new patches (and ids); the rest is
+    /// in already, which the agent answers at once.
+    fn instrument_again(&mut self) {
+        let functions: Vec<(&Function, Hook)> = self
+            .late_modules
+            .instrumented
+            .iter()
+            .filter_map(|&(address, hook, _)| {
+                let function = self.symbols.lookup(address).filter(|f| f.addr == address)?;
+                Some((function, hook))
+            })
+            .collect();
+        if functions.is_empty() {
+            return;
+        }
+        let Ok(Response::Patched { outcomes }) = self
+            .session
+            .request(&targets::patch_request(&self.symbols, &functions))
+        else {
+            return;
+        };
+        let mut again = 0;
+        for outcome in &outcomes {
+            let known = self
+                .late_modules
+                .instrumented
+                .iter_mut()
+                .find(|(address, _, _)| *address == outcome.address);
+            if let (Some(id), Some((_, _, known_id))) = (outcome.id, known)
+                && *known_id != id
+            {
+                *known_id = id;
+                again += 1;
+            }
+        }
+        if again > 0 {
+            self.late_modules.followed += 1;
+            eprintln!(
+                "tendril: a library was loaded again: {again} of its functions are \
+                 instrumented again"
+            );
         }
     }
 
@@ -94,6 +220,8 @@ impl Recorder {
             return Ok(());
         }
         let found = address_taken::find_late(&symbols, &names);
+        // Functions registered so far are named from the modules they were in.
+        self.refresh_names();
         self.symbols = symbols;
         let indirect = self.indirect.as_mut().expect("checked by the caller");
         indirect.note_unreadable(&found);

@@ -39,6 +39,7 @@ impl Recorder {
     /// Fields beyond the builder's: pauses, the gross-time distribution, the duration,
     /// how calls through pointers were followed.
     fn add_extras(&self, profile: &mut Profile, counters: &AgentCounters) {
+        self.late_modules.fill_stats(&mut profile.stats);
         let hz = profile.calibration.tsc_hz.max(1) as f64;
         // The agent's own pauses, and the waits for a core the drain held (the trees').
         profile.stats.pause_ns =
@@ -88,7 +89,7 @@ impl Recorder {
     }
 
     /// Names every id the registry has an address for, up to the highest id seen.
-    fn refresh_names(&mut self) {
+    pub(super) fn refresh_names(&mut self) {
         let mut id = self.names.len() as u32;
         let Some(rings) = self.rings.as_ref() else {
             return;

@@ -17,7 +17,7 @@ use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tendril_wire::{PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
+use tendril_wire::{LoaderCounts, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
 
 pub(super) fn run_session(session: u64, stream: UnixStream) {
     let Ok(mut writer) = stream.try_clone() else {
@@ -88,6 +88,7 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
             Ok(Request::Unpatch { addresses }) => unpatch(session, &addresses),
             Ok(Request::ReadCounters { ids }) => Response::Counters {
                 threads: counting::read_counters(&ids),
+                loader: loader_counts(),
             },
             Ok(Request::ResolveSymbols { names }) => Response::Resolved {
                 addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
@@ -178,10 +179,14 @@ fn detach(session: u64) -> Response {
         std::thread::sleep(Duration::from_millis(1));
     }
     patcher::restore(None);
+    let unloaded = patcher::take_unloaded(None);
     let (pending, reason) = patcher::pending_restore();
     lingering::finish_in_background();
     Response::Detached {
-        restored: patched.saturating_sub(patcher::patched_count() + pending),
+        restored: patched
+            .saturating_sub(patcher::patched_count() + pending)
+            .saturating_sub(unloaded.len()),
+        unloaded,
         pending,
         pending_reason: reason.map(|r| r.to_string()),
     }
@@ -189,10 +194,12 @@ fn detach(session: u64) -> Response {
 
 fn unpatch(session: u64, addresses: &[u64]) -> Response {
     let restored = patcher::restore_functions(session, addresses);
+    let unloaded = patcher::take_unloaded(Some(session));
     let (pending, reason) = patcher::pending_restore();
     lingering::finish_in_background();
     Response::Unpatched {
         restored,
+        unloaded,
         pending,
         pending_reason: reason.map(|r| r.to_string()),
     }
@@ -248,6 +255,7 @@ fn start_recording(
             outer_ticks: cost.outer_ticks,
             inner_spread_ticks: cost.inner_spread_ticks,
             outer_spread_ticks: cost.outer_spread_ticks,
+            loader: loader_counts(),
         };
         Ok((response, rings))
     })();
@@ -265,9 +273,21 @@ pub(super) fn stop_recording(session: u64) -> Response {
     recording::stop();
     in_situ::stop();
     let restored = patcher::restore(Some(session));
+    let unloaded = patcher::take_unloaded(Some(session));
     let refused = discovery::stop();
     STATE.recording_session.store(0, Ordering::Release);
-    Response::RecordingStopped { restored, refused }
+    Response::RecordingStopped {
+        restored,
+        refused,
+        unloaded,
+        loader: loader_counts(),
+    }
+}
+
+/// The dynamic loader's counts of libraries added and removed so far.
+fn loader_counts() -> LoaderCounts {
+    let (loads, unloads) = crate::sys::loaded_modules::generation();
+    LoaderCounts { loads, unloads }
 }
 
 /// Where the dynamic loader resolves `name` for the program (`dlsym(RTLD_DEFAULT)`),
@@ -289,7 +309,9 @@ fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> R
             kind: target.hook,
         })
         .collect();
-    let results = crate::patching::patch_targets::patch_mapped(session, &requests, code_ranges);
+    let modules: Vec<Option<String>> = targets.iter().map(|t| t.module.clone()).collect();
+    let results =
+        crate::patching::patch_targets::patch_mapped(session, &requests, &modules, code_ranges);
     let outcomes = targets
         .iter()
         .zip(results)

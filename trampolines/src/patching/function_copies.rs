@@ -22,6 +22,7 @@ use super::sites::{CopyBehind, Engine, PatchRequest};
 use super::state::{engine, runtime};
 use crate::code::entry_plan::PatchStyle;
 use crate::sys::error::AgentError;
+use crate::sys::loaded_modules;
 use prepared::{Counted, counter_ids};
 use tendril_wire::Hook;
 use tendril_wire::edges::EdgeLayout;
@@ -41,8 +42,33 @@ pub fn install(
     cold_parts: &[(u64, u64)],
     count_paths: bool,
 ) -> Result<EdgeLayout, AgentError> {
-    let mut guard = engine();
-    let engine = guard.get_or_insert_with(Engine::default);
+    // The loader held, then the engine, as for every patch (`patcher::patch`).
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = engine();
+        let engine = guard.get_or_insert_with(Engine::default);
+        engine.forget_unloaded(modules);
+        install_copy(
+            engine,
+            owner,
+            address,
+            size,
+            code_ranges,
+            cold_parts,
+            count_paths,
+        )
+    })
+}
+
+/// [`install`], with the loader and the engine held.
+fn install_copy(
+    engine: &mut Engine,
+    owner: u64,
+    address: u64,
+    size: u64,
+    code_ranges: &[(u64, u64)],
+    cold_parts: &[(u64, u64)],
+    count_paths: bool,
+) -> Result<EdgeLayout, AgentError> {
     prepare()?;
     if let Some(reason) = own_code(owner, address, size) {
         return Err(AgentError::Refused(reason.into()));
@@ -115,8 +141,23 @@ pub fn install_behind_hook(
     cold_parts: &[(u64, u64)],
     count_paths: bool,
 ) -> Result<(EdgeLayout, Vec<u8>), AgentError> {
-    let mut guard = engine();
-    let engine = guard.get_or_insert_with(Engine::default);
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = engine();
+        let engine = guard.get_or_insert_with(Engine::default);
+        engine.forget_unloaded(modules);
+        copy_behind_hook(engine, owner, address, size, cold_parts, count_paths)
+    })
+}
+
+/// [`install_behind_hook`], with the loader and the engine held.
+fn copy_behind_hook(
+    engine: &mut Engine,
+    owner: u64,
+    address: u64,
+    size: u64,
+    cold_parts: &[(u64, u64)],
+    count_paths: bool,
+) -> Result<(EdgeLayout, Vec<u8>), AgentError> {
     prepare()?;
     let Some(site) = engine.sites.get(&address) else {
         return Err(AgentError::Refused(

@@ -147,12 +147,14 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     };
     match written {
         Ok(()) => {
-            for site in batch.iter_mut() {
+            for (site, jump) in batch.iter_mut().zip(&jumps) {
+                let hook = site.trampoline.hook;
                 site.recorded = [
-                    active::record(site.patch_at, &site.original[..site.jump_len()]),
-                    site.pad
-                        .as_ref()
-                        .and_then(|pad| active::record(pad.address, &pad.original)),
+                    active::record(site.patch_at, &site.original[..site.jump_len()], jump),
+                    site.pad.as_ref().and_then(|pad| {
+                        let written = rel32_jump(pad.address, hook);
+                        active::record(pad.address, &pad.original, &written)
+                    }),
                 ];
             }
             Ok(())
@@ -208,12 +210,16 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
             let on_pad =
                 |pc: u64| (pc >= pad.address && pc < pad.address + PAD_LEN).then_some(old_hook);
             let jump = rel32_jump(pad.address, hook);
-            stop_world::with_world_stopped_in(buffers, |world| {
+            let written = stop_world::with_world_stopped_in(buffers, |world| {
                 move_threads(world, &on_pad);
                 let written = code_memory::write_code(pad.address, &jump);
                 stop_world::serialize_all_cores();
                 written
-            })
+            });
+            if matches!(written, Ok(Ok(()))) {
+                active::rewrite(site.recorded[1], &jump);
+            }
+            written
         }
         _ => {
             let jump = rel32_jump(site.patch_at, hook);
@@ -221,6 +227,7 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
             stop_world::serialize_all_cores();
             writable.store_two_bytes(site.patch_at, [jump[0], jump[1]]);
             stop_world::serialize_all_cores();
+            active::rewrite(site.recorded[0], &jump);
             return Ok(());
         }
     };
@@ -279,7 +286,39 @@ pub fn resume_point_in_copy(pc: u64, batch: &[Site]) -> Option<u64> {
         .map(|&(_, copy)| site.trampoline.body + copy as u64)
 }
 
-/// Puts back the original bytes of `sites` (see the module comment).
+/// Whether `site`'s entry (and pad) still hold the jumps tendril wrote: false once the
+/// library it was in has been unloaded (and maybe another mapped there), whose bytes
+/// are then not tendril's to restore. Reads through `/proc/self/mem`, so an address
+/// nothing maps any more reads as not installed instead of faulting.
+pub fn still_installed(site: &Site) -> bool {
+    let entry = site.entry_jump();
+    let mut now = [0u8; MAX_ENTRY_PATCH];
+    let now = &mut now[..entry.len()];
+    if !code_memory::read_memory(site.patch_at, now) || now != entry.as_slice() {
+        return false;
+    }
+    site.pad
+        .as_ref()
+        .is_none_or(|pad| holds(pad.address, &rel32_jump(pad.address, site.trampoline.hook)))
+}
+
+/// Forgets `site` without writing a byte: its library was unloaded while it was
+/// patched (see [`still_installed`]), so a fork's child must not restore it either.
+pub fn forget_unloaded(site: &Site) {
+    for slot in site.recorded {
+        active::forget(slot);
+    }
+}
+
+/// Whether the code at `address` is `bytes` now (an unmapped address is not).
+fn holds(address: u64, bytes: &[u8]) -> bool {
+    let mut now = [0u8; 16];
+    let now = &mut now[..bytes.len()];
+    code_memory::read_memory(address, now) && now == bytes
+}
+
+/// Puts back the original bytes of `sites` (see the module comment). Every site must
+/// still be installed ([`still_installed`], checked with the loader held).
 pub fn restore(sites: &[Site]) {
     let _no_thread_start = agent_threads::code_change();
     match WritableCode::open(sites.iter().map(|s| (s.patch_at, s.jump_len() as u64))) {
@@ -324,6 +363,14 @@ pub fn restore(sites: &[Site]) {
             recorded: site.recorded[1],
         })
     }));
+    // A pad whose library was unloaded since is not tendril's to write any more.
+    pending.retain(|p| {
+        let ours = holds(p.pad.address, &rel32_jump(p.pad.address, p.hook));
+        if !ours {
+            active::forget(p.recorded);
+        }
+        ours
+    });
     if pending.is_empty() {
         return;
     }
@@ -353,10 +400,18 @@ fn resume_point_off_pad(pc: u64, pads: &[PendingPad]) -> Option<u64> {
 
 /// In a forked child, which has only the thread that forked: put back every byte at
 /// once. The engine's lock may have been held by a thread that does not exist in the
-/// child, so this reads the lock-free record of what is patched.
+/// child, so this reads the lock-free record of what is patched. Only bytes that are
+/// still tendril's (what it wrote, or a guard a patch in progress put up) are put
+/// back: a library unloaded since it was patched is not tendril's to write.
 pub fn restore_all_in_forked_child() {
-    active::for_each(|address, original| {
-        let _ = code_memory::write_code(address, original);
+    active::for_each(|address, original, written| {
+        let mut now = [0u8; 7];
+        let now = &mut now[..written.len()];
+        let ours =
+            code_memory::read_memory(address, now) && (now == written || now.starts_with(&GUARD));
+        if ours {
+            let _ = code_memory::write_code(address, original);
+        }
     });
 }
 
@@ -373,18 +428,34 @@ mod active {
         u64::from_le_bytes(word)
     }
 
-    /// Records patched bytes (called with the engine's lock held); returns the slot.
-    pub fn record(address: u64, original: &[u8]) -> Option<usize> {
+    fn unpack(word: u64) -> ([u8; 8], usize) {
+        let bytes = word.to_le_bytes();
+        let len = (bytes[7] as usize).min(7);
+        (bytes, len)
+    }
+
+    /// Records patched bytes, the `original` ones and those `written` over them (called
+    /// with the engine's lock held); returns the slot.
+    pub fn record(address: u64, original: &[u8], written: &[u8]) -> Option<usize> {
         let start = STATE.patched_now_next.load(Ordering::Relaxed);
         let slot = (0..CAPACITY)
             .map(|i| (start + i) % CAPACITY)
             .find(|&slot| STATE.patched_now_address[slot].load(Ordering::Relaxed) == 0)?;
         STATE.patched_now_original[slot].store(pack(original), Ordering::Relaxed);
+        STATE.patched_now_written[slot].store(pack(written), Ordering::Relaxed);
         STATE.patched_now_address[slot].store(address, Ordering::Release);
         STATE
             .patched_now_next
             .store((slot + 1) % CAPACITY, Ordering::Relaxed);
         Some(slot)
+    }
+
+    /// Records that `written` now stands where the slot's bytes were written (a site
+    /// pointed at another hook; called with the engine's lock held).
+    pub fn rewrite(slot: Option<usize>, written: &[u8]) {
+        if let Some(slot) = slot {
+            STATE.patched_now_written[slot].store(pack(written), Ordering::Release);
+        }
     }
 
     /// Forgets restored bytes (called with the engine's lock held).
@@ -394,17 +465,16 @@ mod active {
         }
     }
 
-    pub fn for_each(mut visit: impl FnMut(u64, &[u8])) {
-        for (address, original) in STATE
-            .patched_now_address
-            .iter()
-            .zip(&STATE.patched_now_original)
-        {
-            let at = address.load(Ordering::Acquire);
+    /// Calls `visit(address, original, written)` for every slot in use.
+    pub fn for_each(mut visit: impl FnMut(u64, &[u8], &[u8])) {
+        for slot in 0..CAPACITY {
+            let at = STATE.patched_now_address[slot].load(Ordering::Acquire);
             if at != 0 {
-                let bytes = original.load(Ordering::Relaxed).to_le_bytes();
-                let len = (bytes[7] as usize).min(7);
-                visit(at, &bytes[..len]);
+                let (original, len) =
+                    unpack(STATE.patched_now_original[slot].load(Ordering::Relaxed));
+                let (written, written_len) =
+                    unpack(STATE.patched_now_written[slot].load(Ordering::Acquire));
+                visit(at, &original[..len], &written[..written_len]);
             }
         }
     }

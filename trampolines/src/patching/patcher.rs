@@ -19,6 +19,7 @@ use crate::patching::state::{STATE, engine, runtime};
 use crate::patching::stop_world;
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
+use crate::sys::loaded_modules::{self, LoadedModules};
 use std::collections::HashMap;
 
 /// Installs the runtime's hooks; the first installation stays.
@@ -51,7 +52,11 @@ pub fn is_patched_by(owner: u64, address: u64) -> bool {
 /// code address has. Every id is visited, so a registry filled from it has no gaps.
 pub fn for_each_id(mut visit: impl FnMut(u32, u64)) {
     if let Some(engine) = engine().as_ref() {
-        for (&key, &id) in engine.ids.iter() {
+        for (&key, &id) in engine
+            .ids
+            .iter()
+            .chain(engine.retired_ids.iter().map(|(k, i)| (k, i)))
+        {
             visit(id, key);
         }
     }
@@ -95,31 +100,52 @@ pub fn pending_restore() -> (usize, Option<AgentError>) {
 /// Tries once more to take out the hooks a restore had to leave in; returns how many
 /// are still in.
 pub fn retry_pending_restore(attempts: usize) -> usize {
-    let mut guard = engine();
-    let Some(engine) = guard.as_mut() else {
-        return 0;
-    };
-    if engine.sites.values().any(|s| s.owner == LINGERING) {
-        restore_addresses(engine, &[], attempts);
-    }
-    engine
-        .sites
-        .values()
-        .filter(|s| s.owner == LINGERING)
-        .count()
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = engine();
+        let Some(engine) = guard.as_mut() else {
+            return 0;
+        };
+        engine.forget_unloaded(modules);
+        if engine.sites.values().any(|s| s.owner == LINGERING) {
+            restore_addresses(engine, &[], attempts);
+        }
+        engine
+            .sites
+            .values()
+            .filter(|s| s.owner == LINGERING)
+            .count()
+    })
 }
 
 /// Patches a batch of functions for session `owner`, all in one stop of the process.
 /// `code_ranges` are the known functions around them (themselves included), whose code
 /// might branch into a patched entry. Returns, per request, the function's id or why
 /// it was not patched.
+///
+/// The code is read and written with the dynamic loader held (`loaded_modules`), so no
+/// library is unloaded between the two; patches whose library went away since the last
+/// look are forgotten first (see [`Engine::forget_unloaded`]). Lock order, everywhere:
+/// the loader's, then the engine's.
 pub fn patch(
     owner: u64,
     requests: &[PatchRequest],
     code_ranges: &[(u64, u64)],
 ) -> Vec<Result<u32, AgentError>> {
-    let mut guard = engine();
-    let engine = guard.get_or_insert_with(Engine::default);
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = engine();
+        let engine = guard.get_or_insert_with(Engine::default);
+        engine.forget_unloaded(modules);
+        patch_batch(engine, owner, requests, code_ranges)
+    })
+}
+
+/// [`patch`], with the loader and the engine held.
+fn patch_batch(
+    engine: &mut Engine,
+    owner: u64,
+    requests: &[PatchRequest],
+    code_ranges: &[(u64, u64)],
+) -> Vec<Result<u32, AgentError>> {
     if let Err(reason) = prepare() {
         return requests.iter().map(|_| Err(reason.clone())).collect();
     }
@@ -214,32 +240,101 @@ impl Engine {
 
 /// Restores the functions patched by `owner` (every function for `None`); returns how
 /// many were restored.
+/// Functions whose library was unloaded while they were patched would have had their
+/// bytes put back (and are not counted as restored): see [`take_unloaded`].
 pub fn restore(owner: Option<u64>) -> usize {
-    let mut guard = engine();
-    let Some(engine) = guard.as_mut() else {
-        return 0;
-    };
-    let chosen: Vec<u64> = engine
-        .sites
-        .iter()
-        .filter(|(_, site)| owner.is_none_or(|o| site.owner == o))
-        .map(|(&address, _)| address)
-        .collect();
-    restore_addresses(engine, &chosen, RETIRE_ATTEMPTS)
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = engine();
+        let Some(engine) = guard.as_mut() else {
+            return 0;
+        };
+        engine.forget_unloaded(modules);
+        let chosen: Vec<u64> = engine
+            .sites
+            .iter()
+            .filter(|(_, site)| owner.is_none_or(|o| site.owner == o))
+            .map(|(&address, _)| address)
+            .collect();
+        restore_addresses(engine, &chosen, RETIRE_ATTEMPTS)
+    })
 }
 
 /// Restores the given functions of `owner`; returns how many were restored.
 pub fn restore_functions(owner: u64, addresses: &[u64]) -> usize {
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = engine();
+        let Some(engine) = guard.as_mut() else {
+            return 0;
+        };
+        engine.forget_unloaded(modules);
+        let owned: Vec<u64> = addresses
+            .iter()
+            .copied()
+            .filter(|address| engine.sites.get(address).is_some_and(|s| s.owner == owner))
+            .collect();
+        restore_addresses(engine, &owned, RETIRE_ATTEMPTS)
+    })
+}
+
+/// The functions of `owner` (every owner's for `None`) whose library was unloaded while
+/// they were patched, since the last call: nothing of theirs was restored, as their
+/// bytes were gone with the library. Each is told once.
+pub fn take_unloaded(owner: Option<u64>) -> Vec<u64> {
     let mut guard = engine();
     let Some(engine) = guard.as_mut() else {
-        return 0;
+        return Vec::new();
     };
-    let owned: Vec<u64> = addresses
-        .iter()
-        .copied()
-        .filter(|address| engine.sites.get(address).is_some_and(|s| s.owner == owner))
-        .collect();
-    restore_addresses(engine, &owned, RETIRE_ATTEMPTS)
+    let mut told = Vec::new();
+    engine.unloaded.retain(|&(site_owner, address)| {
+        let tell = owner.is_none_or(|o| o == site_owner);
+        if tell {
+            told.push(address);
+        }
+        !tell
+    });
+    told
+}
+
+impl Engine {
+    /// Forgets the patches whose library was unloaded (and the code there is no longer
+    /// the jump tendril wrote), when the loader has removed a library since the last
+    /// look: their originals must not be put back into whatever is mapped there now,
+    /// nor read as that code's bytes, and a function loaded there later gets an id of
+    /// its own. Called with the loader held.
+    pub(super) fn forget_unloaded(&mut self, modules: &LoadedModules) {
+        if modules.unloads == self.unloads_seen {
+            return;
+        }
+        self.unloads_seen = modules.unloads;
+        let gone: Vec<u64> = self
+            .sites
+            .iter()
+            .filter(|(_, site)| !patch_protocol::still_installed(site))
+            .map(|(&address, _)| address)
+            .collect();
+        for address in gone {
+            if let Some(site) = self.sites.remove(&address) {
+                self.forget_site(site);
+            }
+        }
+    }
+
+    /// Forgets one site whose library went away (see [`Engine::forget_unloaded`]).
+    fn forget_site(&mut self, site: Site) {
+        let function = site.function();
+        patch_protocol::forget_unloaded(&site);
+        self.originals.remove(&site.patch_at);
+        if let Some(pad) = &site.pad {
+            self.originals.remove(&pad.address);
+        }
+        self.copies_behind.remove(&function);
+        self.trampolines
+            .retain(|&(address, _), _| address != function);
+        if let Some(id) = self.ids.remove(&function) {
+            self.retired_ids.push((function, id));
+        }
+        self.unloaded.push((site.owner, function));
+    }
 }
 
 /// Owner of the unwinder's hooks while they cannot come out yet (some thread stayed
@@ -259,11 +354,14 @@ fn restore_addresses(engine: &mut Engine, addresses: &[u64], attempts: usize) ->
         .filter(|(_, site)| site.owner == LINGERING)
         .map(|(&address, _)| address)
         .collect();
-    let sites: Vec<Site> = addresses
+    let (sites, gone): (Vec<Site>, Vec<Site>) = addresses
         .iter()
         .chain(&lingering)
         .filter_map(|address| engine.sites.remove(address))
-        .collect();
+        .partition(patch_protocol::still_installed);
+    for site in gone {
+        engine.forget_site(site);
+    }
     for site in &sites {
         engine.originals.remove(&site.patch_at);
         if let Some(pad) = &site.pad {

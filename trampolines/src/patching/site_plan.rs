@@ -214,7 +214,7 @@ impl Engine {
         if let Some(&id) = self.ids.get(&key) {
             return Ok((id, false));
         }
-        let id = self.ids.len() as u32;
+        let id = (self.ids.len() + self.retired_ids.len()) as u32;
         if id as usize >= thread_layout::MAX_FUNCTION_IDS {
             return Err(AgentError::TooManyFunctions {
                 max: thread_layout::MAX_FUNCTION_IDS,

@@ -64,6 +64,14 @@ pub struct Engine {
     pub(in crate::patching) arena: CodeArena,
     /// Function address → id. Ids are never reused, so counters stay meaningful.
     pub(in crate::patching) ids: HashMap<u64, u32>,
+    /// Ids of functions whose library was unloaded while they were patched, with their
+    /// address then (a function loaded at that address later gets a new id).
+    pub(in crate::patching) retired_ids: Vec<(u64, u32)>,
+    /// The loader's count of unloaded libraries when the sites were last checked.
+    pub(in crate::patching) unloads_seen: u64,
+    /// (owner, function) of the patches forgotten because their library was unloaded,
+    /// not yet told to their session (`patcher::take_unloaded`).
+    pub(in crate::patching) unloaded: Vec<(u64, u64)>,
     /// Function address → its patch.
     pub(in crate::patching) sites: HashMap<u64, Site>,
     pub(in crate::patching) trampolines: HashMap<(u64, Hook), Trampoline>,

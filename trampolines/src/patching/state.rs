@@ -64,6 +64,9 @@ pub struct PatchingState {
     pub patched_now_address: [AtomicU64; PATCHED_NOW_CAPACITY],
     /// ...up to 7 original bytes, and their count in the top byte...
     pub patched_now_original: [AtomicU64; PATCHED_NOW_CAPACITY],
+    /// ...the bytes tendril wrote there, packed the same way (a library unloaded while
+    /// patched has other bytes there, which a restore must not touch)...
+    pub patched_now_written: [AtomicU64; PATCHED_NOW_CAPACITY],
     /// ...and where the search for a free slot starts (slots are reused).
     pub patched_now_next: AtomicUsize,
 
@@ -95,6 +98,7 @@ pub static STATE: PatchingState = PatchingState {
     pending_pads: Mutex::new(Vec::new()),
     patched_now_address: [const { AtomicU64::new(0) }; PATCHED_NOW_CAPACITY],
     patched_now_original: [const { AtomicU64::new(0) }; PATCHED_NOW_CAPACITY],
+    patched_now_written: [const { AtomicU64::new(0) }; PATCHED_NOW_CAPACITY],
     patched_now_next: AtomicUsize::new(0),
     engine: Mutex::new(None),
     runtime: OnceLock::new(),

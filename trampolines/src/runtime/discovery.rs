@@ -31,6 +31,7 @@ use crate::runtime::thread_state::with_own_state;
 use crate::sys;
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
+use crate::sys::loaded_modules::{self, LoadedCode};
 use std::collections::HashSet;
 use tendril_wire::Hook;
 use tendril_wire::callees;
@@ -50,6 +51,7 @@ pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(),
     FunctionTable::parse(&table).ok_or_else(|| {
         AgentError::Request("the function table is not a tendril function table".into())
     })?;
+    let (table_code, table_unloads) = loaded_now();
     *STATE.discovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(DiscoveryContext {
         session,
         table,
@@ -57,6 +59,8 @@ pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(),
         refused: Vec::new(),
         indirect_sites: HashSet::new(),
         followed_sites: HashSet::new(),
+        table_code,
+        table_unloads,
     });
     Ok(())
 }
@@ -67,13 +71,45 @@ pub fn update_table(session: u64, table: Vec<u8>) -> Result<u64, String> {
     let functions = FunctionTable::parse(&table)
         .ok_or("the function table is not a tendril function table")?
         .len() as u64;
+    // Read before the discovery's lock is taken (the loader's comes first).
+    let (table_code, table_unloads) = loaded_now();
     let mut guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
     match guard.as_mut() {
         Some(context) if context.session == session => {
             context.table = table;
+            (context.table_code, context.table_unloads) = (table_code, table_unloads);
             Ok(functions)
         }
         _ => Err("this session is not recording".into()),
+    }
+}
+
+/// The libraries' code now, and the loader's count of unloaded libraries, read
+/// together with the loader held.
+fn loaded_now() -> (Vec<LoadedCode>, u64) {
+    loaded_modules::with_modules_held(|modules| (loaded_modules::loaded_code(), modules.unloads))
+}
+
+/// Which of the table's addresses still hold what the table says: all of them while
+/// no library has been unloaded since the table came; otherwise those in a library
+/// loaded then and loaded now in the same place (a library unloaded since, maybe with
+/// another loaded where it was, is not the code the table describes).
+struct FreshTable<'a> {
+    then: &'a [LoadedCode],
+    now: Option<Vec<LoadedCode>>,
+}
+
+impl FreshTable<'_> {
+    fn holds(&self, address: u64) -> bool {
+        let Some(now) = &self.now else {
+            return true;
+        };
+        let within = |code: &&LoadedCode| (code.start..code.end).contains(&address);
+        match (self.then.iter().find(within), now.iter().find(within)) {
+            (Some(then), Some(now)) => then == now,
+            // Code no library holds (the table has only libraries' functions).
+            _ => false,
+        }
     }
 }
 
@@ -232,9 +268,26 @@ unsafe extern "C" {
 /// Discovers the callees of functions `ids` and patches them in one batch, then marks
 /// the functions invoked. Returns whether any of them was still to be discovered.
 /// `entered_from`: the return address of the call that entered them, if known.
+///
+/// The decoding and the patching happen with the loader held, so that the table's
+/// functions are checked against the libraries loaded for as long as they are used
+/// ([`FreshTable`]). Lock order: the loader's, the discovery's, the engine's (a thread
+/// inside `dl_iterate_phdr` may run a function discovered here).
 fn discover_batch(ids: &[u32], entered_from: Option<u64>) -> bool {
-    let mut guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(context) = guard.as_mut() else {
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
+        discover_held(guard.as_mut(), ids, entered_from, modules.unloads)
+    })
+}
+
+/// [`discover_batch`], with the discovery's state and the loader held.
+fn discover_held(
+    context: Option<&mut DiscoveryContext>,
+    ids: &[u32],
+    entered_from: Option<u64>,
+    unloads: u64,
+) -> bool {
+    let Some(context) = context else {
         // No recording: let the waiters go on.
         for &id in ids {
             recording::mark_invoked(id);
@@ -250,13 +303,17 @@ fn discover_batch(ids: &[u32], entered_from: Option<u64>) -> bool {
     if context.discover_callees
         && let Some(table) = FunctionTable::parse(&context.table)
     {
+        let fresh = FreshTable {
+            then: &context.table_code,
+            now: (unloads != context.table_unloads).then(loaded_modules::loaded_code),
+        };
         let mut callees: Vec<FunctionEntry> = Vec::new();
         let mut indirect_sites = 0;
         for &id in &pending {
             let Some(address) = recording::registered_address(id) else {
                 continue;
             };
-            let Some(function) = table.starting_at(address) else {
+            let Some(function) = table.starting_at(address).filter(|_| fresh.holds(address)) else {
                 continue;
             };
             if function.flags & FLAG_ADDRESS_TAKEN != 0 {
@@ -276,6 +333,8 @@ fn discover_batch(ids: &[u32], entered_from: Option<u64>) -> bool {
         }
         callees.sort_unstable_by_key(|f| f.start);
         callees.dedup_by_key(|f| f.start);
+        // A callee in a library unloaded since the table came is not the table's.
+        callees.retain(|f| fresh.holds(f.start));
         // A callee refused once is refused again: do not plan it for every caller.
         callees.retain(|f| {
             !patcher::is_patched_by(context.session, f.start)

@@ -70,6 +70,11 @@ pub struct DiscoveryContext {
     /// instrumented function for the first time.
     pub indirect_sites: HashSet<u64>,
     pub followed_sites: HashSet<u64>,
+    /// The libraries' code when the table came, and the loader's count of unloaded
+    /// libraries then: once a library has gone, the table's functions are used only
+    /// where the same library is still loaded (see `discovery`).
+    pub table_code: Vec<crate::sys::loaded_modules::LoadedCode>,
+    pub table_unloads: u64,
 }
 
 /// The one instance.

@@ -4,7 +4,8 @@
 //! (`code_memory`), where the agent's library lies (`own_code`), the agent's threads
 //! and the code-change lock (`agent_threads`), the target's threads as `/proc`
 //! shows them (`tasks`), the process's unwinder as copies of functions need it
-//! (`frame_registry`), the agent's one error type (`error`), and the layer's statics
+//! (`frame_registry`), the libraries the loader holds in place while code changes
+//! (`loaded_modules`), the agent's one error type (`error`), and the layer's statics
 //! (`state`). Nothing here knows
 //! about hooks or patches.
 //!
@@ -21,6 +22,7 @@ pub mod code_memory;
 pub mod code_pages;
 pub mod error;
 pub mod frame_registry;
+pub mod loaded_modules;
 pub mod maps;
 #[cfg(not(any(test, miri)))]
 pub mod mem_builtins;
