@@ -166,48 +166,6 @@ impl TargetProcess {
         }
         Ok(dir)
     }
-
-    /// The directory `path` inside the target's mount namespace, made with `mode` (less
-    /// the umask) if it is not there, and opened without following a link (see
-    /// [`Self::open_dir_in_target`]); says whether this call made it. The caller checks
-    /// what it got: an existing directory may be anyone's.
-    pub fn create_dir_in_target(
-        &self,
-        path: &std::path::Path,
-        mode: u32,
-    ) -> Result<(std::os::fd::OwnedFd, bool), DirError> {
-        use nix::fcntl::{OFlag, openat};
-        use nix::sys::stat::{Mode, mkdirat};
-        let parent = path.parent().unwrap_or(std::path::Path::new("/"));
-        let name = path.file_name().unwrap_or_default();
-        let parent_fd = self
-            .open_dir_in_target(parent)
-            .map_err(|e| DirError::Create(format!("cannot open {}: {e}", parent.display())))?;
-        let created = match mkdirat(&parent_fd, name, Mode::from_bits_truncate(mode)) {
-            Ok(()) => true,
-            Err(nix::errno::Errno::EEXIST) => false,
-            Err(e) => {
-                return Err(DirError::Create(format!(
-                    "cannot create {}: {e}",
-                    path.display()
-                )));
-            }
-        };
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-        // What is there is not a directory one may open (a link, a file...).
-        let dir = openat(&parent_fd, name, flags, Mode::empty())
-            .map_err(|e| DirError::Unusable(e.to_string()))?;
-        Ok((dir, created))
-    }
-}
-
-/// Why [`TargetProcess::create_dir_in_target`] failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DirError {
-    /// The directory could not be made (or its parent opened): what happened.
-    Create(String),
-    /// Something is at the path that cannot be opened as a directory: why.
-    Unusable(String),
 }
 
 /// The value of `key` in the text of `/proc/PID/status` (`Threads:\t9` gives `9`).

@@ -10,13 +10,15 @@
 //! take turns (`serial`).
 
 mod common;
+#[path = "security/namespaces.rs"]
+mod namespaces;
 
 use common::{Recording, Target, tendril};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 use tendril_wire::{PROTOCOL_VERSION, Request, Response};
@@ -125,129 +127,101 @@ fn status_ok(pid: i32) {
 fn agent_mapping(pid: i32) -> Option<(PathBuf, PathBuf)> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     maps.lines()
-        .find(|l| l.contains("libtendril_agent"))
+        .find(|l| l.contains("libtendril_agent") && l.split_whitespace().nth(1) == Some("r-xp"))
         .map(|l| {
             let range = l.split_whitespace().next().unwrap();
+            let path = l.split_whitespace().skip(5).collect::<Vec<_>>().join(" ");
             (
                 PathBuf::from(format!("/proc/{pid}/map_files/{range}")),
-                PathBuf::from(l.split_whitespace().last().unwrap()),
+                PathBuf::from(path),
             )
         })
 }
 
-/// Asserts the agent `pid` maps is a root-owned file no one else may write, in a
-/// root-owned directory no one else may write; returns its bytes.
+/// Asserts the agent `pid` maps is this build's agent in a sealed memfd (no file of
+/// any directory); returns its bytes.
 fn assert_genuine_agent(pid: i32) -> Vec<u8> {
     let (mapped, path) = agent_mapping(pid).expect("the agent is not loaded");
-    let file = std::fs::metadata(&mapped).unwrap();
-    let dir = std::fs::metadata(path.parent().unwrap()).unwrap();
-    for (what, meta) in [("library", &file), ("directory", &dir)] {
-        assert_eq!(
-            meta.uid(),
-            0,
-            "the agent's {what} ({}) is not root's",
-            path.display()
-        );
-        assert_eq!(
-            meta.mode() & 0o022,
-            0,
-            "others may write the agent's {what}"
-        );
-    }
-    std::fs::read(&mapped).unwrap()
+    let name = format!(
+        "/memfd:{} (deleted)",
+        tendril::agent_bundle::agent_file_name()
+    );
+    assert_eq!(
+        path,
+        PathBuf::from(&name),
+        "the agent is not in tendril's memfd"
+    );
+    let file = std::fs::File::open(&mapped).unwrap();
+    // SAFETY: fcntl on an open descriptor, F_GET_SEALS takes no argument.
+    let seals = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&file), libc::F_GET_SEALS) };
+    let sealed = libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL;
+    assert_eq!(seals & sealed, sealed, "the agent's memfd is not sealed");
+    let bytes = std::fs::read(&mapped).unwrap();
+    assert!(
+        bytes == tendril::agent_bundle::AGENT_BYTES,
+        "the mapped agent is not tendril's"
+    );
+    bytes
+}
+
+/// Where tendril used to install its agent (`/tmp/tendril-agent-EUID`): a user may
+/// take the name now, since tendril writes no file.
+fn old_agent_dir() -> PathBuf {
+    PathBuf::from("/tmp/tendril-agent-0")
 }
 
 #[test]
-fn a_link_at_the_agents_file_names_never_makes_root_write_through_it() {
+fn root_writes_no_file_for_the_agent_whatever_the_user_plants() {
     let _turn = serial();
     let (uid, gid) = test_user();
     let victim = Victim::new("agent");
-    let first = Target::spawn_as_user("calltree", &["1"], uid, gid);
-    status_ok(first.pid());
-    let (_, installed) = agent_mapping(first.pid()).unwrap();
-    let name = installed.file_name().unwrap().to_str().unwrap().to_string();
-
-    // The next root tendril's pid is known before it runs: it is the shell's.
-    let target = Target::spawn_as_user("calltree", &["1"], uid, gid);
-    let mut root_tendril = Command::new("sh")
-        .args(["-c", "read _ && exec \"$0\" status \"$1\""])
-        .arg(env!("CARGO_BIN_EXE_tendril"))
-        .arg(target.pid().to_string())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let _ = std::fs::remove_dir_all(old_agent_dir());
+    let name = tendril::agent_bundle::agent_file_name();
     let dir = runtime_dir();
-    let temporary = dir.join(format!(".{name}.{}", root_tendril.id()));
+    // Links at every name an agent file ever had, to a file of root's.
     as_user(&format!(
-        "mkdir -p {dir} && rm -f {dir}/{name} && ln -s {victim} {dir}/{name} && ln -sf {victim} {temporary}",
+        "mkdir -p {old} {dir} && chmod 700 {dir} && ln -sf {victim} {old}/{name} && \
+         ln -sf {victim} {dir}/{name}",
+        old = old_agent_dir().display(),
         dir = dir.display(),
         victim = victim.path.display(),
-        temporary = temporary.display(),
     ));
-    root_tendril
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"go\n")
-        .unwrap();
-    let output = root_tendril.wait_with_output().unwrap();
-    let _ = std::fs::remove_file(dir.join(&name));
-    let _ = std::fs::remove_file(&temporary);
+    let target = Target::spawn_as_user("calltree", &["1"], uid, gid);
+    status_ok(target.pid());
     victim.assert_untouched();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     assert_genuine_agent(target.pid());
+    let _ = std::fs::remove_dir_all(old_agent_dir());
+    let _ = std::fs::remove_file(dir.join(&name));
 }
 
 #[test]
 fn a_planted_library_of_the_right_length_is_never_loaded() {
     let _turn = serial();
     let (uid, gid) = test_user();
-    let first = Target::spawn_as_user("calltree", &["1"], uid, gid);
-    status_ok(first.pid());
-    let (mapped, installed) = agent_mapping(first.pid()).unwrap();
-    let genuine = std::fs::read(&mapped).unwrap();
-    let name = installed.file_name().unwrap().to_str().unwrap().to_string();
-
-    // The user's own library, of exactly the agent's length, where the agent used to be.
-    let mut fake = genuine.clone();
+    // The user's own library, of exactly the agent's length, at every name an agent
+    // file ever had.
+    let mut fake = tendril::agent_bundle::AGENT_BYTES.to_vec();
     fake[..4].copy_from_slice(b"FAKE");
     let staged = PathBuf::from(format!("/tmp/tendril-sectest-fake-{}", std::process::id()));
     std::fs::write(&staged, &fake).unwrap();
     std::os::unix::fs::chown(&staged, Some(uid), Some(gid)).unwrap();
+    let _ = std::fs::remove_dir_all(old_agent_dir());
+    let name = tendril::agent_bundle::agent_file_name();
     let dir = runtime_dir();
     as_user(&format!(
-        "rm -f {dir}/{name} && cp {staged} {dir}/{name}",
+        "mkdir -p {old} {dir} && chmod 700 {dir} && cp {staged} {old}/{name} && \
+         cp {staged} {dir}/{name}",
+        old = old_agent_dir().display(),
         dir = dir.display(),
         staged = staged.display()
     ));
     let _ = std::fs::remove_file(&staged);
-    // And a damaged copy of the right length in tendril's own directory: only the
-    // bytes tell it from the agent.
-    let own = tendril_agent_dir().join(&name);
-    if own.exists() {
-        let damaged = own.with_extension("damaged");
-        std::fs::write(&damaged, &fake).unwrap();
-        std::fs::rename(&damaged, &own).unwrap();
-    }
 
     let target = Target::spawn_as_user("calltree", &["1"], uid, gid);
     status_ok(target.pid());
     let _ = std::fs::remove_file(dir.join(&name));
-    assert!(
-        assert_genuine_agent(target.pid()) == genuine,
-        "the mapped agent is not tendril's"
-    );
-}
-
-/// tendril's own agent directory as root (see `agent_bundle`).
-fn tendril_agent_dir() -> PathBuf {
-    PathBuf::from("/tmp/tendril-agent-0")
+    let _ = std::fs::remove_dir_all(old_agent_dir());
+    assert_genuine_agent(target.pid());
 }
 
 #[test]

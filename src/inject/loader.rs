@@ -1,5 +1,6 @@
-//! Finding the target's dynamic loader entry points: `dlopen` and the functions a thread
-//! must not be inside when we borrow it to call `dlopen`.
+//! Finding the target's dynamic loader entry points: `dlopen`, `syscall` (to make the
+//! agent's memfd) and the functions a thread must not be inside when we borrow it to
+//! call `dlopen`.
 //!
 //! Since glibc 2.34 `dlopen` is exported by libc itself; older glibc exports
 //! `__libc_dlopen_mode`, and musl exports `dlopen` from its single libc. We read the
@@ -18,6 +19,8 @@ pub struct LoaderEntryPoints {
     pub dlopen: u64,
     /// `dlerror()`, to explain a failed `dlopen`, when available.
     pub dlerror: Option<u64>,
+    /// `syscall(number, ...)`, to make the agent's memfd with (every libc has it).
+    pub syscall: Option<u64>,
     /// Code ranges that may hold allocator or loader locks: a thread whose pc or recent
     /// return addresses lie in one of them is not borrowed.
     pub unsafe_ranges: Vec<Range<u64>>,
@@ -125,6 +128,7 @@ pub fn find_entry_points(
             found = Some(LoaderEntryPoints {
                 dlopen,
                 dlerror: lookup("dlerror").map(|(a, _)| a),
+                syscall: lookup("syscall").map(|(a, _)| a),
                 unsafe_ranges: Vec::new(),
             });
         }

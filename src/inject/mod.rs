@@ -2,16 +2,19 @@
 //!
 //! If an agent is already resident and listening, [`attach`] just connects to it (and
 //! checks that the socket's listener is the target itself). If not, the agent library
-//! is installed (see `agent_bundle`), the target user's runtime directory prepared for
-//! its socket (see `runtime_dir`), and the library loaded with
-//! a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread and the
-//! moment are chosen); the thread's registers are restored afterwards, so an interrupted
-//! system call restarts. The agent's constructor opens the control socket.
+//! is handed to the target in a memfd the target makes (see `agent_memfd`) and loaded
+//! with a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread
+//! and the moment are chosen); the thread's registers are restored afterwards, so an
+//! interrupted system call restarts. The agent's constructor makes the target user's
+//! runtime directory if needed and opens the control socket there (see `runtime_dir`
+//! for how tendril reads it): tendril itself creates nothing in the target's
+//! filesystem, which the target's user may have shaped with a mount namespace.
 //!
 //! An agent whose control thread runs but whose socket does not answer (its file was
 //! deleted) is not loaded again: it binds a new socket within a fraction of a second,
 //! and tendril waits for that.
 
+mod agent_memfd;
 mod loader;
 mod remote_call;
 mod runtime_dir;
@@ -100,9 +103,8 @@ fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> 
     match AgentSession::open(&socket, target.pid) {
         Ok(session) => return Ok((target, session)),
         Err(SessionError::Io(_)) if control_thread_runs(pid) => {
-            // The runtime directory may have gone with the socket; the agent binds its
-            // new socket there.
-            runtime_dir::prepare(&target)?;
+            // The agent binds a new socket (and makes the runtime directory again if it
+            // went with it).
             let session = wait_for_agent(&target, &socket, AgentState::Resident)?;
             return Ok((target, session));
         }
@@ -128,9 +130,10 @@ fn refuse_stopped(pid: i32) -> Result<(), AttachError> {
 fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
     let pid = target.pid;
     process::check_executable(target)?;
-    let agent_path = agent_bundle::install_agent(target)?;
-    let runtime_dir = runtime_dir::prepare(target)?;
-    runtime_dir::remove_startup_error(target, &runtime_dir);
+    runtime_dir::refuse_unusable(target)?;
+    if let Some(runtime_dir) = runtime_dir::open_existing(target) {
+        runtime_dir::remove_startup_error(target, &runtime_dir);
+    }
     let (maps, entry_points) = wait_for_loader(target)?;
     let resident: Vec<&Mapping> = maps
         .iter()
@@ -139,10 +142,10 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
                 .is_some_and(crate::agent_bundle::is_agent_module)
         })
         .collect();
-    // Another user's tendril installs the same build elsewhere: the build is in the name.
+    // The build is in the name: another build's agent cannot be replaced.
     if let Some(other) = resident
         .iter()
-        .find(|m| m.file().and_then(|f| f.file_name()) != agent_path.file_name())
+        .find(|m| !m.file_name().is_some_and(agent_bundle::is_this_agent))
     {
         return Err(AttachError::Other {
             pid,
@@ -153,7 +156,7 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
         });
     }
     let mut tracee = safe_point::seize_thread_at_safe_point(pid, &entry_points)?;
-    load_with(target, &mut tracee, &entry_points, &resident, &agent_path)?;
+    load_with(target, &mut tracee, &entry_points, &resident)?;
     tracee.restore_and_detach()
 }
 
@@ -163,43 +166,54 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
 /// can set up the recording before the program runs.
 pub fn load_agent_before_start(pid: i32) -> Result<Tracee, AttachError> {
     let target = process::inspect(pid)?;
-    let agent_path = agent_bundle::install_agent(&target)?;
-    runtime_dir::prepare(&target)?;
     let (_, entry_points) = wait_for_loader(&target)?;
     let mut tracee = Tracee::adopt_stopped(pid, pid);
     tracee.save_registers()?;
-    load_with(&target, &mut tracee, &entry_points, &[], &agent_path)?;
+    load_with(&target, &mut tracee, &entry_points, &[])?;
     tracee.restore_registers()?;
     Ok(tracee)
 }
 
-/// Loads the agent on a stopped, saved thread: `dlopen` of `agent_path`, or when a
-/// build of it is `resident`, a call of its start function.
+/// Loads the agent on a stopped, saved thread: `dlopen` of a memfd holding it, or when
+/// a build of it is `resident`, a call of its start function.
 fn load_with(
     target: &TargetProcess,
     tracee: &mut Tracee,
     entry_points: &loader::LoaderEntryPoints,
     resident: &[&Mapping],
-    agent_path: &Path,
 ) -> Result<(), AttachError> {
     let pid = target.pid;
     let mut frame = RemoteFrame::new(tracee);
     if resident.is_empty() {
-        let mut path = agent_path.as_os_str().as_encoded_bytes().to_vec();
+        let memfd = agent_memfd::deliver(pid, &mut frame, entry_points)?;
+        let mut path = memfd.path().into_bytes();
         path.push(0);
         let path_address = frame.push_bytes(&path)?;
         let handle = frame.call(
             entry_points.dlopen,
             &[path_address, libc::RTLD_NOW as u64],
             DLOPEN_TIMEOUT,
-        )?;
-        if handle == 0 {
-            let reason = describe_dlopen_failure(&mut frame, entry_points);
+        );
+        let reason = match handle {
+            Ok(0) => Some(describe_dlopen_failure(&mut frame, entry_points)),
+            _ => None,
+        };
+        memfd.close(&mut frame, entry_points);
+        if let Some(reason) = reason {
             return Err(AttachError::Other {
                 pid,
-                message: format!("the target could not load tendril's agent: {reason}"),
+                message: format!(
+                    "the target could not load tendril's agent from {}: {reason}{}",
+                    "/proc/self/fd (a memfd)",
+                    if reason.contains("/proc/self/fd") {
+                        " (is /proc mounted in the target's mount namespace?)"
+                    } else {
+                        ""
+                    }
+                ),
             });
         }
+        handle?;
     } else {
         let start = agent_start_function(target, resident)?;
         frame.call(start, &[], DLOPEN_TIMEOUT)?;
@@ -337,7 +351,9 @@ fn unreachable_message(
         }
         (AgentState::JustStarted, None) => format!(
             "the agent was loaded but its control socket {socket} did not answer within \
-             {waited} s ({error}); try again, and restart the target if it keeps failing"
+             {waited} s ({error}); the agent, running as the target's user, makes that \
+             directory itself: check that the target's /tmp is writable by its user, then \
+             try again"
         ),
         (AgentState::Resident, Some(reason)) => format!(
             "the agent resident in this process cannot be reached: {reason}; fix that and \

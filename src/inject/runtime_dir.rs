@@ -1,60 +1,54 @@
 //! The target user's runtime directory (`/tmp/tendril-UID`, mode 0700, owned by that
 //! user), where the agent — running as that user — keeps its control socket and its
-//! startup-error note.
+//! startup-error note. The agent makes it: tendril creates nothing in the target's
+//! filesystem, whose `/tmp` the target's user may have put anywhere with a mount
+//! namespace of their own.
 //!
 //! The one idea: the directory belongs to the target's user, who may put anything in
-//! it at any moment, so tendril (often root) never goes through it by path. It is made
-//! with `mkdirat` under a `/tmp` opened without following links, given away with
-//! `fchmod`/`fchown` on the descriptor that was opened, checked with `fstat`, and every
-//! later operation in it is relative to that held descriptor: a note is read through
-//! `O_NOFOLLOW | O_NONBLOCK` and only if it is a small regular file, a stale name is
-//! removed with `unlinkat` (which removes a link, never what it points at). Nothing
-//! tendril writes goes in it.
+//! it at any moment, so tendril (often root) never goes through it by path. It is
+//! opened under the target's root without following links and checked with `fstat`,
+//! and every later operation in it is relative to that held descriptor: a note is read
+//! through `O_NOFOLLOW | O_NONBLOCK` and only if it is a small regular file, a stale
+//! name is removed with `unlinkat` (which removes a link, never what it points at).
+//! Nothing tendril writes goes in it.
 
-use crate::process::{AttachError, DirError, TargetProcess};
+use crate::process::{AttachError, TargetProcess};
+use nix::fcntl::AtFlags;
 use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{Mode, SFlag, fchmod, fstat};
-use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, unlinkat};
+use nix::sys::stat::{Mode, SFlag, fstat, fstatat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 use std::io::Read;
 use std::os::fd::OwnedFd;
 
 /// The longest startup-error note tendril reads.
 const NOTE_LIMIT: u64 = 4096;
 
-/// Creates the runtime directory of `target`'s user if needed, and checks it; returns
-/// it, held open.
-pub fn prepare(target: &TargetProcess) -> Result<OwnedFd, AttachError> {
+/// Refuses, before anything is loaded, a runtime directory that is there but not the
+/// user's private directory (a link, another owner, other modes): the agent would not
+/// listen in it. A missing one is fine: the agent makes it.
+pub fn refuse_unusable(target: &TargetProcess) -> Result<(), AttachError> {
     let path = tendril_wire::runtime_dir(target.uid);
-    let fail = |message: String| AttachError::Other {
-        pid: target.pid,
-        message,
+    let parent = path.parent().unwrap_or(std::path::Path::new("/"));
+    let Ok(parent) = target.open_dir_in_target(parent) else {
+        return Ok(());
     };
-    let (dir, created) = target
-        .create_dir_in_target(&path, 0o700)
-        .map_err(|e| match e {
-            DirError::Create(message) => fail(message),
-            DirError::Unusable(why) => unusable(target, why),
-        })?;
-    if created {
-        // Ours (root's, or the user's own) until given away: nobody could have swapped it.
-        fchmod(&dir, Mode::from_bits_truncate(0o700))
-            .and_then(|()| {
-                fchown(
-                    &dir,
-                    Some(Uid::from_raw(target.uid)),
-                    Some(Gid::from_raw(target.gid)),
-                )
-            })
-            .map_err(|e| {
-                fail(format!(
-                    "cannot give {} to uid {}: {e}",
-                    path.display(),
-                    target.uid
-                ))
-            })?;
+    match fstatat(&parent, file_name(&path), AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Err(nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(unusable(target, e.to_string())),
+        Ok(stat) => {
+            let is_dir = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
+            if !is_dir || stat.st_uid != target.uid || stat.st_mode & 0o777 != 0o700 {
+                return Err(unusable(
+                    target,
+                    format!(
+                        "it is not a directory owned by uid {} with mode 0700",
+                        target.uid
+                    ),
+                ));
+            }
+            Ok(())
+        }
     }
-    check(target, &dir)?;
-    Ok(dir)
 }
 
 /// The runtime directory of `target`'s user, held open, if it exists and is sound.

@@ -71,7 +71,11 @@ impl ModuleSymbols {
     /// The functions of `elf`, which was parsed from `image`.
     pub(super) fn from_elf(elf: &Elf, image: &[u8], path: &Path, load_bias: u64) -> Self {
         let name = match path.file_name() {
-            Some(n) => n.to_string_lossy().into_owned(),
+            // A library loaded from a memfd (tendril's agent is) is named by the memfd.
+            Some(n) => {
+                let n = n.to_string_lossy();
+                n.strip_prefix("memfd:").unwrap_or(&n).to_string()
+            }
             None => path.to_string_lossy().into_owned(),
         };
         let mut builder = Builder {

@@ -85,6 +85,20 @@ impl Target {
         Target::start(name, args, Some((uid, gid)), true)
     }
 
+    /// Like `spawn_as_user`, but through `wrapper` (a command that ends by running the
+    /// command line after it, such as `unshare -Ur` or `sh -c '...; exec "$0" "$@"'`),
+    /// which must not fork: the fixture keeps the wrapper's pid.
+    pub fn spawn_wrapped(
+        name: &str,
+        args: &[&str],
+        wrapper: &[&str],
+        user: Option<(u32, u32)>,
+    ) -> Target {
+        let mut command = Command::new(wrapper[0]);
+        command.args(&wrapper[1..]).arg(fixture(name)).args(args);
+        Target::start_command(name, command, user, true)
+    }
+
     /// Like `spawn`, but the fixture runs with a real-time priority (`SCHED_FIFO` 1),
     /// so other work on a busy machine cannot take the CPU from it while it runs: its
     /// timings are its own. Falls back to a normal priority (saying so) where real-time

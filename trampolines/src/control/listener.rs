@@ -5,7 +5,7 @@
 //! nothing new, so the agent would be out of reach for good. The control thread checks
 //! regularly that the socket's path still names the socket it bound (same device and
 //! inode) and, if not, binds a new one there — recreating the private runtime directory
-//! if it is gone.
+//! if it is gone. The agent makes that directory itself, as the target's user.
 
 use crate::sys::error::AgentError;
 use std::os::fd::{AsRawFd, RawFd};
@@ -25,17 +25,25 @@ impl ControlListener {
     /// Binds the control socket of this process (uid and pid as the agent sees them),
     /// replacing whatever file has its name: a socket left there by an earlier process
     /// that had this pid is stale, nothing listens on it.
+    /// `uid` names the directory (see `sessions::name_uid`); the directory must be
+    /// this process's own (owned by its uid as it sees it). The runtime directory is
+    /// made here if it is missing: the agent runs as the target's user, in the target's
+    /// mount namespace, so it can make only what that user can (tendril, often root,
+    /// makes nothing there).
     pub fn bind(uid: u32, pid: i32) -> Result<ControlListener, AgentError> {
         let dir = tendril_wire::runtime_dir(uid);
+        make_private_dir(&dir);
         let meta = std::fs::symlink_metadata(&dir).map_err(|e| {
             AgentError::io(
                 format!("runtime directory {} is unusable", dir.display()),
                 e,
             )
         })?;
-        if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o777 != 0o700 {
+        // SAFETY: getuid cannot fail and has no preconditions.
+        let own = unsafe { libc::getuid() };
+        if !meta.is_dir() || meta.uid() != own || meta.permissions().mode() & 0o777 != 0o700 {
             return Err(AgentError::Unusable(format!(
-                "runtime directory {} must be a directory owned by uid {uid} with mode 0700",
+                "runtime directory {} must be a directory of this process's user with mode 0700",
                 dir.display()
             )));
         }
@@ -99,15 +107,18 @@ impl ControlListener {
         if self.is_reachable() {
             return Ok(());
         }
-        let dir = tendril_wire::runtime_dir(uid);
-        if std::fs::symlink_metadata(&dir).is_err() {
-            // Fails harmlessly if someone made it meanwhile; `bind` checks what is there.
-            if std::fs::DirBuilder::new().mode(0o700).create(&dir).is_ok() {
-                // The process's umask may have taken bits off.
-                let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
-            }
-        }
         *self = ControlListener::bind(uid, pid)?;
         Ok(())
+    }
+}
+
+/// Makes `dir` (mode 0700) if nothing is there; fails harmlessly if someone made it
+/// meanwhile (`bind` checks what is there).
+fn make_private_dir(dir: &std::path::Path) {
+    if std::fs::symlink_metadata(dir).is_err()
+        && std::fs::DirBuilder::new().mode(0o700).create(dir).is_ok()
+    {
+        // The process's umask may have taken bits off.
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700));
     }
 }

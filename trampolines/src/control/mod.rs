@@ -3,7 +3,8 @@
 //! The socket lives in the per-user private runtime directory (see `tendril_wire`), which
 //! must be a real directory owned by this process's uid with mode 0700; the agent refuses
 //! to listen anywhere else. Every connection is checked with `SO_PEERCRED`: only this uid
-//! and root may talk to the agent. Each connection is a session; when it ends — cleanly
+//! and root may talk to the agent (root as a user namespace sees it: see
+//! `root_as_seen_here`). Each connection is a session; when it ends — cleanly
 //! or because the controller died — every patch it made is restored. A `detach` from
 //! one session ends every other (a count or recording in progress), closing their
 //! connections so their controllers learn of it, and restores everything.
@@ -29,7 +30,7 @@ use crate::control::listener::ControlListener;
 use crate::control::requests::{run_session, stop_recording};
 use crate::control::session_threads::SessionThreads;
 use crate::control::sessions::{
-    OpenSession, forget_inherited_sessions, identity, mark_ending, open_sessions,
+    OpenSession, forget_inherited_sessions, identity, mark_ending, name_uid, open_sessions,
 };
 use crate::control::state::STATE;
 use crate::patching::patcher;
@@ -84,8 +85,7 @@ fn forget_control_in_forked_child() {
 fn spawn_control_thread() -> Result<(), AgentError> {
     crate::runtime::install();
     fork::register_fork_handler();
-    let (uid, pid) = identity();
-    let listener = ControlListener::bind(uid, pid)?;
+    let listener = ControlListener::bind(name_uid(), identity().1)?;
     let sessions = SessionThreads::new()
         .map_err(|e| AgentError::io("cannot set up the agent's session threads", e))?;
     forget_inherited_sessions();
@@ -100,8 +100,7 @@ fn spawn_control_thread() -> Result<(), AgentError> {
 /// new file of this process's user (a link planted at its name is not followed).
 pub fn report_startup_error(message: &str) {
     use std::os::unix::fs::OpenOptionsExt;
-    let (uid, pid) = identity();
-    let path = tendril_wire::agent_error_path(uid, pid);
+    let path = tendril_wire::agent_error_path(name_uid(), identity().1);
     let _ = std::fs::remove_file(&path);
     if let Ok(mut note) = std::fs::OpenOptions::new()
         .write(true)
@@ -119,7 +118,7 @@ pub fn report_startup_error(message: &str) {
 /// closes connections that stay silent past [`HELLO_TIMEOUT`], and binds its socket
 /// again if the file was deleted.
 fn serve(mut listener: ControlListener, mut sessions: SessionThreads) {
-    let (uid, pid) = identity();
+    let (uid, pid) = (name_uid(), identity().1);
     let mut last_rebind_error = None;
     loop {
         wait_for_activity(&listener, &sessions);
@@ -281,5 +280,31 @@ fn trusted_peer(stream: &UnixStream) -> Option<i32> {
         )
     };
     let (uid, _) = identity();
-    (rc == 0 && (cred.uid == uid || cred.uid == 0)).then_some(cred.pid)
+    (rc == 0 && (cred.uid == uid || cred.uid == root_as_seen_here())).then_some(cred.pid)
+}
+
+/// The uid the host's root has as this process sees it: 0, or inside a user namespace
+/// that does not map it (a container, `unshare -U`) the overflow uid every unmapped uid
+/// shows as. Only root and this process's user may reach the socket file through the
+/// target's `/proc/PID/root` (mode 0600, and that link needs the right to trace), so
+/// accepting the overflow uid there lets root in without letting in any other user.
+fn root_as_seen_here() -> u32 {
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let ranges: Vec<(u64, u64, u64)> = map
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
+            Some((fields.next()??, fields.next()??, fields.next()??))
+        })
+        .collect();
+    if let Some(&(inside, _, _)) = ranges
+        .iter()
+        .find(|&&(_, outside, count)| outside == 0 && count > 0)
+    {
+        return inside as u32;
+    }
+    std::fs::read_to_string("/proc/sys/kernel/overflowuid")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(65534)
 }

@@ -11,6 +11,26 @@ pub(super) fn identity() -> (u32, i32) {
     unsafe { (libc::getuid(), libc::getpid()) }
 }
 
+/// The uid that names this process's runtime directory and socket: its uid as the
+/// user namespace above sees it (the uid itself outside user namespaces). A process
+/// that is root inside a user namespace of user 1001's (a rootless container, `unshare
+/// -Ur`) then keeps to `/tmp/tendril-1001`, the name the controller looks for, and
+/// never takes root's own `/tmp/tendril-0`.
+pub(super) fn name_uid() -> u32 {
+    let (uid, _) = identity();
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    map.lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace().map(|f| f.parse::<u64>().ok());
+            let (inside, outside, count) = (fields.next()??, fields.next()??, fields.next()??);
+            let uid = u64::from(uid);
+            (inside..inside.saturating_add(count))
+                .contains(&uid)
+                .then(|| (outside + (uid - inside)) as u32)
+        })
+        .unwrap_or(uid)
+}
+
 /// How long a detach waits for the sessions it ended to restore their code themselves.
 pub(super) const SESSION_END_TIMEOUT: Duration = Duration::from_secs(5);
 
