@@ -158,7 +158,8 @@ impl Recorder {
         let pid = options.pid;
         crate::process::inspect(pid)?;
         let symbols = ProcessSymbols::load(pid)?;
-        targets::match_patterns(&symbols, &options.roots)?;
+        let matched = targets::match_patterns(&symbols, &options.roots)?;
+        targets::refuse_if_none_patchable(&symbols, &matched, true)?;
         let (target, session) = inject::attach(pid)?;
         let symbols = targets::unwinder_symbols_after_attach(&symbols)?.unwrap_or(symbols);
         let tsc_hz = tsc::measure_hz();
