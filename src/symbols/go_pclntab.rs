@@ -384,8 +384,11 @@ mod tests {
         }
     }
 
-    /// A Go 1.18 (or 1.20) table of `functions`: (entry offset, name, pcsp runs).
-    fn table(magic: u32, text: u64, functions: &[(u32, &str, &[(i32, u32)])], end: u32) -> Vec<u8> {
+    /// One function of a test table: entry offset, name, pcsp runs.
+    type TestFunction<'a> = (u32, &'a str, &'a [(i32, u32)]);
+
+    /// A Go 1.18 (or 1.20) table of `functions`.
+    fn table(magic: u32, text: u64, functions: &[TestFunction], end: u32) -> Vec<u8> {
         let flag_field = if magic == 0xffff_fff0 { 37 } else { 41 };
         let mut names = Vec::new();
         let mut pc_tables = vec![0u8]; // offset 0 means "no table"
@@ -522,7 +525,7 @@ mod tests {
         bytes.extend_from_slice(&0xffff_fffau32.to_le_bytes());
         bytes.extend_from_slice(&[0, 0, 1, 8]);
         for word in [1, 0, names_at, 0, 0, names_at + name.len() as u64, table_at] {
-            bytes.extend_from_slice(&(word as u64).to_le_bytes());
+            bytes.extend_from_slice(&word.to_le_bytes());
         }
         bytes.extend_from_slice(name);
         bytes.push(0);
