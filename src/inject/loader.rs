@@ -18,6 +18,8 @@ pub struct LoaderEntryPoints {
     pub dlopen: u64,
     /// `dlerror()`, to explain a failed `dlopen`, when available.
     pub dlerror: Option<u64>,
+    /// `mmap` and `munmap` of the same library, to give the call a stack of its own.
+    pub mmap: Option<(u64, u64)>,
     /// Code ranges that may hold allocator or loader locks: a thread whose pc or recent
     /// return addresses lie in one of them is not borrowed.
     pub unsafe_ranges: Vec<Range<u64>>,
@@ -125,6 +127,9 @@ pub fn find_entry_points(
             found = Some(LoaderEntryPoints {
                 dlopen,
                 dlerror: lookup("dlerror").map(|(a, _)| a),
+                mmap: lookup("mmap")
+                    .zip(lookup("munmap"))
+                    .map(|((m, _), (u, _))| (m, u)),
                 unsafe_ranges: Vec::new(),
             });
         }

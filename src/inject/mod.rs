@@ -5,8 +5,8 @@
 //! is installed (see `agent_bundle`), the target user's runtime directory prepared for
 //! its socket (see `runtime_dir`), and the library loaded with
 //! a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread and the
-//! moment are chosen); the thread's registers are restored afterwards, so an interrupted
-//! system call restarts. The agent's constructor opens the control socket.
+//! moment are chosen), on a stack mapped for it (`remote_call`); the thread's registers
+//! are restored afterwards, so an interrupted system call restarts. The agent's constructor opens the control socket.
 //!
 //! An agent whose control thread runs but whose socket does not answer (its file was
 //! deleted) is not loaded again: it binds a new socket within a fraction of a second,
@@ -173,8 +173,9 @@ pub fn load_agent_before_start(pid: i32) -> Result<Tracee, AttachError> {
     Ok(tracee)
 }
 
-/// Loads the agent on a stopped, saved thread: `dlopen` of `agent_path`, or when a
-/// build of it is `resident`, a call of its start function.
+/// Loads the agent on a stopped, saved thread, on a stack mapped for the call (when the
+/// target's libc has `mmap`): `dlopen` of `agent_path`, or when a build of it is
+/// `resident`, a call of its start function.
 fn load_with(
     target: &TargetProcess,
     tracee: &mut Tracee,
@@ -182,8 +183,25 @@ fn load_with(
     resident: &[&Mapping],
     agent_path: &Path,
 ) -> Result<(), AttachError> {
-    let pid = target.pid;
     let mut frame = RemoteFrame::new(tracee);
+    if let Some((mmap, munmap)) = entry_points.mmap {
+        frame.use_fresh_stack(mmap, munmap)?;
+    }
+    call_loader(target, &mut frame, entry_points, resident, agent_path)?;
+    // (After a failed call the thread may still be on the stack: it stays mapped.)
+    frame.release_fresh_stack()
+}
+
+/// `dlopen` of `agent_path`, or when a build of it is `resident`, a call of its start
+/// function, on `frame`.
+fn call_loader(
+    target: &TargetProcess,
+    frame: &mut RemoteFrame,
+    entry_points: &loader::LoaderEntryPoints,
+    resident: &[&Mapping],
+    agent_path: &Path,
+) -> Result<(), AttachError> {
+    let pid = target.pid;
     if resident.is_empty() {
         let mut path = agent_path.as_os_str().as_encoded_bytes().to_vec();
         path.push(0);
@@ -194,7 +212,7 @@ fn load_with(
             DLOPEN_TIMEOUT,
         )?;
         if handle == 0 {
-            let reason = describe_dlopen_failure(&mut frame, entry_points);
+            let reason = describe_dlopen_failure(frame, entry_points);
             return Err(AttachError::Other {
                 pid,
                 message: format!("the target could not load tendril's agent: {reason}"),
