@@ -1,5 +1,5 @@
-//! Functions that no hook may go into, known by name, refused before the agent sees
-//! them (the agent knows addresses only).
+//! Functions that no hook may go into, known by name or by the code they are, refused
+//! before the agent sees them (the agent knows addresses only).
 //!
 //! The one idea: some code is never entered the way a hook assumes, and only its name
 //! tells it apart. A `.cold` part is the rarely run half of a function that the compiler
@@ -15,6 +15,14 @@
 //! `vfork` returns through the same word in the child and then in the parent. Counting
 //! their calls without hooking returns is safe.
 //!
+//! Go code is known by where it lies rather than by its name (`Function::go_code`, from
+//! the module's `.gopclntab`). Go's runtime walks goroutine stacks by return address —
+//! to grow and copy a stack, to scan it for the collector, to print a traceback — and
+//! throws on a return address it does not know ("unexpected return pc"), which a return
+//! hook's exit stub is; and a relocated Go prologue would call `runtime.morestack` from
+//! a trampoline, whose frame the runtime cannot describe either. So Go-compiled code is
+//! never patched; the C code of a cgo program, and the libraries it uses, are.
+//!
 //! What a thread's signal mask is never makes code refused: a patch writes no `int3`,
 //! and the agent knows where every thread is whatever signals it blocks, so glibc's
 //! functions that run with every signal blocked (a thread's start and end) are patched
@@ -25,6 +33,10 @@ use crate::symbols::Function;
 /// The reason for a `.cold` part.
 pub const COLD_PART: &str =
     "the cold part of a function, entered by a jump from inside it rather than by a call";
+
+/// The reason for a function compiled by Go.
+pub const GO_CODE: &str =
+    "Go code: its runtime walks stacks by return address; tendril cannot hook it";
 
 /// The reason for a function that returns twice, when its returns would be hooked.
 pub const RETURNS_TWICE: &str = "it returns twice (as setjmp, vfork and getcontext do), and its \
@@ -53,7 +65,9 @@ pub fn reason(function: &Function, hooks_returns: bool) -> Option<&'static str> 
         .raw_name
         .strip_prefix("__GI_")
         .unwrap_or(&function.raw_name);
-    if function.raw_name.ends_with(".cold") {
+    if function.go_code {
+        Some(GO_CODE)
+    } else if function.raw_name.ends_with(".cold") {
         Some(COLD_PART)
     } else if hooks_returns && RETURNING_TWICE.contains(&name) {
         Some(RETURNS_TWICE)
@@ -78,9 +92,15 @@ mod tests {
             raw_name: raw_name.into(),
             source: SymbolSource::Symtab,
             ifunc: false,
+            go_code: false,
         };
         assert_eq!(reason(&function("level1.cold"), false), Some(COLD_PART));
         assert_eq!(reason(&function("level1"), true), None);
+        let go = Function {
+            go_code: true,
+            ..function("main.leaf")
+        };
+        assert_eq!(reason(&go, false), Some(GO_CODE));
     }
 
     #[test]

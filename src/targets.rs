@@ -8,6 +8,7 @@
 //! unwinder entry points that return hooks depend on.
 
 use crate::agent_bundle::is_agent_module;
+use crate::refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols, SymbolError};
 use tendril_wire::{Hook, PatchTarget, Request, Response};
@@ -38,6 +39,12 @@ pub enum SelectError {
     },
     #[error("process {pid}: {source}")]
     Session { pid: i32, source: SessionError },
+    #[error("nothing that matches can be patched in pid {pid}: {reasons}{hint}")]
+    AllRefused {
+        pid: i32,
+        reasons: String,
+        hint: String,
+    },
 }
 
 /// The functions matching `patterns`, in pattern order (a function may appear twice).
@@ -74,6 +81,40 @@ pub fn match_patterns<'a>(
         matched.extend(found);
     }
     Ok(matched)
+}
+
+/// Fails, before anything touches the target, if every function of `matched` is
+/// refused by name or by its code (`refusals`); `hooks_returns` as there. An IFUNC is
+/// never refused here: the agent resolves it to its implementation first.
+pub fn refuse_if_none_patchable(
+    symbols: &ProcessSymbols,
+    matched: &[&Function],
+    hooks_returns: bool,
+) -> Result<(), SelectError> {
+    let mut refused: Vec<(String, &str)> = Vec::new();
+    for function in matched {
+        match refusals::reason(function, hooks_returns) {
+            Some(reason) if !function.ifunc => {
+                refused.push((format!("{} ({})", function.name, function.module), reason))
+            }
+            _ => return Ok(()),
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let pid = symbols.pid();
+    let hint = if refused.iter().any(|(_, r)| *r == refusals::GO_CODE) {
+        format!(" — `tendril sample {pid}` shows where Go code spends its time")
+    } else {
+        String::new()
+    };
+    refused.dedup();
+    Err(SelectError::AllRefused {
+        pid,
+        reasons: summarize_refusals(refused.iter().map(|(n, r)| (n.as_str(), *r))),
+        hint,
+    })
 }
 
 /// The functions matching one pattern, with a hint when there are none.

@@ -57,7 +57,8 @@ fn assert_all_equal(values: &[u64], what: &str) {
 
 #[test]
 fn every_fixture_builds_into_an_executable() {
-    for name in FIXTURE_NAMES {
+    let go = common::have_go("building the Go fixtures");
+    for name in FIXTURE_NAMES.iter().filter(|n| go || !n.starts_with("go_")) {
         let path = fixture(name);
         let mode = fs::metadata(&path)
             .expect("the fixture exists")
@@ -70,6 +71,56 @@ fn every_fixture_builds_into_an_executable() {
             path.display()
         );
     }
+}
+
+#[test]
+fn the_go_fixtures_have_go_s_table_and_no_eh_frame_for_go_code() {
+    if !common::have_go("the_go_fixtures_have_go_s_table_and_no_eh_frame_for_go_code") {
+        return;
+    }
+    let sections = |elf: &Elf| -> Vec<String> {
+        elf.section_headers
+            .iter()
+            .filter_map(|h| elf.shdr_strtab.get_at(h.sh_name).map(str::to_string))
+            .collect()
+    };
+    read_elf(&fixture("go_leaf"), |elf| {
+        let names = sections(elf);
+        assert!(names.iter().any(|n| n == ".gopclntab"), "{names:?}");
+        assert!(!names.iter().any(|n| n == ".eh_frame"), "{names:?}");
+        assert!(elf.interpreter.is_none(), "go_leaf is static");
+        assert!(
+            elf.syms
+                .iter()
+                .any(|s| elf.strtab.get_at(s.st_name) == Some("main.leaf"))
+        );
+    });
+    read_elf(&fixture("go_leaf_stripped"), |elf| {
+        assert!(elf.syms.is_empty(), "go_leaf_stripped still has a .symtab");
+        assert!(sections(elf).iter().any(|n| n == ".gopclntab"));
+    });
+    read_elf(&fixture("go_cgo"), |elf| {
+        assert!(elf.interpreter.is_some(), "go_cgo is dynamically linked");
+        assert!(sections(elf).iter().any(|n| n == ".gopclntab"));
+    });
+}
+
+#[test]
+fn go_cgo_computes_the_same_checksums_every_time() {
+    if !common::have_go("go_cgo_computes_the_same_checksums_every_time") {
+        return;
+    }
+    let mut target = Target::spawn("go_cgo", &[]);
+    let mut lines = Vec::new();
+    for _ in 0..2 {
+        target.write_stdin("work 1000\ncallback 10\n");
+        lines.push(target.expect_line("counted ", LINE_TIMEOUT));
+        lines.push(target.expect_line("called ", LINE_TIMEOUT));
+    }
+    assert!(lines[0].starts_with("counted c_work=1000 getppid=1000 checksum="));
+    assert!(lines[1].starts_with("called back=10 checksum="));
+    assert_eq!(lines[0], lines[2]);
+    assert_eq!(lines[1], lines[3]);
 }
 
 #[test]

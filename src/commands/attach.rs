@@ -12,7 +12,8 @@ pub fn run(pid: i32, roots: Vec<String>) -> anyhow::Result<()> {
     let target = crate::process::inspect(pid)?;
     if !roots.is_empty() {
         let symbols = ProcessSymbols::load(pid)?;
-        crate::targets::match_patterns(&symbols, &roots)?;
+        let matched = crate::targets::match_patterns(&symbols, &roots)?;
+        crate::targets::refuse_if_none_patchable(&symbols, &matched, true)?;
     }
     let root_arguments = if roots.is_empty() {
         " --root SYM".to_string()

@@ -69,6 +69,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
     crate::process::inspect(pid)?;
     let symbols = ProcessSymbols::load(pid)?;
     let matched = targets::match_patterns(&symbols, &options.patterns)?;
+    targets::refuse_if_none_patchable(&symbols, &matched, options.returns)?;
     let (_, mut session) = inject::attach(pid)?;
     let (chosen, refused_by_name): (Vec<Chosen>, Vec<Chosen>) =
         targets::choose(&symbols, &matched, &mut session)?

@@ -21,6 +21,8 @@ pub struct LoaderEntryPoints {
     pub dlerror: Option<u64>,
     /// `syscall(number, ...)`, to make the agent's memfd with (every libc has it).
     pub syscall: Option<u64>,
+    /// `mmap` and `munmap` of the same library, to give the call a stack of its own.
+    pub mmap: Option<(u64, u64)>,
     /// Code ranges that may hold allocator or loader locks: a thread whose pc or recent
     /// return addresses lie in one of them is not borrowed.
     pub unsafe_ranges: Vec<Range<u64>>,
@@ -129,6 +131,9 @@ pub fn find_entry_points(
                 dlopen,
                 dlerror: lookup("dlerror").map(|(a, _)| a),
                 syscall: lookup("syscall").map(|(a, _)| a),
+                mmap: lookup("mmap")
+                    .zip(lookup("munmap"))
+                    .map(|((m, _), (u, _))| (m, u)),
                 unsafe_ranges: Vec::new(),
             });
         }

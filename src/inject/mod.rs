@@ -4,11 +4,12 @@
 //! checks that the socket's listener is the target itself). If not, the agent library
 //! is handed to the target in a memfd the target makes (see `agent_memfd`) and loaded
 //! with a remote `dlopen` on one borrowed thread (see `safe_point` for how the thread
-//! and the moment are chosen); the thread's registers are restored afterwards, so an
-//! interrupted system call restarts. The agent's constructor makes the target user's
-//! runtime directory if needed and opens the control socket there (see `runtime_dir`
-//! for how tendril reads it): tendril itself creates nothing in the target's
-//! filesystem, which the target's user may have shaped with a mount namespace.
+//! and the moment are chosen), on a stack mapped for it (`remote_call`); the thread's
+//! registers are restored afterwards, so an interrupted system call restarts. The
+//! agent's constructor makes the target user's runtime directory if needed and opens
+//! the control socket there (see `runtime_dir` for how tendril reads it): tendril
+//! itself creates nothing in the target's filesystem, which the target's user may have
+//! shaped with a mount namespace.
 //!
 //! An agent whose control thread runs but whose socket does not answer (its file was
 //! deleted) is not loaded again: it binds a new socket within a fraction of a second,
@@ -174,49 +175,82 @@ pub fn load_agent_before_start(pid: i32) -> Result<Tracee, AttachError> {
     Ok(tracee)
 }
 
-/// Loads the agent on a stopped, saved thread: `dlopen` of a memfd holding it, or when
-/// a build of it is `resident`, a call of its start function.
+/// Loads the agent on a stopped, saved thread, on a stack mapped for the call (when the
+/// target's libc has `mmap`): `dlopen` of a memfd holding it, or when a build of it is
+/// `resident`, a call of its start function.
 fn load_with(
     target: &TargetProcess,
     tracee: &mut Tracee,
     entry_points: &loader::LoaderEntryPoints,
     resident: &[&Mapping],
 ) -> Result<(), AttachError> {
-    let pid = target.pid;
     let mut frame = RemoteFrame::new(tracee);
+    if let Some((mmap, munmap)) = entry_points.mmap {
+        frame.use_fresh_stack(mmap, munmap)?;
+    }
+    match call_loader(target, &mut frame, entry_points, resident) {
+        Ok(()) => frame.release_fresh_stack(),
+        // The target answered (dlopen failed, the memfd was refused): unmap the stack.
+        Err(LoadFailure::Refused(error)) => {
+            frame.release_fresh_stack()?;
+            Err(error)
+        }
+        // A call that did not come back (a fault, a timeout) may leave something on
+        // the stack it ran on: it stays mapped.
+        Err(LoadFailure::Stuck(error)) => Err(error),
+    }
+}
+
+/// Why loading the agent failed: the target refused (it answered), or a call did not
+/// come back.
+enum LoadFailure {
+    Refused(AttachError),
+    Stuck(AttachError),
+}
+
+/// `dlopen` of a memfd holding the agent, or when a build of it is `resident`, a call
+/// of its start function, on `frame`.
+fn call_loader(
+    target: &TargetProcess,
+    frame: &mut RemoteFrame,
+    entry_points: &loader::LoaderEntryPoints,
+    resident: &[&Mapping],
+) -> Result<(), LoadFailure> {
+    let pid = target.pid;
     if resident.is_empty() {
-        let memfd = agent_memfd::deliver(pid, &mut frame, entry_points)?;
+        let memfd = agent_memfd::deliver(pid, frame, entry_points).map_err(LoadFailure::Refused)?;
         let mut path = memfd.path().into_bytes();
         path.push(0);
-        let path_address = frame.push_bytes(&path)?;
+        let path_address = frame.push_bytes(&path).map_err(LoadFailure::Stuck)?;
         let handle = frame.call(
             entry_points.dlopen,
             &[path_address, libc::RTLD_NOW as u64],
             DLOPEN_TIMEOUT,
         );
         let reason = match handle {
-            Ok(0) => Some(describe_dlopen_failure(&mut frame, entry_points)),
+            Ok(0) => Some(describe_dlopen_failure(frame, entry_points)),
             _ => None,
         };
-        memfd.close(&mut frame, entry_points);
+        memfd.close(frame, entry_points);
         if let Some(reason) = reason {
-            return Err(AttachError::Other {
+            let hint = if reason.contains("/proc/self/fd") {
+                " (is /proc mounted in the target's mount namespace?)"
+            } else {
+                ""
+            };
+            return Err(LoadFailure::Refused(AttachError::Other {
                 pid,
                 message: format!(
-                    "the target could not load tendril's agent from {}: {reason}{}",
-                    "/proc/self/fd (a memfd)",
-                    if reason.contains("/proc/self/fd") {
-                        " (is /proc mounted in the target's mount namespace?)"
-                    } else {
-                        ""
-                    }
+                    "the target could not load tendril's agent from a memfd: {reason}{hint}"
                 ),
-            });
+            }));
         }
-        handle?;
+        handle.map_err(LoadFailure::Stuck)?;
     } else {
-        let start = agent_start_function(target, resident)?;
-        frame.call(start, &[], DLOPEN_TIMEOUT)?;
+        let start = agent_start_function(target, resident).map_err(LoadFailure::Refused)?;
+        frame
+            .call(start, &[], DLOPEN_TIMEOUT)
+            .map_err(LoadFailure::Stuck)?;
     }
     Ok(())
 }

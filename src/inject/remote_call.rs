@@ -1,6 +1,8 @@
 //! Calling a function inside the target on a borrowed, stopped thread.
 //!
-//! The call runs on the thread's own stack, below its red zone, with a return address of
+//! The call runs on the thread's own stack, below its red zone — or on a stack of its
+//! own that a first call of the target's `mmap` maps ([`RemoteFrame::use_fresh_stack`]:
+//! the thread's stack may be small, as a goroutine's is) — with a return address of
 //! 0: when the function returns, the thread faults on fetching address 0 and stops with
 //! `SIGSEGV`, which we catch (and never deliver). `orig_rax` is set to -1 so that the
 //! kernel does not try to restart a system call the thread was interrupted in while our
@@ -15,10 +17,15 @@ use std::time::Duration;
 /// The System V x86-64 red zone: 128 bytes below rsp that leaf code may use.
 const RED_ZONE: u64 = 128;
 
+/// How large a stack [`RemoteFrame::use_fresh_stack`] maps.
+const FRESH_STACK: u64 = 256 * 1024;
+
 /// A call frame being prepared on the target thread's stack.
 pub struct RemoteFrame<'a> {
     tracee: &'a mut Tracee,
     stack_pointer: u64,
+    /// A stack mapped for the calls (its start), and `munmap` to unmap it with.
+    fresh: Option<(u64, u64)>,
 }
 
 impl<'a> RemoteFrame<'a> {
@@ -27,7 +34,41 @@ impl<'a> RemoteFrame<'a> {
         RemoteFrame {
             tracee,
             stack_pointer,
+            fresh: None,
         }
+    }
+
+    /// Makes the next calls run on a stack of their own, mapped with the target's
+    /// `mmap` (a wrapper of one system call, called on the thread's own stack, which it
+    /// barely uses). A borrowed thread's own stack may be small: a goroutine blocked in
+    /// a system call runs on its goroutine's stack, with less than a kilobyte certain
+    /// to be free below its stack pointer, and `dlopen` needs kilobytes. `munmap`
+    /// unmaps it again ([`RemoteFrame::release_fresh_stack`]).
+    pub fn use_fresh_stack(&mut self, mmap: u64, munmap: u64) -> Result<(), AttachError> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK;
+        let protection = libc::PROT_READ | libc::PROT_WRITE;
+        let args = [0, FRESH_STACK, protection as u64, flags as u64, u64::MAX, 0];
+        let start = self.call(mmap, &args, Duration::from_secs(5))?;
+        if start == libc::MAP_FAILED as u64 || start == 0 || start % 4096 != 0 {
+            return Err(AttachError::Other {
+                pid: self.tracee.pid(),
+                message: "the target could not map a stack for tendril's call (mmap failed)".into(),
+            });
+        }
+        self.fresh = Some((start, munmap));
+        self.stack_pointer = start + FRESH_STACK;
+        Ok(())
+    }
+
+    /// Unmaps the stack [`RemoteFrame::use_fresh_stack`] mapped, from the thread's own
+    /// stack; the calls after it run there again.
+    pub fn release_fresh_stack(&mut self) -> Result<(), AttachError> {
+        let Some((start, munmap)) = self.fresh.take() else {
+            return Ok(());
+        };
+        self.stack_pointer = self.tracee.saved().general.rsp - RED_ZONE;
+        self.call(munmap, &[start, FRESH_STACK], Duration::from_secs(5))?;
+        Ok(())
     }
 
     /// Copies `data` onto the target's stack and returns its address there.

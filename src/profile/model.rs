@@ -111,6 +111,10 @@ pub struct DiscoveryStats {
     /// subtree stops at a call into one of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub indirect_not_followed: Vec<NotFollowed>,
+    /// Direct callees of recorded functions that discovery does not follow (Go code),
+    /// with the reason: a subtree stops at a call into one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_followed: Vec<NotFollowed>,
     /// Invocations on other threads that waited while a discovery ran (one discovery
     /// at a time; also removed from the times).
     #[serde(default)]

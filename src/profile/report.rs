@@ -268,25 +268,7 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if let Some(note) = library_churn_note(stats) {
         writeln!(out, "{note}")?;
     }
-    let not_followed = profile
-        .discovery
-        .as_ref()
-        .map_or(&[][..], |d| d.indirect_not_followed.as_slice());
-    for item in not_followed.iter().take(NOT_FOLLOWED_SHOWN) {
-        writeln!(
-            out,
-            "not followed through pointers: {} — {}",
-            printable(&item.target),
-            printable(&item.reason)
-        )?;
-    }
-    if not_followed.len() > NOT_FOLLOWED_SHOWN {
-        writeln!(
-            out,
-            "not followed through pointers: ... and {} more (the profile's \"discovery\" lists them all)",
-            not_followed.len() - NOT_FOLLOWED_SHOWN
-        )?;
-    }
+    write_not_followed(profile, out)?;
     if let Some(warning) = stack_switch_warning(profile) {
         writeln!(out, "{warning}")?;
     }
@@ -333,6 +315,50 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
 }
 
 /// Which time the report shows, and whether the other is there.
+/// The lines that say what a recording did not follow: targets of calls through
+/// pointers, and callees discovery skipped (Go code), at most [`NOT_FOLLOWED_SHOWN`] each.
+fn write_not_followed(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
+    let not_followed = profile
+        .discovery
+        .as_ref()
+        .map_or(&[][..], |d| d.indirect_not_followed.as_slice());
+    for item in not_followed.iter().take(NOT_FOLLOWED_SHOWN) {
+        writeln!(
+            out,
+            "not followed through pointers: {} — {}",
+            printable(&item.target),
+            printable(&item.reason)
+        )?;
+    }
+    if not_followed.len() > NOT_FOLLOWED_SHOWN {
+        writeln!(
+            out,
+            "not followed through pointers: ... and {} more (the profile's \"discovery\" lists them all)",
+            not_followed.len() - NOT_FOLLOWED_SHOWN
+        )?;
+    }
+    let callees_not_followed = profile
+        .discovery
+        .as_ref()
+        .map_or(&[][..], |d| d.not_followed.as_slice());
+    for item in callees_not_followed.iter().take(NOT_FOLLOWED_SHOWN) {
+        writeln!(
+            out,
+            "not followed: {} — {}",
+            printable(&item.target),
+            printable(&item.reason)
+        )?;
+    }
+    if callees_not_followed.len() > NOT_FOLLOWED_SHOWN {
+        writeln!(
+            out,
+            "not followed: ... and {} more (the profile's \"discovery\" lists them all)",
+            callees_not_followed.len() - NOT_FOLLOWED_SHOWN
+        )?;
+    }
+    Ok(())
+}
+
 fn write_clock_line(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if profile.stats.off_cpu_lost > 0 {
         writeln!(

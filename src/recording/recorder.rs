@@ -12,6 +12,7 @@
 
 mod code_copy;
 mod controls;
+mod go_callees;
 mod in_situ;
 mod late_modules;
 mod polling;
@@ -129,6 +130,8 @@ pub struct Recorder {
     held_back: HashMap<i32, Vec<Event>>,
     /// The in-situ calibration's batches (see `in_situ`).
     in_situ: in_situ::InSituBatches,
+    /// The Go functions the recorded code calls (never followed).
+    go_callees: go_callees::GoCallees,
 }
 
 /// `name (module)`, for a refusal.
@@ -158,10 +161,12 @@ impl Recorder {
         let pid = options.pid;
         crate::process::inspect(pid)?;
         let symbols = ProcessSymbols::load(pid)?;
-        targets::match_patterns(&symbols, &options.roots)?;
+        let matched = targets::match_patterns(&symbols, &options.roots)?;
+        targets::refuse_if_none_patchable(&symbols, &matched, true)?;
         let (target, session) = inject::attach(pid)?;
         let symbols = targets::unwinder_symbols_after_attach(&symbols)?.unwrap_or(symbols);
         let tsc_hz = tsc::measure_hz();
+        let go_callees = go_callees::GoCallees::new(&symbols);
         let mut recorder = Recorder {
             target,
             session,
@@ -193,6 +198,7 @@ impl Recorder {
             cpu_unmeasured: None,
             held_back: HashMap::new(),
             in_situ: Default::default(),
+            go_callees,
         };
         recorder.begin()?;
         Ok(recorder)

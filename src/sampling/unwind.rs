@@ -1,13 +1,15 @@
-//! Walking a sampled stack: framehop over each module's `.eh_frame`, from the registers
-//! and the stack bytes a sample carries.
+//! Walking a sampled stack: framehop over each module's `.eh_frame`, and Go's own table
+//! for Go code (`go_unwind`), from the registers and the stack bytes a sample carries.
 //!
 //! The one idea: the unwinder needs only what the kernel copied (the instruction, stack
 //! and frame pointers, and the top of the stack) plus each mapped module's unwind
 //! tables, read from its file through `/proc/PID/root` (the vDSO from the target's
 //! memory). DWARF CFI describes every instruction, so code built without frame pointers
 //! unwinds as well as code with them; framehop falls back to frame pointers only where a
-//! module has no CFI. A walk that cannot reach the outermost frame (the copy ended, CFI
-//! missing, a corrupt stack) is reported as truncated, never guessed.
+//! module has no CFI. Go code has no CFI: each frame inside a module's `.gopclntab`
+//! text is stepped with that table instead, frame by frame, so Go and C frames mix as
+//! cgo stacks do. A walk that cannot reach the outermost frame (the copy ended, CFI
+//! missing, a corrupt stack, a Go stack switch) is reported as truncated, never guessed.
 
 use std::ops::{Deref, Range};
 use std::sync::Arc;
@@ -20,7 +22,9 @@ use goblin::elf::Elf;
 use goblin::elf::program_header::PT_LOAD;
 use memmap2::Mmap;
 
+use super::go_unwind::{GoModule, GoStep};
 use super::records::UserRegs;
+use crate::symbols::go_pclntab;
 use crate::symbols::maps::{self, MappedObject, ObjectKind};
 use crate::symbols::{SymbolError, load_bias};
 
@@ -69,6 +73,8 @@ pub enum WalkEnd {
 pub struct StackUnwinder {
     unwinder: UnwinderX86_64<SectionBytes, MayAllocateDuringUnwind>,
     cache: CacheX86_64<MayAllocateDuringUnwind>,
+    /// The modules with Go code, whose Go frames step with `.gopclntab`.
+    go_modules: Vec<GoModule<SectionBytes>>,
     /// Code objects that could not be read (their frames end walks as truncated).
     pub skipped: Vec<(String, String)>,
     /// The frames of the last [`walk`](Self::walk), kept to save an allocation.
@@ -82,12 +88,16 @@ impl StackUnwinder {
         let mut unwinder = StackUnwinder {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
+            go_modules: Vec::new(),
             skipped: Vec::new(),
             scratch: Vec::new(),
         };
         for object in maps::code_objects(&mappings) {
             match module_for(pid, &object) {
-                Ok(module) => unwinder.unwinder.add_module(module),
+                Ok((module, go)) => {
+                    unwinder.unwinder.add_module(module);
+                    unwinder.go_modules.extend(go);
+                }
                 Err(SymbolError::NoProcess { pid }) => return Err(SymbolError::NoProcess { pid }),
                 Err(e) => unwinder
                     .skipped
@@ -154,12 +164,18 @@ impl StackUnwinder {
                 break None;
             }
             reads.set((u64::MAX, 0));
-            let step = self.unwinder.unwind_frame(
-                address,
-                &mut unwind_regs,
-                &mut self.cache,
-                &mut read_stack,
-            );
+            let lookup = lookup_address(address);
+            let step = match self.go_modules.iter().find(|m| m.contains(lookup)) {
+                Some(go) => match go.step(lookup, &mut unwind_regs, &mut read_stack) {
+                    GoStep::Caller(return_address) => Ok(Some(return_address)),
+                    GoStep::Outermost => Ok(None),
+                    GoStep::Unknown => Err(()),
+                },
+                None => self
+                    .unwinder
+                    .unwind_frame(address, &mut unwind_regs, &mut self.cache, &mut read_stack)
+                    .map_err(|_| ()),
+            };
             let frame = frames.last_mut().expect("just pushed");
             (frame.reads_from, frame.reads_to) = reads.get();
             match step {
@@ -216,8 +232,12 @@ fn lookup_address(frame: FrameAddress) -> u64 {
 }
 
 /// The framehop module of one mapped code object: its `.text`, `.eh_frame`,
-/// `.eh_frame_hdr`, `.debug_frame` and `.got`, at the object's load bias.
-fn module_for(pid: i32, object: &MappedObject) -> Result<Module<SectionBytes>, SymbolError> {
+/// `.eh_frame_hdr`, `.debug_frame` and `.got`, at the object's load bias; and its Go
+/// table, if it has Go code.
+fn module_for(
+    pid: i32,
+    object: &MappedObject,
+) -> Result<(Module<SectionBytes>, Option<GoModule<SectionBytes>>), SymbolError> {
     let image = match object.kind {
         ObjectKind::Vdso => {
             let m = &object.mappings[0];
@@ -292,12 +312,19 @@ fn module_for(pid: i32, object: &MappedObject) -> Result<Module<SectionBytes>, S
         text_segment_svma: None,
         text_segment: None,
     };
+    let go = go_pclntab::from_elf(&elf, image.bytes().len(), |range| SectionBytes {
+        image: image.clone(),
+        range,
+    })
+    .and_then(Result::ok)
+    .and_then(|table| GoModule::new(table, bias));
     let start = object.mappings.iter().map(|m| m.start).min().unwrap_or(0);
     let end = object.mappings.iter().map(|m| m.end).max().unwrap_or(0);
-    Ok(Module::new(
+    let module = Module::new(
         object.path.display().to_string(),
         start..end,
         base_svma.wrapping_add(bias),
         info,
-    ))
+    );
+    Ok((module, go))
 }

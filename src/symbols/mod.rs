@@ -3,7 +3,9 @@
 //! The one idea: a function is known from whatever the module still carries —
 //! `.symtab`, `.dynsym`, the PLT stubs (`name@plt`, found by decoding them), and for
 //! stripped code the `.eh_frame` FDEs, which give each function's start and length even
-//! when no name survives (`module+0xOFFSET`). Files are read through `/proc/PID/root`, so
+//! when no name survives (`module+0xOFFSET`). Go code has no FDEs, but every Go binary
+//! keeps its functions' names and bounds in `.gopclntab` ([`go_pclntab`]), which also
+//! marks them as Go's ([`Function::go_code`]: never patched). Files are read through `/proc/PID/root`, so
 //! targets in containers work, and relocated by each module's load bias.
 //!
 //! * [`ProcessSymbols`] loads a whole process (`/proc/PID/maps`), looks addresses up and
@@ -15,6 +17,7 @@ mod command;
 mod demangle;
 mod error;
 pub(crate) mod fde;
+pub mod go_pclntab;
 pub mod maps;
 mod module;
 mod pattern;
@@ -66,6 +69,10 @@ pub struct Function {
     /// implementation at load time (`memcpy` and friends in glibc); calls go to the
     /// implementation, not here.
     pub ifunc: bool,
+    /// Compiled by Go: its code lies in the module's `.gopclntab` functions. Go's
+    /// runtime walks its stacks by return address, so such code is never patched
+    /// (`refusals`).
+    pub go_code: bool,
 }
 
 impl Function {
@@ -103,10 +110,13 @@ pub enum SymbolSource {
     Plt,
     /// An `.eh_frame` FDE no symbol covers, named `module+0xOFFSET`.
     Fde,
+    /// A Go function no symbol covers, named from the module's `.gopclntab`.
+    GoPclntab,
 }
 
 impl SymbolSource {
-    /// Lowercase name, as in JSON output: `symtab`, `debug`, `dynsym`, `plt`, `fde`.
+    /// Lowercase name, as in JSON output: `symtab`, `debug`, `dynsym`, `plt`, `fde`,
+    /// `gopclntab`.
     pub fn as_str(self) -> &'static str {
         match self {
             SymbolSource::Symtab => "symtab",
@@ -114,6 +124,7 @@ impl SymbolSource {
             SymbolSource::Dynsym => "dynsym",
             SymbolSource::Plt => "plt",
             SymbolSource::Fde => "fde",
+            SymbolSource::GoPclntab => "gopclntab",
         }
     }
 }

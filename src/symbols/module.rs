@@ -1,10 +1,12 @@
 //! The functions of one ELF module, at the addresses it runs at.
 //!
-//! Five sources, merged in order of trust: `.symtab` (or, for a stripped file, the
+//! Six sources, merged in order of trust: `.symtab` (or, for a stripped file, the
 //! `.symtab` of its separate debug file, found by build id), `.dynsym` (an entry with
 //! the same address and name as a `.symtab` one is the same function; an alias with
-//! another name stays a row of its own, as `nm` shows it), PLT stubs, and finally the
-//! `.eh_frame` FDEs that no symbol overlaps, named `<file>+0x<offset>`. All addresses are ELF virtual
+//! another name stays a row of its own, as `nm` shows it), PLT stubs, the Go functions
+//! of `.gopclntab` that no symbol overlaps (a stripped Go binary), and finally the
+//! `.eh_frame` FDEs that no symbol overlaps, named `<file>+0x<offset>`. Every function
+//! inside `.gopclntab`'s range is marked as Go code. All addresses are ELF virtual
 //! addresses plus the load bias, which [`load_bias`] derives from `PT_LOAD` headers and
 //! where the kernel mapped the file.
 
@@ -22,7 +24,7 @@ use memmap2::Mmap;
 
 use super::demangle::Demangler;
 use super::error::SymbolError;
-use super::{Function, SymbolSource, fde, plt};
+use super::{Function, SymbolSource, fde, go_pclntab, plt};
 
 /// A PLT stub and the GOT slot it jumps through (both runtime addresses).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,12 +80,18 @@ impl ModuleSymbols {
             }
             None => path.to_string_lossy().into_owned(),
         };
+        let go_table =
+            go_pclntab::from_elf(elf, image.len(), |range| &image[range]).and_then(Result::ok);
         let mut builder = Builder {
             name: &name,
             path,
             bias: load_bias,
             functions: Vec::new(),
             demangler: Demangler::default(),
+            go_text: go_table
+                .as_ref()
+                .and_then(|table| table.text_range())
+                .unwrap_or(0..0),
         };
         let debug_image = if elf.syms.is_empty() {
             separate_debug_file(elf, image, Path::new(DEBUG_ROOT))
@@ -135,7 +143,18 @@ impl ModuleSymbols {
             })
             .collect();
 
-        builder.add_uncovered_fdes(fde::ranges(elf, image), plt::section_ranges(elf));
+        if let Some(table) = &go_table {
+            let go_functions = table.functions().filter_map(|f| {
+                let name = table.name(&f)?;
+                Some((f.entry, f.end - f.entry, name.to_string()))
+            });
+            builder.add_uncovered(go_functions.collect(), Vec::new(), SymbolSource::GoPclntab);
+        }
+        let fdes = fde::ranges(elf, image).into_iter().map(|(start, len)| {
+            let raw = format!("{name}+{start:#x}");
+            (start, len, raw)
+        });
+        builder.add_uncovered(fdes.collect(), plt::section_ranges(elf), SymbolSource::Fde);
         let mut functions = builder.functions;
         sort_functions(&mut functions);
         ModuleSymbols {
@@ -154,6 +173,8 @@ struct Builder<'a> {
     bias: u64,
     functions: Vec<Function>,
     demangler: Demangler,
+    /// Go's functions (ELF addresses), from `.gopclntab`; empty without one.
+    go_text: std::ops::Range<u64>,
 }
 
 impl Builder<'_> {
@@ -168,12 +189,19 @@ impl Builder<'_> {
             raw_name,
             source,
             ifunc,
+            go_code: self.go_text.contains(&vaddr),
         });
     }
 
-    /// Adds every FDE range (ELF virtual addresses) that neither a function found so far
-    /// nor one of the `covered` ranges overlaps; a zero-size symbol covers its first byte.
-    fn add_uncovered_fdes(&mut self, mut fdes: Vec<(u64, u64)>, covered: Vec<(u64, u64)>) {
+    /// Adds every `(start, length, raw name)` (ELF virtual addresses) that neither a
+    /// function found so far nor one of the `covered` ranges overlaps; a zero-size
+    /// symbol covers its first byte. Names are kept as they are (no demangling).
+    fn add_uncovered(
+        &mut self,
+        mut found: Vec<(u64, u64, String)>,
+        covered: Vec<(u64, u64)>,
+        source: SymbolSource,
+    ) {
         let mut known: Vec<(u64, u64)> = self
             .functions
             .iter()
@@ -192,14 +220,13 @@ impl Builder<'_> {
                 Some(*m)
             })
             .collect();
-        fdes.sort_unstable();
-        fdes.dedup_by_key(|&mut (start, _)| start);
-        for (start, len) in fdes {
+        found.sort_unstable_by_key(|&(start, _, _)| start);
+        found.dedup_by_key(|&mut (start, _, _)| start);
+        for (start, len, raw) in found {
             let end = start.saturating_add(len);
             let before_end = known.partition_point(|&(s, _)| s < end);
             let covered = before_end > 0 && max_end[before_end - 1] > start;
             if !covered {
-                let raw = format!("{}+{start:#x}", self.name);
                 self.functions.push(Function {
                     addr: start.wrapping_add(self.bias),
                     size: len,
@@ -207,8 +234,9 @@ impl Builder<'_> {
                     module_path: self.path.to_path_buf(),
                     name: raw.clone(),
                     raw_name: raw,
-                    source: SymbolSource::Fde,
+                    source,
                     ifunc: false,
+                    go_code: self.go_text.contains(&start),
                 });
             }
         }

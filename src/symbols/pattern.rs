@@ -323,6 +323,7 @@ mod tests {
             raw_name: raw.into(),
             source: SymbolSource::Symtab,
             ifunc: false,
+            go_code: false,
         }
     }
 

@@ -42,6 +42,13 @@ enum Recipe {
     StrippedCopyOf(&'static str),
     /// `as --32` and `ld -m elf_i386`: a 32-bit program without libc.
     I386,
+    /// `CGO_ENABLED=0 go build` of one file: a static Go program (no `.eh_frame`).
+    Go,
+    /// The same with `-ldflags=-s`: no symbol table, only `.gopclntab` names functions.
+    GoStripped,
+    /// `go build` of the package in the directory `source` (a `go.mod`, Go and C
+    /// files): a cgo program, dynamically linked with libc.
+    GoPackage,
 }
 
 struct Fixture {
@@ -50,7 +57,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 32] = [
+const FIXTURES: [Fixture; 35] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -211,7 +218,35 @@ const FIXTURES: [Fixture; 32] = [
         source: "plug_b.c",
         recipe: Recipe::CSharedLibrary,
     },
+    Fixture {
+        name: "go_leaf",
+        source: "go_leaf.go",
+        recipe: Recipe::Go,
+    },
+    Fixture {
+        name: "go_leaf_stripped",
+        source: "go_leaf.go",
+        recipe: Recipe::GoStripped,
+    },
+    Fixture {
+        name: "go_cgo",
+        source: "go_cgo",
+        recipe: Recipe::GoPackage,
+    },
 ];
+
+/// Whether a Go toolchain (`go`) is installed; if not, says so on stderr, for a test
+/// that skips itself (`.ci/run` installs golang-go, so CI always runs them).
+pub fn have_go(test: &str) -> bool {
+    let found = Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !found {
+        eprintln!("note: {test} skipped: no Go toolchain (`apt-get install golang-go`)");
+    }
+    found
+}
 
 /// The names `fixture` accepts.
 pub const FIXTURE_NAMES: [&str; FIXTURES.len()] = {
@@ -276,6 +311,11 @@ fn is_up_to_date(fixture: &Fixture, binary: &Path) -> bool {
     }
     if let Recipe::CTwoUnits(second) = fixture.recipe {
         inputs.push(workspace_dir().join("fixtures").join(second));
+    }
+    if let Recipe::GoPackage = fixture.recipe {
+        let package = workspace_dir().join("fixtures").join(fixture.source);
+        let files = fs::read_dir(&package).into_iter().flatten().flatten();
+        inputs.extend(files.map(|entry| entry.path()));
     }
     // An input that cannot be found (this file, under an unusual layout) does not count.
     inputs
@@ -414,8 +454,43 @@ fn compile(fixture: &Fixture, scratch: &Path) -> Result<PathBuf, String> {
             run(scratch, "as", &["--32", "-o", &object, source])?;
             run(scratch, "ld", &["-m", "elf_i386", "-o", out, &object])?
         }
+        Recipe::Go => go_build(scratch, false, &["-o", out, source])?,
+        Recipe::GoStripped => go_build(scratch, false, &["-ldflags=-s", "-o", out, source])?,
+        // The package is built where it is: `go build` reads its go.mod there.
+        Recipe::GoPackage => go_build(Path::new(source), true, &["-o", out, "."])?,
     }
     Ok(output)
+}
+
+/// `go build ARGS` in `dir`, offline, with a build cache of the fixtures' own (under
+/// `target/`, so a second build takes a second or two), no version-control stamp (the
+/// tree may belong to another user) and cgo on or off.
+fn go_build(dir: &Path, cgo: bool, args: &[&str]) -> Result<(), String> {
+    let cache = fixtures_dir().join(".go-cache");
+    let path = fixtures_dir().join(".go-path");
+    let command_line = format!("go build {}", args.join(" "));
+    let output = Command::new("go")
+        .arg("build")
+        .arg("-buildvcs=false")
+        .args(args)
+        .current_dir(dir)
+        .env("GOCACHE", &cache)
+        .env("GOPATH", &path)
+        .env("GOFLAGS", "")
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOTELEMETRY", "off")
+        .env("CGO_ENABLED", if cgo { "1" } else { "0" })
+        .output()
+        .map_err(|e| format!("cannot run `{command_line}`: {e} (is golang-go installed?)"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "`{command_line}` failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(())
 }
 
 /// Runs one build command; a failure returns the command line and what it printed.

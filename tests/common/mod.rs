@@ -24,7 +24,7 @@ mod tmux;
 pub use code_check::{agent_code_matches_file, code_bytes_match_file};
 pub use consistency::check_profile;
 pub use counting::{CountReport, Counting, Row};
-pub use fixture_build::{FIXTURE_NAMES, fixture};
+pub use fixture_build::{FIXTURE_NAMES, fixture, have_go};
 pub use recording::{Recorded, Recording, all_nodes, node_at, start_recorder};
 pub use running::RunningTendril;
 pub use schedstat::{thread_waited_for_a_core_ns, waited_for_a_core_ns};

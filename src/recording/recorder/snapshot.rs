@@ -38,7 +38,7 @@ impl Recorder {
 
     /// Fields beyond the builder's: pauses, the gross-time distribution, the duration,
     /// how calls through pointers were followed.
-    fn add_extras(&self, profile: &mut Profile, counters: &AgentCounters) {
+    fn add_extras(&mut self, profile: &mut Profile, counters: &AgentCounters) {
         self.late_modules.fill_stats(&mut profile.stats);
         let hz = profile.calibration.tsc_hz.max(1) as f64;
         // The agent's own pauses, and the waits for a core the drain held (the trees').
@@ -71,6 +71,7 @@ impl Recorder {
                 .as_ref()
                 .map(|i| i.all_not_followed())
                 .unwrap_or_default(),
+            not_followed: self.go_callees_not_followed(),
         });
         profile.stats.cpu_unmeasured = self.cpu_unmeasured.clone();
         profile.stats.off_cpu_lost = self.off_cpu.as_ref().map_or(0, |w| w.lost());

@@ -14,6 +14,13 @@
 //! like the others; running user code, it is stopped with ptrace from a helper process
 //! (`thread_tracer`) and its pc moved like any other. No thread is refused.
 //!
+//! A process may leave no real-time signal free: Go's runtime installs a handler on
+//! every signal. Then there is no park signal ([`NO_FREE_SIGNAL`]) and every thread
+//! that runs user code is held with ptrace, as if it blocked the signal; threads asleep
+//! in a system call are left alone as always. Slower (a helper process, a stop per
+//! thread), and a held thread's pause is not taken out of its recorded frames, but the
+//! patch is as safe.
+//!
 //! Every signal carries the number of the stop it belongs to, so a signal that arrives
 //! late never counts as a thread parked for a later stop. Nothing here allocates once
 //! the first signal is sent: a parked thread may hold the allocator's lock.
@@ -35,6 +42,10 @@ const BLOCKED_AFTER_SIGNAL_CHECK: Duration = Duration::from_millis(1);
 
 /// The longest the stopper sleeps before it looks at the threads again.
 const STOPPER_NAP_NS: u64 = 200_000;
+
+/// `STATE.park_signal` when every real-time signal has a handler of the target's: the
+/// stopper holds every running thread with ptrace instead.
+const NO_FREE_SIGNAL: i32 = -1;
 
 /// Told, on a parked thread just released, where it was (`pc`) and how many TSC ticks
 /// it was parked: the runtime removes the pause from the frames it fell in. Called in
@@ -108,16 +119,18 @@ pub struct StoppedWorld<'a> {
     pub asleep: &'a [i32],
 }
 
-/// The stop signal, once installed (0 before).
+/// The stop signal, once installed (0 before, and when no signal was free).
 pub fn park_signal() -> i32 {
-    STATE.park_signal.load(Ordering::Acquire)
+    STATE.park_signal.load(Ordering::Acquire).max(0)
 }
 
-/// Installs the park handler on a free real-time signal. Idempotent.
+/// Installs the park handler on a free real-time signal; with none free, stops will
+/// hold every running thread with ptrace (module comment). Idempotent; returns the
+/// signal, or 0 when there is none.
 pub fn install() -> Result<i32, AgentError> {
     let installed = STATE.park_signal.load(Ordering::Acquire);
     if installed != 0 {
-        return Ok(installed);
+        return Ok(installed.max(0));
     }
     // Prefer high real-time signals, which applications rarely use; skip any the
     // target has a handler for.
@@ -149,9 +162,9 @@ pub fn install() -> Result<i32, AgentError> {
             return Ok(signal);
         }
     }
-    Err(AgentError::NotStopped(
-        "no free real-time signal to stop threads with".into(),
-    ))
+    // Every signal is the target's (Go's runtime handles them all).
+    STATE.park_signal.store(NO_FREE_SIGNAL, Ordering::Release);
+    Ok(0)
 }
 
 extern "C" fn park_handler(
@@ -294,20 +307,7 @@ pub fn with_world_stopped_in<R>(
         ));
     }
     for (tid, plan) in threads.iter_mut() {
-        *plan = match tasks::state(*tid) {
-            TaskState::Sleeping | TaskState::Stopped | TaskState::Gone => Plan::Leave,
-            _ if tasks::blocks_signal(*tid, signal) => Plan::Trace,
-            _ => Plan::Park,
-        };
-        // A thread that blocks the signal is left asleep only inside a system call (not
-        // in a page fault, say, at any pc).
-        if *plan == Plan::Leave
-            && tasks::blocks_signal(*tid, signal)
-            && tasks::state(*tid) == TaskState::Sleeping
-            && tasks::in_system_call(*tid).is_none()
-        {
-            *plan = Plan::Trace;
-        }
+        *plan = plan_for(*tid, signal);
     }
     let mut last_stop = STATE.stop_lock.lock().unwrap_or_else(|p| p.into_inner());
     let stop = *last_stop + 1;
@@ -319,7 +319,7 @@ pub fn with_world_stopped_in<R>(
     STATE.stop_in_progress.store(stop, Ordering::Release);
 
     // From here until release: no allocation.
-    for (tid, plan) in threads.iter_mut() {
+    for (tid, plan) in threads.iter_mut().filter(|_| signal != NO_FREE_SIGNAL) {
         if *plan == Plan::Park && !sys::signal_thread_with_value(*tid, signal, stop) {
             *plan = Plan::Leave; // Exited meanwhile.
         }
@@ -422,6 +422,20 @@ pub fn with_world_stopped_in<R>(
     result
 }
 
+/// How one stop handles thread `tid`, given the park signal (or [`NO_FREE_SIGNAL`]).
+fn plan_for(tid: i32, signal: i32) -> Plan {
+    let blocks = |tid| signal == NO_FREE_SIGNAL || tasks::blocks_signal(tid, signal);
+    match tasks::state(tid) {
+        TaskState::Stopped | TaskState::Gone => Plan::Leave,
+        // A thread that cannot take the signal is left asleep only inside a system call
+        // (not in a page fault, say, at any pc).
+        TaskState::Sleeping if blocks(tid) && tasks::in_system_call(tid).is_none() => Plan::Trace,
+        TaskState::Sleeping => Plan::Leave,
+        _ if blocks(tid) => Plan::Trace,
+        _ => Plan::Park,
+    }
+}
+
 /// Whether `tid` is among the first `arrived` threads parked by the current stop.
 fn has_parked(tid: i32, arrived: usize) -> bool {
     STATE.parked_tids[..arrived]
@@ -469,5 +483,55 @@ pub fn serialize_all_cores() {
             0,
             0,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    /// Waits (up to 10 s) until `check` holds.
+    fn wait_until(mut check: impl FnMut() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !check() {
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    #[test]
+    fn without_a_free_signal_running_threads_are_traced_and_sleepers_left_alone() {
+        let done = Arc::new(AtomicBool::new(false));
+        let (tids, receive) = std::sync::mpsc::channel();
+        let spinning = {
+            let (done, tids) = (done.clone(), tids.clone());
+            std::thread::spawn(move || {
+                tids.send(sys::gettid()).unwrap();
+                while !done.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let (wake, wait) = std::sync::mpsc::channel::<()>();
+        let sleeping = std::thread::spawn(move || {
+            tids.send(sys::gettid()).unwrap();
+            let _ = wait.recv();
+        });
+        let (spinner, sleeper) = (receive.recv().unwrap(), receive.recv().unwrap());
+        assert!(wait_until(|| tasks::state(sleeper) == TaskState::Sleeping));
+        assert!(wait_until(|| tasks::state(spinner) != TaskState::Sleeping));
+        assert_eq!(plan_for(spinner, NO_FREE_SIGNAL), Plan::Trace);
+        assert_eq!(plan_for(sleeper, NO_FREE_SIGNAL), Plan::Leave);
+        // With a signal the spinner accepts, it is parked by the signal.
+        assert_eq!(plan_for(spinner, libc::SIGRTMAX() - 1), Plan::Park);
+        done.store(true, Ordering::Relaxed);
+        drop(wake);
+        spinning.join().unwrap();
+        sleeping.join().unwrap();
     }
 }

@@ -1,0 +1,97 @@
+//! The Go functions a recording's code calls: not followed, and listed with the reason.
+//!
+//! The one idea: discovery never instruments Go code (the function table marks it
+//! excluded: `refusals::GO_CODE`), so a subtree stops where C code calls into Go — a
+//! cgo program's exported Go function is reached through `crosscall2`. The agent skips
+//! such a callee without a word, so the controller finds them itself: in a process
+//! with Go code it decodes, once each, the functions the recording saw run, for their
+//! direct callees (and calls through GOT slots), and lists those that are Go code in
+//! the profile's `discovery.not_followed`. A process without Go code costs nothing.
+
+use super::*;
+use crate::profile::NotFollowed;
+use std::collections::{BTreeSet, HashSet};
+use tendril_wire::callees;
+
+/// Longest body decoded.
+const MAX_BODY: u64 = 1 << 20;
+
+/// The Go functions found called from the recorded functions so far.
+#[derive(Debug, Default)]
+pub struct GoCallees {
+    /// Whether the process has Go code at all (nothing is decoded otherwise).
+    has_go: bool,
+    scanned: HashSet<u64>,
+    found: BTreeSet<u64>,
+}
+
+impl GoCallees {
+    pub fn new(symbols: &ProcessSymbols) -> GoCallees {
+        GoCallees {
+            has_go: symbols.functions().iter().any(|f| f.go_code),
+            ..GoCallees::default()
+        }
+    }
+
+    /// Decodes the functions at `addresses` not decoded yet.
+    fn scan(&mut self, symbols: &ProcessSymbols, addresses: impl Iterator<Item = u64>) {
+        let pid = symbols.pid();
+        let word = |address: u64| {
+            let bytes = crate::symbols::maps::read_memory(pid, address, address + 8).ok()?;
+            Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+        };
+        for address in addresses {
+            if !self.scanned.insert(address) {
+                continue;
+            }
+            let Some(function) = symbols.lookup(address).filter(|f| f.addr == address) else {
+                continue;
+            };
+            let end = address.saturating_add(function.size.min(MAX_BODY));
+            let Ok(code) = crate::symbols::maps::read_memory(pid, address, end) else {
+                continue;
+            };
+            let found = callees::scan(&code, address);
+            let targets = found
+                .direct
+                .into_iter()
+                .chain(found.through_pointers.into_iter().filter_map(word));
+            for target in targets {
+                if symbols
+                    .lookup(target)
+                    .is_some_and(|callee| callee.addr == target && callee.go_code)
+                {
+                    self.found.insert(target);
+                }
+            }
+        }
+    }
+}
+
+impl Recorder {
+    /// The Go functions that the functions recorded so far call, with the reason they
+    /// are not followed.
+    pub(super) fn go_callees_not_followed(&mut self) -> Vec<NotFollowed> {
+        if !self.go_callees.has_go {
+            return Vec::new();
+        }
+        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+            return Vec::new();
+        };
+        let seen: Vec<u64> = builder
+            .functions_seen()
+            .into_iter()
+            .filter_map(|id| rings.function_address(id))
+            .collect();
+        self.go_callees.scan(&self.symbols, seen.into_iter());
+        self.go_callees
+            .found
+            .iter()
+            .filter_map(|&address| self.symbols.lookup(address))
+            .map(|callee| NotFollowed {
+                target: format!("{} ({})", callee.name, callee.module),
+                reason: refusals::GO_CODE.to_string(),
+            })
+            .collect()
+    }
+}
