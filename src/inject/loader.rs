@@ -18,6 +18,8 @@ pub struct LoaderEntryPoints {
     pub dlopen: u64,
     /// `dlerror()`, to explain a failed `dlopen`, when available.
     pub dlerror: Option<u64>,
+    /// `munmap(addr, len)`, to remove what a failed `dlopen` left mapped.
+    pub munmap: Option<u64>,
     /// Code ranges that may hold allocator or loader locks: a thread whose pc or recent
     /// return addresses lie in one of them is not borrowed.
     pub unsafe_ranges: Vec<Range<u64>>,
@@ -125,6 +127,7 @@ pub fn find_entry_points(
             found = Some(LoaderEntryPoints {
                 dlopen,
                 dlerror: lookup("dlerror").map(|(a, _)| a),
+                munmap: lookup("munmap").map(|(a, _)| a),
                 unsafe_ranges: Vec::new(),
             });
         }

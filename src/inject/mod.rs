@@ -12,10 +12,12 @@
 //! deleted) is not loaded again: it binds a new socket within a fraction of a second,
 //! and tendril waits for that.
 
+mod failed_load;
 mod loader;
 mod remote_call;
 mod runtime_dir;
 mod safe_point;
+pub mod seccomp;
 mod stack_walk;
 mod stale_files;
 pub mod tracee;
@@ -139,6 +141,12 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
                 .is_some_and(crate::agent_bundle::is_agent_module)
         })
         .collect();
+    // Only a loaded agent has its code mapped: what a failed load left is not one.
+    let resident = if failed_load::is_resident(&resident) {
+        resident
+    } else {
+        Vec::new()
+    };
     // Another user's tendril installs the same build elsewhere: the build is in the name.
     if let Some(other) = resident
         .iter()
@@ -183,6 +191,7 @@ fn load_with(
     agent_path: &Path,
 ) -> Result<(), AttachError> {
     let pid = target.pid;
+    seccomp::check(tracee)?;
     let mut frame = RemoteFrame::new(tracee);
     if resident.is_empty() {
         let mut path = agent_path.as_os_str().as_encoded_bytes().to_vec();
@@ -195,9 +204,10 @@ fn load_with(
         )?;
         if handle == 0 {
             let reason = describe_dlopen_failure(&mut frame, entry_points);
+            let left = failed_load::unmap_leftovers(&mut frame, entry_points, pid);
             return Err(AttachError::Other {
                 pid,
-                message: format!("the target could not load tendril's agent: {reason}"),
+                message: format!("the target could not load tendril's agent: {reason}{left}"),
             });
         }
     } else {
