@@ -86,7 +86,7 @@ pub struct SeccompData {
 impl SeccompData {
     /// The aligned 32-bit word at byte `offset`, as a `BPF_LD|BPF_W|BPF_ABS` reads it.
     fn word(&self, offset: u32) -> Option<u32> {
-        if offset % 4 != 0 || offset >= DATA_BYTES {
+        if !offset.is_multiple_of(4) || offset >= DATA_BYTES {
             return None;
         }
         let low_half = |value: u64| value as u32;
@@ -98,7 +98,7 @@ impl SeccompData {
             12 => high_half(self.instruction_pointer),
             _ => {
                 let arg = self.args[(offset as usize - 16) / 8];
-                if offset % 8 == 0 {
+                if offset.is_multiple_of(8) {
                     low_half(arg)
                 } else {
                     high_half(arg)
