@@ -50,7 +50,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 29] = [
+const FIXTURES: [Fixture; 30] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -195,6 +195,11 @@ const FIXTURES: [Fixture; 29] = [
         name: "i386_loop",
         source: "i386_loop.S",
         recipe: Recipe::I386,
+    },
+    Fixture {
+        name: "seccomp_filtered",
+        source: "seccomp_filtered.c",
+        recipe: Recipe::C,
     },
 ];
 
