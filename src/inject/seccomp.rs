@@ -15,9 +15,9 @@
 //! hooks and signals reach every thread. So a process whose threads differ in their
 //! seccomp mode or number of filters is refused too, and so is one whose filters cannot
 //! be read or run. What a filter decides by an argument that [`SYSCALLS`] holds only a
-//! stand-in for (an address, a length, a descriptor) is judged by that stand-in, and a
-//! filter installed with `SECCOMP_FILTER_FLAG_TSYNC` by another thread after the check
-//! is not seen.
+//! stand-in for (an address, a length, a descriptor) is judged by that stand-in, and
+//! what it decides by the calling address, by address 0; a filter the program installs
+//! after the check (`SECCOMP_FILTER_FLAG_TSYNC` from another thread, say) is not seen.
 
 mod bpf;
 mod filters;
