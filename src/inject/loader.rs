@@ -23,6 +23,8 @@ pub struct LoaderEntryPoints {
     pub syscall: Option<u64>,
     /// `mmap` and `munmap` of the same library, to give the call a stack of its own.
     pub mmap: Option<(u64, u64)>,
+    /// `munmap(addr, len)`, to remove what a failed `dlopen` left mapped.
+    pub munmap: Option<u64>,
     /// Code ranges that may hold allocator or loader locks: a thread whose pc or recent
     /// return addresses lie in one of them is not borrowed.
     pub unsafe_ranges: Vec<Range<u64>>,
@@ -134,6 +136,7 @@ pub fn find_entry_points(
                 mmap: lookup("mmap")
                     .zip(lookup("munmap"))
                     .map(|((m, _), (u, _))| (m, u)),
+                munmap: lookup("munmap").map(|(a, _)| a),
                 unsafe_ranges: Vec::new(),
             });
         }

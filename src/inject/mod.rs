@@ -16,10 +16,12 @@
 //! and tendril waits for that.
 
 mod agent_memfd;
+mod failed_load;
 mod loader;
 mod remote_call;
 mod runtime_dir;
 mod safe_point;
+pub mod seccomp;
 mod stack_walk;
 mod stale_files;
 pub mod tracee;
@@ -143,6 +145,12 @@ fn load_agent(target: &TargetProcess) -> Result<(), AttachError> {
                 .is_some_and(crate::agent_bundle::is_agent_module)
         })
         .collect();
+    // Only a loaded agent has its code mapped: what a failed load left is not one.
+    let resident = if failed_load::is_resident(&resident) {
+        resident
+    } else {
+        Vec::new()
+    };
     // The build is in the name: another build's agent cannot be replaced.
     if let Some(other) = resident
         .iter()
@@ -184,6 +192,7 @@ fn load_with(
     entry_points: &loader::LoaderEntryPoints,
     resident: &[&Mapping],
 ) -> Result<(), AttachError> {
+    seccomp::check(tracee)?;
     let mut frame = RemoteFrame::new(tracee);
     if let Some((mmap, munmap)) = entry_points.mmap {
         frame.use_fresh_stack(mmap, munmap)?;
@@ -233,15 +242,16 @@ fn call_loader(
         };
         memfd.close(frame, entry_points);
         if let Some(reason) = reason {
-            let hint = if reason.contains("/proc/self/fd") {
+            let hint = if reason.contains("No such file or directory") {
                 " (is /proc mounted in the target's mount namespace?)"
             } else {
                 ""
             };
+            let left = failed_load::unmap_leftovers(frame, entry_points, pid);
             return Err(LoadFailure::Refused(AttachError::Other {
                 pid,
                 message: format!(
-                    "the target could not load tendril's agent from a memfd: {reason}{hint}"
+                    "the target could not load tendril's agent from a memfd: {reason}{hint}{left}"
                 ),
             }));
         }

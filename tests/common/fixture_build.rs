@@ -57,7 +57,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 35] = [
+const FIXTURES: [Fixture; 36] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -232,6 +232,11 @@ const FIXTURES: [Fixture; 35] = [
         name: "go_cgo",
         source: "go_cgo",
         recipe: Recipe::GoPackage,
+    },
+    Fixture {
+        name: "seccomp_filtered",
+        source: "seccomp_filtered.c",
+        recipe: Recipe::C,
     },
 ];
 
