@@ -70,7 +70,7 @@ pub fn agent_departure(pid: i32, grace: Duration, mut reaped: impl FnMut() -> bo
 
 /// The departure `/proc` shows now, if it is clear yet.
 fn visible_departure(pid: i32) -> Option<Departure> {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Ok(stat) = crate::process::read_proc_text(format!("/proc/{pid}/stat")) else {
         return Some(Departure::Exited);
     };
     match StatLine::parse(&stat)?.state {
@@ -80,7 +80,7 @@ fn visible_departure(pid: i32) -> Option<Departure> {
     }
     // An exiting process has no memory any more (nor an executable link): not clear yet.
     let program = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = crate::process::read_proc_text(format!("/proc/{pid}/maps")).ok()?;
     if maps.is_empty() {
         return None;
     }
