@@ -20,6 +20,7 @@ use crate::commands::output::ProfileOutput;
 use crate::commands::progress::{amount, thousands};
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
+use crate::terminal_text::{say, write_json};
 use crate::{inject, interrupt, refusals, targets};
 use anyhow::{anyhow, bail};
 use derived::{About, EdgeProfile};
@@ -145,7 +146,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
     };
     let mut text = Vec::new();
     if options.json {
-        serde_json::to_writer_pretty(&mut text, &profile.to_json(&about))?;
+        write_json(&mut text, &profile.to_json(&about))?;
         text.push(b'\n');
     } else {
         let name_of = |address: u64| name_of(&symbols, address);
@@ -343,7 +344,7 @@ fn write_output(output: ProfileOutput, text: &[u8]) -> anyhow::Result<()> {
     }
     if let Some(path) = path {
         let shown = std::path::absolute(&path).unwrap_or(path);
-        eprintln!("tendril: edge profile written to {}", shown.display());
+        say!("edge profile written to {}", shown.display());
     }
     Ok(())
 }

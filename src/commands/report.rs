@@ -11,6 +11,7 @@
 use crate::commands::output::OutputFile;
 use crate::profile::report::{MAX_FOLDED_FRAMES, folded_stacks_elided, write_report_fitted};
 use crate::profile::{Clock, Profile, Prune, ReportFormat, write_report};
+use crate::terminal_text::say;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 
@@ -56,8 +57,8 @@ pub fn run(
     ) {
         let elided = folded_stacks_elided(&profile);
         if elided > 0 {
-            eprintln!(
-                "tendril: {elided} stack{} deeper than {MAX_FOLDED_FRAMES} frames {} cut to \
+            say!(
+                "{elided} stack{} deeper than {MAX_FOLDED_FRAMES} frames {} cut to \
                  {} innermost {MAX_FOLDED_FRAMES}, below a '[N frames elided]' frame",
                 if elided == 1 { "" } else { "s" },
                 if elided == 1 { "is" } else { "are" },
@@ -68,7 +69,7 @@ pub fn run(
     if let Some(trace) = &profile.trace
         && matches!(format, ReportFormat::Chrome | ReportFormat::Speedscope)
     {
-        eprintln!("tendril: {}", trace.summary());
+        say!("{}", trace.summary());
     }
     if format == ReportFormat::Pprof && clock == Clock::Cpu {
         let mut bytes = Vec::new();

@@ -15,6 +15,7 @@ use crate::interrupt;
 use crate::process::AttachError;
 use crate::recording::{RecordError, RecordOptions, Recorder, Scheme};
 use crate::targets::SelectError;
+use crate::terminal_text::say;
 use anyhow::{Context, anyhow, bail};
 use nix::sys::ptrace;
 use nix::sys::signal::{Signal, kill};
@@ -101,12 +102,12 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
     crate::commands::record::write_profile(output, &profile)?;
     let ended = ended.or_else(|| ended_status(child));
     match ended {
-        Some(Ended::Exited(code)) => eprintln!("tendril: {program} exited with status {code}"),
+        Some(Ended::Exited(code)) => say!("{program} exited with status {code}"),
         Some(Ended::Killed {
             signal,
             core_dumped,
-        }) => eprintln!(
-            "tendril: {program} was killed by signal {} ({}){}",
+        }) => say!(
+            "{program} was killed by signal {} ({}){}",
             signal as i32,
             signal.as_str(),
             if core_dumped { " (core dumped)" } else { "" }
@@ -149,8 +150,8 @@ fn prepare(command: &RunCommand, program: &str, child: Pid) -> anyhow::Result<Re
             return Err(root_error(error, program, &exe, default_root));
         }
     };
-    eprintln!(
-        "tendril: running {program} (pid {pid}) and recording {}",
+    say!(
+        "running {program} (pid {pid}) and recording {}",
         super::record::names_summary(recorder.roots())
     );
     drop(held);

@@ -7,9 +7,12 @@
 //! allocated stack segments whenever the current stack runs low. The writer is serde_json's
 //! pretty layout with the indentation capped at [`MAX_INDENT_LEVELS`], so a deep file
 //! grows linearly with depth, not quadratically; for shallower trees the output is
-//! exactly `serde_json::to_string_pretty`.
+//! exactly `serde_json::to_string_pretty`, except that a string's characters a terminal
+//! would obey are written as `\uXXXX` escapes (`terminal_text::SafeStrings`: the same
+//! strings to any JSON reader, safe to print).
 
 use super::model::Profile;
+use crate::terminal_text::SafeStrings;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -90,7 +93,8 @@ impl Profile {
 
     /// Writes the profile as pretty JSON followed by a newline.
     pub fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
-        let mut json = serde_json::Serializer::with_formatter(&mut *out, CappedPretty::default());
+        let formatter = SafeStrings(CappedPretty::default());
+        let mut json = serde_json::Serializer::with_formatter(&mut *out, formatter);
         self.serialize(serde_stacker::Serializer::new(&mut json))?;
         out.write_all(b"\n")
     }

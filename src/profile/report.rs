@@ -319,7 +319,7 @@ fn write_clock_line(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         );
     }
     match &profile.stats.cpu_unmeasured {
-        Some(why) => writeln!(out, "times: wall-clock; {why}"),
+        Some(why) => writeln!(out, "times: wall-clock; {}", printable(why)),
         None if profile.has_cpu_time() => writeln!(
             out,
             "times: wall-clock, waiting included (--clock cpu shows on-CPU time)"

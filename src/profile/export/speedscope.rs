@@ -176,6 +176,6 @@ pub fn write_speedscope(profile: &Profile, out: &mut impl Write) -> io::Result<(
         active_profile_index: 0,
         exporter: format!("tendril {}", env!("CARGO_PKG_VERSION")),
     };
-    serde_json::to_writer(&mut *out, &file)?;
+    crate::terminal_text::write_json_compact(&mut *out, &file)?;
     out.write_all(b"\n")
 }

@@ -13,6 +13,7 @@
 use super::*;
 use crate::recording::address_taken;
 use crate::symbols::maps;
+use crate::terminal_text::say;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,7 +49,7 @@ impl Recorder {
             return;
         }
         if let Err(message) = self.follow(&new) {
-            eprintln!("tendril: calls into new modules are not followed: {message}");
+            say!("calls into new modules are not followed: {message}");
             self.late_modules.given_up.extend(new);
         }
     }
@@ -126,8 +127,8 @@ impl Recorder {
         self.instrumented_up_front += instrumented as u64;
         let indirect = self.indirect.as_mut().expect("checked by the caller");
         indirect.note_outcomes(&patched, &outcomes);
-        eprintln!(
-            "tendril: new module {}: {} address-taken functions instrumented",
+        say!(
+            "new module {}: {} address-taken functions instrumented",
             names.join(", "),
             instrumented
         );
