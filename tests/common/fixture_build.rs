@@ -50,7 +50,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 29] = [
+const FIXTURES: [Fixture; 30] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -190,6 +190,11 @@ const FIXTURES: [Fixture; 29] = [
         name: "twin_statics",
         source: "twin_statics.c",
         recipe: Recipe::CTwoUnits("twin_statics_other.c"),
+    },
+    Fixture {
+        name: "hostile_names",
+        source: "hostile_names.c",
+        recipe: Recipe::C,
     },
     Fixture {
         name: "i386_loop",
