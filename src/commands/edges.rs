@@ -26,7 +26,6 @@ use anyhow::{anyhow, bail};
 use derived::{About, EdgeProfile};
 use listing::Listing;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 use tendril_wire::edges::EdgeLayout;
@@ -158,7 +157,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
         };
         listing::write_text(&mut text, &listing, &profile)?;
     }
-    write_output(output, &text)?;
+    write_output(output, &text, pid, options.json)?;
     match waited.failure {
         Some(error) => Err(error),
         None => Ok(()),
@@ -332,16 +331,14 @@ pub(crate) fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> 
 }
 
 /// Writes the output to its file (and says where) or to stdout.
-fn write_output(output: ProfileOutput, text: &[u8]) -> anyhow::Result<()> {
+fn write_output(output: ProfileOutput, text: &[u8], pid: i32, json: bool) -> anyhow::Result<()> {
     let path = output.path().map(std::path::Path::to_path_buf);
-    match output {
-        ProfileOutput::File(file) => file.write_bytes(text)?,
-        ProfileOutput::Stdout => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text)?;
-            out.flush()?;
-        }
-    }
+    // The counts cannot be taken again: if the file fails, they are saved elsewhere.
+    output.write_unrepeatable(&crate::commands::rescue::Rescued {
+        prefix: format!("tendril-edges-{pid}"),
+        extension: if json { "json" } else { "txt" },
+        write: &|out| out.write_all(text),
+    })?;
     if let Some(path) = path {
         let shown = std::path::absolute(&path).unwrap_or(path);
         say!("edge profile written to {}", shown.display());

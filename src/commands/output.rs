@@ -16,7 +16,6 @@ use crate::commands::rescue;
 use crate::live::save_path::{FreshFileError, create_first_free};
 use crate::profile::Profile;
 use crate::terminal_text::say;
-use anyhow::Context;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, ErrorKind, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -64,33 +63,49 @@ impl ProfileOutput {
     /// Writes the profile JSON. If that fails, the profile is saved in a directory of
     /// tendril's own instead ([`rescue`]) and the error says why and where it went.
     pub fn write(self, profile: &Profile) -> anyhow::Result<()> {
+        self.write_unrepeatable(&rescue::Rescued {
+            prefix: format!("tendril-{}", profile.pid),
+            extension: "json",
+            write: &|mut out| profile.write_json(&mut out),
+        })
+    }
+
+    /// Writes what `what.write` writes, which cannot be made again (a profile, an edge
+    /// count): if the destination fails, it is saved in a directory of tendril's own
+    /// ([`rescue`]) and the error says why and where it went.
+    pub fn write_unrepeatable(self, what: &rescue::Rescued) -> anyhow::Result<()> {
         let (destination, failed) = match self {
             ProfileOutput::File(file) => {
                 let destination = file.path.display().to_string();
-                (destination, file.write(profile).err())
+                (destination, file.write_with(what.write).err())
             }
             ProfileOutput::Stdout => {
                 let mut out = std::io::stdout().lock();
-                let written = profile.write_json(&mut out).and_then(|()| out.flush());
+                let written = (what.write)(&mut out).and_then(|()| out.flush());
                 ("stdout".to_owned(), written.err())
             }
         };
         match failed {
             None => Ok(()),
-            Some(error) => Err(rescued(profile, &destination, &error)),
+            Some(error) => Err(rescued(what, &destination, &error)),
         }
     }
 }
 
-/// The error for a profile that could not be written to `destination`, once it is
-/// saved elsewhere (or could not be).
-fn rescued(profile: &Profile, destination: &str, error: &std::io::Error) -> anyhow::Error {
-    match rescue::save_elsewhere(profile) {
+/// The error for output that could not be written to `destination`, once it is saved
+/// elsewhere (or could not be).
+fn rescued(what: &rescue::Rescued, destination: &str, error: &std::io::Error) -> anyhow::Error {
+    match rescue::save_elsewhere(what) {
         Ok(path) => {
             let path = path.display();
+            let report = if what.extension == "json" {
+                format!(" (tendril report {path})")
+            } else {
+                String::new()
+            };
             anyhow::anyhow!(
                 "cannot write the profile to {destination}: {error}; it is saved in {path} \
-                 instead (tendril report {path})"
+                 instead{report}"
             )
         }
         Err(failures) => anyhow::anyhow!(
@@ -221,20 +236,21 @@ impl OutputFile {
     }
 
     /// Replaces the file's contents with `bytes` (an export of a profile).
-    pub fn write_bytes(mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        let fail = || format!("cannot write the profile to {}", self.path.display());
-        self.empty().with_context(fail)?;
-        (&self.file).write_all(bytes).with_context(fail)?;
-        self.written = true;
-        Ok(())
+    pub fn write_bytes(self, bytes: &[u8]) -> anyhow::Result<()> {
+        let path = self.path.display().to_string();
+        self.write_with(&|out| out.write_all(bytes))
+            .map_err(|e| anyhow::anyhow!("cannot write the profile to {path}: {e}"))
     }
 
-    /// Replaces the file's contents with the profile JSON. On failure the file is
-    /// removed if tendril made it, and left empty otherwise: no half profile stays.
-    fn write(mut self, profile: &Profile) -> std::io::Result<()> {
+    /// Replaces the file's contents with what `write` writes. On failure the file is
+    /// removed if tendril made it, and left empty otherwise: no half output stays.
+    fn write_with(
+        mut self,
+        write: &dyn Fn(&mut dyn Write) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         self.empty()?;
         let mut out = BufWriter::new(&self.file);
-        let written = profile.write_json(&mut out).and_then(|()| out.flush());
+        let written = write(&mut out).and_then(|()| out.flush());
         drop(out);
         match written {
             Ok(()) => {

@@ -1,6 +1,6 @@
-//! Where a recorded profile goes when its destination fails at the end (a disk that
-//! filled up while the target was recorded): to a directory of tendril's own, so the
-//! recording is not lost.
+//! Where a recorded profile (or an edge count) goes when its destination fails at the
+//! end (a disk that filled up while the target was recorded): to a directory of
+//! tendril's own, so the recording is not lost.
 //!
 //! The one idea: a recording cannot be made again, so a profile that cannot be written
 //! where it was asked for is written to `tendril-profiles-<euid>` under `/var/tmp`,
@@ -11,8 +11,7 @@
 //! owned by tendril's euid that no one else may enter; the file is a fresh name made
 //! with `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600.
 
-use crate::live::save_path::snapshot_names;
-use crate::profile::Profile;
+use crate::live::save_path::timestamped_names;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open, openat};
 use nix::sys::stat::{Mode, SFlag, fstat, mkdirat};
@@ -35,13 +34,22 @@ pub fn rescue_dir(parent: &str) -> PathBuf {
     ))
 }
 
-/// Writes `profile` to the first rescue directory that takes it; the file's path, or
-/// why each directory failed (`DIR: reason`).
-pub fn save_elsewhere(profile: &Profile) -> Result<PathBuf, Vec<String>> {
+/// What is saved: its file name's prefix and extension (`tendril-4242`, `json`), and
+/// how to write it.
+pub struct Rescued<'a> {
+    pub prefix: String,
+    pub extension: &'a str,
+    pub write: &'a dyn Fn(&mut dyn Write) -> std::io::Result<()>,
+}
+
+/// Writes `what` to a fresh `<prefix>-<time>.<extension>` in the first rescue
+/// directory that takes it; the file's path, or why each directory failed (`DIR:
+/// reason`).
+pub fn save_elsewhere(what: &Rescued) -> Result<PathBuf, Vec<String>> {
     let mut failures = Vec::new();
     for parent in RESCUE_PARENTS {
         let dir = rescue_dir(parent);
-        match own_dir(parent, &dir).and_then(|fd| write_fresh(&fd, profile)) {
+        match own_dir(parent, &dir).and_then(|fd| write_fresh(&fd, what)) {
             Ok(name) => return Ok(dir.join(name)),
             Err(why) => failures.push(format!("{}: {why}", dir.display())),
         }
@@ -84,9 +92,9 @@ fn own_dir(parent: &str, dir: &std::path::Path) -> Result<OwnedFd, String> {
     Ok(fd)
 }
 
-/// Writes `profile` to a fresh `tendril-<pid>-<time>.json` in `dir`; its name.
-fn write_fresh(dir: &OwnedFd, profile: &Profile) -> Result<String, String> {
-    for name in snapshot_names(profile.pid as i32).take(ATTEMPTS) {
+/// Writes `what` to a fresh name in `dir`; the name.
+fn write_fresh(dir: &OwnedFd, what: &Rescued) -> Result<String, String> {
+    for name in timestamped_names(&what.prefix, what.extension).take(ATTEMPTS) {
         let fd = match openat(
             dir,
             name.as_str(),
@@ -98,8 +106,7 @@ fn write_fresh(dir: &OwnedFd, profile: &Profile) -> Result<String, String> {
             Err(e) => return Err(e.desc().to_owned()),
         };
         let mut out = std::io::BufWriter::new(std::fs::File::from(fd));
-        let written = profile
-            .write_json(&mut out)
+        let written = (what.write)(&mut out)
             .and_then(|()| out.flush())
             .and_then(|()| out.get_ref().sync_all());
         return match written {

@@ -79,8 +79,15 @@ pub fn snapshot_paths(pid: i32) -> impl Iterator<Item = PathBuf> {
 
 /// The file names of [`snapshot_paths`]: `tendril-<pid>-<time>.json`, `…-2.json`, ….
 pub fn snapshot_names(pid: i32) -> impl Iterator<Item = String> {
-    let stem = format!("tendril-{pid}-{}", local_timestamp());
-    std::iter::once(format!("{stem}.json")).chain((2u64..).map(move |n| format!("{stem}-{n}.json")))
+    timestamped_names(&format!("tendril-{pid}"), "json")
+}
+
+/// `<prefix>-<time>.<extension>`, then `…-2.<extension>`, `…-3.<extension>`….
+pub fn timestamped_names(prefix: &str, extension: &str) -> impl Iterator<Item = String> + use<> {
+    let stem = format!("{prefix}-{}", local_timestamp());
+    let extension = extension.to_owned();
+    std::iter::once(format!("{stem}.{extension}"))
+        .chain((2u64..).map(move |n| format!("{stem}-{n}.{extension}")))
 }
 
 /// The local time as `YYYYmmdd-HHMMSS`.
