@@ -227,6 +227,9 @@ pub struct StatLine<'a> {
     pub state: char,
     /// The per-process flags (`PF_*`).
     pub flags: u64,
+    /// Field 52, `exit_code`: an exited process's wait status (`code << 8`, or the
+    /// signal that killed it), when the kernel shows it (since Linux 3.5).
+    pub exit_code: Option<i32>,
 }
 
 /// The `PF_KTHREAD` bit of the per-process flags in `/proc/PID/stat`.
@@ -238,11 +241,18 @@ impl<'a> StatLine<'a> {
     pub fn parse(stat: &'a str) -> Option<StatLine<'a>> {
         let (before, after) = stat.rsplit_once(')')?;
         let comm = before.split_once('(').map_or("", |(_, comm)| comm);
-        let mut fields = after.split_whitespace();
-        // After the name: state is the first field, flags the seventh.
-        let state = fields.next()?.chars().next()?;
-        let flags = fields.nth(5)?.parse().ok()?;
-        Some(StatLine { comm, state, flags })
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        // After the name: state is the first field (3 of the line), flags the seventh
+        // (9), exit_code the fiftieth (52).
+        let state = fields.first()?.chars().next()?;
+        let flags = fields.get(6)?.parse().ok()?;
+        let exit_code = fields.get(49).and_then(|code| code.parse().ok());
+        Some(StatLine {
+            comm,
+            state,
+            flags,
+            exit_code,
+        })
     }
 
     pub fn is_kernel_thread(&self) -> bool {
@@ -520,6 +530,10 @@ mod tests {
         assert!(!stat.has_exited());
         let zombie = StatLine::parse("7 (x) Z 1 7 7 0 -1 4194308 0").expect("parses");
         assert!(zombie.has_exited() && !zombie.is_kernel_thread());
+        assert_eq!(zombie.exit_code, None);
+        // A whole line (Linux 3.5 and later): exit_code is the last field, 52.
+        let whole = format!("7 (x) Z{} 9", " 0".repeat(48));
+        assert_eq!(StatLine::parse(&whole).unwrap().exit_code, Some(9));
         assert_eq!(StatLine::parse("7 (x) Z 1"), None);
     }
 
