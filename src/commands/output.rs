@@ -182,7 +182,7 @@ impl OutputFile {
         if let Ok(fs) = nix::sys::statvfs::fstatvfs(&self.file)
             && regular
         {
-            let room = fs.blocks_available() as u64 * fs.fragment_size() as u64;
+            let room = fs.blocks_available() * fs.fragment_size();
             if room < MIN_ROOM {
                 return Err(format!(
                     "its file system is full ({} KiB free) — free some space or give another \
