@@ -7,6 +7,8 @@
 //! another tendril's `detach` ended the session (the process runs on with the agent in
 //! it). An exiting process closes its files a moment after releasing its memory and a
 //! moment before it shows as a zombie, so the answer is awaited for a short grace time.
+//! A zombie still carries how it ended (its wait status, field 52 of `/proc/PID/stat`),
+//! so the message says it: killed by signal N, or exited with status N.
 
 use crate::agent_bundle::is_agent_module;
 use crate::process::StatLine;
@@ -17,8 +19,9 @@ use std::time::{Duration, Instant};
 pub enum Departure {
     /// The process has exited and is gone (reaped).
     Exited,
-    /// The process has exited; its parent has not reaped it yet.
-    Zombie,
+    /// The process has exited; its parent has not reaped it yet. How it ended, when
+    /// the kernel shows it.
+    Zombie { ending: Option<Ending> },
     /// The process exec'd `program`: the agent is gone with the old program image.
     Execed { program: String },
     /// The process runs on with the agent loaded: another tendril detached it.
@@ -30,9 +33,12 @@ impl Departure {
     pub fn headline(&self, pid: i32) -> String {
         match self {
             Departure::Exited => format!("process {pid} ended"),
-            Departure::Zombie => {
+            Departure::Zombie { ending: None } => {
                 format!("process {pid} exited (zombie, not yet reaped by its parent)")
             }
+            Departure::Zombie {
+                ending: Some(ending),
+            } => format!("process {pid} {ending} (a zombie its parent has not reaped yet)"),
             Departure::Execed { program } => format!(
                 "process {pid} exec'd {program}: the agent is gone with the old program image"
             ),
@@ -42,7 +48,59 @@ impl Departure {
 
     /// The process has exited (gone or a zombie).
     pub fn exited(&self) -> bool {
-        matches!(self, Departure::Exited | Departure::Zombie)
+        matches!(self, Departure::Exited | Departure::Zombie { .. })
+    }
+}
+
+/// How a process ended, as its wait status says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// It exited with this status.
+    Exited(i32),
+    /// Signal `signal` killed it.
+    Killed { signal: i32, core_dumped: bool },
+}
+
+impl Ending {
+    /// The ending a wait status (`waitpid`'s, or `exit_code` in `/proc/PID/stat`) holds.
+    pub fn from_wait_status(status: i32) -> Ending {
+        match status & 0x7f {
+            0 => Ending::Exited((status >> 8) & 0xff),
+            signal => Ending::Killed {
+                signal,
+                core_dumped: status & 0x80 != 0,
+            },
+        }
+    }
+
+    /// The exit status a shell would give: the process's, or 128 + the signal number.
+    pub fn shell_status(self) -> u8 {
+        match self {
+            Ending::Exited(code) => code as u8,
+            Ending::Killed { signal, .. } => 128u8.wrapping_add(signal as u8),
+        }
+    }
+}
+
+impl std::fmt::Display for Ending {
+    /// `exited with status 3`, `was killed by signal 9 (SIGKILL)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Ending::Exited(code) => write!(f, "exited with status {code}"),
+            Ending::Killed {
+                signal,
+                core_dumped,
+            } => {
+                write!(f, "was killed by signal {signal}")?;
+                if let Ok(name) = nix::sys::signal::Signal::try_from(signal) {
+                    write!(f, " ({})", name.as_str())?;
+                }
+                if core_dumped {
+                    write!(f, " (core dumped)")?;
+                }
+                Ok(())
+            }
+        }
     }
 }
 
@@ -70,17 +128,21 @@ pub fn agent_departure(pid: i32, grace: Duration, mut reaped: impl FnMut() -> bo
 
 /// The departure `/proc` shows now, if it is clear yet.
 fn visible_departure(pid: i32) -> Option<Departure> {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Ok(stat) = crate::process::read_proc_text(format!("/proc/{pid}/stat")) else {
         return Some(Departure::Exited);
     };
-    match StatLine::parse(&stat)?.state {
-        'Z' => return Some(Departure::Zombie),
+    let stat = StatLine::parse(&stat)?;
+    match stat.state {
+        'Z' => {
+            let ending = stat.exit_code.map(Ending::from_wait_status);
+            return Some(Departure::Zombie { ending });
+        }
         'X' | 'x' => return Some(Departure::Exited),
         _ => {}
     }
     // An exiting process has no memory any more (nor an executable link): not clear yet.
     let program = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let maps = crate::process::read_proc_text(format!("/proc/{pid}/maps")).ok()?;
     if maps.is_empty() {
         return None;
     }
@@ -118,9 +180,25 @@ mod tests {
     fn a_missing_process_has_exited() {
         assert_eq!(visible_departure(i32::MAX), Some(Departure::Exited));
         assert!(
-            Departure::Zombie
+            Departure::Zombie { ending: None }
                 .headline(7)
                 .contains("zombie, not yet reaped")
         );
+        let killed = Departure::Zombie {
+            ending: Some(Ending::from_wait_status(9)),
+        };
+        assert_eq!(
+            killed.headline(7),
+            "process 7 was killed by signal 9 (SIGKILL) (a zombie its parent has not reaped yet)"
+        );
+        assert_eq!(
+            Ending::from_wait_status(3 << 8).to_string(),
+            "exited with status 3"
+        );
+        assert_eq!(
+            Ending::from_wait_status(0x80 | 11).to_string(),
+            "was killed by signal 11 (SIGSEGV) (core dumped)"
+        );
+        assert_eq!(Ending::from_wait_status(9).shell_status(), 137);
     }
 }

@@ -20,3 +20,4 @@ pub mod sampling;
 pub mod session;
 pub mod symbols;
 pub mod targets;
+pub mod terminal_text;

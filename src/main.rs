@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use tendril::terminal_text::say_line;
 
 /// tendril — profile a running native program, call by call.
 #[derive(Parser)]
@@ -402,7 +403,7 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
                 .collect();
             let message = message.join(" ");
             let message = message.trim_start_matches("error: ");
-            eprintln!("tendril: {message} (see `tendril --help`)");
+            say_line(&format!("{message} (see `tendril --help`)"));
             Err(ExitCode::from(2))
         }
     }
@@ -476,7 +477,7 @@ fn main() -> ExitCode {
             return match tendril::commands::run::run(&command) {
                 Ok(status) => ExitCode::from(status),
                 Err(error) => {
-                    eprintln!("tendril: {error}");
+                    say_line(&error.to_string());
                     ExitCode::FAILURE
                 }
             };
@@ -539,12 +540,13 @@ fn parse_percent(text: &str) -> Result<f64, String> {
     }
 }
 
-/// The exit code for a command's result, with its error printed as one line.
+/// The exit code for a command's result, with its error printed as one line (escaped:
+/// it may name the target's functions and files).
 fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tendril: {error}");
+            say_line(&error.to_string());
             ExitCode::FAILURE
         }
     }

@@ -87,11 +87,11 @@ impl AttachError {
     /// Process `pid` is traced by thread `tracer` (a `TracerPid`): names the tracer's
     /// process, and says whether it is another tendril.
     pub fn traced_by(pid: i32, tracer: i32) -> AttachError {
-        let status = std::fs::read_to_string(format!("/proc/{tracer}/status")).unwrap_or_default();
+        let status = read_proc_text(format!("/proc/{tracer}/status")).unwrap_or_default();
         let tracer = status_field(&status, "Tgid")
             .and_then(|tgid| tgid.parse().ok())
             .unwrap_or(tracer);
-        let tracer_name = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
+        let tracer_name = read_proc_text(format!("/proc/{tracer}/comm"))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "unknown".into());
         AttachError::BeingTraced {
@@ -111,7 +111,7 @@ impl AttachError {
 /// threads: ptrace holds threads one by one. `None` if nothing traces it.
 pub fn tracer_of(pid: i32, tid: i32) -> Option<i32> {
     let tracer_of_thread = |tid: i32| {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+        let status = read_proc_text(format!("/proc/{pid}/task/{tid}/status")).ok()?;
         status_field(&status, "TracerPid")?
             .parse::<i32>()
             .ok()
@@ -185,6 +185,9 @@ pub struct StatLine<'a> {
     pub state: char,
     /// The per-process flags (`PF_*`).
     pub flags: u64,
+    /// Field 52, `exit_code`: an exited process's wait status (`code << 8`, or the
+    /// signal that killed it), when the kernel shows it (since Linux 3.5).
+    pub exit_code: Option<i32>,
 }
 
 /// The `PF_KTHREAD` bit of the per-process flags in `/proc/PID/stat`.
@@ -196,11 +199,18 @@ impl<'a> StatLine<'a> {
     pub fn parse(stat: &'a str) -> Option<StatLine<'a>> {
         let (before, after) = stat.rsplit_once(')')?;
         let comm = before.split_once('(').map_or("", |(_, comm)| comm);
-        let mut fields = after.split_whitespace();
-        // After the name: state is the first field, flags the seventh.
-        let state = fields.next()?.chars().next()?;
-        let flags = fields.nth(5)?.parse().ok()?;
-        Some(StatLine { comm, state, flags })
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        // After the name: state is the first field (3 of the line), flags the seventh
+        // (9), exit_code the fiftieth (52).
+        let state = fields.first()?.chars().next()?;
+        let flags = fields.get(6)?.parse().ok()?;
+        let exit_code = fields.get(49).and_then(|code| code.parse().ok());
+        Some(StatLine {
+            comm,
+            state,
+            flags,
+            exit_code,
+        })
     }
 
     pub fn is_kernel_thread(&self) -> bool {
@@ -211,6 +221,18 @@ impl<'a> StatLine<'a> {
     pub fn has_exited(&self) -> bool {
         matches!(self.state, 'Z' | 'X' | 'x')
     }
+}
+
+/// A text file of `/proc` (`stat`, `status`, `comm`, `maps`), its bytes that are not
+/// UTF-8 replaced (`U+FFFD`). Those files hold names the target chooses — a thread
+/// name, a file name — and a name that is not UTF-8 must not make a process look gone,
+/// unreadable or hidden.
+pub fn read_proc_text(path: impl AsRef<std::path::Path>) -> std::io::Result<String> {
+    let bytes = std::fs::read(path)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
 }
 
 /// Maps an I/O error on `/proc/PID/...` to the attach error a user should see.
@@ -234,8 +256,8 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
     if pid == std::process::id() as i32 {
         return Err(AttachError::OwnProcess(pid));
     }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .map_err(|e| io_to_attach_error(pid, &e))?;
+    let status =
+        read_proc_text(format!("/proc/{pid}/status")).map_err(|e| io_to_attach_error(pid, &e))?;
     let field_i32 = |key: &str| -> i32 {
         status_field(&status, key)
             .and_then(|v| v.split_whitespace().next())
@@ -249,8 +271,8 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
     if status_field(&status, "State").is_some_and(|s| s.starts_with('Z') || s.starts_with('X')) {
         return Err(AttachError::Zombie(pid));
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_err(|e| io_to_attach_error(pid, &e))?;
+    let stat =
+        read_proc_text(format!("/proc/{pid}/stat")).map_err(|e| io_to_attach_error(pid, &e))?;
     if StatLine::parse(&stat).is_some_and(|stat| stat.is_kernel_thread()) {
         return Err(AttachError::KernelThread(pid));
     }
@@ -262,7 +284,7 @@ pub fn inspect(pid: i32) -> Result<TargetProcess, AttachError> {
         if matches!(error, AttachError::BeingTraced { who, .. } if who == ANOTHER_TENDRIL) {
             return Err(error);
         }
-        let tracer_name = std::fs::read_to_string(format!("/proc/{tracer}/comm"))
+        let tracer_name = read_proc_text(format!("/proc/{tracer}/comm"))
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "unknown".into());
         return Err(AttachError::AlreadyTraced {
@@ -386,7 +408,7 @@ pub fn thread_ids(pid: i32) -> Result<Vec<i32>, AttachError> {
 
 /// A thread's name (`comm`), or an empty string if it is gone.
 pub fn thread_name(pid: i32, tid: i32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
+    read_proc_text(format!("/proc/{pid}/task/{tid}/comm"))
         .map(|s| s.trim_end().to_string())
         .unwrap_or_default()
 }
@@ -394,7 +416,7 @@ pub fn thread_name(pid: i32, tid: i32) -> String {
 /// True when the thread is blocked inside a system call right now, which makes it a
 /// good thread to borrow: it is not in the middle of user-space work holding locks.
 pub fn thread_is_in_syscall(pid: i32, tid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall"))
+    read_proc_text(format!("/proc/{pid}/task/{tid}/syscall"))
         .ok()
         .and_then(|s| {
             s.split_whitespace()
@@ -406,7 +428,7 @@ pub fn thread_is_in_syscall(pid: i32, tid: i32) -> bool {
 
 /// True when the thread is runnable (state `R`): on a cpu or waiting for one.
 pub fn thread_is_running(pid: i32, tid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+    read_proc_text(format!("/proc/{pid}/task/{tid}/stat"))
         .ok()
         .and_then(|stat| StatLine::parse(&stat).map(|stat| stat.state == 'R'))
         .unwrap_or(false)
@@ -414,7 +436,7 @@ pub fn thread_is_running(pid: i32, tid: i32) -> bool {
 
 /// True when the process no longer exists or is exiting (zombie or dead).
 pub fn is_gone_or_exiting(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    match read_proc_text(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(stat) => StatLine::parse(&stat).is_some_and(|stat| stat.has_exited()),
     }
@@ -445,7 +467,7 @@ pub fn becomes_true_within(grace: std::time::Duration, mut check: impl FnMut() -
 /// the agent's among them, run nothing until it is continued. A tracing stop (`t`,
 /// as in a program `tendril run` holds at its first instruction) is not this.
 pub fn is_stopped(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    read_proc_text(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| StatLine::parse(&stat).map(|stat| stat.state == 'T'))
         .unwrap_or(false)
@@ -466,6 +488,10 @@ mod tests {
         assert!(!stat.has_exited());
         let zombie = StatLine::parse("7 (x) Z 1 7 7 0 -1 4194308 0").expect("parses");
         assert!(zombie.has_exited() && !zombie.is_kernel_thread());
+        assert_eq!(zombie.exit_code, None);
+        // A whole line (Linux 3.5 and later): exit_code is the last field, 52.
+        let whole = format!("7 (x) Z{} 9", " 0".repeat(48));
+        assert_eq!(StatLine::parse(&whole).unwrap().exit_code, Some(9));
         assert_eq!(StatLine::parse("7 (x) Z 1"), None);
     }
 

@@ -1,6 +1,7 @@
 //! A target that leaves in the middle of a recording or a count is named for what it
 //! did: exec'd another program (the agent went with the old image), or exited and is
-//! a zombie its parent has not reaped — not "detached by another tendril" (issue #17).
+//! a zombie its parent has not reaped (killed by which signal, or with which status)
+//! — not "detached by another tendril" (issues #17, #31).
 //!
 //! The one idea: the `departing` fixture does each for real — its root function calls
 //! execve after some recorded work, or its forked worker is killed while its parent
@@ -152,7 +153,7 @@ fn count_says_the_target_execd() {
 }
 
 #[test]
-fn record_says_the_target_is_a_zombie_its_parent_has_not_reaped() {
+fn record_says_how_a_zombie_its_parent_has_not_reaped_ended() {
     let mut parent = Target::spawn("departing", &["fork"]);
     let worker: i32 = parent
         .ready_line()
@@ -170,9 +171,10 @@ fn record_says_the_target_is_a_zombie_its_parent_has_not_reaped() {
     assert_eq!(unsafe { libc::kill(worker, libc::SIGKILL) }, 0);
     let (succeeded, stderr) = wait_end(recording);
     assert!(succeeded, "tendril record failed:\n{stderr}");
+    // Its wait status is still in /proc/PID/stat: killed by SIGKILL, not "exited".
     let expected = format!(
-        "tendril: process {worker} exited (zombie, not yet reaped by its parent); \
-         the profile covers it up to its end"
+        "tendril: process {worker} was killed by signal 9 (SIGKILL) (a zombie its parent \
+         has not reaped yet); the profile covers it up to its end"
     );
     assert!(
         stderr.lines().any(|line| line == expected),

@@ -469,7 +469,19 @@ fn bad_input_gets_one_clear_line_and_a_failure() {
         "cannot write the profile to /nonexistent-dir/out.svg: the directory \
          /nonexistent-dir does not exist",
     );
-    for file in [newer, not_profile] {
+    // A 3 GB sparse file is refused by its size, before a byte of it is read.
+    let huge = profile_file("bad-huge.json", "");
+    std::fs::File::options()
+        .write(true)
+        .open(&huge)
+        .and_then(|file| file.set_len(3 << 30))
+        .unwrap();
+    fails_with_one_line(
+        &["report", huge.to_str().unwrap(), "--format", "svg"],
+        "is not a tendril profile: it holds 3221225472 bytes, and tendril reads profiles \
+         of at most 1024 MiB",
+    );
+    for file in [newer, not_profile, huge] {
         std::fs::remove_file(file).unwrap();
     }
     std::fs::remove_file(good).unwrap();

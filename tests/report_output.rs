@@ -13,7 +13,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tendril::profile::report::{MAX_FOLDED_FRAMES, MAX_TREE_INDENT};
+use tendril::profile::report::{MAX_STACK_DEPTH, MAX_TREE_INDENT};
 
 /// Longest a report may take: a hang guard, not a measure. In a release build a capped
 /// report takes a second or two; the tests run a debug build, whose deserialiser frames
@@ -181,31 +181,40 @@ fn a_100_000_deep_chain_reports_in_bounded_output_and_says_what_was_cut() {
     merged.push(']');
     let file = profile_file("deep", r#""/usr/bin/deep""#, &merged);
 
-    // Folded: one line per level, each at most "[99999 frames elided];" and the kept
-    // frames ("f;" each) and " 1\n".
-    let longest_line = "[99999 frames elided];".len() + 2 * MAX_FOLDED_FRAMES + " 1\n".len();
-    let bound = DEPTH * longest_line;
-    let (folded, stderr) = report(&file, "folded", bound);
-    assert_eq!(folded.iter().filter(|&&b| b == b'\n').count(), DEPTH);
-    let elided = DEPTH - MAX_FOLDED_FRAMES;
+    // Folded: one line per level drawn, the last one the cut frame that holds the
+    // time of the 98,977 levels below: about MAX_STACK_DEPTH²/2 frames in all.
+    let longest_line = 2 * MAX_STACK_DEPTH + "[99999 levels cut] 99999\n".len();
+    let (folded, stderr) = report(&file, "folded", MAX_STACK_DEPTH * longest_line);
     assert_eq!(
-        stderr.trim_end(),
-        format!(
-            "tendril: {} stacks deeper than {MAX_FOLDED_FRAMES} frames are cut to their \
-             innermost {MAX_FOLDED_FRAMES}, below a '[N frames elided]' frame",
-            elided
-        )
+        folded.iter().filter(|&&b| b == b'\n').count(),
+        MAX_STACK_DEPTH
     );
+    let cut_note = format!(
+        "tendril: the call tree is deeper than {MAX_STACK_DEPTH} levels: 1 subtree below \
+         level {} is drawn as one '[N levels cut]' frame, holding its time",
+        MAX_STACK_DEPTH - 1
+    );
+    assert_eq!(stderr.trim_end(), cut_note);
     let last_line = folded[..folded.len() - 1]
         .rsplit(|&b| b == b'\n')
         .next()
         .unwrap();
     let last_line = String::from_utf8_lossy(last_line);
+    let levels_cut = DEPTH - (MAX_STACK_DEPTH - 1);
     assert!(
-        last_line.starts_with(&format!("[{} frames elided];f;", DEPTH - MAX_FOLDED_FRAMES)),
+        last_line.ends_with(&format!(";f;[{levels_cut} levels cut] {levels_cut}")),
         "{last_line:.60}"
     );
-    assert_eq!(last_line.split(';').count(), MAX_FOLDED_FRAMES + 1);
+    assert_eq!(last_line.split(';').count(), MAX_STACK_DEPTH);
+
+    // SVG: the same cut stacks, one rectangle a level (uncut, 6.7 GB of memory).
+    let (svg, stderr) = report(&file, "svg", 4 << 20);
+    assert_eq!(stderr.trim_end(), cut_note);
+    let svg = String::from_utf8(svg).unwrap();
+    assert!(
+        svg.contains(&format!("[{levels_cut} levels cut]")),
+        "the cut frame is drawn"
+    );
 
     // Tree: indentation stops at MAX_TREE_INDENT levels and deeper rows show their
     // depth: each row is the columns, the indentation, "[depth 99999] " and "f (m)".

@@ -7,6 +7,7 @@
 
 use crate::live::{self, Start};
 use crate::symbols::ProcessSymbols;
+use crate::terminal_text::say;
 
 pub fn run(pid: i32, roots: Vec<String>) -> anyhow::Result<()> {
     let target = crate::process::inspect(pid)?;
@@ -28,7 +29,7 @@ pub fn run(pid: i32, roots: Vec<String>) -> anyhow::Result<()> {
         roots,
     })?;
     if let Some(note) = note {
-        eprintln!("tendril: {note}");
+        say!("{note}");
     }
     Ok(())
 }

@@ -124,7 +124,9 @@ fn describe(profile: &Profile) -> String {
     match &profile.sampling {
         Some(sampling) => format!(
             "sampled, {} samples at {} Hz, {} clock",
-            sampling.samples, sampling.rate_hz, sampling.clock
+            sampling.samples,
+            sampling.rate_hz,
+            printable(&sampling.clock)
         ),
         None => format!("scheme {}", printable(&profile.scheme)),
     }

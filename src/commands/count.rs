@@ -16,6 +16,7 @@ use crate::refusals;
 use crate::session::AgentSession;
 use crate::symbols::ProcessSymbols;
 use crate::targets::{self, Chosen};
+use crate::terminal_text::{self, printable, say};
 use crate::{inject, interrupt};
 use anyhow::bail;
 use serde_json::json;
@@ -241,8 +242,8 @@ fn unpatch_all(
             ..
         } => {
             if pending > 0 {
-                eprintln!(
-                    "tendril: the counted functions are restored; {pending} of tendril's own \
+                say!(
+                    "the counted functions are restored; {pending} of tendril's own \
                      hooks on the unwinder are still in ({}), and come out by themselves \
                      once it leaves (`tendril status {pid}` shows them)",
                     pending_reason
@@ -294,7 +295,7 @@ fn stub_of_a_counted_function(stub: &Counted, counted: &[Counted]) -> bool {
 /// A row's name, with where it is when that tells it apart: a PLT stub says which
 /// module's stub it is (each module has its own), a name another row has too says its
 /// module, and its address as well when the module is the same (two `static` functions
-/// of two files).
+/// of two files). Exact: the caller escapes it where it prints it.
 fn row_name(c: &Counted, counted: &[Counted]) -> String {
     let (name, function) = (&c.chosen.display_name, &c.chosen.function);
     let shared_with = |same_module: bool| {
@@ -335,10 +336,15 @@ fn write_text(
                 "{:>width$} {:>width$}  {}",
                 c.calls,
                 c.returns,
-                row_name(c, counted)
+                printable(&row_name(c, counted))
             )?;
         } else {
-            writeln!(out, "{:>width$}  {}", c.calls, row_name(c, counted))?;
+            writeln!(
+                out,
+                "{:>width$}  {}",
+                c.calls,
+                printable(&row_name(c, counted))
+            )?;
         }
     }
     let through_stubs = if total < all_rows {
@@ -365,8 +371,10 @@ fn write_text(
     for (chosen, reason) in refused {
         writeln!(
             out,
-            "not counted: {} ({}) — {reason}",
-            chosen.display_name, chosen.function.module
+            "not counted: {} ({}) — {}",
+            printable(&chosen.display_name),
+            printable(&chosen.function.module),
+            printable(reason)
         )?;
     }
     Ok(())
@@ -398,9 +406,9 @@ fn write_unloaded_note(
         "note: {} {} unloaded with {} during the count (the process loaded {} and unloaded {} \
          libraries meanwhile); calls after the unload are not counted, including calls into \
          a copy loaded again",
-        gone.join(", "),
+        printable(&gone.join(", ")),
         if gone.len() == 1 { "was" } else { "were" },
-        modules.join(", "),
+        printable(&modules.join(", ")),
         libraries.loaded,
         libraries.unloaded,
     )
@@ -469,6 +477,6 @@ fn write_json(
     if let Some(overflows) = returns {
         report["returns_not_counted"] = json!(overflows);
     }
-    serde_json::to_writer_pretty(&mut *out, &report)?;
+    terminal_text::write_json(&mut *out, &report)?;
     writeln!(out)
 }

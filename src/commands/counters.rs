@@ -11,6 +11,7 @@ use crate::commands::duration::how_long;
 use crate::commands::progress::Progress;
 use crate::departure::Departure;
 use crate::session::{AgentSession, SessionError};
+use crate::terminal_text::say;
 use crate::{inject, interrupt};
 use anyhow::bail;
 use std::time::{Duration, Instant};
@@ -63,8 +64,8 @@ pub fn wait_then_restore(
     restore: impl FnOnce(&mut AgentSession) -> anyhow::Result<()>,
 ) -> anyhow::Result<Waited> {
     let started = Instant::now();
-    eprintln!(
-        "tendril: counting {} in process {} {}",
+    say!(
+        "counting {} in process {} {}",
         wait.counting,
         wait.pid,
         how_long(wait.duration)
@@ -115,8 +116,8 @@ fn explain_loss(
     match crate::departure::agent_departure(pid, EXIT_GRACE, || false) {
         // The agent ended the connection: another tendril's detach did.
         Departure::Detached if matches!(error, SessionError::Io(_)) => {
-            eprintln!(
-                "tendril: another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
+            say!(
+                "another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
                 elapsed.as_secs_f64()
             );
             restored_after_losing(wait).err()
@@ -124,8 +125,8 @@ fn explain_loss(
         // This side gave up on the connection (no answer in time, or an answer it
         // cannot read): the agent restores the code once it sees it closed.
         Departure::Detached => {
-            eprintln!(
-                "tendril: {error}; counts are from the last reading, {} s in",
+            say!(
+                "{error}; counts are from the last reading, {} s in",
                 format_elapsed(elapsed)
             );
             Some(match restored_after_losing(wait) {
@@ -137,16 +138,16 @@ fn explain_loss(
             })
         }
         execed @ Departure::Execed { .. } => {
-            eprintln!(
-                "tendril: {}; counts are from the last reading before the exec, {} s in",
+            say!(
+                "{}; counts are from the last reading before the exec, {} s in",
                 execed.headline(pid),
                 format_elapsed(elapsed)
             );
             None
         }
         exited => {
-            eprintln!(
-                "tendril: {} after {} s; counts are from its last reading",
+            say!(
+                "{} after {} s; counts are from its last reading",
                 exited.headline(pid),
                 format_elapsed(elapsed)
             );

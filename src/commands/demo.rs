@@ -13,6 +13,7 @@ use crate::demo_workload;
 use crate::live::{self, Start};
 use crate::profile::{ReportFormat, write_report};
 use crate::recording::{RecordOptions, Recorder, Scheme};
+use crate::terminal_text::say;
 use std::io::{IsTerminal, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -47,12 +48,12 @@ pub fn run() -> anyhow::Result<()> {
             roots: vec![demo_workload::DEMO_ROOT.to_string()],
         })?;
         drop(demo);
-        eprintln!("tendril: the demo (pid {pid}) is detached and stopped");
+        say!("the demo (pid {pid}) is detached and stopped");
         return Ok(());
     }
     crate::interrupt::install();
-    eprintln!(
-        "tendril: demo target started: pid {pid}, {} worker threads; recording {} for {} s \
+    say!(
+        "demo target started: pid {pid}, {} worker threads; recording {} for {} s \
          (run `tendril demo` in a terminal for the live view)",
         demo_workload::DEMO_WORKERS,
         demo_workload::DEMO_ROOT,

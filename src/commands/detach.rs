@@ -3,6 +3,7 @@
 //! Never loads an agent: a process without one has nothing to restore.
 
 use crate::inject;
+use crate::terminal_text::printable;
 use tendril_wire::{Request, Response};
 
 pub fn run(pid: i32) -> anyhow::Result<()> {
@@ -32,9 +33,11 @@ pub fn run(pid: i32) -> anyhow::Result<()> {
                 _ => format!(
                     "; {pending} of tendril's own hooks on the unwinder are still in ({}), and \
                      come out by themselves once it leaves (`tendril status {pid}` shows them)",
-                    pending_reason
-                        .as_deref()
-                        .unwrap_or("a thread is inside tendril's hooks")
+                    printable(
+                        pending_reason
+                            .as_deref()
+                            .unwrap_or("a thread is inside tendril's hooks")
+                    )
                 ),
             };
             println!(

@@ -20,12 +20,12 @@ use crate::commands::output::ProfileOutput;
 use crate::commands::progress::{amount, thousands};
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
+use crate::terminal_text::{say, write_json};
 use crate::{inject, interrupt, refusals, targets};
 use anyhow::{anyhow, bail};
 use derived::{About, EdgeProfile};
 use listing::Listing;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 use tendril_wire::edges::EdgeLayout;
@@ -130,8 +130,8 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
         },
     )?;
     if unloaded {
-        eprintln!(
-            "tendril: {name} was unloaded with {} during the edge count; the counts are of \
+        say!(
+            "{name} was unloaded with {} during the edge count; the counts are of \
              its calls before that (nothing was written where it had been)",
             function.module
         );
@@ -156,7 +156,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
     };
     let mut text = Vec::new();
     if options.json {
-        serde_json::to_writer_pretty(&mut text, &profile.to_json(&about))?;
+        write_json(&mut text, &profile.to_json(&about))?;
         text.push(b'\n');
     } else {
         let name_of = |address: u64| name_of(&symbols, address);
@@ -168,7 +168,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
         };
         listing::write_text(&mut text, &listing, &profile)?;
     }
-    write_output(output, &text)?;
+    write_output(output, &text, pid, options.json)?;
     match waited.failure {
         Some(error) => Err(error),
         None => Ok(()),
@@ -343,19 +343,17 @@ pub(crate) fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> 
 }
 
 /// Writes the output to its file (and says where) or to stdout.
-fn write_output(output: ProfileOutput, text: &[u8]) -> anyhow::Result<()> {
+fn write_output(output: ProfileOutput, text: &[u8], pid: i32, json: bool) -> anyhow::Result<()> {
     let path = output.path().map(std::path::Path::to_path_buf);
-    match output {
-        ProfileOutput::File(file) => file.write_bytes(text)?,
-        ProfileOutput::Stdout => {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text)?;
-            out.flush()?;
-        }
-    }
+    // The counts cannot be taken again: if the file fails, they are saved elsewhere.
+    output.write_unrepeatable(&crate::commands::rescue::Rescued {
+        prefix: format!("tendril-edges-{pid}"),
+        extension: if json { "json" } else { "txt" },
+        write: &|out| out.write_all(text),
+    })?;
     if let Some(path) = path {
         let shown = std::path::absolute(&path).unwrap_or(path);
-        eprintln!("tendril: edge profile written to {}", shown.display());
+        say!("edge profile written to {}", shown.display());
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ pub mod picker;
 pub mod progress;
 pub mod record;
 pub mod report;
+pub mod rescue;
 pub mod run;
 pub mod sample;
 pub mod status;

@@ -5,11 +5,12 @@
 //! that case is a usage error pointing at `--help`.
 
 use crate::live::{self, Start};
+use crate::terminal_text::say;
 
 pub fn run() -> anyhow::Result<()> {
     live::require_terminal("give a command (see `tendril --help`)")?;
     if let Some(note) = live::run(Start::ProcessPicker)? {
-        eprintln!("tendril: {note}");
+        say!("{note}");
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! nothing else), and the line is erased before anything else is printed, so the
 //! summary lines that follow are never mixed with it.
 
+use crate::terminal_text::printable;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,8 @@ impl Progress {
         }
     }
 
-    /// Redraws the line if it is time to: `what` says what has been collected.
+    /// Redraws the line if it is time to: `what` says what has been collected (escaped
+    /// here: it may name the target's function).
     pub fn update(&mut self, what: impl FnOnce() -> String) {
         if !self.enabled || Instant::now() < self.next_draw {
             return;
@@ -43,7 +45,7 @@ impl Progress {
         let line = format!(
             "tendril: {:.1} s — {} (Ctrl-C ends)",
             self.started.elapsed().as_secs_f64(),
-            what()
+            printable(&what())
         );
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "\r\x1b[K{line}");

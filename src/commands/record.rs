@@ -15,6 +15,7 @@ use crate::interrupt;
 use crate::profile::trace::MAX_TRACE_EVENTS;
 use crate::profile::{Node, Profile};
 use crate::recording::{Finished, RecordOptions, Recorder, Scheme};
+use crate::terminal_text::say;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -46,8 +47,8 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     interrupt::install();
     let mut recorder = Recorder::start(&command.options)?;
     start_trace(&mut recorder, command.trace);
-    eprintln!(
-        "tendril: recording {} in process {} (scheme {}) {}",
+    say!(
+        "recording {} in process {} (scheme {}) {}",
         names_summary(recorder.roots()),
         recorder.pid(),
         match (command.options.gross_only, command.options.scheme) {
@@ -72,7 +73,7 @@ pub fn write_profile(output: ProfileOutput, profile: &Profile) -> anyhow::Result
         .map(|path| absolute(path).display().to_string());
     output.write(profile)?;
     if let Some(path) = written {
-        eprintln!("tendril: profile written to {path} (tendril report {path})");
+        say!("profile written to {path} (tendril report {path})");
     }
     Ok(())
 }
@@ -86,8 +87,8 @@ fn absolute(path: &std::path::Path) -> PathBuf {
 pub fn start_trace(recorder: &mut Recorder, trace: Option<Duration>) {
     if let Some(seconds) = trace {
         recorder.start_trace(seconds.as_secs_f64());
-        eprintln!(
-            "tendril: tracing the first {} s (at most {MAX_TRACE_EVENTS} events) for timelines",
+        say!(
+            "tracing the first {} s (at most {MAX_TRACE_EVENTS} events) for timelines",
             format_seconds(seconds)
         );
     }
@@ -126,16 +127,15 @@ pub fn record_until_done(
     let elapsed = recorder.elapsed();
     match &departure {
         None => {}
-        Some(Departure::Detached) => eprintln!(
-            "tendril: another tendril detached process {pid} after {:.1} s; the profile covers only that time",
+        Some(Departure::Detached) => say!(
+            "another tendril detached process {pid} after {:.1} s; the profile covers only that time",
             elapsed.as_secs_f64()
         ),
-        Some(execed @ Departure::Execed { .. }) => eprintln!(
-            "tendril: {}; profile written up to the exec",
-            execed.headline(pid)
-        ),
-        Some(exited) => eprintln!(
-            "tendril: {}; the profile covers it up to its end",
+        Some(execed @ Departure::Execed { .. }) => {
+            say!("{}; profile written up to the exec", execed.headline(pid))
+        }
+        Some(exited) => say!(
+            "{}; the profile covers it up to its end",
             exited.headline(pid)
         ),
     }
@@ -194,15 +194,15 @@ fn note_roots_never_called(profile: &Profile) {
             [one] => format!("{one} was"),
             many => format!("{} were", names_summary(many)),
         };
-        eprintln!(
-            "tendril: {all} never called during the recording, so the profile is empty \
+        say!(
+            "{all} never called during the recording, so the profile is empty \
              (record longer, or choose a root the program runs)"
         );
     } else if let [one] = never.as_slice() {
-        eprintln!("tendril: {one} was never called during the recording");
+        say!("{one} was never called during the recording");
     } else if !never.is_empty() && never.len() < profile.roots.len() {
-        eprintln!(
-            "tendril: {} of the {} roots were never called during the recording: {}",
+        say!(
+            "{} of the {} roots were never called during the recording: {}",
             never.len(),
             profile.roots.len(),
             first_names(&never)
@@ -213,8 +213,8 @@ fn note_roots_never_called(profile: &Profile) {
 fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, String)]) {
     let stats = &profile.stats;
     let overhead = profile.estimated_overhead_percent();
-    eprintln!(
-        "tendril: {} events from {} thread{} in {} s; {} functions instrumented, {} invoked; \
+    say!(
+        "{} events from {} thread{} in {} s; {} functions instrumented, {} invoked; \
          {} lost events; estimated overhead {overhead:.1}% (removed from the times)",
         stats.events,
         profile.threads.len(),
@@ -225,20 +225,20 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
         stats.lost_events,
     );
     if let Some(warning) = crate::profile::stack_switch_warning(profile) {
-        eprintln!("tendril: {warning}");
+        say!("{warning}");
     }
     if let Some(note) = crate::profile::library_churn_note(stats) {
-        eprintln!("tendril: {note}");
+        say!("{note}");
     }
     if let Some(trace) = &profile.trace {
-        eprintln!("tendril: {}", trace.summary());
+        say!("{}", trace.summary());
     }
     for (name, reason) in refused.iter().take(REFUSALS_SHOWN) {
-        eprintln!("tendril: not instrumented: {name} — {reason}");
+        say!("not instrumented: {name} — {reason}");
     }
     if refused.len() > REFUSALS_SHOWN {
-        eprintln!(
-            "tendril: ... and {} more callees not instrumented (their time counts as their callers' own)",
+        say!(
+            "... and {} more callees not instrumented (their time counts as their callers' own)",
             refused.len() - REFUSALS_SHOWN
         );
     }

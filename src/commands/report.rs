@@ -9,8 +9,9 @@
 //! hot spots' long names are cut in the middle to its width (`profile::names`).
 
 use crate::commands::output::OutputFile;
-use crate::profile::report::{MAX_FOLDED_FRAMES, folded_stacks_elided, write_report_fitted};
+use crate::profile::report::{MAX_STACK_DEPTH, subtrees_cut, write_report_fitted};
 use crate::profile::{Clock, Profile, Prune, ReportFormat, write_report};
+use crate::terminal_text::say;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 
@@ -50,25 +51,11 @@ pub fn run(
     prune
         .apply(&mut profile)
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    if matches!(
-        format,
-        ReportFormat::Folded | ReportFormat::Svg | ReportFormat::Speedscope
-    ) {
-        let elided = folded_stacks_elided(&profile);
-        if elided > 0 {
-            eprintln!(
-                "tendril: {elided} stack{} deeper than {MAX_FOLDED_FRAMES} frames {} cut to \
-                 {} innermost {MAX_FOLDED_FRAMES}, below a '[N frames elided]' frame",
-                if elided == 1 { "" } else { "s" },
-                if elided == 1 { "is" } else { "are" },
-                if elided == 1 { "its" } else { "their" },
-            );
-        }
-    }
+    say_what_is_cut(&profile, format);
     if let Some(trace) = &profile.trace
         && matches!(format, ReportFormat::Chrome | ReportFormat::Speedscope)
     {
-        eprintln!("tendril: {}", trace.summary());
+        say!("{}", trace.summary());
     }
     if format == ReportFormat::Pprof && clock == Clock::Cpu {
         let mut bytes = Vec::new();
@@ -100,4 +87,25 @@ pub fn run(
     let mut bytes = Vec::new();
     write_report(&profile, format, &mut bytes)?;
     destination.write_bytes(&bytes)
+}
+
+/// Says on stderr when a stack format draws the tree cut (`profile::depth_cut`).
+fn say_what_is_cut(profile: &Profile, format: ReportFormat) {
+    use ReportFormat::{Folded, Pprof, Speedscope, Svg};
+    let cut = subtrees_cut(&profile.merged.roots);
+    if cut == 0 || !matches!(format, Folded | Svg | Speedscope | Pprof) {
+        return;
+    }
+    let level = MAX_STACK_DEPTH - 1;
+    let what = if cut == 1 {
+        format!(
+            "1 subtree below level {level} is drawn as one '[N levels cut]' frame, holding its time"
+        )
+    } else {
+        format!(
+            "{cut} subtrees below level {level} are each drawn as one '[N levels cut]' frame, \
+             holding their time"
+        )
+    };
+    say!("the call tree is deeper than {MAX_STACK_DEPTH} levels: {what}");
 }

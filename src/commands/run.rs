@@ -11,10 +11,12 @@
 
 use crate::commands::output::ProfileOutput;
 use crate::commands::record::record_until_done;
+use crate::departure::Ending;
 use crate::interrupt;
 use crate::process::AttachError;
 use crate::recording::{RecordError, RecordOptions, Recorder, Scheme};
 use crate::targets::SelectError;
+use crate::terminal_text::say;
 use anyhow::{Context, anyhow, bail};
 use nix::sys::ptrace;
 use nix::sys::signal::{Signal, kill};
@@ -42,23 +44,6 @@ pub struct RunCommand {
     pub output: Option<PathBuf>,
     /// `--trace`: keep the raw events of this first stretch.
     pub trace: Option<Duration>,
-}
-
-/// How the program ended.
-#[derive(Debug, Clone, Copy)]
-enum Ended {
-    Exited(i32),
-    Killed { signal: Signal, core_dumped: bool },
-}
-
-impl Ended {
-    /// The exit status a shell would give: the program's, or 128 + the signal number.
-    fn exit_code(self) -> u8 {
-        match self {
-            Ended::Exited(code) => code as u8,
-            Ended::Killed { signal, .. } => 128u8.wrapping_add(signal as u8),
-        }
-    }
 }
 
 /// Runs the program under recording; returns the exit status to exit with.
@@ -100,20 +85,10 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
     })?;
     crate::commands::record::write_profile(output, &profile)?;
     let ended = ended.or_else(|| ended_status(child));
-    match ended {
-        Some(Ended::Exited(code)) => eprintln!("tendril: {program} exited with status {code}"),
-        Some(Ended::Killed {
-            signal,
-            core_dumped,
-        }) => eprintln!(
-            "tendril: {program} was killed by signal {} ({}){}",
-            signal as i32,
-            signal.as_str(),
-            if core_dumped { " (core dumped)" } else { "" }
-        ),
-        None => {}
+    if let Some(ending) = ended {
+        say!("{program} {ending}");
     }
-    Ok(ended.map_or(0, Ended::exit_code))
+    Ok(ended.map_or(0, Ending::shell_status))
 }
 
 /// Everything between the exec and the program's first instruction: stop at the entry
@@ -149,8 +124,8 @@ fn prepare(command: &RunCommand, program: &str, child: Pid) -> anyhow::Result<Re
             return Err(root_error(error, program, &exe, default_root));
         }
     };
-    eprintln!(
-        "tendril: running {program} (pid {pid}) and recording {}",
+    say!(
+        "running {program} (pid {pid}) and recording {}",
         super::record::names_summary(recorder.roots())
     );
     drop(held);
@@ -329,12 +304,12 @@ fn kill_and_reap(pid: Pid) {
 
 /// Reaps the child if it has ended; how, or `None` while it runs (if the recording
 /// ends first, it goes on alone).
-fn ended_status(pid: Pid) -> Option<Ended> {
+fn ended_status(pid: Pid) -> Option<Ending> {
     use nix::sys::wait::WaitPidFlag;
     match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-        Ok(WaitStatus::Exited(_, code)) => Some(Ended::Exited(code)),
-        Ok(WaitStatus::Signaled(_, signal, core_dumped)) => Some(Ended::Killed {
-            signal,
+        Ok(WaitStatus::Exited(_, code)) => Some(Ending::Exited(code)),
+        Ok(WaitStatus::Signaled(_, signal, core_dumped)) => Some(Ending::Killed {
+            signal: signal as i32,
             core_dumped,
         }),
         _ => None,

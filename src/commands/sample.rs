@@ -12,6 +12,7 @@ use crate::commands::progress::{Progress, thousands};
 use crate::interrupt;
 use crate::profile::Profile;
 use crate::sampling::{Sampler, SamplerOptions};
+use crate::terminal_text::say;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -31,8 +32,8 @@ pub fn run(command: &SampleCommand) -> anyhow::Result<()> {
     let output = ProfileOutput::open_or_fresh(command.output.as_deref(), command.pid)?;
     interrupt::install();
     let sampler = Sampler::start(command.pid, command.options)?;
-    eprintln!(
-        "tendril: sampling {} thread{} of process {} at {} Hz ({} time) {}",
+    say!(
+        "sampling {} thread{} of process {} at {} Hz ({} time) {}",
         sampler.thread_count(),
         if sampler.thread_count() == 1 { "" } else { "s" },
         command.pid,
@@ -50,7 +51,7 @@ pub fn run(command: &SampleCommand) -> anyhow::Result<()> {
     output.write(&profile)?;
     if let Some(path) = written {
         let path = path.display();
-        eprintln!("tendril: profile written to {path} (tendril report {path})");
+        say!("profile written to {path} (tendril report {path})");
     }
     Ok(())
 }
@@ -85,8 +86,8 @@ pub fn sample_until_done(
     let elapsed = sampler.elapsed();
     let profile = sampler.finish();
     if exited {
-        eprintln!(
-            "tendril: process {pid} exited after {} s; the profile covers it up to its end",
+        say!(
+            "process {pid} exited after {} s; the profile covers it up to its end",
             format_elapsed(elapsed)
         );
     }
@@ -98,8 +99,8 @@ fn print_summary(profile: &Profile, elapsed: Duration) {
     let Some(sampling) = &profile.sampling else {
         return;
     };
-    eprintln!(
-        "tendril: {} samples from {} thread{} in {} s; {} lost; {} stacks truncated",
+    say!(
+        "{} samples from {} thread{} in {} s; {} lost; {} stacks truncated",
         thousands(sampling.samples),
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
@@ -108,8 +109,8 @@ fn print_summary(profile: &Profile, elapsed: Duration) {
         sampling.truncated_stacks,
     );
     if sampling.samples == 0 {
-        eprintln!(
-            "tendril: no samples: the process used no CPU time while it was sampled \
+        say!(
+            "no samples: the process used no CPU time while it was sampled \
              (try --wall to see where its threads wait)"
         );
     }

@@ -1,6 +1,7 @@
 //! `tendril status <PID>`: make sure an agent is resident in the target and report it.
 
 use crate::inject;
+use crate::terminal_text::printable;
 
 /// The one-line report `status` prints for a target.
 pub fn status_line(pid: i32, status: &crate::session::AgentStatus) -> String {
@@ -23,6 +24,7 @@ pub fn status_line(pid: i32, status: &crate::session::AgentStatus) -> String {
 
 pub fn run(pid: i32) -> anyhow::Result<()> {
     let (_, session) = inject::attach(pid)?;
-    println!("{}", status_line(pid, &session.status));
+    // The version and the reason come from the agent, which the target controls.
+    println!("{}", printable(&status_line(pid, &session.status)));
     Ok(())
 }

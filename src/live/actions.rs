@@ -254,8 +254,8 @@ impl Session {
             return;
         };
         // The file is created here, at once, so the message names it.
-        let (path, file) = match create_first_free(snapshot_paths(pid)) {
-            Ok(created) => created,
+        let (path, file, links) = match create_first_free(snapshot_paths(pid)) {
+            Ok(created) => (created.path, created.file, created.links_passed),
             Err(FreshFileError::Failed(path, error)) => {
                 app.set_message(format!(
                     "cannot save the profile to {}: {error}",
@@ -270,7 +270,14 @@ impl Session {
                 return;
             }
         };
-        let message = format!("saving the profile to {}…", path.display());
+        let message = match links.first() {
+            None => format!("saving the profile to {}…", path.display()),
+            Some(link) => format!(
+                "saving the profile to {}… ({} is a symbolic link someone put there: not followed)",
+                path.display(),
+                link.display()
+            ),
+        };
         let created = path.clone();
         let job = Job::spawn("tendril-save", move || {
             let saved = profile.write_to_file(file, &path);

@@ -76,7 +76,7 @@ pub fn event_loop(
         session.tick(app, Instant::now())?;
         if let Some(capture) = capture {
             for line in capture.new_lines() {
-                app.set_message(line.clone());
+                app.show_stderr_line(&line);
                 captured.push(line);
                 dirty = true;
             }

@@ -121,7 +121,7 @@ pub fn run(start: Start) -> anyhow::Result<Option<String>> {
     }
     drop(guard);
     for line in captured {
-        eprintln!("{line}");
+        eprintln!("{}", crate::terminal_text::already_printed(&line));
     }
     outcome?;
     if !terminal_gone {

@@ -33,12 +33,12 @@ pub fn process_entry(pid: u32) -> Option<ProcessEntry> {
 
 /// One process, or `None` if it is gone, a kernel thread or a zombie.
 fn read_process(pid: u32, users: &mut UserNames) -> Option<ProcessEntry> {
-    let stat_text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat_text = crate::process::read_proc_text(format!("/proc/{pid}/stat")).ok()?;
     let stat = StatLine::parse(&stat_text)?;
     if stat.is_kernel_thread() || stat.has_exited() {
         return None;
     }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let status = crate::process::read_proc_text(format!("/proc/{pid}/status")).ok()?;
     let uid: u32 = status_field(&status, "Uid")?
         .split_whitespace()
         .next()?

@@ -3,10 +3,13 @@
 //! the message that names it can be copied from anywhere.
 //!
 //! The one idea: the name says which process and when, in local time, and never
-//! overwrites a file that is there (a second save in the same second gets `-2`).
+//! overwrites a file that is there (a second save in the same second gets `-2`). A name
+//! is guessable, and the directory may be one others write to (`/tmp`): a file or a
+//! link someone put at it is never opened or followed, and a link there is said.
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 
 /// Names tried before giving up (each one was taken).
@@ -21,18 +24,46 @@ pub enum FreshFileError {
     Failed(PathBuf, std::io::Error),
 }
 
-/// Creates the first of `names` that does not exist yet, with `O_CREAT | O_EXCL`: a
-/// name that is there — a file, or a link someone put there — is never opened or
-/// followed, the next one is tried instead. tendril often runs as root in a directory
-/// other users can write to, so it never writes through a name it did not create.
+/// A file made by [`create_first_free`].
+#[derive(Debug)]
+pub struct FreshFile {
+    pub path: PathBuf,
+    pub file: File,
+    /// Names passed over because a symbolic link was there (someone may have planted
+    /// it, to have tendril write where it points): to be said.
+    pub links_passed: Vec<PathBuf>,
+}
+
+/// Creates the first of `names` that does not exist yet, with `O_CREAT | O_EXCL |
+/// O_NOFOLLOW`: a name that is there — a file, or a link someone put there — is never
+/// opened or followed, the next one is tried instead. tendril often runs as root in a
+/// directory other users can write to, so it never writes through a name it did not
+/// create.
 pub fn create_first_free(
     names: impl IntoIterator<Item = PathBuf>,
-) -> Result<(PathBuf, File), FreshFileError> {
+) -> Result<FreshFile, FreshFileError> {
     let mut last = None;
+    let mut links_passed = Vec::new();
     for path in names.into_iter().take(ATTEMPTS) {
-        match OpenOptions::new().write(true).create_new(true).open(&path) {
-            Ok(file) => return Ok((path, file)),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => last = Some(path),
+        let created = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path);
+        match created {
+            Ok(file) => {
+                return Ok(FreshFile {
+                    path,
+                    file,
+                    links_passed,
+                });
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                if path.symlink_metadata().is_ok_and(|m| m.is_symlink()) {
+                    links_passed.push(path.clone());
+                }
+                last = Some(path);
+            }
             Err(e) => return Err(FreshFileError::Failed(path, e)),
         }
     }
@@ -43,10 +74,20 @@ pub fn create_first_free(
 /// in the current directory, then `-2`, `-3`… — for [`create_first_free`].
 pub fn snapshot_paths(pid: i32) -> impl Iterator<Item = PathBuf> {
     let directory = std::env::current_dir().unwrap_or_default();
-    let stem = format!("tendril-{pid}-{}", local_timestamp());
-    let first = directory.join(format!("{stem}.json"));
-    std::iter::once(first)
-        .chain((2u64..).map(move |next| directory.join(format!("{stem}-{next}.json"))))
+    snapshot_names(pid).map(move |name| directory.join(name))
+}
+
+/// The file names of [`snapshot_paths`]: `tendril-<pid>-<time>.json`, `…-2.json`, ….
+pub fn snapshot_names(pid: i32) -> impl Iterator<Item = String> {
+    timestamped_names(&format!("tendril-{pid}"), "json")
+}
+
+/// `<prefix>-<time>.<extension>`, then `…-2.<extension>`, `…-3.<extension>`….
+pub fn timestamped_names(prefix: &str, extension: &str) -> impl Iterator<Item = String> + use<> {
+    let stem = format!("{prefix}-{}", local_timestamp());
+    let extension = extension.to_owned();
+    std::iter::once(format!("{stem}.{extension}"))
+        .chain((2u64..).map(move |n| format!("{stem}-{n}.{extension}")))
 }
 
 /// The local time as `YYYYmmdd-HHMMSS`.

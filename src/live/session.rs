@@ -22,6 +22,7 @@ use crate::process::{self, TargetProcess};
 use crate::profile::{Profile, ProfileError};
 use crate::recording::{Finished, RecordError, RecordOptions, Recorder, Scheme};
 use crate::symbols::{ProcessSymbols, SymbolError};
+use crate::terminal_text::say;
 use anyhow::anyhow;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -595,7 +596,7 @@ impl Drop for Session {
             let mut told = false;
             let _ = self.shutdown(&mut |note| {
                 if !std::mem::replace(&mut told, true) {
-                    eprintln!("tendril: {note}");
+                    say!("{note}");
                 }
             });
         }

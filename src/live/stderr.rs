@@ -6,6 +6,7 @@
 //! reads its lines for the UI to show as messages, and when the UI ends (or panics) the
 //! real stderr is put back, so the lines can be printed again where they stay readable.
 
+use crate::terminal_text::printable_bytes;
 use nix::unistd::{dup, dup2_stderr, pipe};
 use std::io::{BufRead, BufReader, IsTerminal};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -44,8 +45,13 @@ impl StderrCapture {
             .name("stderr-capture".into())
             .spawn(move || {
                 let reader = BufReader::new(std::fs::File::from(read_end));
-                for line in reader.lines() {
+                for line in reader.split(b'\n') {
                     let Ok(line) = line else { break };
+                    // A line that is not UTF-8 is kept, its odd bytes spelled out.
+                    let line = match String::from_utf8(line) {
+                        Ok(line) => line,
+                        Err(e) => printable_bytes(e.as_bytes()).into_owned(),
+                    };
                     if sender.send(line).is_err() {
                         break;
                     }

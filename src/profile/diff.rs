@@ -5,9 +5,10 @@
 //! time in A and in B can be set side by side; the rows that changed most, either way,
 //! come first. The same pairs, as `path selfA selfB` lines, are the input of inferno's
 //! differential flame graph (`inferno-flamegraph`, after `inferno-diff-folded`'s
-//! format). Paths deeper than the folded cap keep their innermost frames, as folded
-//! stacks do.
+//! format). Trees deeper than the stack exports draw are cut as theirs are
+//! (`depth_cut`: below level 1023, one `[N levels cut]` frame).
 
+use super::depth_cut::cut_deep_stacks;
 use super::export::{Frames, for_each_context};
 use super::model::Profile;
 use super::names::folded_frame;
@@ -42,7 +43,8 @@ pub fn compare(a: &Profile, b: &Profile) -> Vec<PathChange> {
     let mut frames = Frames::across_processes();
     let mut index: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut rows: Vec<PathChange> = Vec::new();
-    for (side, profile) in [a, b].into_iter().enumerate() {
+    let (a, b) = (cut_deep_stacks(a), cut_deep_stacks(b));
+    for (side, profile) in [&*a, &*b].into_iter().enumerate() {
         for_each_context(&profile.merged.roots, &mut frames, |stack, node| {
             let row = *index.entry(stack.to_vec()).or_insert_with(|| {
                 rows.push(PathChange {

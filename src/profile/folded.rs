@@ -1,19 +1,17 @@
-//! Folded stacks (`root;caller;callee <self ns>`), the input of flame-graph tools, with
-//! their depth capped so a pathological recursion cannot make gigabytes of output.
+//! Folded stacks (`root;caller;callee <self ns>`), the input of flame-graph tools, of a
+//! tree cut at `depth_cut::MAX_STACK_DEPTH` levels, so a pathological recursion cannot
+//! make gigabytes of output.
 
+use super::depth_cut::cut_deep_stacks;
 use super::model::{Profile, Visit, walk};
 use super::names::folded_frame;
 use std::io::{self, Write};
 
-/// Folded stacks keep at most this many frames, the innermost ones, below a
-/// `[N frames elided]` frame: otherwise a chain 100,000 calls deep writes gigabytes
-/// (every line repeats the whole path above it).
-pub const MAX_FOLDED_FRAMES: usize = 1024;
-
-/// Folded stacks: `root;caller;callee <self ns>` for every context with self time.
-/// A stack deeper than [`MAX_FOLDED_FRAMES`] keeps its innermost frames under one
-/// `[N frames elided]` frame (see [`folded_stacks_elided`]).
+/// Folded stacks: `root;caller;callee <self ns>` for every context with self time, of
+/// the merged tree cut at `depth_cut::MAX_STACK_DEPTH` levels (a deeper subtree is one
+/// `[N levels cut]` frame with its time).
 pub fn write_folded(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
+    let profile = cut_deep_stacks(profile);
     let mut path = String::new();
     // The length of `path` before each open node's name was appended.
     let mut path_lengths: Vec<usize> = Vec::new();
@@ -25,15 +23,7 @@ pub fn write_folded(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             }
             path.push_str(&folded_frame(&node.name));
             if node.self_ns > 0 {
-                let frames = path_lengths.len();
-                if frames > MAX_FOLDED_FRAMES {
-                    let elided = frames - MAX_FOLDED_FRAMES;
-                    // Frame `elided` starts after the `;` that precedes it.
-                    let kept = &path[path_lengths[elided] + 1..];
-                    writeln!(out, "[{elided} frames elided];{kept} {}", node.self_ns)?;
-                } else {
-                    writeln!(out, "{path} {}", node.self_ns)?;
-                }
+                writeln!(out, "{path} {}", node.self_ns)?;
             }
             Ok(())
         }
@@ -42,19 +32,4 @@ pub fn write_folded(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
             Ok(())
         }
     })
-}
-
-/// How many folded stacks [`write_folded`] cuts to [`MAX_FOLDED_FRAMES`] frames.
-pub fn folded_stacks_elided(profile: &Profile) -> u64 {
-    let mut elided = 0;
-    let _ = walk(&profile.merged.roots, |step| -> Result<(), ()> {
-        if let Visit::Enter { node, depth } = step
-            && node.self_ns > 0
-            && depth >= MAX_FOLDED_FRAMES
-        {
-            elided += 1;
-        }
-        Ok(())
-    });
-    elided
 }

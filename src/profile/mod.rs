@@ -25,6 +25,7 @@ pub mod calibration;
 mod calibration_model;
 pub mod cct;
 pub mod clock;
+pub mod depth_cut;
 pub mod diff;
 pub mod export;
 pub mod file;

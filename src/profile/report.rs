@@ -6,8 +6,9 @@
 //! Shares are of the merged roots' total time, so a row's percentage says how much of
 //! the profiled work happened in (or under) it.
 
+pub use super::depth_cut::{MAX_STACK_DEPTH, subtrees_cut};
 use super::export;
-pub use super::folded::{MAX_FOLDED_FRAMES, folded_stacks_elided, write_folded};
+pub use super::folded::write_folded;
 use super::hot::hot_spots;
 use super::model::{Node, Profile, Stats};
 use super::names::{fit_middle, function_label, printable};
@@ -375,7 +376,7 @@ fn write_clock_line(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         );
     }
     match &profile.stats.cpu_unmeasured {
-        Some(why) => writeln!(out, "times: wall-clock; {why}"),
+        Some(why) => writeln!(out, "times: wall-clock; {}", printable(why)),
         None if profile.has_cpu_time() => writeln!(
             out,
             "times: wall-clock, waiting included (--clock cpu shows on-CPU time)"

@@ -36,6 +36,7 @@ use crate::refusals;
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
 use crate::targets::{self, Chosen, SelectError};
+use crate::terminal_text::say;
 use std::collections::HashMap;
 use std::time::Instant;
 use tendril_wire::events::{Event, EventKind};
@@ -400,12 +401,12 @@ impl Recorder {
             return Err(RecordError::Refused { pid, message });
         }
         if !refusals.is_empty() {
-            eprintln!("tendril: roots not instrumented: {}", summarize(&refusals));
+            say!("roots not instrumented: {}", summarize(&refusals));
         }
         if let Some(indirect) = self.indirect.as_mut() {
             indirect.forget_outcomes();
             indirect.note_outcomes(&patched, &outcomes);
-            eprintln!("tendril: {}", indirect.summary());
+            say!("{}", indirect.summary());
         }
         self.late_modules.instrumented(&patched, &outcomes);
         self.root_names = root_names;

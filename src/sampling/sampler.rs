@@ -471,7 +471,7 @@ fn check_target(pid: i32) -> Result<(), AttachError> {
     if pid == std::process::id() as i32 {
         return Err(AttachError::OwnProcess(pid));
     }
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+    let status = crate::process::read_proc_text(format!("/proc/{pid}/status"))
         .map_err(|e| process::io_to_attach_error(pid, &e))?;
     let tgid: i32 = process::status_field(&status, "Tgid")
         .and_then(|v| v.trim().parse().ok())
@@ -484,7 +484,7 @@ fn check_target(pid: i32) -> Result<(), AttachError> {
     {
         return Err(AttachError::Zombie(pid));
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let stat = crate::process::read_proc_text(format!("/proc/{pid}/stat"))
         .map_err(|e| process::io_to_attach_error(pid, &e))?;
     if process::StatLine::parse(&stat).is_some_and(|s| s.is_kernel_thread()) {
         return Err(AttachError::KernelThread(pid));

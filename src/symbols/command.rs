@@ -1,9 +1,10 @@
 //! `tendril symbols <PID> [PATTERN] [--json]`: list the functions of a running process.
 //!
 //! Text output is one function per line, address-sorted and aligned:
-//! `0x<addr:016x> <size:>8> <module padded> <name>`. JSON output is one array of
-//! `{addr, size, module, name, raw_name, source}` objects. A closed pipe (`| head`) ends
-//! the listing quietly.
+//! `0x<addr:016x> <size:>8> <module padded> <name>`, names and modules escaped
+//! (`terminal_text`). JSON output is one array of `{addr, size, module, name,
+//! raw_name, source}` objects, its strings exact. A closed pipe (`| head`) ends the
+//! listing quietly.
 
 use std::io::{self, BufWriter, Write};
 
@@ -13,6 +14,7 @@ use serde_json::json;
 use super::error::module_hint;
 use super::{Function, ProcessSymbols, SymbolError};
 use crate::process::{AttachError, TargetProcess};
+use crate::terminal_text::{self, printable};
 
 /// Loads the symbols of `pid`, selects those matching `pattern` (all if `None`) and
 /// writes them to `out`. A pattern that matches nothing is an error whose one-line
@@ -118,13 +120,22 @@ fn no_match_error(e: SymbolError, pid: i32) -> anyhow::Error {
     }
 }
 
+/// Aligned lines; names and modules come from the target's files, so each is escaped
+/// ([`printable`]).
 fn write_text(functions: &[&Function], out: &mut dyn Write) -> io::Result<()> {
-    let width = functions.iter().map(|f| f.module.len()).max().unwrap_or(0);
+    let width = functions
+        .iter()
+        .map(|f| printable(&f.module).chars().count())
+        .max()
+        .unwrap_or(0);
     for f in functions {
         writeln!(
             out,
             "{:#018x} {:>8} {:<width$} {}",
-            f.addr, f.size, f.module, f.name
+            f.addr,
+            f.size,
+            printable(&f.module),
+            printable(&f.name)
         )?;
     }
     Ok(())
@@ -144,6 +155,6 @@ fn write_json(functions: &[&Function], out: &mut dyn Write) -> io::Result<()> {
             })
         })
         .collect();
-    serde_json::to_writer_pretty(&mut *out, &items)?;
+    terminal_text::write_json(&mut *out, &items)?;
     writeln!(out)
 }

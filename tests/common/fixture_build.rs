@@ -57,7 +57,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 36] = [
+const FIXTURES: [Fixture; 37] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -197,6 +197,11 @@ const FIXTURES: [Fixture; 36] = [
         name: "twin_statics",
         source: "twin_statics.c",
         recipe: Recipe::CTwoUnits("twin_statics_other.c"),
+    },
+    Fixture {
+        name: "hostile_names",
+        source: "hostile_names.c",
+        recipe: Recipe::C,
     },
     Fixture {
         name: "i386_loop",

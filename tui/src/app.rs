@@ -24,6 +24,7 @@ use crate::help::{self, Context, KeyHelp, Needs};
 use crate::live::LiveView;
 use crate::live_draw;
 use crate::model::{FunctionEntry, ProcessEntry, ProfileSnapshot};
+use crate::printable::{already_printed, printable};
 use crate::process_picker::ProcessPicker;
 use crate::root_picker::{RootPicker, RootPickerOutcome};
 use crate::status_bar::status_lines;
@@ -140,7 +141,7 @@ impl App {
         &self.snapshot
     }
 
-    /// The message shown in the footer, if any.
+    /// The message shown in the footer, if any, as shown (escaped).
     pub fn message(&self) -> Option<&str> {
         self.message.as_deref()
     }
@@ -152,7 +153,7 @@ impl App {
         if snapshot.status.message.is_some()
             && snapshot.status.message != self.snapshot.status.message
         {
-            self.message = snapshot.status.message.clone();
+            self.message = (snapshot.status.message.as_deref()).map(|m| printable(m).into());
         }
         self.snapshot = snapshot;
         if self.shows_cpu_time && self.snapshot.has_other_clock() {
@@ -285,9 +286,16 @@ impl App {
             .set_functions(functions, &self.snapshot.status.roots);
     }
 
-    /// Shows `message` in the footer (e.g. the result of an action, or an error).
+    /// Shows `message` in the footer (e.g. the result of an action, or an error). It may
+    /// name the target's functions and files: it is kept escaped ([`printable`]).
     pub fn set_message(&mut self, message: impl Into<String>) {
-        self.message = Some(message.into());
+        self.message = Some(printable(&message.into()).into_owned());
+    }
+
+    /// Shows a line tendril wrote on stderr while the UI runs (captured) in the footer:
+    /// escaped when written, it is escaped again only where still unsafe.
+    pub fn show_stderr_line(&mut self, line: &str) {
+        self.message = Some(already_printed(line).into_owned());
     }
 
     fn detached(&self) -> bool {

@@ -16,6 +16,7 @@ use ratatui::widgets::Paragraph;
 
 use crate::cursor::ListCursor;
 use crate::format::truncate as fit;
+use crate::printable::{already_printed, printable};
 use crate::theme;
 
 /// The annotated code of one function, as the controller last counted it.
@@ -29,6 +30,8 @@ pub struct CodeSnapshot {
 /// One line of the annotated code.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CodeLine {
+    /// The line as `tendril edges` prints it, names already escaped (drawn through
+    /// [`already_printed`], which escapes only what is still unsafe).
     pub text: String,
     /// The line starts a block run at least a tenth as often as the hottest one.
     pub hot: bool,
@@ -85,12 +88,15 @@ impl CodeView {
         }
         let width = area.width as usize;
         let Some(snapshot) = &self.snapshot else {
-            let waiting = format!(" copying {} with counters behind its hook…", self.function);
+            let waiting = format!(
+                " copying {} with counters behind its hook…",
+                printable(&self.function)
+            );
             frame.render_widget(Paragraph::new(theme::dim_line(fit(&waiting, width))), area);
             return;
         };
         let title = Line::from(Span::styled(
-            fit(&format!(" {}", snapshot.title), width),
+            fit(&format!(" {}", printable(&snapshot.title)), width),
             theme::header(),
         ));
         let height = area.height.saturating_sub(1) as usize;
@@ -103,7 +109,7 @@ impl CodeView {
                 style = style.patch(theme::selected());
             }
             lines.push(Line::from(Span::styled(
-                fit(&format!(" {}", line.text), width),
+                fit(&format!(" {}", already_printed(&line.text)), width),
                 style,
             )));
         }

@@ -3,12 +3,14 @@
 //! The one idea: one flexible column (the name, or the command line) takes whatever width is
 //! left, and each fixed column says how much of that width it is worth. On a narrow screen
 //! the columns worth the least (the bar, then the module) are dropped first, and whatever
-//! remains is truncated with an ellipsis.
+//! remains is truncated with an ellipsis. Every cell is escaped on its way in
+//! ([`crate::printable`]), so no table shows a name's control characters raw.
 
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 
 use crate::format::{pad_left_aligned, pad_right_aligned};
+use crate::printable::printable;
 
 /// Horizontal alignment of a cell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +127,8 @@ impl ColumnLayout {
     }
 
     /// One row from `cells`, one per spec in the order given to [`ColumnLayout::plan`];
-    /// cells of dropped columns are skipped, the others padded or cut to their width.
+    /// cells of dropped columns are skipped, the others escaped ([`printable`]: they
+    /// hold the target's names) and padded or cut to their width.
     pub fn row(&self, cells: &[String]) -> Line<'static> {
         let mut spans = Vec::with_capacity(cells.len() * 2);
         for ((spec, shown), cell) in self.specs.iter().zip(&self.shown).zip(cells) {
@@ -137,9 +140,11 @@ impl ColumnLayout {
             } else {
                 spec.width
             };
+            // Names, modules, command lines: the target's text, escaped here, once.
+            let cell = printable(cell);
             let text = match spec.align {
-                Align::Left => pad_left_aligned(cell, width),
-                Align::Right => pad_right_aligned(cell, width),
+                Align::Left => pad_left_aligned(&cell, width),
+                Align::Right => pad_right_aligned(&cell, width),
             };
             if !spans.is_empty() {
                 spans.push(Span::raw(SEPARATOR));

@@ -46,6 +46,7 @@ mod hotspots;
 mod live;
 mod live_draw;
 mod model;
+pub mod printable;
 mod process_picker;
 mod root_picker;
 mod status_bar;

@@ -17,6 +17,7 @@ use crate::format::{
 };
 use crate::live::{LiveTab, LiveView, TreeSource, source_roots};
 use crate::model::ProfileSnapshot;
+use crate::printable::printable;
 use crate::theme;
 use crate::tree_view::{FlatRow, SortKey};
 
@@ -42,7 +43,9 @@ pub fn draw_tabs(live: &LiveView, snapshot: &ProfileSnapshot, frame: &mut Frame,
     let source = match live.source {
         TreeSource::Merged => "all threads".to_string(),
         TreeSource::Thread(tid) => match snapshot.threads.iter().find(|thread| thread.tid == tid) {
-            Some(thread) if !thread.name.is_empty() => format!("thread {tid} {}", thread.name),
+            Some(thread) if !thread.name.is_empty() => {
+                format!("thread {tid} {}", printable(&thread.name))
+            }
             _ => format!("thread {tid}"),
         },
     };

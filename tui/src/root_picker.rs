@@ -17,6 +17,7 @@ use crate::cursor::ListCursor;
 use crate::format::{grouped, truncate};
 use crate::fuzzy::FunctionFilter;
 use crate::model::FunctionEntry;
+use crate::printable::printable;
 use crate::theme;
 
 /// What a key did in the root picker.
@@ -179,7 +180,7 @@ impl RootPicker {
                 .iter()
                 .map(|&index| functions[index as usize].name.as_str())
                 .collect();
-            let text = format!(" selected: {}", names.join(", "));
+            let text = format!(" selected: {}", printable(&names.join(", ")));
             lines.push(Line::from(theme::dim(truncate(&text, area.width as usize))));
         }
         let layout = ColumnLayout::plan(area.width as usize, &COLUMNS);

@@ -11,6 +11,7 @@ use ratatui::text::{Line, Span};
 
 use crate::format::{compact, count, elapsed, percent};
 use crate::model::{SamplingStatus, Status};
+use crate::printable::printable;
 use crate::theme;
 
 const SEPARATOR: &str = " │ ";
@@ -37,12 +38,12 @@ pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
     let roots = if status.roots.is_empty() {
         "no root yet".to_string()
     } else {
-        format!("root: {}", status.roots.join(", "))
+        format!("root: {}", printable(&status.roots.join(", ")))
     };
     let mut session = Line::from(vec![
         Span::styled(format!(" {state}"), state_style),
         Span::raw(SEPARATOR),
-        Span::raw(status.target.clone()),
+        Span::raw(printable(&status.target).into_owned()),
         Span::raw(SEPARATOR),
         Span::raw(elapsed(status.elapsed)),
         Span::raw(SEPARATOR),
@@ -110,14 +111,14 @@ fn sampled_lines(
     let session = Line::from(vec![
         Span::styled(format!(" {state}"), state_style),
         Span::raw(SEPARATOR),
-        Span::raw(status.target.clone()),
+        Span::raw(printable(&status.target).into_owned()),
         Span::raw(SEPARATOR),
         Span::raw(elapsed(status.elapsed)),
         Span::raw(SEPARATOR),
         Span::raw(format!(
             "{} Hz {} clock: {} samples",
             sampling.rate_hz,
-            sampling.clock,
+            printable(&sampling.clock),
             count(sampling.samples)
         )),
     ]);

@@ -12,6 +12,7 @@ use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Row, Table};
 
+use crate::printable::printable;
 use crate::theme;
 
 /// One function's figures.
@@ -164,7 +165,10 @@ impl TopView {
 
     fn draw_header(&self, frame: &mut Frame, area: Rect) {
         let s = &self.snapshot;
-        let mut first = vec![theme::label("tendril top "), Span::raw(s.target.clone())];
+        let mut first = vec![
+            theme::label("tendril top "),
+            Span::raw(printable(&s.target).into_owned()),
+        ];
         if s.exited {
             first.push(Span::styled("  process exited", theme::warning()));
         }
@@ -217,7 +221,7 @@ impl TopView {
                     format!("{:6.1}", row.total_percent),
                     format!("{:8.2}", row.self_seconds),
                     format!("{:8.2}", row.total_seconds),
-                    format!("{} ({})", row.name, row.module),
+                    format!("{} ({})", printable(&row.name), printable(&row.module)),
                 ])
             });
         let widths = [

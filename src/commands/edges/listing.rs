@@ -8,12 +8,16 @@
 //! with its count; a loop head says how many times it runs per entry. Blocks run at
 //! least a tenth as often as the hottest one are marked `▶`. Branch targets inside the
 //! function read `+0xOFFSET`, as the offset column does. Bytes between blocks (alignment
-//! padding) are not decoded, only counted. The hottest paths follow the code.
+//! padding) are not decoded, only counted. The hottest paths follow the code. Names —
+//! the function's, its module's, its callees' — are escaped where they enter the text
+//! (`terminal_text::printable`): the listing is for a terminal, here and in the live
+//! view's `e`, and a name's newline must not start a line of its own.
 
 use super::derived::{About, EdgeProfile, LoopCount};
 use super::path_counts;
 use crate::commands::duration::format_elapsed;
 use crate::commands::progress::{amount, thousands};
+use crate::terminal_text::printable;
 use iced_x86::{
     Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter, OpKind, SymbolResolver,
     SymbolResult,
@@ -63,8 +67,8 @@ pub fn write_text(
     writeln!(
         out,
         "{} ({}, process {}) at {:#x}, {} bytes, {}",
-        about.function,
-        about.module,
+        printable(&about.function),
+        printable(&about.module),
         about.pid,
         profile.address,
         about.size,
@@ -75,7 +79,7 @@ pub fn write_text(
         writeln!(
             out,
             "{} was not called in the {elapsed} s its edges were counted",
-            about.function
+            printable(&about.function)
         )?;
     } else {
         writeln!(
@@ -127,7 +131,7 @@ fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
         if (start..end).contains(&target) || cold_part(target).is_some() {
             names.insert(target, offset(target));
         } else if let Some(name) = (listing.name_of)(target) {
-            names.insert(target, name);
+            names.insert(target, printable(&name).into_owned());
         }
     }
     let mut formatter = intel_formatter(names.clone());

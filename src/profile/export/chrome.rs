@@ -64,7 +64,7 @@ impl<W: Write> EventWriter<'_, W> {
         self.out
             .write_all(if self.first { b"\n" } else { b",\n" })?;
         self.first = false;
-        serde_json::to_writer(&mut *self.out, event)?;
+        crate::terminal_text::write_json_compact(&mut *self.out, event)?;
         Ok(())
     }
 
@@ -200,6 +200,6 @@ pub fn write_chrome(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         "roots": profile.roots,
         "times": "corrected for tendril's own cost",
     });
-    serde_json::to_writer(&mut *out, &other)?;
+    crate::terminal_text::write_json_compact(&mut *out, &other)?;
     out.write_all(b"}\n")
 }

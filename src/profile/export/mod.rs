@@ -5,22 +5,17 @@
 //! The one idea: each format is a different layout of the same calling contexts, so the
 //! walk is shared. [`Frames`] numbers each distinct function once, and
 //! [`for_each_context`] visits every context of a tree with its stack of frame numbers,
-//! root first, without recursion; a stack deeper than [`MAX_FOLDED_FRAMES`] keeps its
-//! innermost frames below one [`ELIDED_FRAME`] (as folded stacks do), so a 100,000-deep
-//! recursion does not write every path in full.
+//! root first, without recursion. Each stack export draws its trees cut at
+//! `depth_cut::MAX_STACK_DEPTH` levels, so a 100,000-deep recursion does not write every
+//! path in full.
 
 pub mod chrome;
 pub mod flamegraph;
 pub mod pprof;
 pub mod speedscope;
 
-use super::folded::MAX_FOLDED_FRAMES;
 use super::model::{Node, Visit, walk};
 use std::collections::HashMap;
-
-/// The frame that stands for the outer frames of a stack cut to its innermost
-/// [`MAX_FOLDED_FRAMES`].
-pub const ELIDED_FRAME: &str = "[frames elided]";
 
 /// One distinct function of a profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,27 +66,19 @@ impl<'a> Frames<'a> {
 }
 
 /// Visits every context of `roots`, depth first: `visit(stack, node)` gets the frame
-/// numbers from the root down to `node` (the innermost [`MAX_FOLDED_FRAMES`] of them
-/// under an [`ELIDED_FRAME`] when deeper).
+/// numbers from the root down to `node`. The caller cuts a deep tree first
+/// (`depth_cut::cut_deep_stacks`): the stacks are as deep as the tree.
 pub fn for_each_context<'a>(
     roots: &'a [Node],
     frames: &mut Frames<'a>,
     mut visit: impl FnMut(&[usize], &'a Node),
 ) {
     let mut stack: Vec<usize> = Vec::new();
-    let mut cut: Vec<usize> = Vec::new();
     let _ = walk(roots, |step| -> Result<(), ()> {
         match step {
             Visit::Enter { node, .. } => {
                 stack.push(frames.of(node));
-                if stack.len() > MAX_FOLDED_FRAMES {
-                    cut.clear();
-                    cut.push(frames.named(ELIDED_FRAME, "", None));
-                    cut.extend_from_slice(&stack[stack.len() - MAX_FOLDED_FRAMES..]);
-                    visit(&cut, node);
-                } else {
-                    visit(&stack, node);
-                }
+                visit(&stack, node);
             }
             Visit::Leave { .. } => {
                 stack.pop();
@@ -120,7 +107,7 @@ mod tests {
     use crate::profile::model::tests::chain;
 
     #[test]
-    fn contexts_come_with_their_stacks_and_deep_ones_are_cut() {
+    fn contexts_come_with_their_stacks() {
         let mut root = Node::leaf("a", "m", 1, 10, 5);
         root.children.push(Node::leaf("b", "m", 1, 5, 5));
         root.children.push(Node::leaf("a", "m", 1, 0, 0));
@@ -137,16 +124,6 @@ mod tests {
                 (vec![0, 0], "a".to_owned())
             ]
         );
-        let deep = [chain("f", MAX_FOLDED_FRAMES + 3)];
-        let mut frames = Frames::default();
-        let mut longest = 0;
-        let mut first = None;
-        for_each_context(&deep, &mut frames, |stack, _| {
-            longest = longest.max(stack.len());
-            first = Some(stack[0]);
-        });
-        assert_eq!(longest, MAX_FOLDED_FRAMES + 1);
-        assert_eq!(frames.frames[first.unwrap()].name, ELIDED_FRAME);
-        assert_eq!(self_sum_ns(&deep), MAX_FOLDED_FRAMES as u64 + 3);
+        assert_eq!(self_sum_ns(&[chain("f", 7)]), 7);
     }
 }

@@ -13,6 +13,7 @@
 //! tendril needs no `protoc`. Field numbers and types follow that file.
 
 use super::{Frames, for_each_context};
+use crate::profile::depth_cut::cut_deep_stacks;
 use crate::profile::model::{Node, Profile, Visit, walk};
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -196,6 +197,7 @@ fn has_cpu_time(roots: &[Node]) -> bool {
 
 /// The profile as a `perftools.profiles.Profile` message.
 pub fn to_pprof(profile: &Profile) -> PprofProfile {
+    let profile = &*cut_deep_stacks(profile);
     let mut strings = Strings::new();
     let roots = &profile.merged.roots;
     let with_cpu = has_cpu_time(roots);

@@ -8,6 +8,7 @@
 //! events, which speedscope shows as a time-ordered chart.
 
 use super::{Frames, for_each_context};
+use crate::profile::depth_cut::cut_deep_stacks;
 use crate::profile::model::{Node, Profile};
 use crate::profile::trace::{Edge, Trace};
 use serde::Serialize;
@@ -138,6 +139,7 @@ fn thread_label(name: &str) -> String {
 
 /// Writes the profile as a speedscope file.
 pub fn write_speedscope(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
+    let profile = &*cut_deep_stacks(profile);
     let mut frames = Frames::default();
     let mut profiles = vec![sampled(
         format!("all threads merged ({})", profile.roots.join(", ")),
@@ -176,6 +178,6 @@ pub fn write_speedscope(profile: &Profile, out: &mut impl Write) -> io::Result<(
         active_profile_index: 0,
         exporter: format!("tendril {}", env!("CARGO_PKG_VERSION")),
     };
-    serde_json::to_writer(&mut *out, &file)?;
+    crate::terminal_text::write_json_compact(&mut *out, &file)?;
     out.write_all(b"\n")
 }

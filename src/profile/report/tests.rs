@@ -253,8 +253,8 @@ fn a_100_000_deep_tree_reports_in_every_format() {
     for format in [ReportFormat::Tree, ReportFormat::Hot, ReportFormat::Json] {
         write_report(&deep, format, &mut io::sink()).unwrap();
     }
-    // Give self time to the deepest node only: one line, cut to its innermost
-    // frames.
+    // Give self time to the deepest node only: one line, whose time the cut frame
+    // carries, at the last level drawn.
     let mut node = &mut deep.merged.roots[0];
     loop {
         node.self_ns = 0;
@@ -265,29 +265,33 @@ fn a_100_000_deep_tree_reports_in_every_format() {
     }
     node.self_ns = 3;
     let text = report(&deep, ReportFormat::Folded);
-    let elided = 100_000 - MAX_FOLDED_FRAMES;
+    let cut = 100_000 - (MAX_STACK_DEPTH - 1);
     let expected = format!(
-        "[{elided} frames elided];{} 3\n",
-        vec!["f"; MAX_FOLDED_FRAMES].join(";")
+        "{};[{cut} levels cut] 3\n",
+        vec!["f"; MAX_STACK_DEPTH - 1].join(";")
     );
     assert_eq!(text, expected);
-    assert_eq!(folded_stacks_elided(&deep), 1);
+    assert_eq!(subtrees_cut(&deep.merged.roots), 1);
 }
 
 #[test]
-fn folded_stacks_at_the_cap_are_whole() {
+fn folded_stacks_at_the_cap_are_whole_and_one_level_more_is_cut() {
     let mut deep = profile();
-    deep.merged.roots = vec![chain("g", MAX_FOLDED_FRAMES + 1)];
-    // chain() gives every level self time: the last line alone is cut.
+    deep.merged.roots = vec![chain("g", MAX_STACK_DEPTH)];
+    // chain() gives every level self time: one line per level, the last whole.
     let text = report(&deep, ReportFormat::Folded);
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), MAX_FOLDED_FRAMES + 1);
-    let at_cap = lines[MAX_FOLDED_FRAMES - 1];
-    assert_eq!(at_cap.split(';').count(), MAX_FOLDED_FRAMES, "{at_cap:.40}");
-    let cut = lines[MAX_FOLDED_FRAMES];
-    assert!(cut.starts_with("[1 frames elided];g;g"), "{cut:.40}");
-    assert_eq!(cut.split(';').count(), MAX_FOLDED_FRAMES + 1);
-    assert_eq!(folded_stacks_elided(&deep), 1);
+    assert_eq!(lines.len(), MAX_STACK_DEPTH);
+    let last = lines[MAX_STACK_DEPTH - 1];
+    assert_eq!(last.split(';').count(), MAX_STACK_DEPTH, "{last:.40}");
+    assert_eq!(subtrees_cut(&deep.merged.roots), 0);
+    deep.merged.roots = vec![chain("g", MAX_STACK_DEPTH + 1)];
+    let text = report(&deep, ReportFormat::Folded);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), MAX_STACK_DEPTH);
+    let last = lines[MAX_STACK_DEPTH - 1];
+    assert!(last.ends_with(";g;[2 levels cut] 2"), "{last}");
+    assert_eq!(last.split(';').count(), MAX_STACK_DEPTH);
 }
 
 #[test]

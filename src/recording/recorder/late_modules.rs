@@ -23,6 +23,7 @@
 use super::*;
 use crate::recording::address_taken;
 use crate::symbols::maps;
+use crate::terminal_text::say;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -112,6 +113,11 @@ impl Recorder {
             return;
         }
         self.late_modules.last_check = Some(now);
+        // Another tendril's detach may have ended the session: leave that for the
+        // recording's owner to find (asking now would hide why it ended).
+        if self.session.closed_by_agent() {
+            return;
+        }
         let Ok(loader) = self.session.loader_counts() else {
             return;
         };
@@ -124,7 +130,7 @@ impl Recorder {
             match self.follow(&new) {
                 Ok(()) => self.late_modules.followed += new.len() as u64,
                 Err(message) => {
-                    eprintln!("tendril: calls into new modules are not followed: {message}");
+                    say!("calls into new modules are not followed: {message}");
                     self.late_modules.given_up.extend(new);
                 }
             }
@@ -172,10 +178,7 @@ impl Recorder {
         }
         if again > 0 {
             self.late_modules.followed += 1;
-            eprintln!(
-                "tendril: a library was loaded again: {again} of its functions are \
-                 instrumented again"
-            );
+            say!("a library was loaded again: {again} of its functions are instrumented again");
         }
     }
 
@@ -254,8 +257,8 @@ impl Recorder {
         self.instrumented_up_front += instrumented as u64;
         let indirect = self.indirect.as_mut().expect("checked by the caller");
         indirect.note_outcomes(&patched, &outcomes);
-        eprintln!(
-            "tendril: new module {}: {} address-taken functions instrumented",
+        say!(
+            "new module {}: {} address-taken functions instrumented",
             names.join(", "),
             instrumented
         );
