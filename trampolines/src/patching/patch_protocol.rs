@@ -54,6 +54,13 @@ impl Site {
         self.trampoline.plan.jump_len
     }
 
+    /// Whether its entry jump overwrites more than one instruction: a thread may be
+    /// between two of them, so the process's threads must be stopped while it goes in.
+    /// With one instruction overwritten, no thread can be in the middle of the patch.
+    pub fn needs_stop(&self) -> bool {
+        self.trampoline.plan.instruction_offsets.len() > 1
+    }
+
     /// The entry patch: `jmp rel32` to the hook, `jmp rel8` to the pad, or for a call
     /// thunk `call rel32` to the hook (and a `nop` for a 6-byte call).
     fn entry_jump(&self) -> Vec<u8> {
@@ -107,10 +114,7 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
         return Err(error);
     }
     let jumps: Vec<Vec<u8>> = batch.iter().map(Site::entry_jump).collect();
-    // With one instruction overwritten, no thread can be in the middle of the patch.
-    let needs_stop = batch
-        .iter()
-        .any(|site| site.trampoline.plan.instruction_offsets.len() > 1);
+    let needs_stop = batch.iter().any(Site::needs_stop);
     let mut buffers = needs_stop.then(|| {
         // Only a stop moves threads, and only then are signal frames looked for.
         signal_frames::learn_restorers(stop_world::park_signal());
