@@ -96,6 +96,11 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     let _no_thread_start = agent_threads::code_change();
     let writable = WritableCode::open(batch.iter().map(|s| (s.patch_at, s.jump_len() as u64)))
         .map_err(|e| AgentError::io("cannot make the code writable for a moment", e))?;
+    crate::sys::page_copies::note_before_writing(
+        batch
+            .iter()
+            .filter_map(|site| site.pad.as_ref().map(|pad| (pad.address, PAD_LEN))),
+    );
     // The pads need no serialisation of their own: nothing can reach them before the
     // entry jumps are written, two serialisations later.
     let mut pads_written = 0;
@@ -376,6 +381,8 @@ pub fn restore(sites: &[Site]) {
         ours
     });
     if pending.is_empty() {
+        drop(pending);
+        crate::sys::page_copies::give_back_unchanged();
         return;
     }
     let pads: &[PendingPad] = &pending;
@@ -393,6 +400,8 @@ pub fn restore(sites: &[Site]) {
         }
         pending.clear();
     }
+    drop(pending);
+    crate::sys::page_copies::give_back_unchanged();
 }
 
 /// Where a thread at `pc` on one of `pads` goes on: the trampoline the pad led to.

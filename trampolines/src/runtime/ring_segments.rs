@@ -149,3 +149,64 @@ pub fn segment_descriptor(index: usize) -> Option<std::os::fd::OwnedFd> {
 pub fn forget_in_forked_child() {
     STATE.segment_count.store(0, Ordering::Release);
 }
+
+/// Gives back the memory of every ring's events, once no recording runs and the
+/// controller that drained them is gone (a session ended): a recording of a few threads
+/// for a second left megabytes in the target for good. The events' pages are punched
+/// out of the memfds (`fallocate(PUNCH_HOLE)`: the mappings stay, and a hook that still
+/// writes an exit finds fresh zeroed memory there); each ring is marked unpopulated and
+/// each thread's ring limit brought down to its head, so its next event takes the slow
+/// path, which faults the memory in again ahead of it. Returns the bytes given back.
+pub fn release_ring_memory() -> u64 {
+    use std::os::fd::AsRawFd;
+    if STATE.recording_active.load(Ordering::Acquire) != 0 {
+        return 0;
+    }
+    let file = STATE.rings.load(Ordering::Acquire);
+    let held = STATE.rings_fd.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(file_fd) = held.as_ref().map(|fd| fd.as_raw_fd()) else {
+        return 0;
+    };
+    if file.is_null() {
+        return 0;
+    }
+    let mut released = 0;
+    for index in 0..ring_count() {
+        let (segment, offset) = rings::ring_place(index);
+        let fd = match segment {
+            0 => file_fd,
+            k => STATE.segment_fds[k - 1].load(Ordering::Acquire),
+        };
+        let page = 4096;
+        let start = (offset + rings::RING_HEADER_BYTES).next_multiple_of(page);
+        let end = (offset + rings::RING_BYTES) / page * page;
+        // SAFETY: punches whole pages of the ring's events out of a memfd this agent
+        // made and keeps open; the mapping stays valid (the pages read as zeros).
+        let punched = unsafe {
+            libc::fallocate(
+                fd,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                (end - start) as libc::off_t,
+            )
+        };
+        if punched == 0 {
+            released += (end - start) as u64;
+            if let Some(ring) = ring_address(file, index) {
+                // SAFETY: the ring's header word, in mapped memory; the agent's alone.
+                let populated = unsafe {
+                    &*((ring + tendril_wire::rings::ring::POPULATED as u64)
+                        as *const std::sync::atomic::AtomicU64)
+                };
+                populated.store(0, Ordering::Release);
+            }
+        }
+    }
+    drop(held);
+    for state in crate::runtime::thread_state::registered_threads() {
+        state
+            .ring_limit()
+            .store(state.ring_head().load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    released
+}
