@@ -20,7 +20,12 @@ fn smaps_kb(pid: i32, name: &str, field: &str) -> u64 {
         if is_header {
             in_mapping = line.contains(name);
         } else if in_mapping && let Some(rest) = line.strip_prefix(&format!("{field}:")) {
-            total += rest.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap();
+            total += rest
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap();
         }
     }
     total
@@ -37,7 +42,11 @@ fn a_finished_recording_leaves_no_ring_memory_and_no_private_copy_of_patched_cod
         .args(["--duration", "1", "-o", "/dev/null"])
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     // The session ended with the command; its thread in the agent gives the memory
     // back as it ends. What stays: the header, the registry's pages of the ids used,
     // each ring's header page.
