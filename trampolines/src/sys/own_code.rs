@@ -8,7 +8,7 @@ pub fn is_agent_code(address: u64) -> bool {
         // The mappings of the file that holds this very function. Matched by the name
         // the kernel shows, not the loader's: an agent loaded from a memfd was opened
         // as /proc/self/fd/N, but is mapped as "/memfd:… (deleted)".
-        let here = is_agent_code as usize as u64;
+        let here = is_agent_code as fn(u64) -> bool as usize as u64;
         let mappings = super::maps::read_own().unwrap_or_default();
         let Some(own) = mappings
             .iter()
