@@ -14,7 +14,7 @@
 
 use super::{Frames, for_each_context};
 use crate::profile::depth_cut::cut_deep_stacks;
-use crate::profile::model::{Node, Profile, Visit, walk};
+use crate::profile::model::{Node, Profile, Timing, Visit, walk};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use prost::Message;
@@ -220,6 +220,12 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
 
     let mut frames = Frames::default();
     let mut sample = Vec::new();
+    // A context counted, not timed (adaptive timing): label timing=in_caller.
+    let in_caller = Label {
+        key: strings.add("timing"),
+        str: strings.add("in_caller"),
+        ..Label::default()
+    };
     for_each_context(roots, &mut frames, |stack, node| {
         let mut value = vec![node.calls as i64, node.self_ns as i64];
         if with_cpu {
@@ -229,7 +235,10 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
             // Location ids are frame numbers + 1 (0 is not an id).
             location_id: stack.iter().rev().map(|&frame| frame as u64 + 1).collect(),
             value,
-            label: Vec::new(),
+            label: match node.timing {
+                Timing::InCaller => vec![in_caller],
+                Timing::Timed => Vec::new(),
+            },
         });
     });
 
