@@ -6,12 +6,18 @@
 
 mod common;
 
-use common::{Recording, Target, all_nodes, node_at, start_recorder};
+use common::{Recording, Target, all_nodes, node_at};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile, Timing};
 
 /// Far beyond what a run of the fixture takes, on any machine.
 const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The threshold the tests give (`--min-time`, ns): far above what a call of the
+/// fixture's tiny functions averages even on a machine so busy that the calibration's
+/// own threshold is missed (a preempted call inflates the mean), and far below what its
+/// roots take.
+const JUDGED_SHORT: &str = "100000";
 
 /// What tendril says when it switches functions to the untimed hook.
 const SWITCHED: &str = "tendril: counting, not timing, ";
@@ -31,7 +37,10 @@ fn tiny_callees_are_counted_exactly_in_context_and_the_root_stays_timed() {
     let mut target = Target::spawn("tightcall", &[]);
     target.write_stdin("run 300000\n");
     let bare = target.expect_line("run calls 900001 ", TIMEOUT);
-    let mut recording = Recording::start(target.pid(), &["--root", "root"]);
+    let mut recording = Recording::start(
+        target.pid(),
+        &["--root", "root", "--min-time", JUDGED_SHORT],
+    );
     // 2,000 calls of mid and 4,000 of leaf are enough to judge them.
     target.write_stdin("run 2000\n");
     target.expect_line("run calls 6001 ", TIMEOUT);
@@ -56,7 +65,9 @@ fn tiny_callees_are_counted_exactly_in_context_and_the_root_stays_timed() {
     let leaf = timing_of(profile, &["root", "mid", "leaf"]);
     assert_eq!((root.calls, mid.calls, leaf.calls), (2, 302_000, 604_000));
     assert_eq!(root.timing, Timing::Timed);
-    assert!(root.total_ns > 0 && root.error_ns.is_some());
+    // Its time is what load moves (the hooks' cost removed can exceed it): only that
+    // it carries an error estimate is asserted.
+    assert!(root.error_ns.is_some());
     for node in [mid, leaf] {
         assert_eq!(node.timing, Timing::InCaller, "{}", node.name);
         assert_eq!((node.total_ns, node.self_ns, node.error_ns), (0, 0, None));
@@ -85,7 +96,8 @@ fn a_recursive_root_stays_timed_at_its_outermost_calls_only() {
     let mut target = Target::spawn("tightcall", &[]);
     target.write_stdin("fib 20\n");
     let bare = target.expect_line("fib calls ", TIMEOUT);
-    let mut recording = Recording::start(target.pid(), &["--root", "fib"]);
+    let mut recording =
+        Recording::start(target.pid(), &["--root", "fib", "--min-time", JUDGED_SHORT]);
     target.write_stdin("fib 20\n");
     target.expect_line("fib calls ", TIMEOUT);
     let switched = recording.wait_for_line(SWITCHED, TIMEOUT);
@@ -121,7 +133,17 @@ fn a_recursive_root_stays_timed_at_its_outermost_calls_only() {
 fn time_all_and_time_pattern_keep_functions_timed() {
     let mut target = Target::spawn("tightcall", &[]);
     // --time mid: only leaf may go, and mid, which calls it, stays timed.
-    let mut recording = Recording::start(target.pid(), &["--root", "root", "--time", "mid"]);
+    let mut recording = Recording::start(
+        target.pid(),
+        &[
+            "--root",
+            "root",
+            "--time",
+            "mid",
+            "--min-time",
+            JUDGED_SHORT,
+        ],
+    );
     target.write_stdin("run 2000\n");
     target.expect_line("run calls 6001 ", TIMEOUT);
     let switched = recording.wait_for_line(SWITCHED, TIMEOUT);
@@ -162,7 +184,17 @@ fn time_all_and_time_pattern_keep_functions_timed() {
 #[test]
 fn a_reset_times_everything_again_until_it_is_judged_anew() {
     let mut target = Target::spawn("tightcall", &[]);
-    let mut recorder = start_recorder(target.pid(), "root");
+    let mut recorder = tendril::recording::Recorder::start(&tendril::recording::RecordOptions {
+        pid: target.pid(),
+        roots: vec!["root".into()],
+        scheme: tendril::recording::Scheme::B,
+        gross_only: false,
+        timing: tendril::recording::TimingOptions {
+            min_time_ns: Some(JUDGED_SHORT.parse().unwrap()),
+            ..Default::default()
+        },
+    })
+    .unwrap();
     let untimed_after_runs = |recorder: &mut tendril::recording::Recorder, target: &mut Target| {
         // Runs of the root until the judge has switched mid and leaf: it looks at the
         // trees as they are polled.
@@ -218,7 +250,10 @@ fn a_reset_times_everything_again_until_it_is_judged_anew() {
 #[test]
 fn untimed_nodes_keep_their_mark_through_json_and_pprof() {
     let mut target = Target::spawn("tightcall", &[]);
-    let mut recording = Recording::start(target.pid(), &["--root", "root"]);
+    let mut recording = Recording::start(
+        target.pid(),
+        &["--root", "root", "--min-time", JUDGED_SHORT],
+    );
     target.write_stdin("run 2000\n");
     target.expect_line("run calls 6001 ", TIMEOUT);
     recording.wait_for_line(SWITCHED, TIMEOUT);

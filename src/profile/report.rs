@@ -304,8 +304,8 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if calibration.untimed_ns > 0.0 {
         write!(
             out,
-            "; {:.1} ns removed per counted call (give or take {:.1} ns, and twice the cost \
-             in error_ns)",
+            "; {:.1} ns removed per counted call (give or take {:.1} ns, and half the cost in \
+             error_ns)",
             calibration.untimed_ns, calibration.untimed_spread_ns
         )?;
     }

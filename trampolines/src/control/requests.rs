@@ -251,6 +251,8 @@ fn start_recording(
     let started = (|| -> Result<(Response, std::os::fd::OwnedFd), AgentError> {
         let rings = recording::open_rings()?;
         discovery::start(session, table, discover)?;
+        // Counts an earlier recording's untimed hooks left in the threads' tables.
+        crate::runtime::untimed_table::forget_all();
         recording::start();
         let cost = calibration::calibrate()?;
         // Without it the start calibration stays in use (the profile then says

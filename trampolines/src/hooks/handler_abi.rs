@@ -60,8 +60,12 @@ pub struct Handlers {
     pub record_before_push: Handler,
     pub record_before_push_after_call: Handler,
     pub record_mismatched_return: Handler,
-    /// A recording hook found its ring full, or has none yet.
+    /// A recording hook found its ring full, or has none yet (or the thread's untimed
+    /// calls are to be written first).
     pub ring_space: Handler,
+    /// The untimed hook found no slot of its (function in `rdx`, return address in
+    /// `rax`) in the thread's table.
+    pub untimed_miss: Handler,
     /// A recording hook's function runs in the graph for the first time (id in `edx`).
     pub discover: Handler,
     /// Address of the recording's invoked bytes (one per function id), or 0.

@@ -123,6 +123,30 @@ impl StatePtr {
         resumed_frames;
         /// `FORK_HOLD` and the pass-through bit from before a fork.
         flags_before_fork;
+        /// Slots taken in the untimed-call table.
+        untimed_used;
+        /// The recording the untimed-call table's counts belong to.
+        untimed_generation;
+    }
+
+    /// Word `index` of the untimed-call table's order (`< UNTIMED_SLOTS`).
+    pub fn untimed_order(self, index: usize) -> &'static AtomicU64 {
+        assert!(index < thread_layout::UNTIMED_SLOTS);
+        // SAFETY: an in-bounds element of the header's array; as for `words!`.
+        unsafe {
+            let array = &raw mut (*self.0.as_ptr()).untimed_order;
+            AtomicU64::from_ptr(array.cast::<u64>().add(index))
+        }
+    }
+
+    /// Word `word` (return address 0, function 1, count 2) of untimed-table slot `slot`.
+    pub fn untimed_slot(self, slot: usize, word: usize) -> &'static AtomicU64 {
+        assert!(slot < thread_layout::UNTIMED_SLOTS && word < 4);
+        // SAFETY: an in-bounds element of the header's array; as for `words!`.
+        unsafe {
+            let array = &raw mut (*self.0.as_ptr()).untimed_slots;
+            AtomicU64::from_ptr(array.cast::<u64>().add(slot * 4 + word))
+        }
     }
 
     /// The thread id the state was registered for.

@@ -113,7 +113,27 @@ pub struct ThreadState {
     /// The path registers of the open calls of functions whose paths are counted,
     /// innermost last; entry 0, all zeros, is a sentinel no call ever pops.
     pub path_stack: [PathEntry; PATH_STACK_ENTRIES],
+    /// Adaptive timing: the untimed calls made since the thread's last timed event,
+    /// counted per (function, return address) in a small table the untimed hook
+    /// updates (`runtime::untimed_table`). `untimed_used` slots are taken, in the order
+    /// `untimed_order` lists them; the recording they belong to is `untimed_generation`.
+    pub untimed_used: u64,
+    pub untimed_generation: u64,
+    pub untimed_order: [u64; UNTIMED_SLOTS],
+    /// Slot `i` is words `4i..4i + 4`: return address, function id, count, unused.
+    pub untimed_slots: [u64; UNTIMED_SLOTS * 4],
 }
+
+/// Slots of a thread's untimed-call table (a power of two).
+pub const UNTIMED_SLOTS: usize = 32;
+/// A pair's count at which the untimed hook writes the table out (a power of two, the
+/// most calls one `Call` event carries).
+pub const UNTIMED_FLUSH_EVERY: u64 = 1 << 16;
+/// Bytes of one slot, and its words' offsets.
+pub const UNTIMED_SLOT_SIZE: i32 = 32;
+pub const UNTIMED_SLOT_RETURN_ADDRESS: i32 = 0;
+pub const UNTIMED_SLOT_FUNCTION: i32 = 8;
+pub const UNTIMED_SLOT_COUNT: i32 = 16;
 
 /// One open call's path register (16 bytes; the path code uses these offsets).
 #[repr(C)]
@@ -151,6 +171,7 @@ pub const STATE_RING_LIMIT: i32 = 80;
 pub const STATE_RING_HEADER: i32 = 88;
 pub const STATE_PATH_DEPTH: i32 = std::mem::offset_of!(ThreadState, path_depth) as i32;
 pub const STATE_PATH_STACK: i32 = std::mem::offset_of!(ThreadState, path_stack) as i32;
+pub const STATE_UNTIMED_SLOTS: i32 = std::mem::offset_of!(ThreadState, untimed_slots) as i32;
 // Every offset a stub uses, checked against the layout the runtime accesses.
 const _: () = {
     use std::mem::offset_of;

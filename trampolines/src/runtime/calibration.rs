@@ -16,8 +16,10 @@
 //! minimum is reported too (the *spread*): the hooks in real code cost more than in the
 //! undisturbed batch, so it bounds the error of the cost removed per call.
 
+use crate::hooks::state_access::StatePtr;
+use crate::hooks::thread_layout::UNTIMED_SLOTS;
 use crate::patching::patcher::{self, PatchRequest};
-use crate::runtime::thread_state;
+use crate::runtime::{thread_state, untimed_table};
 use crate::sys::error::AgentError;
 use crate::{runtime::recording, sys};
 use std::hint::black_box;
@@ -163,7 +165,7 @@ fn measure(untimed: bool) -> Result<HookCost, AgentError> {
         // pointer, derived from `events_base`) and are done: the calls have returned.
         let recorded = unsafe { std::slice::from_raw_parts(events_base, written) };
         let mean_inner = match untimed {
-            true => all_calls(recorded).then_some(0.0),
+            true => counted_every_call(state).then_some(0.0),
             false => mean_inner_time(recorded),
         };
         if let Some(mean_inner) = mean_inner {
@@ -191,12 +193,15 @@ fn measure(untimed: bool) -> Result<HookCost, AgentError> {
     })
 }
 
-/// Whether a batch through the untimed hook recorded one `Call` event per call.
-fn all_calls(events: &[Event]) -> bool {
-    events.len() == CALLS_PER_BATCH
-        && events
-            .iter()
-            .all(|event| event.kind() == Some(EventKind::Call))
+/// Whether a batch through the untimed hook counted every call in its thread's table
+/// (one call site: one slot), which is emptied for the next batch. Its first call
+/// inserts the pair, as a recording's first call of each pair does.
+fn counted_every_call(state: StatePtr) -> bool {
+    let used = state.untimed_used().load(Ordering::Relaxed);
+    let slot = state.untimed_order(0).load(Ordering::Relaxed) as usize % UNTIMED_SLOTS;
+    let counted = state.untimed_slot(slot, 2).load(Ordering::Relaxed);
+    untimed_table::forget(state);
+    used == 1 && counted == CALLS_PER_BATCH as u64
 }
 
 /// The median of `values` (0 for none).

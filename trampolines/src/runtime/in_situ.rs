@@ -237,6 +237,8 @@ pub fn stop() {
 /// and sets the caller's `rdx` to 0 when there is room now, 1 if the event is dropped.
 pub extern "C" fn ring_space(registers: &mut SavedRegisters) {
     let room = with_own_state(|state| {
+        // The thread's untimed calls come before the event the hook is about to write.
+        super::untimed_table::flush(state);
         let room = recording::make_room(state);
         if room {
             calibrate_if_due(state, recording::ring_room(state));

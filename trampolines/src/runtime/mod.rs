@@ -19,6 +19,7 @@ pub mod shadow;
 mod state;
 pub mod thread_state;
 pub mod threads;
+pub mod untimed_table;
 
 use crate::hooks::stubs::{
     self, BacktraceStandIn, Handlers, RECORD_HOOK_PUSHES, RETURN_HOOK_PUSHES,
@@ -38,6 +39,7 @@ pub fn install() {
         record_before_push_after_call: shadow::before_push::<{ RECORD_HOOK_PUSHES + 1 }>,
         record_mismatched_return: shadow::mismatched_return::<RECORD_HOOK_PUSHES>,
         ring_space: in_situ::ring_space,
+        untimed_miss: untimed_table::untimed_miss,
         discover: discovery::discover,
         invoked_table: recording::invoked_table,
         unwinder_starts: shadow::unwinder_starts,

@@ -160,7 +160,13 @@ pub fn start() {
             flag.store(0, Relaxed);
         }
     }
+    STATE.recording_generation.fetch_add(1, Ordering::AcqRel);
     STATE.recording_active.store(1, Ordering::Release);
+}
+
+/// The recording now (or last) running, as [`start`] numbers them.
+pub fn generation() -> u64 {
+    STATE.recording_generation.load(Ordering::Acquire)
 }
 
 /// Ends a recording: marks where it ends (before any code is restored), and threads

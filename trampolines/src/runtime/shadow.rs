@@ -113,6 +113,7 @@ fn drop_top(state: StatePtr) {
     if entry.function & thread_state::ENTRY_RECORDED != 0 {
         let id = (entry.function & thread_state::ENTRY_ID_MASK) as u32;
         decrement(state.graph_depth());
+        super::untimed_table::flush(state);
         recording::emit(state, Event::new(EventKind::Unwind, id, sys::rdtsc()));
     }
     let next = state.graveyard_next().load(Relaxed);
@@ -200,6 +201,7 @@ pub extern "C" fn mismatched_return<const PUSHES: u64>(registers: &mut SavedRegi
                 }
             } else if kind == EventKind::Exit {
                 decrement(state.graph_depth());
+                super::untimed_table::flush(state);
                 recording::emit(state, Event::new(kind, id, timestamp));
             } else {
                 // Its Unwind closed the frame and took it out of the graph depth when

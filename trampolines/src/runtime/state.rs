@@ -34,6 +34,9 @@ pub struct RuntimeState {
     pub rings: AtomicPtr<u8>,
     /// Non-zero while a recording is active: hooks that find no ring may claim one.
     pub recording_active: AtomicU32,
+    /// Recordings started so far: the untimed-call tables' counts of an earlier one are
+    /// dropped (`untimed_table`).
+    pub recording_generation: AtomicU64,
     /// The rings' memory (a sealed memfd), kept open to hand to each recording's
     /// controller.
     pub rings_fd: Mutex<Option<OwnedFd>>,
@@ -96,6 +99,7 @@ pub static STATE: RuntimeState = RuntimeState {
     agent_thread_state: OnceLock::new(),
     rings: AtomicPtr::new(std::ptr::null_mut()),
     recording_active: AtomicU32::new(0),
+    recording_generation: AtomicU64::new(0),
     rings_fd: Mutex::new(None),
     segments: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SEGMENTS],
     segment_fds: [const { AtomicI32::new(-1) }; MAX_SEGMENTS],

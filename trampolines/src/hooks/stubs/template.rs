@@ -24,7 +24,7 @@ pub(in crate::hooks) struct RecordTemplate {
 #[derive(Debug, Clone)]
 pub(in crate::hooks) struct UntimedTemplate {
     pub(in crate::hooks) hook: HookCode,
-    /// Offsets of the words of `untimed::UntimedValues`, in its field order, then of
-    /// the word that holds where an outermost call goes (`untimed::outermost_word`).
-    pub(in crate::hooks) words: [usize; 3],
+    /// Offsets of the function id's word, then of the word that holds where an
+    /// outermost call goes (`untimed::outermost_word`).
+    pub(in crate::hooks) words: [usize; 2],
 }

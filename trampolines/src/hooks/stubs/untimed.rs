@@ -15,38 +15,34 @@
 //! timed hook, whose address it reads from a data word the patcher fills in
 //! ([`outermost_word`]); its calls inside the graph are untimed.
 
-use super::record::{RECORD_HOOK_FRAME, write_event};
+use super::record::RECORD_HOOK_FRAME;
 use super::returns::return_slots;
 use super::template::{HookCode, UntimedTemplate};
 use super::{ASSEMBLY_BASE, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers};
 use super::{load_state, new_layout, slow_call_pointer};
 use crate::hooks::state::STATE;
 use crate::hooks::thread_layout::{
-    FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_RING_HEAD, STATE_RING_LIMIT,
+    FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_UNTIMED_SLOTS, UNTIMED_SLOT_COUNT,
+    UNTIMED_SLOT_FUNCTION, UNTIMED_SLOT_RETURN_ADDRESS, UNTIMED_SLOT_SIZE, UNTIMED_SLOTS,
 };
+use crate::hooks::thread_layout::UNTIMED_FLUSH_EVERY as FLUSH_EVERY;
 use crate::sys::error::AgentError;
 use iced_x86::code_asm::*;
-use tendril_wire::events::EventKind;
 
 /// The per-function values the untimed hook reads from data words of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct UntimedValues {
-    call_event: u64,
     id: u64,
 }
 
 impl UntimedValues {
     pub(super) fn new(id: u32) -> Self {
-        UntimedValues {
-            call_event: id as u64 | (EventKind::Call as u64) << 32,
-            id: id as u64,
-        }
+        UntimedValues { id: id as u64 }
     }
 }
 
 /// The labels of the untimed hook's data words.
 pub(super) struct UntimedWords {
-    call_event: CodeLabel,
     id: CodeLabel,
     outermost: CodeLabel,
 }
@@ -76,11 +72,7 @@ impl UntimedTemplate {
         };
         Ok(UntimedTemplate {
             hook,
-            words: [
-                offset(&words.call_event)?,
-                offset(&words.id)?,
-                offset(&words.outermost)?,
-            ],
+            words: [offset(&words.id)?, offset(&words.outermost)?],
         })
     }
 
@@ -88,7 +80,7 @@ impl UntimedTemplate {
     pub(super) fn instantiate(&self, id: u32) -> HookCode {
         let values = UntimedValues::new(id);
         let mut hook = self.hook.clone();
-        for (&offset, value) in self.words.iter().zip([values.call_event, values.id]) {
+        for (&offset, value) in self.words.iter().zip([values.id]) {
             hook.bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
         }
         hook
@@ -100,7 +92,7 @@ impl UntimedTemplate {
 /// timed hook.
 pub fn outermost_word(body: u64, after_call: bool) -> Result<u64, AgentError> {
     let template = UntimedTemplate::get(true, after_call)?;
-    Ok(body - template.hook.body as u64 + template.words[2] as u64)
+    Ok(body - template.hook.body as u64 + template.words[1] as u64)
 }
 
 /// The untimed hook (see the module comment); a root's if `outermost`. The slow paths
@@ -118,7 +110,6 @@ pub(super) fn untimed_hook(
     let handlers = handlers();
     let a = &mut layout.assembler;
     let mut words = UntimedWords {
-        call_event: a.create_label(),
         id: a.create_label(),
         outermost: a.create_label(),
     };
@@ -126,8 +117,7 @@ pub(super) fn untimed_hook(
     let mut register = a.create_label();
     let mut discover = a.create_label();
     let mut counted = a.create_label();
-    let mut ring = a.create_label();
-    let mut room = a.create_label();
+    let mut miss = a.create_label();
     let mut done = a.create_label();
     let mut slow_call = a.create_label();
     let mut outside = a.create_label();
@@ -140,12 +130,12 @@ pub(super) fn untimed_hook(
     a.mov(edx, dword_ptr(words.id))?;
     call_slow(a, handlers.discover, slow_call)?;
     a.jmp(counted)?;
-    a.set_label(&mut ring)?;
-    call_slow(a, handlers.ring_space, slow_call)?;
-    a.test(rdx, rdx)?;
-    a.jnz(done)?;
-    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
-    a.jmp(room)?;
+    // A pair not in the table: the slow path inserts it (rax holds the return address);
+    // or its count reached a multiple of FLUSH_EVERY.
+    a.set_label(&mut miss)?;
+    a.mov(rdx, qword_ptr(words.id))?;
+    call_slow(a, handlers.untimed_miss, slow_call)?;
+    a.jmp(done)?;
     a.set_label(&mut outside)?;
     if outermost {
         // The outermost call of a root: its timed hook, as if this one were not here.
@@ -155,11 +145,7 @@ pub(super) fn untimed_hook(
         a.jmp(done)?;
     }
     slow_call_pointer(a, &mut slow_call)?;
-    for (label, value) in [
-        (&mut words.call_event, values.call_event),
-        (&mut words.id, values.id),
-        (&mut words.outermost, 0),
-    ] {
+    for (label, value) in [(&mut words.id, values.id), (&mut words.outermost, 0)] {
         a.set_label(label)?;
         a.dq(&[value])?;
     }
@@ -181,12 +167,25 @@ pub(super) fn untimed_hook(
     a.cmp(byte_ptr(r11), 0)?;
     a.je(discover)?;
     a.set_label(&mut counted)?;
-    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
-    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
-    a.jae(ring)?;
-    a.set_label(&mut room)?;
+    // The slot of (function, return address) in the thread's table
+    // (`runtime::untimed_table::slot_of`): counted there if it is this pair's.
     a.mov(rax, qword_ptr(rsp + return_address))?;
-    write_event(a, words.call_event)?;
+    a.mov(rdx, rax)?;
+    a.shr(rdx, 5)?;
+    a.xor(rdx, rax)?;
+    a.and(edx, (UNTIMED_SLOTS - 1) as u32)?;
+    a.shl(edx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
+    a.lea(rdx, qword_ptr(rcx + rdx + STATE_UNTIMED_SLOTS))?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_RETURN_ADDRESS), rax)?;
+    a.jne(miss)?;
+    a.mov(r11, qword_ptr(words.id))?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_FUNCTION), r11)?;
+    a.jne(miss)?;
+    a.inc(qword_ptr(rdx + UNTIMED_SLOT_COUNT))?;
+    // Every 2^16 calls of a pair the slow path writes the table out: a root that never
+    // returns still shows its callees' counts, and an event's count never overflows.
+    a.test(dword_ptr(rdx + UNTIMED_SLOT_COUNT), (FLUSH_EVERY - 1) as i32)?;
+    a.jz(miss)?;
     a.set_label(&mut done)?;
     frame.restore(a)?;
     Ok((layout, words))
