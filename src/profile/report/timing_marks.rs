@@ -20,8 +20,8 @@ pub fn policy_line(stats: &Stats) -> Option<String> {
     let mut line = format!(
         "adaptive timing: {untimed_functions} function{} counted, not timed (threshold \
          {threshold_ns:.0} ns a call, callees included); their {untimed_calls} calls are \
-         shown \"{IN_CALLER}\", their time in their callers' self time (--time-all times \
-         every call)",
+         shown \"{IN_CALLER}\", their time in their callers' self time, counted per calling \
+         function inside each timed call (--time-all times every call)",
         if *untimed_functions == 1 { "" } else { "s" },
     );
     if *refused > 0 {

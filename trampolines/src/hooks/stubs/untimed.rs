@@ -21,11 +21,11 @@ use super::template::{HookCode, UntimedTemplate};
 use super::{ASSEMBLY_BASE, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers};
 use super::{load_state, new_layout, slow_call_pointer};
 use crate::hooks::state::STATE;
+use crate::hooks::thread_layout::UNTIMED_FLUSH_EVERY as FLUSH_EVERY;
 use crate::hooks::thread_layout::{
     FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_UNTIMED_SLOTS, UNTIMED_SLOT_COUNT,
     UNTIMED_SLOT_FUNCTION, UNTIMED_SLOT_RETURN_ADDRESS, UNTIMED_SLOT_SIZE, UNTIMED_SLOTS,
 };
-use crate::hooks::thread_layout::UNTIMED_FLUSH_EVERY as FLUSH_EVERY;
 use crate::sys::error::AgentError;
 use iced_x86::code_asm::*;
 
@@ -184,7 +184,10 @@ pub(super) fn untimed_hook(
     a.inc(qword_ptr(rdx + UNTIMED_SLOT_COUNT))?;
     // Every 2^16 calls of a pair the slow path writes the table out: a root that never
     // returns still shows its callees' counts, and an event's count never overflows.
-    a.test(dword_ptr(rdx + UNTIMED_SLOT_COUNT), (FLUSH_EVERY - 1) as i32)?;
+    a.test(
+        dword_ptr(rdx + UNTIMED_SLOT_COUNT),
+        (FLUSH_EVERY - 1) as i32,
+    )?;
     a.jz(miss)?;
     a.set_label(&mut done)?;
     frame.restore(a)?;
