@@ -37,8 +37,6 @@ const MAX_DUMP_BYTES: u64 = 1 << 30;
 const MAX_ENTRIES: usize = 2_000_000;
 /// Bytes read at once.
 const CHUNK: u64 = 1 << 20;
-/// The shortest time between two refreshes asked for by [`JitSymbols::refresh_if_due`].
-pub const REFRESH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// One named piece of code.
 #[derive(Debug, Clone)]
@@ -159,14 +157,6 @@ impl JitSymbols {
             self.generation += 1;
         }
         changed
-    }
-
-    /// Refreshes if the last refresh is [`REFRESH_INTERVAL`] old, or `at_least` old.
-    pub fn refresh_if_due(&mut self, at_least: Duration) -> bool {
-        let due = self
-            .last_refresh
-            .is_none_or(|last| last.elapsed() >= at_least.min(REFRESH_INTERVAL));
-        due && self.refresh()
     }
 
     /// How long since the last refresh (None: never refreshed).
