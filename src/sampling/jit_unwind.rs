@@ -40,6 +40,11 @@ pub enum Rule {
     FramePointer,
 }
 
+/// A JIT frame whose caller could not be found (a stack word not in the copy, a frame
+/// pointer that is none): the walk ends there, truncated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotUnwound;
+
 /// The JIT frames' unwinder of one process.
 pub struct JitUnwinder {
     pid: i32,
@@ -77,7 +82,7 @@ impl JitUnwinder {
         jit: Option<&JitSymbols>,
         regs: &mut UnwindRegsX86_64,
         read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
-    ) -> Result<Option<u64>, ()> {
+    ) -> Result<Option<u64>, NotUnwound> {
         let generation = jit.map_or(0, JitSymbols::generation);
         if generation != self.generation {
             self.rules.clear();
@@ -97,7 +102,7 @@ impl JitUnwinder {
                 rule
             }
         };
-        execute(rule, regs, read_stack)
+        execute(rule, regs, read_stack).map_err(|()| NotUnwound)
     }
 
     /// The rule for the frame at `pc`, from its function's first instructions.

@@ -188,10 +188,10 @@ impl StackUnwinder {
                     GoStep::Outermost => Ok(None),
                     GoStep::Unknown => Err(()),
                 },
-                None if self.jit.covers(lookup) => {
-                    self.jit
-                        .step(address, jit, &mut unwind_regs, &mut read_stack)
-                }
+                None if self.jit.covers(lookup) => self
+                    .jit
+                    .step(address, jit, &mut unwind_regs, &mut read_stack)
+                    .map_err(|_| ()),
                 None => self
                     .unwinder
                     .unwind_frame(address, &mut unwind_regs, &mut self.cache, &mut read_stack)
