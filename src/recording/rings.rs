@@ -30,37 +30,29 @@ pub struct AgentCounters {
     pub indirect_targets: u64,
 }
 
-/// A mapped rings file.
+/// A mapped rings file, and the extra segments of rings mapped so far.
 pub struct Rings {
     map: MmapMut,
+    segments: Vec<MmapMut>,
+}
+
+/// One ring's memory: its header, then its events.
+struct Ring<'a> {
+    bytes: &'a [u8],
 }
 
 impl Rings {
     /// Checks and maps the rings' memory the agent handed over.
     pub fn from_descriptor(fd: OwnedFd) -> std::io::Result<Rings> {
-        let refuse = |why: String| std::io::Error::other(format!("the agent's rings {why}"));
-        let seals = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GET_SEALS)
-            .map_err(|e| refuse(format!("are not sealed memory ({e})")))?;
-        let required = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-        if seals & required != required {
-            return Err(refuse("may change size (not sealed)".into()));
-        }
-        let file = std::fs::File::from(fd);
-        let metadata = file.metadata()?;
-        if !metadata.is_file() || metadata.len() != rings::FILE_BYTES as u64 {
-            return Err(refuse(format!(
-                "are {} bytes, not {}",
-                metadata.len(),
-                rings::FILE_BYTES
-            )));
-        }
-        // SAFETY: a shared mapping of memory sealed at its full size, so no page can
-        // disappear under it; all shared words are accessed as atomics, events with
-        // volatile reads behind the producer's published head.
-        let map = unsafe { MmapMut::map_mut(&file)? };
-        let rings = Rings { map };
+        let map = map_sealed(fd, rings::FILE_BYTES, "rings")?;
+        let rings = Rings {
+            map,
+            segments: Vec::new(),
+        };
         if rings.word(header::MAGIC).load(Ordering::Acquire) != rings::MAGIC {
-            return Err(refuse("are not tendril rings".into()));
+            return Err(std::io::Error::other(
+                "the agent's rings are not tendril rings",
+            ));
         }
         Ok(rings)
     }
@@ -70,12 +62,6 @@ impl Rings {
         // SAFETY: in bounds and aligned (checked above); the mapping lives as long as
         // `self`, and the agent only writes this word atomically.
         unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU64) }
-    }
-
-    fn word32(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset.is_multiple_of(4) && offset + 4 <= self.map.len());
-        // SAFETY: as in `word`.
-        unsafe { &*(self.map.as_ptr().add(offset) as *const AtomicU32) }
     }
 
     /// The TSC at which the agent stopped recording, once it has.
@@ -160,14 +146,45 @@ impl Rings {
             .filter(|&address| address != 0)
     }
 
+    /// Extra segments of rings the agent has added (see `tendril_wire::rings`); those
+    /// past [`Rings::mapped_segments`] are to be asked for.
+    pub fn published_segments(&self) -> usize {
+        (self.word(header::SEGMENTS).load(Ordering::Acquire) as usize).min(rings::MAX_SEGMENTS)
+    }
+
+    /// Extra segments mapped here.
+    pub fn mapped_segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Checks and maps the next extra segment, whose memory the agent handed over.
+    pub fn add_segment(&mut self, fd: OwnedFd) -> std::io::Result<()> {
+        let map = map_sealed(fd, rings::SEGMENT_BYTES, "ring segment")?;
+        // The rings of a segment the controller has not read from yet start afresh.
+        self.segments.push(map);
+        Ok(())
+    }
+
+    /// Every ring mapped here.
+    fn rings(&self) -> impl Iterator<Item = (usize, Ring<'_>)> {
+        let count = rings::RING_COUNT + self.segments.len() * rings::SEGMENT_RINGS;
+        (0..count).map(|index| {
+            let (segment, offset) = rings::ring_place(index);
+            let memory: &[u8] = match segment {
+                0 => &self.map,
+                k => &self.segments[k - 1],
+            };
+            let bytes = &memory[offset..offset + rings::RING_BYTES];
+            (index, Ring { bytes })
+        })
+    }
+
     /// Skips every event written so far: a recording reads only what comes after it
     /// started (frames of an earlier recording may still write their exits).
     pub fn skip_to_now(&self) {
-        for index in 0..rings::RING_COUNT {
-            let offset = rings::ring_offset(index);
-            let head = self.word(offset + ring::HEAD).load(Ordering::Acquire);
-            self.word(offset + ring::TAIL)
-                .store(head, Ordering::Release);
+        for (_, ring) in self.rings() {
+            let head = ring.word(ring::HEAD).load(Ordering::Acquire);
+            ring.word(ring::TAIL).store(head, Ordering::Release);
         }
     }
 
@@ -175,20 +192,19 @@ impl Rings {
     /// slices, in order) and marks them read. Returns the number of events.
     pub fn drain(&self, mut sink: impl FnMut(usize, i32, &[Event])) -> u64 {
         let mut total = 0;
-        for index in 0..rings::RING_COUNT {
-            let offset = rings::ring_offset(index);
-            if self.word32(offset + ring::STATE).load(Ordering::Acquire) != rings::RING_ACTIVE {
+        for (index, ring) in self.rings() {
+            if ring.word32(ring::STATE).load(Ordering::Acquire) != rings::RING_ACTIVE {
                 continue;
             }
-            let tid = self.word32(offset + ring::TID).load(Ordering::Acquire) as i32;
-            let head = self.word(offset + ring::HEAD).load(Ordering::Acquire);
-            let tail_word = self.word(offset + ring::TAIL);
+            let tid = ring.word32(ring::TID).load(Ordering::Acquire) as i32;
+            let head = ring.word(ring::HEAD).load(Ordering::Acquire);
+            let tail_word = ring.word(ring::TAIL);
             let tail = tail_word.load(Ordering::Relaxed);
             if head <= tail {
                 continue;
             }
             let capacity = rings::RING_EVENTS as u64;
-            let events = self.ring_events(offset);
+            let events = ring.events();
             let (start, end) = ((tail % capacity) as usize, (head % capacity) as usize);
             if head - tail >= capacity || end <= start {
                 // Wrapped: the tail's end of the ring first, then its start.
@@ -204,18 +220,48 @@ impl Rings {
         }
         total
     }
+}
 
-    fn ring_events(&self, ring_offset: usize) -> &[Event] {
-        let start = ring_offset + rings::RING_HEADER_BYTES;
-        assert!(start + rings::RING_EVENTS * Event::SIZE <= self.map.len());
-        // SAFETY: in bounds (checked above) and 16-byte aligned (the layout's offsets
-        // are); `Event` is plain data. The producer writes only slots past `head`,
-        // which the caller does not read.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.map.as_ptr().add(start) as *const Event,
-                rings::RING_EVENTS,
-            )
-        }
+impl Ring<'_> {
+    fn word(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset.is_multiple_of(8) && offset + 8 <= rings::RING_HEADER_BYTES);
+        // SAFETY: in the ring's header and aligned (the layout's offsets are); the
+        // mapping outlives `self`, and the agent writes this word only atomically.
+        unsafe { &*(self.bytes.as_ptr().add(offset) as *const AtomicU64) }
     }
+
+    fn word32(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset.is_multiple_of(4) && offset + 4 <= rings::RING_HEADER_BYTES);
+        // SAFETY: as in `word`.
+        unsafe { &*(self.bytes.as_ptr().add(offset) as *const AtomicU32) }
+    }
+
+    fn events(&self) -> &[Event] {
+        let events = &self.bytes[rings::RING_HEADER_BYTES..];
+        assert!(events.len() == rings::RING_EVENTS * Event::SIZE);
+        // SAFETY: the ring's events, in bounds (checked above) and 16-byte aligned (the
+        // layout's offsets are); `Event` is plain data. The producer writes only slots
+        // past `head`, which the caller does not read.
+        unsafe { std::slice::from_raw_parts(events.as_ptr() as *const Event, rings::RING_EVENTS) }
+    }
+}
+
+/// Checks that `fd` is memory sealed at its full size of `len` bytes, and maps it.
+fn map_sealed(fd: OwnedFd, len: usize, what: &str) -> std::io::Result<MmapMut> {
+    let refuse = |why: String| std::io::Error::other(format!("the agent's {what} {why}"));
+    let seals = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_GET_SEALS)
+        .map_err(|e| refuse(format!("is not sealed memory ({e})")))?;
+    let required = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    if seals & required != required {
+        return Err(refuse("may change size (not sealed)".into()));
+    }
+    let file = std::fs::File::from(fd);
+    let metadata = file.metadata()?;
+    if !metadata.is_file() || metadata.len() != len as u64 {
+        return Err(refuse(format!("is {} bytes, not {len}", metadata.len())));
+    }
+    // SAFETY: a shared mapping of memory sealed at its full size, so no page can
+    // disappear under it; all shared words are accessed as atomics, events with reads
+    // behind the producer's published head.
+    unsafe { MmapMut::map_mut(&file) }
 }

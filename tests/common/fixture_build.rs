@@ -57,7 +57,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 38] = [
+const FIXTURES: [Fixture; 39] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -212,6 +212,11 @@ const FIXTURES: [Fixture; 38] = [
         name: "i386_loop",
         source: "i386_loop.S",
         recipe: Recipe::I386,
+    },
+    Fixture {
+        name: "many_threads",
+        source: "many_threads.c",
+        recipe: Recipe::C,
     },
     Fixture {
         name: "plug_host",

@@ -61,6 +61,9 @@ pub enum Request {
     /// Where the dynamic loader resolves these symbol names in the target (for an
     /// IFUNC, the implementation it chose).
     ResolveSymbols { names: Vec<String> },
+    /// The memory of the rings' extra segment `index` (1-based, as the rings' header
+    /// counts them); answered by [`Response::RingSegment`] with its descriptor.
+    RingSegment { index: u32 },
     /// Start a recording: create (once) the rings, take the function table (the
     /// `table_bytes` bytes that follow this line on the connection, at most
     /// [`MAX_TABLE_BYTES`]; see [`function_table`]), calibrate the hooks. With
@@ -276,6 +279,10 @@ pub enum Response {
         #[serde(default)]
         loader: LoaderCounts,
     },
+    /// Answer to [`Request::RingSegment`]; the line comes with the segment's descriptor
+    /// (`SCM_RIGHTS`): a memfd of [`rings::SEGMENT_BYTES`], sealed against shrinking and
+    /// growing.
+    RingSegment { index: u32 },
     /// Answer to [`Request::UpdateTable`]: the number of functions the table now holds.
     TableUpdated { functions: u64 },
     /// Answer to [`Request::CopyWithCounters`]: the copy's blocks and counters.

@@ -36,12 +36,41 @@ pub const RING_BYTES: usize = RING_HEADER_BYTES + RING_EVENTS * crate::events::E
 /// Bytes of the whole file.
 pub const FILE_BYTES: usize = RINGS_OFFSET + RING_COUNT * RING_BYTES;
 
+/// Rings in each extra segment: a memfd of rings only, which the agent adds when every
+/// ring is taken by a live thread (a thousand threads recording at once).
+pub const SEGMENT_RINGS: usize = 256;
+/// Bytes of an extra segment.
+pub const SEGMENT_BYTES: usize = SEGMENT_RINGS * RING_BYTES;
+/// Extra segments at most: with the file's own rings, [`MAX_RINGS`] threads record at
+/// once (a ring whose thread has exited is taken over, so these are live threads).
+pub const MAX_SEGMENTS: usize = 1024;
+/// Rings at most, over the file and every extra segment.
+pub const MAX_RINGS: usize = RING_COUNT + MAX_SEGMENTS * SEGMENT_RINGS;
+
+/// Where ring `index` (numbered over the file, then the extra segments in order) lies:
+/// its segment (0 for the file itself, `k` for the `k`-th extra one) and the offset of
+/// its header there.
+pub const fn ring_place(index: usize) -> (usize, usize) {
+    if index < RING_COUNT {
+        (0, ring_offset(index))
+    } else {
+        let extra = index - RING_COUNT;
+        (
+            1 + extra / SEGMENT_RINGS,
+            (extra % SEGMENT_RINGS) * RING_BYTES,
+        )
+    }
+}
+
 /// Offsets of the header's fields (all `u64`, written by the agent unless noted).
 pub mod header {
     /// [`super::MAGIC`].
     pub const MAGIC: usize = 0;
     /// Rings claimed so far (a ring once claimed stays its thread's).
     pub const RINGS_CLAIMED: usize = 8;
+    /// Extra segments of rings the agent has added (see [`super::SEGMENT_RINGS`]):
+    /// published once each is mapped, for the controller to ask for its memory.
+    pub const SEGMENTS: usize = 240;
     /// Functions patched with a recording hook in this recording.
     pub const INSTRUMENTED: usize = 16;
     /// Functions that ran inside the call graph.
@@ -98,7 +127,8 @@ pub mod header {
     pub const IN_SITU_SAMPLES: usize = 10;
     const _: () = assert!(
         IN_SITU_SAMPLE_NEXT >= IN_SITU_FUNCTIONS + 8 * crate::events::HOOK_SHAPES
-            && IN_SITU_SAMPLE_NEXT + 8 * crate::events::HOOK_SHAPES <= IN_SITU_SAMPLE_WORDS
+            && IN_SITU_SAMPLE_NEXT + 8 * crate::events::HOOK_SHAPES <= SEGMENTS
+            && SEGMENTS + 8 <= IN_SITU_SAMPLE_WORDS
             && IN_SITU_SAMPLE_WORDS + 8 * IN_SITU_SAMPLES * crate::events::HOOK_SHAPES
                 <= DISCOVERY_SAMPLE_WORDS
     );
@@ -166,6 +196,21 @@ pub const fn ring_offset(index: usize) -> usize {
 }
 
 const _: () = assert!(RING_EVENTS.is_power_of_two());
+
+#[cfg(test)]
+mod segment_tests {
+    use super::*;
+
+    #[test]
+    fn rings_are_numbered_over_the_file_then_the_extra_segments() {
+        assert_eq!(ring_place(0), (0, RINGS_OFFSET));
+        assert_eq!(ring_place(RING_COUNT - 1), (0, ring_offset(RING_COUNT - 1)));
+        assert_eq!(ring_place(RING_COUNT), (1, 0));
+        assert_eq!(ring_place(RING_COUNT + 1), (1, RING_BYTES));
+        assert_eq!(ring_place(RING_COUNT + SEGMENT_RINGS), (2, 0));
+        assert_eq!(ring_place(MAX_RINGS - 1).0, MAX_SEGMENTS);
+    }
+}
 
 #[cfg(test)]
 mod in_situ_tests {

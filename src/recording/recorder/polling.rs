@@ -8,6 +8,7 @@
 //! later) are held back to the next poll, when their intervals are in too.
 
 use super::*;
+use crate::terminal_text::say;
 
 /// What receives a thread's events (and keeps those held back): the recorder's fields,
 /// borrowed apart from the rings.
@@ -29,6 +30,7 @@ impl Recorder {
             true => tsc::read(),
             false => u64::MAX,
         };
+        self.map_new_segments();
         self.give_held_back();
         let stopped_at = self.stopped_at;
         let Some((rings, mut receivers)) = self.receivers() else {
@@ -64,6 +66,33 @@ impl Recorder {
         self.follow_late_modules();
         self.follow_in_situ();
         drained
+    }
+
+    /// Maps the extra segments of rings the agent added since the last poll (every
+    /// ring was taken by a live thread). A segment that cannot be had would leave its
+    /// threads waiting for room for ever, so the recording stops, keeping its data.
+    fn map_new_segments(&mut self) {
+        let Some(rings) = self.rings.as_mut() else {
+            return;
+        };
+        while rings.mapped_segments() < rings.published_segments() {
+            let index = rings.mapped_segments() as u32 + 1;
+            let fd = match self.session.request(&Request::RingSegment { index }) {
+                Ok(Response::RingSegment { .. }) => self.session.take_received_descriptor(),
+                _ => None,
+            };
+            let mapped = fd
+                .ok_or_else(|| "the agent did not hand it over".to_string())
+                .and_then(|fd| rings.add_segment(fd).map_err(|e| e.to_string()));
+            if let Err(why) = mapped {
+                say!(
+                    "more threads record than the rings had room for, and ring segment \
+                     {index} could not be mapped ({why}); the recording stops here"
+                );
+                let _ = self.end();
+                return;
+            }
+        }
     }
 
     /// Reads the off-CPU intervals up to now, then gives the trees every event held

@@ -194,9 +194,25 @@ fn admit(stream: UnixStream, sessions: &mut SessionThreads) {
         patcher::restore(Some(session));
         lingering::finish_in_background();
         open_sessions().retain(|open| open.id != session);
+        release_ring_memory();
     });
     if started.is_err() {
         open_sessions().retain(|open| open.id != session);
+    }
+}
+
+/// Gives back the rings' memory when no recording runs (a session that recorded has
+/// ended, its controller done reading). The recording slot is held meanwhile, so no
+/// recording can start while the events' pages go.
+fn release_ring_memory() {
+    const RELEASING: u64 = u64::MAX;
+    if STATE
+        .recording_session
+        .compare_exchange(0, RELEASING, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        crate::runtime::ring_segments::release_ring_memory();
+        STATE.recording_session.store(0, Ordering::Release);
     }
 }
 

@@ -105,6 +105,17 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                 }
             }
             Ok(Request::StopRecording) => stop_recording(session),
+            Ok(Request::RingSegment { index }) => {
+                match crate::runtime::ring_segments::segment_descriptor(index as usize) {
+                    Some(fd) => {
+                        rings = Some(fd);
+                        Response::RingSegment { index }
+                    }
+                    None => Response::Error {
+                        message: format!("the rings have no segment {index}"),
+                    },
+                }
+            }
             Ok(Request::UpdateTable { .. }) => {
                 match discovery::update_table(session, table.unwrap_or_default()) {
                     Ok(functions) => Response::TableUpdated { functions },

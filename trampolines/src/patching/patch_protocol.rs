@@ -54,6 +54,13 @@ impl Site {
         self.trampoline.plan.jump_len
     }
 
+    /// Whether its entry jump overwrites more than one instruction: a thread may be
+    /// between two of them, so the process's threads must be stopped while it goes in.
+    /// With one instruction overwritten, no thread can be in the middle of the patch.
+    pub fn needs_stop(&self) -> bool {
+        self.trampoline.plan.instruction_offsets.len() > 1
+    }
+
     /// The entry patch: `jmp rel32` to the hook, `jmp rel8` to the pad, or for a call
     /// thunk `call rel32` to the hook (and a `nop` for a 6-byte call).
     fn entry_jump(&self) -> Vec<u8> {
@@ -89,6 +96,11 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     let _no_thread_start = agent_threads::code_change();
     let writable = WritableCode::open(batch.iter().map(|s| (s.patch_at, s.jump_len() as u64)))
         .map_err(|e| AgentError::io("cannot make the code writable for a moment", e))?;
+    crate::sys::page_copies::note_before_writing(
+        batch
+            .iter()
+            .filter_map(|site| site.pad.as_ref().map(|pad| (pad.address, PAD_LEN))),
+    );
     // The pads need no serialisation of their own: nothing can reach them before the
     // entry jumps are written, two serialisations later.
     let mut pads_written = 0;
@@ -107,10 +119,7 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
         return Err(error);
     }
     let jumps: Vec<Vec<u8>> = batch.iter().map(Site::entry_jump).collect();
-    // With one instruction overwritten, no thread can be in the middle of the patch.
-    let needs_stop = batch
-        .iter()
-        .any(|site| site.trampoline.plan.instruction_offsets.len() > 1);
+    let needs_stop = batch.iter().any(Site::needs_stop);
     let mut buffers = needs_stop.then(|| {
         // Only a stop moves threads, and only then are signal frames looked for.
         signal_frames::learn_restorers(stop_world::park_signal());
@@ -372,6 +381,8 @@ pub fn restore(sites: &[Site]) {
         ours
     });
     if pending.is_empty() {
+        drop(pending);
+        crate::sys::page_copies::give_back_unchanged();
         return;
     }
     let pads: &[PendingPad] = &pending;
@@ -389,6 +400,8 @@ pub fn restore(sites: &[Site]) {
         }
         pending.clear();
     }
+    drop(pending);
+    crate::sys::page_copies::give_back_unchanged();
 }
 
 /// Where a thread at `pc` on one of `pads` goes on: the trampoline the pad led to.

@@ -198,11 +198,16 @@ fn patch_batch(
             (runtime.before_patching)(site.id);
         }
     }
-    let (mut internal, mut others): (Vec<Site>, Vec<Site>) =
+    let (mut internal, others): (Vec<Site>, Vec<Site>) =
         batch.into_iter().partition(|site| site.internal);
+    // The entries one instruction covers go in first, without a stop: their guards are
+    // up for microseconds. A stop takes longer with many threads, and a thread that
+    // arrives at a guard meanwhile spins there; a hot entry is often one of these.
+    let (mut one_instruction, mut several): (Vec<Site>, Vec<Site>) =
+        others.into_iter().partition(|site| !site.needs_stop());
     let batch_ids: Vec<u32> = batch_ids.into_values().collect();
     let mut installed: Vec<Site> = Vec::new();
-    for part in [&mut internal, &mut others] {
+    for part in [&mut internal, &mut one_instruction, &mut several] {
         if part.is_empty() {
             continue;
         }

@@ -33,8 +33,10 @@ use crate::sys::thread_tracer::{self, TracedThreads};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// How long running threads may take to park, or signal-blocking ones to fall asleep.
-const STOP_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long running threads may take to park, or signal-blocking ones to fall asleep:
+/// far more than a thousand threads take on a loaded machine (milliseconds), as a stop
+/// that gives up patches nothing.
+const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a signalled thread may take to park before the stopper checks whether it
 /// has blocked signals since (reading its status costs more than most parks take).
@@ -221,6 +223,8 @@ enum Plan {
     Leave,
     /// Signalled; expected to park.
     Park,
+    /// Signalled, and parked.
+    Parked,
     /// Running with the park signal blocked: stopped with ptrace.
     Trace,
 }
@@ -306,9 +310,8 @@ pub fn with_world_stopped_in<R>(
             "threads started faster than tendril could list them; nothing was patched".into(),
         ));
     }
-    for (tid, plan) in threads.iter_mut() {
-        *plan = plan_for(*tid, signal);
-    }
+    // By tid, so that each thread that parks is found at once (`wait_for_parks`).
+    threads.sort_unstable_by_key(|&(tid, _)| tid);
     let mut last_stop = STATE.stop_lock.lock().unwrap_or_else(|p| p.into_inner());
     let stop = *last_stop + 1;
     *last_stop = stop;
@@ -318,51 +321,34 @@ pub fn with_world_stopped_in<R>(
     }
     STATE.stop_in_progress.store(stop, Ordering::Release);
 
-    // From here until release: no allocation.
-    for (tid, plan) in threads.iter_mut().filter(|_| signal != NO_FREE_SIGNAL) {
-        if *plan == Plan::Park && !sys::signal_thread_with_value(*tid, signal, stop) {
-            *plan = Plan::Leave; // Exited meanwhile.
+    // From here until release: no allocation. Each running thread is signalled as soon
+    // as it is seen running: with a thousand threads the look at them all takes
+    // milliseconds, in which threads arriving at a guard spin and take the cores.
+    let signalled_at = sys::monotonic_ns();
+    for (tid, plan) in threads.iter_mut() {
+        *plan = plan_for(*tid, signal);
+        send_park(*tid, plan, signal, stop);
+    }
+    let deadline = sys::monotonic_ns() + STOP_TIMEOUT.as_nanos() as u64;
+    let ready = wait_for_parks(threads, signal, stop, signalled_at, deadline);
+    // A thread found blocking the signal may have parked after all: then it is not
+    // traced too.
+    let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
+    for parked in &STATE.parked_tids[..arrived] {
+        let tid = parked.load(Ordering::Acquire);
+        if let Ok(index) = threads.binary_search_by_key(&tid, |&(tid, _)| tid)
+            && threads[index].1 == Plan::Trace
+        {
+            threads[index].1 = Plan::Parked;
         }
     }
-    let signalled_at = sys::monotonic_ns();
-    let deadline = signalled_at + STOP_TIMEOUT.as_nanos() as u64;
-    let ready = loop {
-        let arrivals_seen = STATE.arrival_signal.load(Ordering::Acquire);
-        let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
-        for (tid, plan) in threads.iter_mut() {
-            // A signalled thread that blocked signals before the signal came (it began
-            // a discovery, say, and now waits for the lock this stop's caller holds)
-            // will not park until it unblocks them: ptrace holds it instead.
-            if *plan == Plan::Park
-                && sys::monotonic_ns() - signalled_at
-                    >= BLOCKED_AFTER_SIGNAL_CHECK.as_nanos() as u64
-                && !has_parked(*tid, arrived)
-                && tasks::blocks_signal(*tid, signal)
-            {
-                *plan = Plan::Trace;
-            }
-        }
-        let missing = threads.iter().any(|&(tid, plan)| {
-            plan == Plan::Park && !has_parked(tid, arrived) && sys::thread_exists(tid)
-        });
-        if !missing {
-            break STATE.arrived.load(Ordering::Acquire) <= MAX_PARKED;
-        }
-        if sys::monotonic_ns() >= deadline {
-            break false;
-        }
-        sys::futex_wait_timeout(&STATE.arrival_signal, arrivals_seen, STOPPER_NAP_NS);
-    };
-    let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
     // A thread counts itself in before it publishes its context: wait for the last
     // arrivals to finish publishing (a few instructions, unless it was preempted).
     let ready = ready && all_published(arrived, deadline);
-    // A thread signalled before it blocked signals may have parked after all: then it
-    // is not traced too.
     traced_tids.extend(
         threads
             .iter()
-            .filter(|&&(tid, plan)| plan == Plan::Trace && !has_parked(tid, arrived))
+            .filter(|&&(_, plan)| plan == Plan::Trace)
             .map(|&(tid, _)| tid),
     );
     asleep.extend(
@@ -374,7 +360,10 @@ pub fn with_world_stopped_in<R>(
     let traced: Result<Option<TracedThreads>, AgentError> = if !ready {
         Err(AgentError::NotStopped(format!(
             "only {arrived} of {} running threads stopped within {} ms; nothing was patched",
-            threads.iter().filter(|(_, p)| *p == Plan::Park).count(),
+            threads
+                .iter()
+                .filter(|(_, p)| matches!(p, Plan::Park | Plan::Parked))
+                .count(),
             STOP_TIMEOUT.as_millis()
         )))
     } else if traced_tids.is_empty() {
@@ -436,11 +425,93 @@ fn plan_for(tid: i32, signal: i32) -> Plan {
     }
 }
 
-/// Whether `tid` is among the first `arrived` threads parked by the current stop.
-fn has_parked(tid: i32, arrived: usize) -> bool {
-    STATE.parked_tids[..arrived]
+/// How often, after [`BLOCKED_AFTER_SIGNAL_CHECK`], the threads still to park are
+/// looked at again (each look reads a file of theirs: a thousand threads make it
+/// costly).
+const RECHECK_EVERY_NS: u64 = 10_000_000;
+
+/// Sends the park signal of stop `stop` to `tid` if its plan is to park (with no free
+/// signal there is none to send: it is held with ptrace instead).
+fn send_park(tid: i32, plan: &mut Plan, signal: i32, stop: u32) {
+    if *plan == Plan::Park
+        && signal != NO_FREE_SIGNAL
+        && !sys::signal_thread_with_value(tid, signal, stop)
+    {
+        *plan = Plan::Leave; // Exited meanwhile.
+    }
+}
+
+/// Waits until every thread signalled (`Plan::Park`, sorted by tid) has parked, has
+/// exited, or turns out to block the signal (then `Plan::Trace`); false if the deadline
+/// passes first or more threads parked than there are slots. Each arrival is found by
+/// its tid in `threads` once, so a thousand threads cost a thousand searches, not a
+/// million comparisons; the threads' files are read only now and then. A thread left
+/// asleep that has woken since (it would spin at a guard, taking a core from the
+/// threads this stop waits for) is planned again and signalled then.
+fn wait_for_parks(
+    threads: &mut [(i32, Plan)],
+    signal: i32,
+    stop: u32,
+    signalled_at: u64,
+    deadline: u64,
+) -> bool {
+    let mut pending = threads
         .iter()
-        .any(|parked| parked.load(Ordering::Acquire) == tid)
+        .filter(|(_, plan)| *plan == Plan::Park)
+        .count();
+    let mut seen = 0;
+    let mut next_check = signalled_at + BLOCKED_AFTER_SIGNAL_CHECK.as_nanos() as u64;
+    loop {
+        let arrivals_seen = STATE.arrival_signal.load(Ordering::Acquire);
+        let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
+        // Arrivals publish their tid last: stop at the first one still publishing.
+        while seen < arrived {
+            let tid = STATE.parked_tids[seen].load(Ordering::Acquire);
+            if tid == 0 {
+                break;
+            }
+            if let Ok(index) = threads.binary_search_by_key(&tid, |&(tid, _)| tid)
+                && threads[index].1 == Plan::Park
+            {
+                threads[index].1 = Plan::Parked;
+                pending -= 1;
+            }
+            seen += 1;
+        }
+        if pending == 0 {
+            return STATE.arrived.load(Ordering::Acquire) <= MAX_PARKED;
+        }
+        let now = sys::monotonic_ns();
+        if now >= deadline {
+            return false;
+        }
+        if now >= next_check {
+            next_check = now + RECHECK_EVERY_NS;
+            for (tid, plan) in threads.iter_mut() {
+                match *plan {
+                    // A signalled thread that blocked signals before the signal came (it
+                    // began a discovery, say, and now waits for the lock this stop's
+                    // caller holds) will not park until it unblocks them: ptrace holds it.
+                    Plan::Park if !sys::thread_exists(*tid) => {
+                        *plan = Plan::Leave;
+                        pending -= 1;
+                    }
+                    Plan::Park if tasks::blocks_signal(*tid, signal) => {
+                        *plan = Plan::Trace;
+                        pending -= 1;
+                    }
+                    Plan::Leave if tasks::state(*tid) == TaskState::Running => {
+                        *plan = plan_for(*tid, signal);
+                        send_park(*tid, plan, signal, stop);
+                        pending += usize::from(*plan == Plan::Park);
+                    }
+                    _ => {}
+                }
+            }
+            continue;
+        }
+        sys::futex_wait_timeout(&STATE.arrival_signal, arrivals_seen, STOPPER_NAP_NS);
+    }
 }
 
 /// Waits until the first `arrived` parked threads have published their contexts.

@@ -14,6 +14,7 @@ pub mod in_situ;
 pub mod lingering;
 pub mod recording;
 pub mod retire;
+pub mod ring_segments;
 pub mod shadow;
 mod state;
 pub mod thread_state;

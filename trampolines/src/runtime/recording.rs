@@ -17,6 +17,7 @@
 //! slow path extends ahead of the producer (`populate_ahead`), so the hooks never take
 //! a page fault.
 
+use crate::runtime::ring_segments;
 use crate::runtime::state::STATE;
 use crate::runtime::thread_state::{StatePtr, current_state};
 use crate::sys;
@@ -37,11 +38,6 @@ fn word(offset: usize) -> Option<&'static AtomicU64> {
     // SAFETY: the file is mapped for the life of the process and `offset` is one of the
     // 8-byte-aligned offsets of the layout, inside the file.
     base().map(|base| unsafe { &*(base.add(offset) as *const AtomicU64) })
-}
-
-fn word32(offset: usize) -> Option<&'static AtomicU32> {
-    // SAFETY: as in `word`, for a 4-byte field.
-    base().map(|base| unsafe { &*(base.add(offset) as *const AtomicU32) })
 }
 
 /// Adds `amount` to a header counter.
@@ -180,6 +176,7 @@ pub fn stop() {
 /// can run a hook, and their events are dropped).
 pub fn forget_in_forked_child() {
     STATE.recording_active.store(0, Ordering::Release);
+    ring_segments::forget_in_forked_child();
     if let Some(state) = current_state() {
         // After fork only this thread exists, and this is its own state.
         state.ring_events().store(0, Relaxed);
@@ -250,18 +247,44 @@ pub fn register_function(id: u32, address: u64) {
 }
 
 /// Gives the calling thread a ring (a free one, or one whose thread has exited and
-/// whose events were all read). Signal-safe, no allocation.
+/// whose events were all read), adding a segment of rings when every one is taken
+/// (`ring_segments`). Signal-safe, no allocation.
 fn claim_ring(state: StatePtr) -> bool {
     let Some(base) = base() else { return false };
-    if STATE.recording_active.load(Ordering::Acquire) == 0 {
-        return false;
-    }
-    for index in 0..rings::RING_COUNT {
-        let offset = rings::ring_offset(index);
-        let Some(ring_state) = word32(offset + ring::STATE) else {
+    let mut looked_at = 0;
+    loop {
+        if STATE.recording_active.load(Ordering::Acquire) == 0 {
             return false;
-        };
-        let claimed = ring_state
+        }
+        let count = ring_segments::ring_count();
+        // A free ring first; then one whose thread has exited (a system call per ring
+        // to know); then a new segment.
+        for reclaiming in [false, true] {
+            for index in looked_at..count {
+                if let Some(ring) = ring_segments::ring_address(base, index)
+                    && take_ring(state, ring, reclaiming)
+                {
+                    add_to_header(header::RINGS_CLAIMED, 1);
+                    return true;
+                }
+            }
+        }
+        // Rings freed meanwhile are found by the next claim; look at the new ones.
+        looked_at = count;
+        if !ring_segments::add_segment(|segments| set_header(header::SEGMENTS, segments)) {
+            return false;
+        }
+    }
+}
+
+/// Takes the ring whose header is at `ring` for the calling thread, if it is free or,
+/// when `reclaiming`, if its thread is gone and its events were read.
+fn take_ring(state: StatePtr, ring: u64, reclaiming: bool) -> bool {
+    let ring_state = word32_at(ring + ring::STATE as u64);
+    let claimed = if reclaiming {
+        reclaim(ring, ring_state)
+    } else {
+        ring_state
             .compare_exchange(
                 rings::RING_FREE,
                 rings::RING_ACTIVE,
@@ -269,53 +292,44 @@ fn claim_ring(state: StatePtr) -> bool {
                 Ordering::Acquire,
             )
             .is_ok()
-            || reclaim(offset, ring_state);
-        if !claimed {
-            continue;
-        }
-        add_to_header(header::RINGS_CLAIMED, 1);
-        let tid = word32(offset + ring::TID).unwrap();
-        tid.store(state.tid().load(Relaxed) as u32, Ordering::Release);
-        let head = word(offset + ring::HEAD).unwrap().load(Ordering::Acquire);
-        let tail = word(offset + ring::TAIL).unwrap().load(Ordering::Acquire);
-        state
-            .ring_header()
-            .store(base as u64 + offset as u64, Relaxed);
-        let events = base as u64 + (offset + rings::RING_HEADER_BYTES) as u64;
-        state.ring_events().store(events, Relaxed);
-        state
-            .ring_mask()
-            .store(rings::RING_EVENTS as u64 - 1, Relaxed);
-        state.ring_head().store(head, Relaxed);
-        state
-            .ring_limit()
-            .store(tail + rings::RING_EVENTS as u64, Relaxed);
-        word(offset + ring::IN_SITU_NEXT)
-            .unwrap()
-            .store(head + FIRST_IN_SITU_BATCH_AFTER, Relaxed);
-        return true;
+    };
+    if !claimed {
+        return false;
     }
-    false
+    word32_at(ring + ring::TID as u64).store(state.tid().load(Relaxed) as u32, Ordering::Release);
+    let head = word_at(ring + ring::HEAD as u64).load(Ordering::Acquire);
+    let tail = word_at(ring + ring::TAIL as u64).load(Ordering::Acquire);
+    state.ring_header().store(ring, Relaxed);
+    let events = ring + rings::RING_HEADER_BYTES as u64;
+    state.ring_events().store(events, Relaxed);
+    state
+        .ring_mask()
+        .store(rings::RING_EVENTS as u64 - 1, Relaxed);
+    state.ring_head().store(head, Relaxed);
+    state
+        .ring_limit()
+        .store(tail + rings::RING_EVENTS as u64, Relaxed);
+    word_at(ring + ring::IN_SITU_NEXT as u64).store(head + FIRST_IN_SITU_BATCH_AFTER, Relaxed);
+    true
 }
 
 /// Events a thread writes into a ring it claimed before its first in-situ calibration
 /// batch (`in_situ`).
 const FIRST_IN_SITU_BATCH_AFTER: u64 = 1 << 12;
 
-/// Takes over the ring at `offset` if its thread is gone and its events were read.
-fn reclaim(offset: usize, ring_state: &AtomicU32) -> bool {
-    let (Some(tid), Some(head), Some(tail)) = (
-        word32(offset + ring::TID),
-        word(offset + ring::HEAD),
-        word(offset + ring::TAIL),
-    ) else {
-        return false;
-    };
+/// Takes over the ring whose header is at `ring` if its thread is gone and its events
+/// were read.
+fn reclaim(ring: u64, ring_state: &AtomicU32) -> bool {
+    let tid = word32_at(ring + ring::TID as u64);
+    let (head, tail) = (
+        word_at(ring + ring::HEAD as u64),
+        word_at(ring + ring::TAIL as u64),
+    );
     let owner = tid.load(Ordering::Acquire) as i32;
     ring_state.load(Ordering::Acquire) == rings::RING_ACTIVE
         && owner > 0
-        && !sys::thread_exists(owner)
         && head.load(Ordering::Acquire) == tail.load(Ordering::Acquire)
+        && !sys::thread_exists(owner)
         && tid
             .compare_exchange(owner as u32, 0, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
@@ -431,8 +445,14 @@ pub fn update_limit(state: StatePtr) {
 }
 
 fn word_at(address: u64) -> &'static AtomicU64 {
-    // SAFETY: `address` is a ring header field inside the mapped rings file.
+    // SAFETY: `address` is an 8-byte ring header field inside the mapped rings file or
+    // an extra segment, both mapped for the life of the process.
     unsafe { &*(address as *const AtomicU64) }
+}
+
+fn word32_at(address: u64) -> &'static AtomicU32 {
+    // SAFETY: as in `word_at`, for a 4-byte field.
+    unsafe { &*(address as *const AtomicU32) }
 }
 
 /// Writes one event with the stubs' protocol; there must be room (`make_room`).

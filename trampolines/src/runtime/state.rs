@@ -8,8 +8,9 @@ use crate::hooks::state_access::StatePtr;
 use crate::hooks::thread_layout::ThreadState;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Condvar, Mutex, OnceLock};
+use tendril_wire::rings::MAX_SEGMENTS;
 
 /// Threads the registry can list.
 pub const MAX_REGISTERED: usize = 1 << 16;
@@ -36,6 +37,16 @@ pub struct RuntimeState {
     /// The rings' memory (a sealed memfd), kept open to hand to each recording's
     /// controller.
     pub rings_fd: Mutex<Option<OwnedFd>>,
+
+    // --- ring_segments ---
+    /// Each extra segment's mapping (published before `segment_count` covers it).
+    pub segments: [AtomicPtr<u8>; MAX_SEGMENTS],
+    /// Each extra segment's memfd, kept open to hand to the controller (published with
+    /// the mapping).
+    pub segment_fds: [AtomicI32; MAX_SEGMENTS],
+    pub segment_count: AtomicUsize,
+    /// Held by the one thread adding a segment.
+    pub adding_segment: AtomicBool,
 
     // --- discovery ---
     /// What discovery knows of the recording; one lock, taken by discovering threads.
@@ -86,6 +97,10 @@ pub static STATE: RuntimeState = RuntimeState {
     rings: AtomicPtr::new(std::ptr::null_mut()),
     recording_active: AtomicU32::new(0),
     rings_fd: Mutex::new(None),
+    segments: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SEGMENTS],
+    segment_fds: [const { AtomicI32::new(-1) }; MAX_SEGMENTS],
+    segment_count: AtomicUsize::new(0),
+    adding_segment: AtomicBool::new(false),
     discovery: Mutex::new(None),
     internal_trampolines: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL],
     internal_count: AtomicUsize::new(0),

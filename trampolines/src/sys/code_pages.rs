@@ -80,6 +80,8 @@ impl WritableCode {
     /// Makes the pages holding every `(address, len)` of `spans` writable too. Allocates;
     /// call it before threads are parked.
     pub fn open(spans: impl IntoIterator<Item = (u64, u64)>) -> std::io::Result<WritableCode> {
+        let spans: Vec<(u64, u64)> = spans.into_iter().collect();
+        crate::sys::page_copies::note_before_writing(spans.iter().copied());
         let mut pages: Vec<u64> = Vec::new();
         for (address, len) in spans {
             let mut page = address & !(PAGE - 1);

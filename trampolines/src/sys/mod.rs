@@ -5,7 +5,8 @@
 //! and the code-change lock (`agent_threads`), the target's threads as `/proc`
 //! shows them (`tasks`), the process's unwinder as copies of functions need it
 //! (`frame_registry`), the libraries the loader holds in place while code changes
-//! (`loaded_modules`), the agent's one error type (`error`), and the layer's statics
+//! (`loaded_modules`), the code pages given back to their file once restored
+//! (`page_copies`), the agent's one error type (`error`), and the layer's statics
 //! (`state`). Nothing here knows
 //! about hooks or patches.
 //!
@@ -27,6 +28,7 @@ pub mod maps;
 #[cfg(not(any(test, miri)))]
 pub mod mem_builtins;
 pub mod own_code;
+pub mod page_copies;
 pub mod queued_signal;
 mod state;
 pub mod tasks;

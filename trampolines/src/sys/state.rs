@@ -9,6 +9,7 @@
 //! (`hooks::state`, `patching::state`, `runtime::state`, `control::state`); the allocator
 //! and the loader constructor stay in `lib.rs`, where Rust and ELF want them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Mutex, OnceLock};
 
@@ -37,6 +38,9 @@ pub struct SysState {
     /// (start, end, protection) of the executable mappings seen in `/proc/self/maps`
     /// (`code_pages`).
     pub protections: Mutex<Vec<(u64, u64, i32)>>,
+    /// Code pages tendril has written to (`page_copies`): the file's bytes of each that
+    /// was the file's page then, `None` for one that was a private copy already.
+    pub page_origins: Mutex<BTreeMap<u64, Option<Box<[u8; 4096]>>>>,
     /// The agent's threads that are running, by thread id (`agent_threads`).
     pub agent_threads: Mutex<Vec<i32>>,
     /// Held while code changes and while an agent thread starts or ends
@@ -81,6 +85,7 @@ pub static STATE: SysState = SysState {
     copy_bodies: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_COPY_BODIES],
     copy_body_count: AtomicUsize::new(0),
     protections: Mutex::new(Vec::new()),
+    page_origins: Mutex::new(BTreeMap::new()),
     agent_threads: Mutex::new(Vec::new()),
     code_change: Mutex::new(()),
     tracer: TracerShared {

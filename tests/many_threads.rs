@@ -1,0 +1,63 @@
+//! A thousand threads in the call graph at once: each gets a ring of its own and a
+//! tree of its own, no event is lost, and the target goes on computing correctly.
+//!
+//! The fixture `many_threads` runs THREADS threads that each call `thread_root` at a
+//! steady pace and reports, every tenth of a second, the calls made and the longest
+//! time any thread was held up (the figure the benchmark reports; a test cannot bound
+//! it on a busy machine).
+
+mod common;
+
+use common::{Target, code_bytes_match_file, number_after, tendril};
+use std::time::Duration;
+
+const THREADS: usize = 1000;
+const TICK_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[test]
+fn every_one_of_a_thousand_threads_has_its_tree_and_no_event_is_lost() {
+    let mut target = Target::spawn("many_threads", &[&THREADS.to_string(), "20"]);
+    // Every thread is running its loop.
+    let line = target.expect_line("tick ", TICK_TIMEOUT);
+    assert!(number_after::<u64>(&line, "total") > 0, "{line}");
+    let output = tendril()
+        .args(["record", &target.pid().to_string(), "--root", "thread_root"])
+        .args(["--duration", "2", "-o", "-"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let profile: tendril::profile::Profile = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(profile.stats.lost_events, 0, "{stderr}");
+    let with_root: Vec<_> = profile
+        .threads
+        .iter()
+        .filter(|t| {
+            t.roots
+                .iter()
+                .any(|r| r.name == "thread_root" && r.calls > 0)
+        })
+        .collect();
+    assert_eq!(with_root.len(), THREADS, "threads with a tree: {stderr}");
+    // Each call of the root makes its 16 calls below it, in every thread's tree (the
+    // one call the recording's end cut short may have made fewer).
+    for thread in &with_root {
+        let root = thread
+            .roots
+            .iter()
+            .find(|r| r.name == "thread_root")
+            .unwrap();
+        let below: u64 = root.children.iter().map(|c| c.calls).sum();
+        assert!(
+            below <= 16 * root.calls && below >= 16 * (root.calls - 1),
+            "thread {}: {below} calls below {} calls of the root",
+            thread.tid,
+            root.calls
+        );
+    }
+    // Still computing (a wrong result ends it), and every byte is back.
+    target.drain();
+    target.expect_line("tick ", TICK_TIMEOUT);
+    assert!(target.is_running());
+    code_bytes_match_file(target.pid()).unwrap();
+}
