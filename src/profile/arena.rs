@@ -292,6 +292,7 @@ impl CallArena {
                 error_ns: correction.error_ns(node.calls, subtree_calls[index] - node.calls),
                 address,
                 samples: None,
+                jit: false,
                 children,
             });
         }

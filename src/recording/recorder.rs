@@ -14,6 +14,7 @@ mod code_copy;
 mod controls;
 mod go_callees;
 mod in_situ;
+mod jit_callees;
 mod late_modules;
 mod polling;
 mod snapshot;
@@ -133,6 +134,8 @@ pub struct Recorder {
     in_situ: in_situ::InSituBatches,
     /// The Go functions the recorded code calls (never followed).
     go_callees: go_callees::GoCallees,
+    /// The JIT code the recorded code calls (never patched).
+    jit_callees: jit_callees::JitCallees,
 }
 
 /// `name (module)`, for a refusal.
@@ -200,6 +203,7 @@ impl Recorder {
             held_back: HashMap::new(),
             in_situ: Default::default(),
             go_callees,
+            jit_callees: jit_callees::JitCallees::new(pid),
         };
         recorder.begin()?;
         Ok(recorder)

@@ -225,6 +225,7 @@ impl ContextTree {
             let mut node = Node::leaf(name, module, 0, context.weight_ns, context.self_weight_ns);
             node.samples = Some(context.samples);
             node.address = functions.address(context.function);
+            node.jit = module == JIT_MODULE;
             node.children = take(&mut built, &context.children);
             built[index] = Some(node);
         }
