@@ -3,13 +3,16 @@
 //! written after sampling began read on a later refresh, and names with terminal
 //! escapes printed escaped. The `jit` fixture generates its code itself (every machine
 //! can build it); Python 3.12+ and Node, where installed, are sampled too
-//! (`jit/runtimes.rs`).
+//! (`jit/runtimes.rs`). A recording that meets a call into the generated code shows it
+//! as a marked leaf and never patches it (`jit/recorded.rs`).
 //!
 //! The one idea: the tests wait for what they look for — enough samples on the
 //! expected path, the fixture's own lines — never for a fixed time; CPU-clock samples
 //! come at the fixture's pace whatever the machine's load.
 
 mod common;
+#[path = "jit/recorded.rs"]
+mod recorded;
 #[path = "jit/runtimes.rs"]
 mod runtimes;
 
@@ -169,7 +172,7 @@ fn a_jitdump_names_the_code_and_a_frame_without_a_name_is_jit_never_a_module_off
     assert!(
         named
             .iter()
-            .all(|n| n.module == "[jit]" && n.address.is_some())
+            .all(|n| n.module == "[jit]" && n.address.is_some() && n.jit)
     );
     drop(target);
 

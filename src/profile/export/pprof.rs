@@ -220,6 +220,12 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
 
     let mut frames = Frames::default();
     let mut sample = Vec::new();
+    // A call into JIT code (not measured in an instrumented tree) is labelled `jit`.
+    let jit_label = Label {
+        key: strings.add("jit"),
+        str: strings.add("true"),
+        ..Label::default()
+    };
     for_each_context(roots, &mut frames, |stack, node| {
         let mut value = vec![node.calls as i64, node.self_ns as i64];
         if with_cpu {
@@ -229,7 +235,11 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
             // Location ids are frame numbers + 1 (0 is not an id).
             location_id: stack.iter().rev().map(|&frame| frame as u64 + 1).collect(),
             value,
-            label: Vec::new(),
+            label: if node.jit {
+                vec![jit_label]
+            } else {
+                Vec::new()
+            },
         });
     });
 

@@ -7,13 +7,14 @@
 //! in a process with JIT code it decodes, once each, the functions the recording saw
 //! run, for direct callees and calls through pointers (`call [rip+x]`, or `mov reg,
 //! [rip+x]` then `call reg`: a function pointer the program set to its generated code,
-//! read now), and keeps those whose target is JIT code. Under every node of such a
-//! caller the profile gets a leaf named from the runtime's perf map or jitdump
-//! (`[jit] 0x…` if none names it), module `[jit]`, marked `jit`, with no calls and no
-//! time — the call is not measured, and its time stays in the caller's self time —
-//! and `discovery.not_followed` lists it with the reason. A call whose target is only
-//! in a register computed at run time (an interpreter's dispatch) cannot be read off
-//! the code and is not shown.
+//! read now), and keeps those whose target is code the runtime's perf map or jitdump
+//! names. Under every node of such a caller the profile gets a leaf of that name,
+//! module `[jit]`, marked `jit`, with no calls and no time — the call is not measured,
+//! and its time stays in the caller's self time — and `discovery.not_followed` lists it
+//! with the reason. The leaf says the caller's code calls it, not that this context
+//! did. Not shown: calls into anonymous code no file names (the agent's own
+//! trampolines are such code, and a patched entry jumps into one), and calls whose
+//! target is only in a register computed at run time (an interpreter's dispatch).
 
 use super::*;
 use crate::profile::{Node, NotFollowed};
@@ -58,7 +59,7 @@ impl JitCallees {
         {
             self.jit.refresh();
         }
-        if !self.jit.has_code() {
+        if self.jit.is_empty() {
             return;
         }
         let pid = symbols.pid();
@@ -85,7 +86,9 @@ impl JitCallees {
             for target in targets {
                 let in_module =
                     symbols.lookup(target).is_some() || symbols.module_at(target).is_some();
-                if !in_module && self.jit.name_at(target).is_some() {
+                // Named code only: the agent's trampolines are anonymous code too,
+                // and a patched function's entry jumps into one.
+                if !in_module && self.jit.lookup(target).is_some() {
                     self.found.entry(address).or_default().insert(target);
                 }
             }

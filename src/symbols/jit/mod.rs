@@ -196,11 +196,6 @@ impl JitSymbols {
         })
     }
 
-    /// Whether the process has JIT code: named, or anonymous executable memory.
-    pub fn has_code(&self) -> bool {
-        !self.entries.is_empty() || !self.anonymous_code.is_empty()
-    }
-
     /// How many pieces of code are named.
     pub fn len(&self) -> usize {
         self.entries.len()
