@@ -3,12 +3,13 @@
 //! leaf under `run_jit` named from the perf map, module `[jit]`, marked `jit`, with no
 //! calls or time; `discovery.not_followed` says why; the generated code's bytes are
 //! the same while the recording runs (never patched); and `report`'s tree, the
-//! Chrome trace and the pprof export carry the mark.
+//! Chrome trace and the pprof export carry the mark. A jitdump names the leaf as the
+//! perf map does.
 //!
 //! The one idea: the test records in its own process and polls snapshots until the
 //! leaf is there, waiting for the event rather than a fixed time.
 
-use super::common::{Target, start_recorder, tendril};
+use super::common::{Target, check_profile, start_recorder, tendril};
 use super::{SAMPLES_TIMEOUT, scratch_dir};
 use flate2::read::GzDecoder;
 use prost::Message;
@@ -38,22 +39,12 @@ fn jit_leaves(roots: &[Node]) -> Vec<&Node> {
         .collect()
 }
 
-#[test]
-fn a_recording_that_meets_a_call_into_jit_code_shows_a_marked_leaf_and_never_patches_it() {
-    let target = Target::spawn("jit", &["map"]);
-    let pid = target.pid();
-    let ready = target.ready_line().expect("ready line").to_string();
-    let trampoline = ready
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix("trampoline=0x"))
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .expect("the trampoline's address");
-    let before = code_bytes(pid, trampoline, 64);
-    assert_eq!(before[..4], TRAMPOLINE_START);
-
+/// Records below `run_jit` in process `pid` until the tree has a JIT leaf under it;
+/// the recorder, still recording, and that profile.
+fn record_until_a_jit_leaf(pid: i32) -> (tendril::recording::Recorder, Profile) {
     let mut recorder = start_recorder(pid, "run_jit");
     let deadline = Instant::now() + SAMPLES_TIMEOUT;
-    let profile: Profile = loop {
+    let profile = loop {
         recorder.poll();
         let profile = recorder.snapshot();
         let calls: u64 = profile
@@ -73,7 +64,44 @@ fn a_recording_that_meets_a_call_into_jit_code_shows_a_marked_leaf_and_never_pat
         // Pace the polls; what ends the loop is the leaf showing up.
         std::thread::sleep(Duration::from_millis(50));
     };
-    // Recorded, and the generated code is as the runtime wrote it.
+    (recorder, profile)
+}
+
+#[test]
+fn a_jitdump_names_the_leaf_as_the_perf_map_does() {
+    let dir = scratch_dir("recorded-dump");
+    let target = Target::spawn("jit", &["dump", dir.to_str().unwrap()]);
+    let (recorder, profile) = record_until_a_jit_leaf(target.pid());
+    recorder.finish(false).expect("the recording ends");
+    let leaves = jit_leaves(&profile.merged.roots);
+    assert_eq!(
+        leaves
+            .iter()
+            .map(|l| (l.name.as_str(), l.module.as_str()))
+            .collect::<Vec<_>>(),
+        [("jit_trampoline", "[jit]")]
+    );
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_recording_that_meets_a_call_into_jit_code_shows_a_marked_leaf_and_never_patches_it() {
+    let target = Target::spawn("jit", &["map"]);
+    let pid = target.pid();
+    let ready = target.ready_line().expect("ready line").to_string();
+    let trampoline = ready
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("trampoline=0x"))
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        .expect("the trampoline's address");
+    let before = code_bytes(pid, trampoline, 64);
+    assert_eq!(before[..4], TRAMPOLINE_START);
+
+    let (recorder, profile) = record_until_a_jit_leaf(pid);
+    // Consistent (the leaf's zero times add up), and the generated code is as the
+    // runtime wrote it.
+    check_profile(&profile);
     assert_eq!(
         code_bytes(pid, trampoline, 64),
         before,
