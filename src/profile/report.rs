@@ -504,8 +504,9 @@ pub fn write_hot(
     writeln!(
         out,
         "hot spots: self time per function over all its contexts (all threads); % of all \
-         roots' total{}",
-        below_resolution_note(&profile.merged.roots)
+         roots' total{}{}",
+        below_resolution_note(&profile.merged.roots),
+        jit_note(profile)
     )?;
     writeln!(
         out,
@@ -525,7 +526,11 @@ pub fn write_hot(
             "{} {:>6.1}% {:>10}  {}",
             self_ms(row.self_ns, row.below_resolution, 11),
             percent(row.self_ns, whole),
-            row.calls,
+            if row.jit {
+                JIT_MARK.to_string()
+            } else {
+                row.calls.to_string()
+            },
             row_label(row.name, &row.location(), columns, HOT_COLUMNS)
         )?;
     }

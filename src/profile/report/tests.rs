@@ -326,4 +326,13 @@ fn a_call_into_jit_code_shows_the_jit_mark_instead_of_a_count_and_the_title_says
         "{tree}"
     );
     assert!(!report(&profile(), ReportFormat::Tree).contains("jit"));
+    let hot = report(&marked, ReportFormat::Hot);
+    assert!(
+        hot.contains("      0.000    0.0%        jit  JS:*leafy app.js:1 ([jit])"),
+        "{hot}"
+    );
+    assert!(
+        hot.contains("; jit: a call into code generated at run time"),
+        "{hot}"
+    );
 }
