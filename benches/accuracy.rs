@@ -65,6 +65,7 @@ fn record(pid: i32, roots: &[&str]) -> Recorder {
         roots: roots.iter().map(|r| r.to_string()).collect(),
         scheme: Scheme::B,
         gross_only: false,
+        timing: Default::default(),
     })
     .unwrap()
 }

@@ -69,6 +69,7 @@ fn main() {
         roots: vec!["request".into()],
         scheme: Scheme::B,
         gross_only: false,
+        timing: Default::default(),
     })
     .expect("record the fixture");
     let poller = std::thread::spawn(move || {

@@ -72,6 +72,7 @@ fn record(pid: i32, roots: &[&str], gross_only: bool) -> Recorder {
         roots: roots.iter().map(|r| r.to_string()).collect(),
         scheme: Scheme::B,
         gross_only,
+        timing: Default::default(),
     })
     .unwrap()
 }

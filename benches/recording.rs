@@ -69,6 +69,7 @@ fn record(pid: i32, roots: &[&str], scheme: Scheme, gross_only: bool) -> Recorde
         roots: roots.iter().map(|r| r.to_string()).collect(),
         scheme,
         gross_only,
+        timing: Default::default(),
     })
     .unwrap()
 }

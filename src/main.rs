@@ -277,6 +277,42 @@ struct ProfileArgs {
         value_parser = tendril::commands::duration::parse_seconds
     )]
     trace: Option<Duration>,
+    #[command(flatten)]
+    timing: TimingArgs,
+}
+
+/// Adaptive timing: functions too short to time are counted in their callers.
+#[derive(clap::Args, Debug, Clone)]
+struct TimingArgs {
+    /// Time every call: no function is switched to counting only.
+    #[arg(long, conflicts_with_all = ["time", "min_time"])]
+    time_all: bool,
+    /// Keep functions matching PATTERN timed, however short (repeatable; patterns as
+    /// for --root).
+    #[arg(long, value_name = "PATTERN")]
+    time: Vec<String>,
+    /// Count, rather than time, a function whose calls (callees included) take under NS
+    /// nanoseconds on average. Default: what the hooks' calibration allows (shown in
+    /// the report's header).
+    #[arg(long, value_name = "NS", value_parser = parse_min_time)]
+    min_time: Option<f64>,
+}
+
+fn parse_min_time(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ns) if ns.is_finite() && ns >= 0.0 => Ok(ns),
+        _ => Err(format!("`{text}` is not a number of nanoseconds ≥ 0")),
+    }
+}
+
+impl From<TimingArgs> for tendril::recording::TimingOptions {
+    fn from(args: TimingArgs) -> Self {
+        tendril::recording::TimingOptions {
+            time_all: args.time_all,
+            keep_timed: args.time,
+            min_time_ns: args.min_time,
+        }
+    }
 }
 
 /// `report --clock`.
@@ -454,6 +490,7 @@ fn main() -> ExitCode {
                 roots,
                 scheme: profile.scheme.into(),
                 gross_only: profile.gross_only,
+                timing: profile.timing.into(),
             },
             duration,
             output: profile.output,
@@ -470,6 +507,7 @@ fn main() -> ExitCode {
                 roots,
                 scheme: profile.scheme.into(),
                 gross_only: profile.gross_only,
+                timing: profile.timing.into(),
                 duration,
                 output: profile.output,
                 trace: profile.trace,

@@ -129,6 +129,7 @@ fn recording_on_one_core(pid: i32, root: &str) -> Recorder {
         roots: vec![root.into()],
         scheme: Scheme::B,
         gross_only: false,
+        timing: Default::default(),
     })
     .unwrap()
 }

@@ -165,6 +165,7 @@ fn start(demo: &Demo, root: &str, scheme: Scheme) -> Recorder {
         roots: vec![root.to_string()],
         scheme,
         gross_only: false,
+        timing: Default::default(),
     })
     .unwrap_or_else(|e| panic!("cannot record the demo: {e}"))
 }

@@ -64,6 +64,7 @@ pub fn run() -> anyhow::Result<()> {
         roots: vec![demo_workload::DEMO_ROOT.to_string()],
         scheme: Scheme::B,
         gross_only: false,
+        timing: Default::default(),
     })?;
     let gone = move || crate::process::is_gone_or_exiting(pid);
     let profile = super::record::record_until_done(recorder, Some(REPORT_DURATION), gone)?;

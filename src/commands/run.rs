@@ -14,7 +14,7 @@ use crate::commands::record::record_until_done;
 use crate::departure::Ending;
 use crate::interrupt;
 use crate::process::AttachError;
-use crate::recording::{RecordError, RecordOptions, Recorder, Scheme};
+use crate::recording::{RecordError, RecordOptions, Recorder, Scheme, TimingOptions};
 use crate::targets::SelectError;
 use crate::terminal_text::say;
 use anyhow::{Context, anyhow, bail};
@@ -40,6 +40,7 @@ pub struct RunCommand {
     pub roots: Vec<String>,
     pub scheme: Scheme,
     pub gross_only: bool,
+    pub timing: TimingOptions,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
     /// `--trace`: keep the raw events of this first stretch.
@@ -114,6 +115,7 @@ fn prepare(command: &RunCommand, program: &str, child: Pid) -> anyhow::Result<Re
         roots,
         scheme: command.scheme,
         gross_only: command.gross_only,
+        timing: command.timing.clone(),
     });
     let recorder = match recorder {
         Ok(recorder) => recorder,

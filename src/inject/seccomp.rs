@@ -219,6 +219,8 @@ pub const SYSCALLS: &[SyscallUse] = &[
     agent(libc::SYS_fcntl, "fcntl", "F_ADD_SEALS", [FD, libc::F_ADD_SEALS as u64, (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) as u64, 0, 0, 0]),
     agent(libc::SYS_mmap, "mmap", "PROT_READ|PROT_WRITE, MAP_SHARED", [0, LEN, RW, libc::MAP_SHARED as u64, FD, 0]),
     agent(libc::SYS_madvise, "madvise", "MADV_POPULATE_WRITE", [PTR, LEN, libc::MADV_POPULATE_WRITE as u64, 0, 0, 0]).on_errno(IGNORED),
+    // A finished recording gives the rings' pages back.
+    agent(libc::SYS_fallocate, "fallocate", "FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE", [FD, (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE) as u64, LEN, LEN, 0, 0]),
     // Patching: code pages made writable for a moment (keeping execute), trampolines
     // near the code, per-thread state, cores serialised.
     agent(libc::SYS_mprotect, "mprotect", "PROT_READ|PROT_WRITE|PROT_EXEC", [PTR, LEN, RWX, 0, 0, 0]),

@@ -5,7 +5,7 @@
 //! the status bar's figures are derived here from the profile's own statistics, so a
 //! live recording and a saved file show the same numbers the same way.
 
-use crate::profile::{Node, Profile};
+use crate::profile::{Node, Profile, Timing};
 use std::collections::VecDeque;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
             node.self_ns as f64,
         );
         copy.below_resolution = node.below_resolution;
+        copy.in_caller = node.timing == Timing::InCaller;
         copy.error_ns = node.error_ns.map(|ns| ns as f64);
         copy.address = node.address;
         // Sampled JIT frames have samples to show; only an instrumented leaf is marked.
@@ -78,6 +79,8 @@ pub fn fill_counters(profile: &Profile, status: &mut Status) {
     status.lost_events = profile.stats.lost_events;
     status.estimated_overhead_percent = profile.estimated_overhead_percent();
     status.cpu_unmeasured = profile.stats.cpu_unmeasured.clone();
+    status.untimed = (profile.stats.timing.as_ref())
+        .map(|timing| (timing.untimed_functions, timing.threshold_ns));
 }
 
 /// The whole view-model for `profile`, with `status` (its counters are filled in here).

@@ -182,6 +182,7 @@ impl Session {
             roots: patterns,
             scheme: Scheme::B,
             gross_only: false,
+            timing: Default::default(),
         };
         let job = Job::spawn("tendril-attach", move || Recorder::start(&options))?;
         self.recording = Recording::Starting(job);

@@ -15,7 +15,7 @@
 //! marked below resolution instead of showing a self time of 0 as if measured.
 
 use super::calibration::Correction;
-use super::model::Node;
+use super::model::{Node, Timing};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -213,6 +213,19 @@ impl CallArena {
         }
     }
 
+    /// Which nodes were counted, not timed: those of a function `untimed` says is, except
+    /// at the top (a root's context has no caller to hold its time), and every node
+    /// below one of them.
+    pub fn in_caller(&self, untimed: impl Fn(u32) -> bool) -> Vec<bool> {
+        let mut marks = vec![false; self.nodes.len()];
+        for index in 1..self.nodes.len() {
+            let node = &self.nodes[index];
+            marks[index] =
+                marks[node.parent as usize] || (node.parent != TOP && untimed(node.function));
+        }
+        marks
+    }
+
     /// The roots as profile nodes: `totals[i]` (ticks, [settled](CallArena::settle)) is
     /// node `i`'s total time, `self` time is the total minus the children's totals, and
     /// `describe` gives a function's (name, module, entry address). A node marked in
@@ -227,15 +240,19 @@ impl CallArena {
         correction: &Correction,
         describe: impl FnMut(u32) -> (String, String, Option<u64>),
     ) -> Vec<Node> {
-        self.to_nodes_with_cpu(totals, below, None, correction, describe)
+        let in_caller = vec![false; self.nodes.len()];
+        self.to_nodes_with_cpu(totals, below, &in_caller, None, correction, describe)
     }
 
     /// [`CallArena::to_nodes`], with each node's on-CPU time from `cpu` (settled totals
-    /// in ticks, indexed like `totals`) when given.
+    /// in ticks, indexed like `totals`) when given. Nodes marked in `in_caller` were
+    /// counted, not timed (their totals are 0 already): they carry
+    /// [`Timing::InCaller`], no error and no CPU time.
     pub fn to_nodes_with_cpu(
         &self,
         totals: &[f64],
         below: &[bool],
+        in_caller: &[bool],
         cpu: Option<&[f64]>,
         correction: &Correction,
         mut describe: impl FnMut(u32) -> (String, String, Option<u64>),
@@ -254,13 +271,28 @@ impl CallArena {
                 })
                 .collect()
         };
-        // Calls at or below each node, for its error estimate.
-        let mut subtree_calls = vec![0u64; self.nodes.len()];
+        // Timed and untimed calls at or below each node, for its error estimate.
+        let mut subtree_calls = vec![[0u64; 2]; self.nodes.len()];
         for index in (1..self.nodes.len()).rev() {
             let node = &self.nodes[index];
             let children = take_children(&mut built, index);
-            subtree_calls[index] += node.calls;
-            subtree_calls[node.parent as usize] += subtree_calls[index];
+            let counted_only = in_caller[index];
+            subtree_calls[index][usize::from(counted_only)] += node.calls;
+            let [timed, untimed] = subtree_calls[index];
+            subtree_calls[node.parent as usize][0] += timed;
+            subtree_calls[node.parent as usize][1] += untimed;
+            let (name, module, address) = describe(node.function);
+            if counted_only {
+                let mut counted = Node::leaf(&name, &module, node.calls, 0, 0);
+                counted.address = address;
+                counted.timing = Timing::InCaller;
+                // Its CPU time, like its wall time, is its caller's.
+                counted.cpu_ns = cpu.map(|_| 0);
+                counted.self_cpu_ns = counted.cpu_ns;
+                counted.children = children;
+                built[index] = Some(counted);
+                continue;
+            }
             let children_ns: u64 = children.iter().map(|child| child.total_ns).sum();
             let children_ticks: f64 = node.children().map(|c| totals[c as usize]).sum();
             let below_resolution = below[index]
@@ -270,7 +302,6 @@ impl CallArena {
             } else {
                 correction.ticks_to_ns(totals[index]).max(children_ns)
             };
-            let (name, module, address) = describe(node.function);
             let cpu_ns = cpu.map(|cpu| {
                 let children_cpu_ns: u64 = children.iter().filter_map(|c| c.cpu_ns).sum();
                 correction
@@ -289,10 +320,11 @@ impl CallArena {
                 below_resolution,
                 cpu_ns,
                 self_cpu_ns,
-                error_ns: correction.error_ns(node.calls, subtree_calls[index] - node.calls),
+                error_ns: correction.error_ns(node.calls, timed - node.calls, untimed),
                 address,
                 samples: None,
                 jit: false,
+                timing: Timing::Timed,
                 children,
             });
         }

@@ -23,6 +23,16 @@
 use super::model::Calibration;
 use tendril_wire::events::{HOOK_SHAPES, HookShape};
 
+/// The share of the cost removed that a node's error adds for the hooks' cost moving
+/// away from its calibration (see [`Correction::error_ns`]).
+pub const SYSTEMATIC_SHARE: f64 = 0.25;
+
+/// The same for the untimed hook's cost: a call that writes an event and nothing else
+/// costs what the ring and its drain cost at the moment, from about half its
+/// calibration (a quiet ring) to about three times it (a ring the drain cannot keep up
+/// with: the tight-call fixture, BENCHMARKS.md).
+pub const UNTIMED_SYSTEMATIC_SHARE: f64 = 2.0;
+
 /// Why a calibration cannot be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CalibrationError {
@@ -43,6 +53,9 @@ pub struct Correction {
     /// call.
     inner_spread_ns: f64,
     outer_spread_ns: f64,
+    /// What one untimed call adds to its caller, and its spread.
+    untimed_ticks: f64,
+    untimed_spread_ns: f64,
 }
 
 impl Correction {
@@ -57,7 +70,19 @@ impl Correction {
             ns_per_tick: 1.0 / ticks_per_ns,
             inner_spread_ns: 0.0,
             outer_spread_ns: 0.0,
+            untimed_ticks: 0.0,
+            untimed_spread_ns: 0.0,
         };
+        for (which, value) in [
+            ("untimed", calibration.untimed_ns),
+            ("untimed spread", calibration.untimed_spread_ns),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(CalibrationError::BadOverhead { which, value });
+            }
+        }
+        correction.untimed_ticks = calibration.untimed_ns * ticks_per_ns;
+        correction.untimed_spread_ns = calibration.untimed_spread_ns;
         for shape in HookShape::ALL {
             let values = calibration.for_shape(shape);
             for (which, value) in [
@@ -79,15 +104,33 @@ impl Correction {
     }
 
     /// The estimated error of a context's corrected total: what the cost removed may be
-    /// off by — the calibration's spread per call times the calls it was removed for
-    /// (the context's own `calls` for `t_I`, and the `descendant_calls` below it for
-    /// `t_O`), with the largest spread of the hook shapes. `None` when the calibration
-    /// gave no spread (an older agent's).
-    pub fn error_ns(&self, calls: u64, descendant_calls: u64) -> Option<u64> {
+    /// off by. Two parts, added:
+    /// - the calibration's spread per call times the calls it was removed for (the
+    ///   context's own `calls` for `t_I`, the `timed_below` calls below it for `t_O`, the
+    ///   `untimed_below` calls for the untimed hook's cost), with the largest spread of
+    ///   the hook shapes;
+    /// - a systematic part: [`SYSTEMATIC_SHARE`] of the timed hooks' cost removed and
+    ///   [`UNTIMED_SYSTEMATIC_SHARE`] of the untimed hook's, for what moves the hooks'
+    ///   real cost away from the calibration's (caches shared with other work, another
+    ///   process on the core, a full ring).
+    ///
+    /// `None` when the calibration gave no spread (an older agent's).
+    pub fn error_ns(&self, calls: u64, timed_below: u64, untimed_below: u64) -> Option<u64> {
         (self.inner_spread_ns > 0.0 || self.outer_spread_ns > 0.0).then(|| {
-            (calls as f64 * self.inner_spread_ns + descendant_calls as f64 * self.outer_spread_ns)
-                .round() as u64
+            let spread = calls as f64 * self.inner_spread_ns
+                + timed_below as f64 * self.outer_spread_ns
+                + untimed_below as f64 * self.untimed_spread_ns;
+            let timed_removed = calls as f64 * self.largest(&self.inner_ticks)
+                + timed_below as f64 * self.largest(&self.outer_ticks);
+            let untimed_removed = untimed_below as f64 * self.untimed_ticks;
+            let systematic =
+                SYSTEMATIC_SHARE * timed_removed + UNTIMED_SYSTEMATIC_SHARE * untimed_removed;
+            (spread + systematic * self.ns_per_tick).round() as u64
         })
+    }
+
+    fn largest(&self, per_shape: &[f64; HOOK_SHAPES]) -> f64 {
+        per_shape.iter().copied().fold(0.0, f64::max)
     }
 
     /// `t_exact` in ticks of one invocation of a function hooked as `shape` that
@@ -109,6 +152,12 @@ impl Correction {
     #[inline]
     pub fn outer_ticks(&self, shape: HookShape) -> f64 {
         self.outer_ticks[shape as usize]
+    }
+
+    /// What one untimed call adds to its caller's measured time, in ticks.
+    #[inline]
+    pub fn untimed_ticks(&self) -> f64 {
+        self.untimed_ticks
     }
 
     /// Whole nanoseconds, rounded to nearest, for a (corrected) number of ticks; 0 for
@@ -203,8 +252,24 @@ mod tests {
             correction.charge(100, HookShape::CallThunk, outer_of(&correction, [0, 1, 0])),
             92.0
         );
-        // The largest spread of the shapes bounds the error.
-        assert_eq!(correction.error_ns(2, 4), Some(7));
+        // The largest spread of the shapes bounds the error (2·0.5 + 4·1.5), and a
+        // quarter of the cost removed is added, with the largest cost of the shapes
+        // (0.25 · (2·3 + 4·7)): 15.5.
+        assert_eq!(correction.error_ns(2, 4, 0), Some(16));
+    }
+
+    #[test]
+    fn counted_calls_add_their_spread_and_twice_their_cost_to_the_error() {
+        let correction = Correction::new(&Calibration {
+            inner_spread_ns: 0.5,
+            untimed_ns: 2.0,
+            untimed_spread_ns: 0.5,
+            ..calibration()
+        })
+        .unwrap();
+        assert_eq!(correction.untimed_ticks(), 2.0);
+        // 10 · 0.5 + 2 · (10 · 2).
+        assert_eq!(correction.error_ns(0, 0, 10), Some(45));
     }
 
     #[test]

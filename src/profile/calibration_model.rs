@@ -23,6 +23,12 @@ pub struct Calibration {
     pub inner_spread_ns: f64,
     #[serde(default)]
     pub outer_spread_ns: f64,
+    /// What one call through the untimed hook (`"timing": "in_caller"`) adds to its
+    /// caller's time, and the spread of that (0 if unknown: an older profile).
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub untimed_ns: f64,
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub untimed_spread_ns: f64,
     /// In-situ batches the values above come from (their median, and the spreads around
     /// it); 0 when they are the start calibration's.
     #[serde(default, skip_serializing_if = "is_zero")]

@@ -8,7 +8,8 @@
 
 use super::arena::CallArena;
 use super::calibration::{CalibrationError, Correction};
-use super::model::{Calibration, MergedProfile, Profile, Stats, ThreadProfile};
+use super::model::{Calibration, MergedProfile, Profile, Stats, ThreadProfile, TimingPolicy};
+use super::per_function::{self, FunctionSums};
 use super::thread_tree::{OwnFunctions, RootFunctions, ThreadTree};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -82,6 +83,9 @@ pub struct RecordingInfo {
     pub invoked_functions: u64,
     pub lost_events: u64,
     pub indirect_call_sites: u64,
+    /// Adaptive timing's policy and what it switched (its `untimed_calls` is filled in
+    /// by the builder); `None` when every call is timed.
+    pub timing: Option<TimingPolicy>,
 }
 
 /// The builder's counters, summed over threads.
@@ -107,6 +111,8 @@ pub struct BuildCounters {
     pub stale_exits: u64,
     /// Calls made outside any recorded root frame (left out), see `ThreadCounters`.
     pub discarded_calls: u64,
+    /// Calls of untimed functions counted in the trees.
+    pub untimed_calls: u64,
 }
 
 /// The functions instrumented as roots, by id: only they start a context at the top of
@@ -149,6 +155,8 @@ pub struct CctBuilder {
     /// Off-CPU intervals of threads with no events yet, kept until their first events
     /// (the intervals come before the events that follow them).
     off_cpu_of_unseen: HashMap<u32, Vec<(u64, u64, u64)>>,
+    /// By function id: its calls are counted, not timed (adaptive timing).
+    untimed: Vec<bool>,
 }
 
 /// Off-CPU intervals kept for one thread with no events yet: a thread asleep outside
@@ -166,6 +174,7 @@ impl CctBuilder {
             index_of_tid: HashMap::new(),
             measures_cpu: false,
             off_cpu_of_unseen: HashMap::new(),
+            untimed: Vec::new(),
         })
     }
 
@@ -187,6 +196,39 @@ impl CctBuilder {
     fn thread_mut(&mut self, tid: u32) -> &mut ThreadTree {
         let index = self.thread_index(tid);
         &mut self.threads[index]
+    }
+
+    /// Says which functions are untimed now (adaptive timing): their nodes below a
+    /// caller are shown as counted, their time in the caller's ([`Timing::InCaller`]),
+    /// including the calls they made before they were switched.
+    ///
+    /// [`Timing::InCaller`]: super::model::Timing::InCaller
+    pub fn set_untimed(&mut self, ids: impl IntoIterator<Item = u32>) {
+        self.untimed.clear();
+        for id in ids {
+            if self.untimed.len() <= id as usize {
+                self.untimed.resize(id as usize + 1, false);
+            }
+            self.untimed[id as usize] = true;
+        }
+    }
+
+    fn is_untimed(&self, function: u32) -> bool {
+        self.untimed
+            .get(function as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Each function's calls, mean time and callees over every thread's tree, as of
+    /// now (frames still open count up to their thread's latest event).
+    pub fn function_sums(&self) -> HashMap<u32, FunctionSums> {
+        let mut sums = HashMap::new();
+        for thread in &self.threads {
+            let totals = thread.totals_now(&self.correction);
+            per_function::add_arena(thread.arena(), &totals, &mut sums);
+        }
+        sums
     }
 
     /// Says which function ids are the recording's roots: from now on, an entry of any
@@ -335,6 +377,7 @@ impl CctBuilder {
             sum.dropped_frames += counters.dropped_frames;
             sum.stale_exits += counters.stale_exits;
             sum.discarded_calls += counters.discarded_calls;
+            sum.untimed_calls += counters.untimed_calls;
         }
         sum
     }
@@ -354,8 +397,20 @@ impl CctBuilder {
         // Merged nodes some thread's part of which was below resolution.
         let mut merged_below: Vec<bool> = vec![false];
         let mut threads = Vec::with_capacity(self.threads.len());
+        let untimed = |function| self.is_untimed(function);
         for thread in &self.threads {
-            let settled = thread.arena().settle(&thread.totals_now(correction));
+            let in_caller = thread.arena().in_caller(untimed);
+            let counted_only = |mut raw: Vec<f64>| {
+                for (total, &counted) in raw.iter_mut().zip(&in_caller) {
+                    if counted {
+                        *total = 0.0;
+                    }
+                }
+                raw
+            };
+            let settled = thread
+                .arena()
+                .settle(&counted_only(thread.totals_now(correction)));
             let matching = merged.merge(thread.arena(), &settled.totals);
             merged_below.resize(merged.len(), false);
             for (mine, below) in matching.iter().zip(&settled.below) {
@@ -364,7 +419,7 @@ impl CctBuilder {
             let cpu = self.measures_cpu.then(|| {
                 let cpu = thread
                     .arena()
-                    .settle(&thread.cpu_totals_now(correction))
+                    .settle(&counted_only(thread.cpu_totals_now(correction)))
                     .totals;
                 merged.add_cpu(&matching, &cpu);
                 cpu
@@ -376,6 +431,7 @@ impl CctBuilder {
                 roots: thread.arena().to_nodes_with_cpu(
                     &settled.totals,
                     &settled.below,
+                    &in_caller,
                     cpu.as_deref(),
                     correction,
                     describe,
@@ -416,6 +472,10 @@ impl CctBuilder {
                 unmatched_exits: counters.unmatched_exits,
                 stack_switches: counters.stack_switches,
                 dropped_frames: counters.dropped_frames,
+                timing: info.timing.clone().map(|policy| TimingPolicy {
+                    untimed_calls: counters.untimed_calls,
+                    ..policy
+                }),
                 ..Stats::default()
             },
             threads,
@@ -423,6 +483,7 @@ impl CctBuilder {
                 roots: merged.to_nodes_with_cpu(
                     &merged_totals,
                     &merged_below,
+                    &merged.in_caller(untimed),
                     merged_cpu.as_deref(),
                     correction,
                     describe,

@@ -19,6 +19,8 @@
 //! - [`trace`]: timelines of a recording's first seconds (`record --trace`);
 //! - [`diff`]: two profiles compared call path by call path.
 //! - [`prune`]: `report`'s `--thread`, `--depth` and `--threshold`;
+//! - [`untimed_calls`]: where the calls of untimed functions go in a tree;
+//! - [`per_function`]: each function's calls and mean time, for adaptive timing.
 
 mod arena;
 pub mod calibration;
@@ -34,11 +36,13 @@ pub mod hot;
 pub mod model;
 pub mod names;
 pub mod overlap;
+pub mod per_function;
 pub mod prune;
 pub mod report;
 mod thread_tree;
 pub mod trace;
 pub mod trace_model;
+pub mod untimed_calls;
 
 #[cfg(test)]
 mod tests_support;
@@ -49,7 +53,8 @@ pub use clock::{Clock, NoCpuTime};
 pub use file::ProfileError;
 pub use model::{
     Calibration, DiscoveryStats, GrossTime, MergedProfile, ModuleMapping, Node, NotFollowed,
-    Profile, SamplingInfo, ShapeCalibration, Stats, ThreadProfile, Visit, walk,
+    Profile, SamplingInfo, ShapeCalibration, Stats, ThreadProfile, Timing, TimingPolicy, Visit,
+    walk,
 };
 pub use prune::{Prune, PruneError};
 pub use report::{

@@ -243,10 +243,30 @@ pub struct Stats {
     /// calls after that are recorded only if the library came back and was followed.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unloaded_functions: u64,
+    /// Adaptive timing: which functions were counted rather than timed, and why.
+    /// Absent in profiles of recordings that timed every call (`--time-all`, older
+    /// versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<TimingPolicy>,
     /// Whether the nodes' `total_ns`/`self_ns` hold CPU times now
     /// (`Profile::show_clock`); never saved: a saved profile holds wall-clock times there.
     #[serde(skip)]
     pub shows_cpu_time: bool,
+}
+
+/// What adaptive timing did in a recording (`Stats::timing`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct TimingPolicy {
+    /// A function whose mean time per call, its callees included, stayed under this
+    /// after enough calls to judge was switched to the untimed hook.
+    pub threshold_ns: f64,
+    /// Functions switched (at the end of the recording).
+    pub untimed_functions: u64,
+    /// Calls of untimed functions, each counted in its context.
+    pub untimed_calls: u64,
+    /// Functions that qualified but whose hook could not be switched, kept timed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused: u64,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -320,8 +340,30 @@ pub struct Node {
     /// (`calls` and times 0; its time is in its caller's self time).
     #[serde(default, skip_serializing_if = "is_false")]
     pub jit: bool,
+    /// `in_caller`: the function's calls here were too short to time and were counted
+    /// only (adaptive timing); its time is part of its caller's self time, and its
+    /// `total_ns`, `self_ns` and `cpu_ns` are 0.
+    #[serde(default, skip_serializing_if = "Timing::is_timed")]
+    pub timing: Timing,
     #[serde(default)]
     pub children: Vec<Node>,
+}
+
+/// How a node's time was measured (see [`Node::timing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Timing {
+    /// Each call timed by its own hook.
+    #[default]
+    Timed,
+    /// Calls counted, their time left in the caller's.
+    InCaller,
+}
+
+impl Timing {
+    pub fn is_timed(&self) -> bool {
+        *self == Timing::Timed
+    }
 }
 
 fn is_false(flag: &bool) -> bool {
@@ -359,6 +401,7 @@ impl Node {
             address: None,
             samples: None,
             jit: false,
+            timing: Timing::Timed,
             children: Vec::new(),
         }
     }
@@ -379,6 +422,7 @@ impl Node {
         node.address = self.address;
         node.samples = self.samples;
         node.jit = self.jit;
+        node.timing = self.timing;
         node
     }
 
@@ -395,6 +439,7 @@ impl Node {
             && self.address == other.address
             && self.samples == other.samples
             && self.jit == other.jit
+            && self.timing == other.timing
             && self.children.len() == other.children.len()
     }
 }

@@ -10,7 +10,7 @@ pub use super::depth_cut::{MAX_STACK_DEPTH, subtrees_cut};
 use super::export;
 pub use super::folded::write_folded;
 use super::hot::hot_spots;
-use super::model::{Node, Profile, Stats};
+use super::model::{Node, Profile, Stats, Timing};
 use super::names::{fit_middle, function_label, printable};
 use std::fmt;
 use std::io::{self, Write};
@@ -137,7 +137,14 @@ pub const BELOW_RESOLUTION: &str = "<res";
 
 /// A self time in milliseconds, `width` wide, or [`BELOW_RESOLUTION`].
 fn self_ms(self_ns: u64, below_resolution: bool, width: usize) -> String {
-    if below_resolution {
+    self_cell(self_ns, below_resolution, Timing::Timed, width)
+}
+
+/// [`self_ms`], or [`timing_marks::IN_CALLER`] for a node counted, not timed.
+fn self_cell(self_ns: u64, below_resolution: bool, timing: Timing, width: usize) -> String {
+    if timing == Timing::InCaller {
+        format!("{:>width$}", timing_marks::IN_CALLER)
+    } else if below_resolution {
         format!("{BELOW_RESOLUTION:>width$}")
     } else {
         format!("{:>width$.3}", ms(self_ns))
@@ -269,6 +276,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if let Some(note) = library_churn_note(stats) {
         writeln!(out, "{note}")?;
     }
+    if let Some(line) = timing_marks::policy_line(stats) {
+        writeln!(out, "{line}")?;
+    }
     write_not_followed(profile, out)?;
     if let Some(warning) = stack_switch_warning(profile) {
         writeln!(out, "{warning}")?;
@@ -287,8 +297,16 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         write!(
             out,
             " (give or take {:.1} and {:.1} ns a call: each node's error_ns is that times \
-             its calls)",
+             its calls, plus a quarter of the cost removed)",
             calibration.inner_spread_ns, calibration.outer_spread_ns
+        )?;
+    }
+    if calibration.untimed_ns > 0.0 {
+        write!(
+            out,
+            "; {:.1} ns removed per counted call (give or take {:.1} ns, and twice the cost \
+             in error_ns)",
+            calibration.untimed_ns, calibration.untimed_spread_ns
         )?;
     }
     if calibration.in_situ_batches > 0 {
@@ -442,10 +460,11 @@ pub fn write_tree(
     write_header(profile, out)?;
     writeln!(
         out,
-        "merged call tree of {}; children by total time; % of all roots' total{}{}",
+        "merged call tree of {}; children by total time; % of all roots' total{}{}{}",
         plural(profile.threads.len() as u64, "thread", "threads"),
         below_resolution_note(&profile.merged.roots),
-        jit_note(profile)
+        jit_note(profile),
+        timing_marks::uncertain_note(&profile.merged.roots)
     )?;
     let (count_title, count) = count_column(profile);
     writeln!(
@@ -470,10 +489,10 @@ pub fn write_tree(
         };
         write!(
             out,
-            "{:>10} {:>11.3} {} {:>6.1}%  {:indent$}",
+            "{:>10} {} {} {:>6.1}%  {:indent$}",
             counted,
-            ms(node.total_ns),
-            self_ms(node.self_ns, node.below_resolution, 11),
+            timing_marks::total_cell(node, 11),
+            self_cell(node.self_ns, node.below_resolution, node.timing, 11),
             percent(node.total_ns, whole),
             "",
         )?;
@@ -575,3 +594,4 @@ fn below_resolution_note(roots: &[Node]) -> &'static str {
 
 #[cfg(test)]
 mod tests;
+mod timing_marks;

@@ -53,5 +53,6 @@ pub fn info() -> RecordingInfo {
         invoked_functions: 3,
         lost_events: 0,
         indirect_call_sites: 1,
+        timing: None,
     }
 }

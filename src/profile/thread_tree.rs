@@ -26,6 +26,7 @@
 
 use super::arena::{CallArena, TOP};
 use super::calibration::Correction;
+use super::untimed_calls::{UntimedChain, caller_and_count};
 use std::collections::VecDeque;
 use tendril_wire::events::{Event, EventKind, HOOK_SHAPES, HookShape, KIND_MASK};
 
@@ -34,6 +35,7 @@ const EXIT: u32 = EventKind::Exit as u32;
 const UNWIND: u32 = EventKind::Unwind as u32;
 const ADJUST: u32 = EventKind::Adjust as u32;
 const RESUMED: u32 = EventKind::Resumed as u32;
+const CALL: u32 = EventKind::Call as u32;
 
 /// The node of a frame that is not recorded: a call made outside any recorded root
 /// frame (see the module comment).
@@ -117,6 +119,8 @@ pub struct ThreadCounters {
     /// Frames closed (by an unwind) when their stack was left, that returned later:
     /// their times stop at the switch, and what they did after it is not theirs.
     pub dropped_frames: u64,
+    /// Calls of untimed functions placed in the tree (`untimed_calls`).
+    pub untimed_calls: u64,
 }
 
 /// Most off-CPU spans kept waiting for the thread's next event. A thread that switches
@@ -185,6 +189,8 @@ pub struct ThreadTree {
     latest_ts: u64,
     /// Whether the latest event was `Resumed` (the next one continues the same switch).
     resuming: bool,
+    /// Where the next untimed call goes (see `untimed_calls`).
+    chain: UntimedChain,
     /// Whether a root has been entered since the stream began (until then, an exit
     /// with nothing open is a stale exit, not an unmatched one).
     joined: bool,
@@ -203,6 +209,7 @@ impl ThreadTree {
             off_cpu: OffCpu::default(),
             latest_ts: 0,
             resuming: false,
+            chain: UntimedChain::default(),
             joined: false,
             counters: ThreadCounters::default(),
         }
@@ -248,6 +255,11 @@ impl ThreadTree {
             if ignored.contains(event.function) {
                 continue;
             }
+            if kind == CALL {
+                self.untimed_call(event, correction);
+                continue;
+            }
+            self.chain.reset();
             if !self.off_cpu.pending.is_empty() || self.off_cpu.paused_in_window != 0 {
                 self.take_off_cpu_until(event.value);
             }
@@ -263,6 +275,20 @@ impl ThreadTree {
                 _ => self.counters.malformed_events += 1,
             }
         }
+    }
+
+    /// `count` calls of an untimed function (no timestamp): counted in the context of
+    /// the innermost timed frame, whose time holds them and their hooks' cost.
+    fn untimed_call(&mut self, event: &Event, correction: &Correction) {
+        let (caller, count) = caller_and_count(event);
+        let Some(top) = self.frames.last_mut().filter(|top| top.node != DISCARDED) else {
+            self.counters.discarded_calls += count;
+            return;
+        };
+        top.descendant_outer_ticks += count as f64 * correction.untimed_ticks();
+        let frame = top.node;
+        (self.chain).place(&mut self.arena, frame, event.function, caller, count);
+        self.counters.untimed_calls += count;
     }
 
     /// Adds an interval the thread spent off the CPU, `out_tsc..in_tsc` (later than

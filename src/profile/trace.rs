@@ -118,7 +118,8 @@ impl TraceCapture {
                 }
                 continue;
             }
-            if kind == Some(EventKind::Resumed)
+            // An untimed call has no time on a timeline: it is its caller's.
+            if matches!(kind, Some(EventKind::Resumed | EventKind::Call))
                 || kind.is_none()
                 || self.ignored.contains(event.function)
             {

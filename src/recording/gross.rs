@@ -56,7 +56,7 @@ impl GrossTimes {
                     self.durations.entry(id).or_default().push(corrected);
                 }
                 Some(EventKind::Adjust) => *paused += event.value,
-                Some(EventKind::Resumed) | None => {}
+                Some(EventKind::Resumed | EventKind::Call) | None => {}
             }
         }
     }

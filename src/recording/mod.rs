@@ -24,4 +24,7 @@ pub mod recorder;
 pub mod rings;
 pub mod tsc;
 
-pub use recorder::{Finished, HookedCopy, RecordError, RecordOptions, Recorder, Scheme};
+pub use recorder::{
+    CALLS_TO_JUDGE, Finished, HookedCopy, RecordError, RecordOptions, Recorder, Scheme,
+    TimingOptions, threshold_ns,
+};

@@ -10,6 +10,8 @@
 //! the cost correction — happens here, at the controller's pace, so a recording can be
 //! shown live and saved at any moment ([`Recorder::snapshot`]).
 
+mod adaptive;
+mod call_sites;
 mod code_copy;
 mod controls;
 mod go_callees;
@@ -20,6 +22,7 @@ mod polling;
 mod snapshot;
 mod tracing;
 
+pub use adaptive::{CALLS_TO_JUDGE, TimingOptions, threshold_ns};
 pub use code_copy::HookedCopy;
 pub use tracing::TraceStatus;
 
@@ -40,7 +43,7 @@ use crate::targets::{self, Chosen, SelectError};
 use crate::terminal_text::say;
 use std::collections::HashMap;
 use std::time::Instant;
-use tendril_wire::events::{Event, EventKind};
+use tendril_wire::events::Event;
 use tendril_wire::{Hook, Request, Response};
 
 /// How the call graph below the roots is instrumented.
@@ -61,6 +64,8 @@ pub struct RecordOptions {
     pub scheme: Scheme,
     /// Only the roots, for their time distribution (JFluid's code-region profiling).
     pub gross_only: bool,
+    /// Adaptive timing's options.
+    pub timing: TimingOptions,
 }
 
 /// Why a recording could not start or go on.
@@ -136,6 +141,10 @@ pub struct Recorder {
     go_callees: go_callees::GoCallees,
     /// The JIT code the recorded code calls (never patched).
     jit_callees: jit_callees::JitCallees,
+    /// The callers of untimed calls, by return address.
+    call_sites: call_sites::CallSites,
+    /// Which functions are untimed, and the judge that chooses them.
+    adaptive: adaptive::AdaptiveTiming,
 }
 
 /// `name (module)`, for a refusal.
@@ -167,10 +176,19 @@ impl Recorder {
         let symbols = ProcessSymbols::load(pid)?;
         let matched = targets::match_patterns(&symbols, &options.roots)?;
         targets::refuse_if_none_patchable(&symbols, &matched, true)?;
+        // Before the attach: a pattern that names nothing leaves the target untouched.
+        let kept_timed = match options.timing.keep_timed.is_empty() {
+            true => Default::default(),
+            false => targets::match_patterns(&symbols, &options.timing.keep_timed)?
+                .iter()
+                .map(|function| function.addr)
+                .collect(),
+        };
         let (target, session) = inject::attach(pid)?;
         let symbols = targets::unwinder_symbols_after_attach(&symbols)?.unwrap_or(symbols);
         let tsc_hz = tsc::measure_hz();
         let go_callees = go_callees::GoCallees::new(&symbols);
+        let adaptive = adaptive::AdaptiveTiming::new(options.timing.clone(), kept_timed);
         let mut recorder = Recorder {
             target,
             session,
@@ -204,6 +222,8 @@ impl Recorder {
             in_situ: Default::default(),
             go_callees,
             jit_callees: jit_callees::JitCallees::new(pid),
+            call_sites: Default::default(),
+            adaptive,
         };
         recorder.begin()?;
         Ok(recorder)
@@ -255,27 +275,33 @@ impl Recorder {
             },
             &table,
         );
-        let (inner_ticks, outer_ticks, inner_spread_ticks, outer_spread_ticks) =
-            match started.map_err(session_error)? {
-                Response::RecordingStarted {
-                    inner_ticks,
-                    outer_ticks,
-                    inner_spread_ticks,
-                    outer_spread_ticks,
-                    loader,
-                } => {
-                    self.late_modules.started(loader);
-                    (
-                        inner_ticks,
-                        outer_ticks,
-                        inner_spread_ticks,
-                        outer_spread_ticks,
-                    )
+        let cost = match started.map_err(session_error)? {
+            Response::RecordingStarted {
+                inner_ticks,
+                outer_ticks,
+                inner_spread_ticks,
+                outer_spread_ticks,
+                untimed_ticks,
+                untimed_spread_ticks,
+                loader,
+            } => {
+                self.late_modules.started(loader);
+                let ns = |ticks: f64| ticks * 1e9 / self.tsc_hz as f64;
+                Calibration {
+                    tsc_hz: self.tsc_hz,
+                    inner_ns: ns(inner_ticks),
+                    outer_ns: ns(outer_ticks),
+                    inner_spread_ns: ns(inner_spread_ticks),
+                    outer_spread_ns: ns(outer_spread_ticks),
+                    untimed_ns: ns(untimed_ticks),
+                    untimed_spread_ns: ns(untimed_spread_ticks),
+                    ..Default::default()
                 }
-                other => {
-                    return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
-                }
-            };
+            }
+            other => {
+                return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
+            }
+        };
         let rings_memory = self.session.take_received_descriptor();
         self.recording = true;
         self.stopped_at = None;
@@ -288,22 +314,16 @@ impl Recorder {
             self.rings = Some(rings);
         }
         self.rings().skip_to_now();
-        if self.builder.is_none() {
-            let ns = |ticks: f64| ticks * 1e9 / self.tsc_hz as f64;
-            let builder = CctBuilder::new(Calibration {
-                tsc_hz: self.tsc_hz,
-                inner_ns: ns(inner_ticks),
-                outer_ns: ns(outer_ticks),
-                inner_spread_ns: ns(inner_spread_ticks),
-                outer_spread_ns: ns(outer_spread_ticks),
-                ..Default::default()
-            })
-            .map_err(|e| RecordError::Refused {
+        let resumed = self.builder.is_some();
+        if !resumed {
+            let builder = CctBuilder::new(cost).map_err(|e| RecordError::Refused {
                 pid,
                 message: format!("the hooks' calibration is unusable: {e}"),
             })?;
+            self.adaptive.restart(&cost);
             self.builder = Some(builder);
             self.watch_off_cpu();
+            let inner_ticks = cost.inner_ns * self.tsc_hz as f64 / 1e9;
             self.gross = self
                 .gross_only
                 .then(|| GrossTimes::new(self.tsc_hz, inner_ticks));
@@ -419,6 +439,9 @@ impl Recorder {
         self.root_ids = self.ids_of(&root_addresses);
         let root_ids = self.root_ids.clone();
         self.builder().set_root_functions(root_ids);
+        if resumed {
+            self.untime_again()?;
+        }
         Ok(())
     }
 

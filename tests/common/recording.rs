@@ -26,6 +26,7 @@ pub fn start_recorder(pid: i32, root: &str) -> Recorder {
         roots: vec![root.to_string()],
         scheme: Scheme::B,
         gross_only: false,
+        timing: Default::default(),
     })
     .unwrap_or_else(|e| panic!("cannot record the fixture: {e}"))
 }

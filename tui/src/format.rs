@@ -70,6 +70,21 @@ pub fn self_millis(ns: f64, below_resolution: bool) -> String {
     }
 }
 
+/// What a time cell shows for a node counted, not timed (adaptive timing).
+pub const IN_CALLER: &str = "in caller";
+
+/// A total time in milliseconds, marked `?` when its estimated error is larger than
+/// itself, or [`IN_CALLER`].
+pub fn total_millis(ns: f64, error_ns: Option<f64>, in_caller: bool) -> String {
+    if in_caller {
+        IN_CALLER.to_string()
+    } else if error_ns.is_some_and(|error| error > ns) {
+        format!("{}?", millis(ns))
+    } else {
+        millis(ns)
+    }
+}
+
 /// `text` truncated to `width` and padded on the right to exactly `width` columns.
 pub fn pad_left_aligned(text: &str, width: usize) -> String {
     let mut out = truncate(text, width);

@@ -13,7 +13,8 @@ use ratatui::widgets::Paragraph;
 
 use crate::columns::{Align, ColumnLayout, ColumnSpec};
 use crate::format::{
-    bar, count, millis, module_cell, pad_right_aligned, percent, self_millis, share,
+    IN_CALLER, bar, count, millis, module_cell, pad_right_aligned, percent, self_millis, share,
+    total_millis,
 };
 use crate::live::{LiveTab, LiveView, TreeSource, source_roots};
 use crate::model::ProfileSnapshot;
@@ -179,8 +180,11 @@ fn tree_lines(
             } else {
                 count(row.calls)
             },
-            millis(row.total_ns),
-            self_millis(row.self_ns, row.below_resolution),
+            total_millis(row.total_ns, row.error_ns, row.in_caller),
+            match row.in_caller {
+                true => IN_CALLER.to_string(),
+                false => self_millis(row.self_ns, row.below_resolution),
+            },
             percent(row_share),
             bar(row_share, BAR_WIDTH),
         ];

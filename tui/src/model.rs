@@ -44,6 +44,9 @@ pub struct TreeNode {
     pub self_ns: f64,
     /// The self time is below what the profiler can measure (shown as `<res`, not 0).
     pub below_resolution: bool,
+    /// The calls were counted, not timed (adaptive timing): their time is the caller's
+    /// (shown as `in caller`, not 0).
+    pub in_caller: bool,
     /// The other clock's (total, self) times, when the recording measured CPU time:
     /// on-CPU times while `total_ns`/`self_ns` are wall-clock, and the other way round
     /// after [`TreeNode::swap_clocks`].
@@ -75,6 +78,7 @@ impl TreeNode {
             total_ns,
             self_ns,
             below_resolution: false,
+            in_caller: false,
             other_clock: None,
             error_ns: None,
             address: None,
@@ -133,6 +137,7 @@ impl TreeNode {
             total_ns: self.total_ns,
             self_ns: self.self_ns,
             below_resolution: self.below_resolution,
+            in_caller: self.in_caller,
             other_clock: self.other_clock,
             error_ns: self.error_ns,
             address: self.address,
@@ -148,6 +153,7 @@ impl TreeNode {
             && self.total_ns == other.total_ns
             && self.self_ns == other.self_ns
             && self.below_resolution == other.below_resolution
+            && self.in_caller == other.in_caller
             && self.other_clock == other.other_clock
             && self.error_ns == other.error_ns
             && self.address == other.address
@@ -264,6 +270,9 @@ pub struct Status {
     pub cpu_unmeasured: Option<String>,
     /// The times shown are on-CPU (the `C` key), not wall-clock.
     pub shows_cpu_time: bool,
+    /// Adaptive timing: the functions counted, not timed, and the threshold (ns per
+    /// call) they fell under; `None` when every call is timed.
+    pub untimed: Option<(u64, f64)>,
 }
 
 /// How the samples of a sampled snapshot are taken (nothing is loaded into the target).

@@ -92,6 +92,14 @@ pub fn status_lines(status: &Status, read_only: bool) -> [Line<'static>; 2] {
             percent(status.estimated_overhead_percent)
         )),
     ]);
+    let mut counters = counters;
+    if let Some((functions, threshold_ns)) = status.untimed {
+        counters.spans.push(Span::raw(SEPARATOR));
+        counters.spans.push(Span::raw(format!(
+            "{} untimed (<{threshold_ns:.0} ns)",
+            count(functions)
+        )));
+    }
     [session, counters]
 }
 

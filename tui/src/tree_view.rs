@@ -81,6 +81,8 @@ pub struct FlatRow {
     pub total_ns: f64,
     pub self_ns: f64,
     pub below_resolution: bool,
+    /// Counted, not timed: the time is the caller's.
+    pub in_caller: bool,
     /// The estimated error of `total_ns`, when known.
     pub error_ns: Option<f64>,
     /// The function's entry address, when known.
@@ -268,6 +270,7 @@ impl TreeView {
                 total_ns: node.total_ns,
                 self_ns: node.self_ns,
                 below_resolution: node.below_resolution,
+                in_caller: node.in_caller,
                 error_ns: node.error_ns,
                 address: node.address,
                 jit: node.jit,

@@ -24,6 +24,10 @@ pub enum EventKind {
     /// at [`Event::value`]: its stack had been left (a coroutine switched away) and was
     /// resumed. Its frame is not open again; the event only says that it was dropped.
     Resumed = 5,
+    /// The untimed function [`Event::function`] was called from the code whose return
+    /// address is in [`Event::value`] (no timestamp: the call is counted, in its
+    /// caller's context, and its time is the caller's own); see [`Event::call_site`].
+    Call = 6,
 }
 
 impl EventKind {
@@ -35,6 +39,7 @@ impl EventKind {
             3 => EventKind::Unwind,
             4 => EventKind::Adjust,
             5 => EventKind::Resumed,
+            6 => EventKind::Call,
             _ => return None,
         })
     }
@@ -87,11 +92,17 @@ impl HookShape {
 /// The bits of [`Event::kind`] that hold the [`EventKind`].
 pub const KIND_MASK: u32 = 0xff;
 
+/// Bits of a Call event's value that hold the return address (see [`Event::call_site`]).
+pub const CALL_ADDRESS_BITS: u32 = 48;
+/// The mask of those bits.
+pub const CALL_ADDRESS_MASK: u64 = (1 << CALL_ADDRESS_BITS) - 1;
+
 /// One record of a per-thread ring: 16 bytes, no padding.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Event {
-    /// A TSC timestamp (Entry, Exit, Unwind) or a duration in TSC ticks (Adjust).
+    /// A TSC timestamp (Entry, Exit, Unwind, Resumed), a duration in TSC ticks
+    /// (Adjust), or a call site and a count (Call).
     pub value: u64,
     /// The function's id: its index in the function table the controller gave the agent.
     /// Unused (0) for Adjust.
@@ -114,6 +125,24 @@ impl Event {
 
     pub fn kind(&self) -> Option<EventKind> {
         EventKind::from_raw(self.kind & KIND_MASK)
+    }
+
+    /// Whether [`Event::value`] is a timestamp (Entry, Exit, Unwind, Resumed).
+    pub fn has_timestamp(&self) -> bool {
+        matches!(
+            self.kind(),
+            Some(EventKind::Entry | EventKind::Exit | EventKind::Unwind | EventKind::Resumed)
+        )
+    }
+
+    /// A Call event's return address and number of calls: the value holds the return
+    /// address in its low [`CALL_ADDRESS_BITS`] bits (a user-space address fits) and
+    /// the calls less one above them.
+    pub fn call_site(&self) -> (u64, u64) {
+        (
+            self.value & CALL_ADDRESS_MASK,
+            (self.value >> CALL_ADDRESS_BITS) + 1,
+        )
     }
 
     /// The shape of the hook that wrote this (an Entry event's; Jump for others).

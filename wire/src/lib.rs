@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire10");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire11");
 
 /// The longest request line the agent reads (newline included). A `Patch` target and
 /// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
@@ -61,6 +61,10 @@ pub enum Request {
     /// Where the dynamic loader resolves these symbol names in the target (for an
     /// IFUNC, the implementation it chose).
     ResolveSymbols { names: Vec<String> },
+    /// Switch these functions, recorded by this session, to the untimed hook (`timed`
+    /// false: `Hook::Untimed`, each call a `Call` event) or back to the timed one.
+    /// Answered by [`Response::TimingSet`].
+    SetTiming { addresses: Vec<u64>, timed: bool },
     /// The memory of the rings' extra segment `index` (1-based, as the rings' header
     /// counts them); answered by [`Response::RingSegment`] with its descriptor.
     RingSegment { index: u32 },
@@ -129,6 +133,15 @@ pub enum Hook {
     RecordRoot,
     /// Record entry and exit events inside the call graph only.
     Record,
+    /// Inside the call graph, record each call as a `Call` event (its return address,
+    /// no timestamp, no return hook): a function too short to time, counted in context
+    /// and timed as part of its caller.
+    Untimed,
+    /// A root whose calls inside its own call graph are untimed: its outermost call
+    /// runs the [`Hook::RecordRoot`] hook (timed, it starts the graph), a call inside
+    /// the graph is recorded as [`Hook::Untimed`] records it (recursion too short to
+    /// time).
+    RecordRootOutermost,
 }
 
 impl Hook {
@@ -143,7 +156,10 @@ impl Hook {
 
     /// Whether the hook records events (of a root or inside the call graph).
     pub fn records(self) -> bool {
-        matches!(self, Hook::RecordRoot | Hook::Record)
+        matches!(
+            self,
+            Hook::RecordRoot | Hook::Record | Hook::Untimed | Hook::RecordRootOutermost
+        )
     }
 }
 
@@ -265,6 +281,11 @@ pub enum Response {
         inner_spread_ticks: f64,
         #[serde(default)]
         outer_spread_ticks: f64,
+        /// What one call through the untimed hook costs its caller, and its spread.
+        #[serde(default)]
+        untimed_ticks: f64,
+        #[serde(default)]
+        untimed_spread_ticks: f64,
         #[serde(default)]
         loader: LoaderCounts,
     },
@@ -279,6 +300,9 @@ pub enum Response {
         #[serde(default)]
         loader: LoaderCounts,
     },
+    /// Answer to [`Request::SetTiming`]: per address, whether it was switched, or why
+    /// not (in the request's order).
+    TimingSet { refused: Vec<Option<String>> },
     /// Answer to [`Request::RingSegment`]; the line comes with the segment's descriptor
     /// (`SCM_RIGHTS`): a memfd of [`rings::SEGMENT_BYTES`], sealed against shrinking and
     /// growing.

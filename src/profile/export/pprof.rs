@@ -14,7 +14,7 @@
 
 use super::{Frames, for_each_context};
 use crate::profile::depth_cut::cut_deep_stacks;
-use crate::profile::model::{Node, Profile, Visit, walk};
+use crate::profile::model::{Node, Profile, Timing, Visit, walk};
 use flate2::Compression;
 use flate2::write::GzEncoder;
 use prost::Message;
@@ -226,6 +226,12 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
         str: strings.add("true"),
         ..Label::default()
     };
+    // A context counted, not timed (adaptive timing): label timing=in_caller.
+    let in_caller = Label {
+        key: strings.add("timing"),
+        str: strings.add("in_caller"),
+        ..Label::default()
+    };
     for_each_context(roots, &mut frames, |stack, node| {
         let mut value = vec![node.calls as i64, node.self_ns as i64];
         if with_cpu {
@@ -235,11 +241,13 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
             // Location ids are frame numbers + 1 (0 is not an id).
             location_id: stack.iter().rev().map(|&frame| frame as u64 + 1).collect(),
             value,
-            label: if node.jit {
-                vec![jit_label]
-            } else {
-                Vec::new()
-            },
+            label: [
+                (node.jit, jit_label),
+                (node.timing == Timing::InCaller, in_caller),
+            ]
+            .into_iter()
+            .filter_map(|(set, label)| set.then_some(label))
+            .collect(),
         });
     });
 

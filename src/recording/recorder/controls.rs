@@ -49,6 +49,8 @@ impl Recorder {
         if let Some(gross) = &mut self.gross {
             *gross = GrossTimes::new(self.tsc_hz, gross.inner_ticks());
         }
+        // The new builder times everything; the judge starts again too.
+        self.retime_all();
         self.ring_threads.clear();
         self.last_timestamps.clear();
         self.trace = None;

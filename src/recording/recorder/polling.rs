@@ -21,6 +21,9 @@ struct Receivers<'a> {
     last_timestamps: &'a mut HashMap<i32, u64>,
     ring_threads: &'a mut HashMap<usize, i32>,
     held_back: &'a mut HashMap<i32, Vec<Event>>,
+    call_sites: &'a mut call_sites::CallSites,
+    symbols: &'a ProcessSymbols,
+    rings: &'a Rings,
 }
 
 impl Recorder {
@@ -42,7 +45,7 @@ impl Recorder {
             let not_after = |limit: u64| {
                 events
                     .iter()
-                    .position(|e| e.kind() != Some(EventKind::Adjust) && e.value >= limit)
+                    .position(|e| e.has_timestamp() && e.value >= limit)
                     .unwrap_or(events.len())
             };
             let events = match stopped_at {
@@ -65,6 +68,7 @@ impl Recorder {
         self.events += drained;
         self.follow_late_modules();
         self.follow_in_situ();
+        self.judge_timing();
         drained
     }
 
@@ -118,6 +122,9 @@ impl Recorder {
             last_timestamps: &mut self.last_timestamps,
             ring_threads: &mut self.ring_threads,
             held_back: &mut self.held_back,
+            call_sites: &mut self.call_sites,
+            symbols: &self.symbols,
+            rings: self.rings.as_ref()?,
         };
         Some((self.rings.as_ref()?, receivers))
     }
@@ -155,11 +162,7 @@ impl Receivers<'_> {
             let name = crate::process::thread_name(self.pid, tid);
             self.builder.set_thread_name(tid as u32, name);
         }
-        if let Some(last) = events
-            .iter()
-            .rev()
-            .find(|e| e.kind() != Some(EventKind::Adjust))
-        {
+        if let Some(last) = events.iter().rev().find(|e| e.has_timestamp()) {
             self.last_timestamps.insert(tid, last.value);
         }
         if let Some(trace) = self.trace.as_mut() {
@@ -167,7 +170,10 @@ impl Receivers<'_> {
             trace.ignore_functions(builder.ignored_functions());
             trace.push(tid as u32, events, || builder.open_functions(tid as u32));
         }
-        self.builder.push_events(tid as u32, events);
+        match self.call_sites.resolve(events, self.symbols, self.rings) {
+            Some(resolved) => self.builder.push_events(tid as u32, &resolved),
+            None => self.builder.push_events(tid as u32, events),
+        }
         if let Some(gross) = self.gross.as_mut() {
             gross.push_events(tid, events);
         }

@@ -34,6 +34,7 @@ impl Recorder {
             invoked_functions: counters.invoked,
             lost_events: counters.lost_events,
             indirect_call_sites: counters.indirect_call_sites + self.static_indirect_call_sites,
+            timing: self.adaptive.policy(),
         }
     }
 

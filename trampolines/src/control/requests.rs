@@ -105,6 +105,9 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
                 }
             }
             Ok(Request::StopRecording) => stop_recording(session),
+            Ok(Request::SetTiming { addresses, timed }) => Response::TimingSet {
+                refused: crate::patching::timing::set_timing(session, &addresses, timed),
+            },
             Ok(Request::RingSegment { index }) => {
                 match crate::runtime::ring_segments::segment_descriptor(index as usize) {
                     Some(fd) => {
@@ -266,6 +269,8 @@ fn start_recording(
             outer_ticks: cost.outer_ticks,
             inner_spread_ticks: cost.inner_spread_ticks,
             outer_spread_ticks: cost.outer_spread_ticks,
+            untimed_ticks: cost.untimed_ticks,
+            untimed_spread_ticks: cost.untimed_spread_ticks,
             loader: loader_counts(),
         };
         Ok((response, rings))

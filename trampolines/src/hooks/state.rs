@@ -2,7 +2,7 @@
 //! with this module as its one owner (see `sys::state` for the pattern).
 
 use crate::hooks::handler_abi::Handlers;
-use crate::hooks::stubs::template::RecordTemplate;
+use crate::hooks::stubs::template::{RecordTemplate, UntimedTemplate};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, Once, OnceLock};
 
@@ -14,6 +14,10 @@ pub struct HooksState {
     /// The recording hooks assembled once: root or inner, with or without a call thunk
     /// (index `root * 2 + thunk`). Scheme B builds hooks while the target waits.
     pub record_templates: Mutex<[Option<RecordTemplate>; 4]>,
+    /// The untimed hooks assembled once (`stubs::untimed`): the plain one and the one
+    /// of a root timed at its outermost call, each for an entry jump and behind a call
+    /// thunk.
+    pub untimed_templates: Mutex<[Option<UntimedTemplate>; 4]>,
     /// Bytes `tendril_slow_call` reserves for `xsave`: the size CPUID gives for the
     /// enabled features, plus room to align to 64. The assembly reads this word by
     /// symbol and offset; `slow_call::prepare` sets it once, before the first stub that
@@ -27,6 +31,7 @@ pub struct HooksState {
 pub static STATE: HooksState = HooksState {
     handlers: OnceLock::new(),
     record_templates: Mutex::new([None, None, None, None]),
+    untimed_templates: Mutex::new([None, None, None, None]),
     xsave_area_bytes: AtomicU64::new(16 * 1024),
     xsave_sized: Once::new(),
 };

@@ -171,6 +171,13 @@ fn copy_behind_hook(
                 .into(),
         ));
     }
+    if site.kind == Hook::RecordRootOutermost {
+        return Err(AgentError::Refused(
+            "its calls inside the graph are counted, not timed (adaptive timing): record \
+             with --time-all to see its code with counts"
+                .into(),
+        ));
+    }
     if site.trampoline.plan.style == PatchStyle::CallThunk {
         return Err(AgentError::Refused(
             "its entry is a call, which its hook replaced in place; a copy needs a jump there"

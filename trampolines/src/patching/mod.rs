@@ -5,7 +5,8 @@
 //! threads run (`patch_protocol`), checking what a controller
 //! asks to patch (`patch_targets`), and the engine's bookkeeping of what is patched by
 //! whom (`patcher`, which prepares each function's patch with `site_plan`, its data in
-//! `sites`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
+//! `sites`), and switching a recorded function's hook between timed and untimed
+//! (`timing`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
 //! nothing here imports it.
 
 pub mod function_copies;
@@ -17,3 +18,4 @@ mod site_plan;
 mod sites;
 mod state;
 pub mod stop_world;
+pub mod timing;

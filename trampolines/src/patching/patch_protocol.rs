@@ -189,11 +189,14 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
 /// sent to the old hook, where it would have gone. A thread inside the old trampoline
 /// finishes there. The site's original bytes do not change. On an error the site still
 /// leads to its old trampoline.
+///
+/// A call thunk's call is retargeted the same way (adaptive timing switches its hook):
+/// only its displacement changes.
 pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
-    if site.trampoline.plan.style == PatchStyle::CallThunk {
+    let call_thunk = site.trampoline.plan.style == PatchStyle::CallThunk;
+    if call_thunk && site.pad.is_some() {
         return Err(AgentError::Refused(
-            "its entry is a call, which its hook replaced in place; a copy needs a jump there"
-                .into(),
+            "its entry is a call, which its hook replaced in place, behind a pad".into(),
         ));
     }
     let _no_thread_start = agent_threads::code_change();
@@ -231,7 +234,10 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
             written
         }
         _ => {
-            let jump = rel32_jump(site.patch_at, hook);
+            let mut jump = rel32_jump(site.patch_at, hook);
+            if call_thunk {
+                jump[0] = CALL_REL32;
+            }
             writable.store_bytes(site.patch_at + 2, &jump[2..]);
             stop_world::serialize_all_cores();
             writable.store_two_bytes(site.patch_at, [jump[0], jump[1]]);

@@ -224,7 +224,7 @@ impl Engine {
         Ok((id, true))
     }
 
-    fn build_trampoline(
+    pub(super) fn build_trampoline(
         &mut self,
         address: u64,
         code: &[u8],

@@ -75,29 +75,46 @@ pub struct HookCost {
     /// Median − minimum over the batches, per call.
     pub inner_spread_ticks: f64,
     pub outer_spread_ticks: f64,
+    /// What one call through the untimed hook adds to its caller's time, and its spread.
+    pub untimed_ticks: f64,
+    pub untimed_spread_ticks: f64,
 }
 
-/// Measures the recording hook's cost (see the module comment). Runs on an agent
-/// thread, with a recording file open (the hook needs its invoked table).
+/// Measures the recording hooks' cost (see the module comment): the timed hook's, then
+/// the untimed one's. Runs on an agent thread, with a recording file open (the hooks
+/// need its invoked table).
 pub fn calibrate() -> Result<HookCost, AgentError> {
+    let timed = measure_hooked(Hook::RecordRoot)?;
+    let untimed = measure_hooked(Hook::Untimed)?;
+    Ok(HookCost {
+        untimed_ticks: untimed.outer_ticks,
+        untimed_spread_ticks: untimed.outer_spread_ticks,
+        ..timed
+    })
+}
+
+/// Hooks the calibration target with `kind`, measures it, and takes the hook out.
+fn measure_hooked(kind: Hook) -> Result<HookCost, AgentError> {
     let target = tendril_calibration_target as *const () as u64;
     let twin = tendril_calibration_twin as *const () as u64;
     let request = PatchRequest {
         address: target,
         size: FUNCTION_BYTES,
-        kind: Hook::RecordRoot,
+        kind,
     };
     let ranges = [(target, FUNCTION_BYTES), (twin, FUNCTION_BYTES)];
     let id = patcher::patch(CALIBRATION_OWNER, &[request], &ranges)
         .pop()
         .ok_or_else(|| AgentError::Unusable("calibration: no patch result".into()))??;
     recording::set_invoked_quietly(id);
-    let result = measure();
+    let result = measure(kind == Hook::Untimed);
     patcher::restore(Some(CALIBRATION_OWNER));
     result
 }
 
-fn measure() -> Result<HookCost, AgentError> {
+/// Times the batches. The untimed hook records only inside the call graph, so for it the
+/// thread is put one level inside, and there is no inner time to take.
+fn measure(untimed: bool) -> Result<HookCost, AgentError> {
     const RING: usize = 1024;
     let mut events = vec![Event::default(); RING];
     let mut ring_header = [0u64; 32];
@@ -126,7 +143,9 @@ fn measure() -> Result<HookCost, AgentError> {
     for _ in 0..BATCHES {
         state.ring_head().store(0, Ordering::Relaxed);
         state.ring_limit().store(RING as u64, Ordering::Relaxed);
-        state.graph_depth().store(0, Ordering::Relaxed);
+        state
+            .graph_depth()
+            .store(u64::from(untimed), Ordering::Relaxed);
         let started = sys::rdtsc();
         for i in 0..CALLS_PER_BATCH {
             // SAFETY: a plain function with the C ABI, hooked or not.
@@ -143,7 +162,11 @@ fn measure() -> Result<HookCost, AgentError> {
         // SAFETY: the hooks wrote `written` events into `events` (through the ring
         // pointer, derived from `events_base`) and are done: the calls have returned.
         let recorded = unsafe { std::slice::from_raw_parts(events_base, written) };
-        if let Some(mean_inner) = mean_inner_time(recorded) {
+        let mean_inner = match untimed {
+            true => all_calls(recorded).then_some(0.0),
+            false => mean_inner_time(recorded),
+        };
+        if let Some(mean_inner) = mean_inner {
             inner = inner.min(mean_inner);
             inner_batches.push(mean_inner);
         }
@@ -163,7 +186,17 @@ fn measure() -> Result<HookCost, AgentError> {
         outer_ticks: outer,
         inner_spread_ticks: (median(&mut inner_batches) - inner).max(0.0),
         outer_spread_ticks: (median(&mut outer_batches) - outer).max(0.0),
+        untimed_ticks: 0.0,
+        untimed_spread_ticks: 0.0,
     })
+}
+
+/// Whether a batch through the untimed hook recorded one `Call` event per call.
+fn all_calls(events: &[Event]) -> bool {
+    events.len() == CALLS_PER_BATCH
+        && events
+            .iter()
+            .all(|event| event.kind() == Some(EventKind::Call))
 }
 
 /// The median of `values` (0 for none).

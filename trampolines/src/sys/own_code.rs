@@ -5,22 +5,22 @@
 pub fn is_agent_code(address: u64) -> bool {
     use crate::sys::state::STATE;
     let ranges = STATE.own_code_ranges.get_or_init(|| {
-        // SAFETY: dladdr fills `info` for an address inside a loaded object; this
-        // function's own address is one.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        if unsafe { libc::dladdr(is_agent_code as *const libc::c_void, &mut info) } == 0
-            || info.dli_fname.is_null()
-        {
+        // The mappings of the file that holds this very function. Matched by the name
+        // the kernel shows, not the loader's: an agent loaded from a memfd was opened
+        // as /proc/self/fd/N, but is mapped as "/memfd:… (deleted)".
+        let here = is_agent_code as fn(u64) -> bool as usize as u64;
+        let mappings = super::maps::read_own().unwrap_or_default();
+        let Some(own) = mappings
+            .iter()
+            .find(|mapping| (mapping.start..mapping.end).contains(&here))
+            .map(|mapping| mapping.name.clone())
+            .filter(|name| !name.is_empty())
+        else {
             return Vec::new();
-        }
-        // SAFETY: dli_fname is a NUL-terminated path owned by the loader.
-        let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }
-            .to_string_lossy()
-            .into_owned();
-        super::maps::read_own()
-            .unwrap_or_default()
+        };
+        mappings
             .into_iter()
-            .filter(|mapping| mapping.name == path)
+            .filter(|mapping| mapping.name == own)
             .map(|mapping| (mapping.start, mapping.end))
             .collect()
     });

@@ -68,6 +68,7 @@ pub fn status() -> Status {
         overlap: None,
         cpu_unmeasured: None,
         shows_cpu_time: false,
+        untimed: None,
     }
 }
 

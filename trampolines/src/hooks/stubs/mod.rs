@@ -21,7 +21,8 @@
 //! This module holds the public API and what every hook kind shares: the layout of a
 //! trampoline, its assembly, and the small instruction sequences (thread state, flags,
 //! slow calls). Each hook kind's code lives in its own file: [`count`], [`returns`]
-//! (with the shadow-stack push and pop), [`record`] (and its template), [`internal`]
+//! (with the shadow-stack push and pop), [`record`] (and its template), [`untimed`],
+//! [`internal`]
 //! (internal and replace hooks). Every hook kind can sit behind a call thunk.
 
 mod count;
@@ -29,6 +30,7 @@ mod internal;
 mod record;
 mod returns;
 pub(in crate::hooks) mod template;
+mod untimed;
 
 use crate::hooks::handler_abi::Handler;
 pub use crate::hooks::handler_abi::{BacktraceStandIn, Handlers};
@@ -40,9 +42,10 @@ use iced_x86::BlockEncoderOptions;
 use iced_x86::code_asm::*;
 use record::RecordValues;
 use std::sync::atomic::{AtomicU64, Ordering};
-use template::{HookCode, RecordTemplate};
+use template::{HookCode, RecordTemplate, UntimedTemplate};
 use tendril_wire::Hook;
 use tendril_wire::events::HookShape;
+pub use untimed::outermost_word;
 
 /// Installs the runtime's handlers; the first installation stays.
 pub fn install_handlers(handlers: Handlers) {
@@ -135,6 +138,10 @@ pub fn build_in(
             RecordTemplate::get(kind == Hook::RecordRoot, thunk_returns_to.is_some())?
                 .instantiate(id, shape)
         }
+        Hook::Untimed | Hook::RecordRootOutermost => {
+            let after_call = thunk_returns_to.is_some();
+            UntimedTemplate::get(kind == Hook::RecordRootOutermost, after_call)?.instantiate(id)
+        }
         _ => assemble_hook(address, id, kind, thunk_returns_to, shape)
             .map_err(AgentError::Assembly)?,
     };
@@ -182,6 +189,11 @@ fn assemble_hook(
         Hook::Record | Hook::RecordRoot => {
             let values = RecordValues::new(id, shape);
             record::record_hook(layout, kind == Hook::RecordRoot, after_call, values)?.0
+        }
+        Hook::Untimed | Hook::RecordRootOutermost => {
+            let values = untimed::UntimedValues::new(id);
+            let outermost = kind == Hook::RecordRootOutermost;
+            untimed::untimed_hook(layout, values, outermost, after_call)?.0
         }
         Hook::UnwinderStarts => internal::internal_hook(layout, handlers.unwinder_starts)?,
         Hook::ExceptionCaught => internal::internal_hook(layout, handlers.exception_caught)?,

@@ -106,7 +106,7 @@ impl RecordTemplate {
 }
 
 /// The registers the recording hook saves; its flags live in r10.
-const RECORD_HOOK_FRAME: HookFrame = HookFrame {
+pub(super) const RECORD_HOOK_FRAME: HookFrame = HookFrame {
     registers: &[rax, rcx, rdx, r10, r11],
     flags_in_r10: true,
 };
@@ -121,7 +121,7 @@ fn read_tsc(a: &mut CodeAssembler) -> Result<(), IcedError> {
 
 /// Writes the event `(rax, [word])` at the thread's ring head (r11 holds the head) and
 /// publishes the new head. Clobbers rax, rdx, r11.
-fn write_event(a: &mut CodeAssembler, word: CodeLabel) -> Result<(), IcedError> {
+pub(super) fn write_event(a: &mut CodeAssembler, word: CodeLabel) -> Result<(), IcedError> {
     a.mov(rdx, r11)?;
     a.and(rdx, qword_ptr(rcx + STATE_RING_MASK))?;
     a.shl(rdx, 4)?;

@@ -19,3 +19,12 @@ pub(in crate::hooks) struct RecordTemplate {
     /// Offsets of the words of `record::RecordValues`, in its field order.
     pub(in crate::hooks) words: [usize; 4],
 }
+
+/// The untimed hook assembled once, and where its per-function data words are.
+#[derive(Debug, Clone)]
+pub(in crate::hooks) struct UntimedTemplate {
+    pub(in crate::hooks) hook: HookCode,
+    /// Offsets of the words of `untimed::UntimedValues`, in its field order, then of
+    /// the word that holds where an outermost call goes (`untimed::outermost_word`).
+    pub(in crate::hooks) words: [usize; 3],
+}

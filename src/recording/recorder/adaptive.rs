@@ -1,0 +1,358 @@
+//! Adaptive timing (issue 32): a function whose calls are too short to time truly is
+//! switched, live, to the untimed hook, which counts each call in its context and
+//! leaves its time in its caller's.
+//!
+//! The one idea: the judge looks at the trees every [`JUDGE_EVERY`]. A function
+//! qualifies once it has made [`CALLS_TO_JUDGE`] calls and its mean time per call, its
+//! callees included, is under the threshold — and only if every function it calls is
+//! untimed or qualifies too: a timed call below an untimed one would have no timed
+//! caller to nest under. The threshold follows from the calibration: the hooks' cost
+//! is removed from each call with an error of about its spread, and a call whose
+//! spread would exceed [`MAX_ERROR_SHARE`] of it, or that is shorter than its hooks'
+//! cost, is not timed ([`threshold_ns`]). A root is switched to its outermost-timed hook
+//! (its calls inside its own graph, a recursion, are counted); its outermost calls stay
+//! timed. An untimed function stays so until a reset or a new recording. What the agent
+//! refuses stays timed, and so do its callers. While a trace (`--trace`) runs, nothing
+//! is switched: its timeline shows every call.
+
+use super::Recorder;
+use crate::profile::per_function::FunctionSums;
+use crate::profile::{Calibration, TimingPolicy};
+use crate::recording::{RecordError, tsc};
+use crate::session::SessionError;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+use tendril_wire::{Request, Response};
+
+/// How often the judge looks at the trees.
+const JUDGE_EVERY: Duration = Duration::from_millis(200);
+
+/// Calls a function makes before it is judged.
+pub const CALLS_TO_JUDGE: u64 = 1000;
+
+/// Names listed when functions are switched.
+const NAMES_SHOWN: usize = 8;
+
+/// A call is timed only if the spread of its correction stays under this share of it.
+const MAX_ERROR_SHARE: f64 = 0.05;
+
+/// The default threshold's ceiling: a call of this long is timed to within a few
+/// percent on any machine measured (BENCHMARKS.md), however busy.
+const MAX_THRESHOLD_NS: f64 = 150.0;
+
+/// What the user chose (`--time-all`, `--time PATTERN`, `--min-time NS`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TimingOptions {
+    /// Time every call (`--time-all`).
+    pub time_all: bool,
+    /// Patterns of functions that stay timed (`--time`).
+    pub keep_timed: Vec<String>,
+    /// The threshold in nanoseconds, instead of the calibration's (`--min-time`).
+    pub min_time_ns: Option<f64>,
+}
+
+/// The judge's state for one recording (see the module comment).
+#[derive(Debug, Default)]
+pub(super) struct AdaptiveTiming {
+    options: TimingOptions,
+    /// Entry addresses of the functions `--time` names.
+    kept_timed: HashSet<u64>,
+    threshold_ns: f64,
+    /// Function ids switched to the untimed hook.
+    untimed: HashSet<u32>,
+    /// Function ids the agent would not switch.
+    refused: HashSet<u32>,
+    last_judged: Option<Instant>,
+    /// The agent failed a switch: no more are tried in this recording.
+    gave_up: bool,
+}
+
+/// The threshold a calibration gives (see the module comment): where the spread of
+/// the cost removed from a call reaches [`MAX_ERROR_SHARE`] of it, but never under the
+/// hooks' cost itself (a call shorter than what its hooks add is not timed truly) and
+/// never over [`MAX_THRESHOLD_NS`].
+pub fn threshold_ns(calibration: &Calibration) -> f64 {
+    let spread = calibration.inner_spread_ns + calibration.outer_spread_ns;
+    let cost = calibration.inner_ns + calibration.outer_ns;
+    (spread / MAX_ERROR_SHARE).max(cost).min(MAX_THRESHOLD_NS)
+}
+
+impl AdaptiveTiming {
+    pub(super) fn new(options: TimingOptions, kept_timed: HashSet<u64>) -> AdaptiveTiming {
+        AdaptiveTiming {
+            options,
+            kept_timed,
+            ..Default::default()
+        }
+    }
+
+    /// A new recording (or a reset) starts with every function timed.
+    pub(super) fn restart(&mut self, calibration: &Calibration) {
+        self.threshold_ns = self
+            .options
+            .min_time_ns
+            .unwrap_or_else(|| threshold_ns(calibration));
+        self.untimed.clear();
+        self.refused.clear();
+        self.last_judged = None;
+        self.gave_up = false;
+    }
+
+    pub(super) fn untimed(&self) -> impl Iterator<Item = u32> + '_ {
+        self.untimed.iter().copied()
+    }
+
+    /// What the profile says of the policy; `None` with `--time-all`.
+    pub(super) fn policy(&self) -> Option<TimingPolicy> {
+        (!self.options.time_all).then_some(TimingPolicy {
+            threshold_ns: self.threshold_ns,
+            untimed_functions: self.untimed.len() as u64,
+            untimed_calls: 0,
+            refused: self.refused.len() as u64,
+        })
+    }
+
+    fn due(&mut self) -> bool {
+        if self.options.time_all || self.gave_up {
+            return false;
+        }
+        let now = Instant::now();
+        match self.last_judged {
+            Some(at) if now.duration_since(at) < JUDGE_EVERY => false,
+            _ => {
+                self.last_judged = Some(now);
+                true
+            }
+        }
+    }
+}
+
+/// `chosen` in an order in which a function comes after the functions it calls (the
+/// agent switches them in that order): while the switch is under way, an untimed call
+/// then always has its caller's frame, timed or untimed, to go under. Functions that
+/// call each other come in id order.
+fn callees_first(mut chosen: HashSet<u32>, sums: &HashMap<u32, FunctionSums>) -> Vec<u32> {
+    let mut ordered = Vec::with_capacity(chosen.len());
+    while !chosen.is_empty() {
+        let mut ready: Vec<u32> = chosen
+            .iter()
+            .copied()
+            .filter(|id| {
+                sums[id]
+                    .callees
+                    .iter()
+                    .all(|callee| !chosen.contains(callee))
+            })
+            .collect();
+        if ready.is_empty() {
+            ready = chosen.iter().copied().collect();
+        }
+        ready.sort_unstable();
+        for id in &ready {
+            chosen.remove(id);
+        }
+        ordered.extend(ready);
+    }
+    ordered
+}
+
+impl Recorder {
+    /// Switches the functions that qualify now to their untimed hooks (see the module
+    /// comment); at most every [`JUDGE_EVERY`].
+    pub(super) fn judge_timing(&mut self) {
+        // A trace shows every call on its timeline: nothing is switched while it runs.
+        let tracing = (self.trace.as_ref()).is_some_and(|trace| !trace.is_over(tsc::read()));
+        if !self.recording || tracing || !self.adaptive.due() {
+            return;
+        }
+        let chosen = self.functions_to_untime();
+        if chosen.is_empty() {
+            return;
+        }
+        if let Err(error) = self.untime(chosen) {
+            // The recording goes on timed; the next poll finds the agent gone if it is.
+            crate::terminal_text::say!(
+                "adaptive timing stopped, the functions still timed stay timed: {error}"
+            );
+            self.adaptive.gave_up = true;
+        }
+    }
+
+    /// The functions that qualify now, their callees closed over.
+    fn functions_to_untime(&self) -> Vec<u32> {
+        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+            return Vec::new();
+        };
+        let adaptive = &self.adaptive;
+        let threshold_ticks = adaptive.threshold_ns * self.tsc_hz as f64 / 1e9;
+        let sums = builder.function_sums();
+        let mut candidates: HashSet<u32> = sums
+            .iter()
+            .filter(|(id, sums)| {
+                !adaptive.untimed.contains(id)
+                    && !adaptive.refused.contains(id)
+                    && sums.calls >= CALLS_TO_JUDGE
+                    && sums.mean_ticks().is_some_and(|mean| mean < threshold_ticks)
+                    && rings
+                        .function_address(**id)
+                        .is_some_and(|address| !adaptive.kept_timed.contains(&address))
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        // Only a function whose every callee is untimed (or goes with it) goes.
+        loop {
+            let staying: Vec<u32> = candidates
+                .iter()
+                .copied()
+                .filter(|id| {
+                    sums[id].callees.iter().any(|callee| {
+                        !adaptive.untimed.contains(callee) && !candidates.contains(callee)
+                    })
+                })
+                .collect();
+            if staying.is_empty() {
+                break;
+            }
+            for id in staying {
+                candidates.remove(&id);
+            }
+        }
+        callees_first(candidates, &sums)
+    }
+
+    /// Switches `chosen` to their untimed hooks; what the agent refuses stays timed,
+    /// and so does every chosen function above it.
+    fn untime(&mut self, chosen: Vec<u32>) -> Result<(), SessionError> {
+        let switched = self.set_timing(&chosen, false)?;
+        let mut now_untimed: HashSet<u32> = HashSet::new();
+        for (id, refused) in chosen.iter().zip(switched) {
+            if refused {
+                self.adaptive.refused.insert(*id);
+            } else {
+                now_untimed.insert(*id);
+            }
+        }
+        // A function whose callee stays timed must be timed again.
+        let sums = self
+            .builder
+            .as_ref()
+            .map(|b| b.function_sums())
+            .unwrap_or_default();
+        loop {
+            let back: Vec<u32> = now_untimed
+                .iter()
+                .copied()
+                .filter(|id| {
+                    sums.get(id).is_some_and(|s| {
+                        s.callees.iter().any(|callee| {
+                            !now_untimed.contains(callee) && !self.adaptive.untimed.contains(callee)
+                        })
+                    })
+                })
+                .collect();
+            if back.is_empty() {
+                break;
+            }
+            // Switching back cannot be refused for a site that was just switched; if it
+            // is, the function stays untimed and its callee's calls nest under its
+            // caller: said by the refusal count.
+            self.set_timing(&back, true)?;
+            for id in back {
+                now_untimed.remove(&id);
+                self.adaptive.refused.insert(id);
+            }
+        }
+        self.refresh_names();
+        self.say_untimed(&now_untimed);
+        self.adaptive.untimed.extend(now_untimed);
+        let untimed: Vec<u32> = self.adaptive.untimed().collect();
+        if let Some(builder) = self.builder.as_mut() {
+            builder.set_untimed(untimed);
+        }
+        Ok(())
+    }
+
+    /// Says which functions are counted, not timed, from now on.
+    fn say_untimed(&self, ids: &HashSet<u32>) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut names: Vec<&str> = ids
+            .iter()
+            .filter_map(|&id| self.names.get(id as usize))
+            .map(|name| name.name.as_str())
+            .collect();
+        names.sort_unstable();
+        let shown = names.len().min(NAMES_SHOWN);
+        let more = match names.len() - shown {
+            0 => String::new(),
+            more => format!(" and {more} more"),
+        };
+        crate::terminal_text::say!(
+            "counting, not timing, {} function{} too short to time (under {:.0} ns a call, \
+             callees included; --time-all times every call): {}{more}",
+            ids.len(),
+            if ids.len() == 1 { "" } else { "s" },
+            self.adaptive.threshold_ns,
+            names[..shown].join(", ")
+        );
+    }
+
+    /// Asks the agent to switch `ids` to their (un)timed hooks; per id, whether it
+    /// refused.
+    fn set_timing(&mut self, ids: &[u32], timed: bool) -> Result<Vec<bool>, SessionError> {
+        let rings = self.rings.as_ref().expect("a recording has begun");
+        let addresses: Vec<u64> = ids
+            .iter()
+            .map(|&id| rings.function_address(id).unwrap_or(0))
+            .collect();
+        match self
+            .session
+            .request(&Request::SetTiming { addresses, timed })?
+        {
+            Response::TimingSet { refused } => {
+                Ok(refused.iter().map(|reason| reason.is_some()).collect())
+            }
+            other => Err(SessionError::Protocol(format!("{other:?}"))),
+        }
+    }
+
+    /// A reset: every untimed function is timed again, to be judged anew.
+    pub(super) fn retime_all(&mut self) {
+        let ids: Vec<u32> = self.adaptive.untimed().collect();
+        if self.recording
+            && !ids.is_empty()
+            && let Err(error) = self.set_timing(&ids, true)
+        {
+            crate::terminal_text::say!("the untimed functions could not be timed again: {error}");
+        }
+        if let Some(builder) = self.builder.as_mut() {
+            self.adaptive.restart(&builder.calibration());
+            builder.set_untimed([]);
+        }
+    }
+
+    /// After a resume the code was patched anew, every function timed: the untimed
+    /// ones go back to their untimed hooks.
+    pub(super) fn untime_again(&mut self) -> Result<(), RecordError> {
+        let ids: Vec<u32> = self.adaptive.untimed().collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let pid = self.target.pid;
+        let refused = self
+            .set_timing(&ids, false)
+            .map_err(|source| RecordError::Session { pid, source })?;
+        for (id, refused) in ids.iter().zip(refused) {
+            if refused {
+                self.adaptive.untimed.remove(id);
+                self.adaptive.refused.insert(*id);
+            }
+        }
+        let untimed: Vec<u32> = self.adaptive.untimed().collect();
+        if let Some(builder) = self.builder.as_mut() {
+            builder.set_untimed(untimed);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! Adaptive timing (issue 32): functions too short to time are switched, live, to the
+//! untimed hook; their calls stay counted exactly, in their contexts, and are marked
+//! `"timing": "in_caller"`; `--time-all`, `--time PATTERN` and a reset behave as
+//! documented. Figures (the roots' times against bare runs) are benchmarks
+//! (`benches/accuracy.rs`, BENCHMARKS.md), not asserted here.
+
+mod common;
+
+use common::{Recording, Target, all_nodes, node_at, start_recorder};
+use std::time::{Duration, Instant};
+use tendril::profile::{Node, Profile, Timing};
+
+/// Far beyond what a run of the fixture takes, on any machine.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What tendril says when it switches functions to the untimed hook.
+const SWITCHED: &str = "tendril: counting, not timing, ";
+
+fn timing_of<'a>(profile: &'a Profile, path: &[&str]) -> &'a Node {
+    node_at(&profile.merged.roots, path)
+        .unwrap_or_else(|| panic!("no {path:?} in {:#?}", profile.merged.roots))
+}
+
+/// The checksum a `run` line of the fixture ends with.
+fn checksum(line: &str) -> String {
+    line.split_whitespace().last().unwrap().to_string()
+}
+
+#[test]
+fn tiny_callees_are_counted_exactly_in_context_and_the_root_stays_timed() {
+    let mut target = Target::spawn("tightcall", &[]);
+    target.write_stdin("run 300000\n");
+    let bare = target.expect_line("run calls 900001 ", TIMEOUT);
+    let mut recording = Recording::start(target.pid(), &["--root", "root"]);
+    // 2,000 calls of mid and 4,000 of leaf are enough to judge them.
+    target.write_stdin("run 2000\n");
+    target.expect_line("run calls 6001 ", TIMEOUT);
+    let switched = recording.wait_for_line(SWITCHED, TIMEOUT);
+    assert!(
+        switched.contains("2 functions") && switched.contains("leaf, mid"),
+        "{switched}"
+    );
+    // Now both are untimed: every call is still counted.
+    target.write_stdin("run 300000\n");
+    let recorded_line = target.expect_line("run calls 900001 ", TIMEOUT);
+    assert_eq!(
+        checksum(&recorded_line),
+        checksum(&bare),
+        "the target computes the same"
+    );
+    let recorded = recording.finish();
+    let profile = &recorded.profile;
+
+    let root = timing_of(profile, &["root"]);
+    let mid = timing_of(profile, &["root", "mid"]);
+    let leaf = timing_of(profile, &["root", "mid", "leaf"]);
+    assert_eq!((root.calls, mid.calls, leaf.calls), (2, 302_000, 604_000));
+    assert_eq!(root.timing, Timing::Timed);
+    assert!(root.total_ns > 0 && root.error_ns.is_some());
+    for node in [mid, leaf] {
+        assert_eq!(node.timing, Timing::InCaller, "{}", node.name);
+        assert_eq!((node.total_ns, node.self_ns, node.error_ns), (0, 0, None));
+    }
+    assert_eq!(
+        all_nodes(&profile.merged.roots).len(),
+        3,
+        "no call out of its context: {:#?}",
+        profile.merged.roots
+    );
+    let policy = profile
+        .stats
+        .timing
+        .as_ref()
+        .expect("the policy is in the profile");
+    assert_eq!(policy.untimed_functions, 2);
+    assert!(policy.threshold_ns > 0.0);
+    assert!(
+        policy.untimed_calls >= 900_000 && policy.untimed_calls <= 906_000,
+        "the calls made after the switch: {policy:?}"
+    );
+}
+
+#[test]
+fn a_recursive_root_stays_timed_at_its_outermost_calls_only() {
+    let mut target = Target::spawn("tightcall", &[]);
+    target.write_stdin("fib 20\n");
+    let bare = target.expect_line("fib calls ", TIMEOUT);
+    let mut recording = Recording::start(target.pid(), &["--root", "fib"]);
+    target.write_stdin("fib 20\n");
+    target.expect_line("fib calls ", TIMEOUT);
+    let switched = recording.wait_for_line(SWITCHED, TIMEOUT);
+    assert!(
+        switched.contains("1 function ") && switched.ends_with("fib"),
+        "{switched}"
+    );
+    target.write_stdin("fib 20\n");
+    let recorded_line = target.expect_line("fib calls ", TIMEOUT);
+    assert_eq!(
+        recorded_line.split(" value ").nth(1),
+        bare.split(" value ").nth(1)
+    );
+    let recorded = recording.finish();
+    let roots = &recorded.profile.merged.roots;
+    let outermost = timing_of(&recorded.profile, &["fib"]);
+    assert_eq!(outermost.calls, 2, "one per run");
+    assert_eq!(outermost.timing, Timing::Timed);
+    assert!(outermost.total_ns > 0);
+    // The second run's recursion is one node below the outermost call: its calls are
+    // folded (a recursion of untimed calls cannot be told from a loop of them).
+    let inner = timing_of(&recorded.profile, &["fib", "fib"]);
+    assert_eq!(inner.timing, Timing::InCaller);
+    assert!(
+        all_nodes(roots)
+            .iter()
+            .filter(|node| !std::ptr::eq(**node, outermost))
+            .all(|node| node.timing == Timing::InCaller)
+    );
+}
+
+#[test]
+fn time_all_and_time_pattern_keep_functions_timed() {
+    let mut target = Target::spawn("tightcall", &[]);
+    // --time mid: only leaf may go, and mid, which calls it, stays timed.
+    let mut recording = Recording::start(target.pid(), &["--root", "root", "--time", "mid"]);
+    target.write_stdin("run 2000\n");
+    target.expect_line("run calls 6001 ", TIMEOUT);
+    let switched = recording.wait_for_line(SWITCHED, TIMEOUT);
+    assert!(
+        switched.contains("1 function ") && switched.ends_with(": leaf"),
+        "{switched}"
+    );
+    let recorded = recording.finish();
+    assert_eq!(
+        timing_of(&recorded.profile, &["root", "mid"]).timing,
+        Timing::Timed
+    );
+    assert_eq!(
+        timing_of(&recorded.profile, &["root", "mid", "leaf"]).timing,
+        Timing::InCaller
+    );
+
+    // --time-all: the same work leaves every node timed, and the profile no policy.
+    let recording = Recording::start(target.pid(), &["--root", "root", "--time-all"]);
+    target.write_stdin("run 2000\n");
+    target.expect_line("run calls 6001 ", TIMEOUT);
+    target.write_stdin("run 2000\n");
+    target.expect_line("run calls 6001 ", TIMEOUT);
+    let recorded = recording.finish();
+    assert!(!recorded.stderr.contains(SWITCHED), "{}", recorded.stderr);
+    assert_eq!(recorded.profile.stats.timing, None);
+    assert!(
+        all_nodes(&recorded.profile.merged.roots)
+            .iter()
+            .all(|node| node.timing == Timing::Timed)
+    );
+    assert_eq!(
+        timing_of(&recorded.profile, &["root", "mid", "leaf"]).calls,
+        8000
+    );
+}
+
+#[test]
+fn a_reset_times_everything_again_until_it_is_judged_anew() {
+    let mut target = Target::spawn("tightcall", &[]);
+    let mut recorder = start_recorder(target.pid(), "root");
+    let untimed_after_runs = |recorder: &mut tendril::recording::Recorder, target: &mut Target| {
+        // Runs of the root until the judge has switched mid and leaf: it looks at the
+        // trees as they are polled.
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            target.write_stdin("run 2000\n");
+            target.expect_line("run calls 6001 ", TIMEOUT);
+            recorder.poll();
+            let profile = recorder.snapshot();
+            let untimed = profile.stats.timing.as_ref().unwrap().untimed_functions;
+            if untimed == 2 {
+                return profile;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never switched: {:?}",
+                profile.stats
+            );
+        }
+    };
+    let profile = untimed_after_runs(&mut recorder, &mut target);
+    assert_eq!(
+        timing_of(&profile, &["root", "mid"]).timing,
+        Timing::InCaller
+    );
+
+    recorder.reset();
+    let fresh = recorder.snapshot();
+    assert_eq!(fresh.stats.timing.as_ref().unwrap().untimed_functions, 0);
+    // Timed again: a run's calls come as entries and exits, with times.
+    target.write_stdin("run 100\n");
+    target.expect_line("run calls 301 ", TIMEOUT);
+    let deadline = Instant::now() + TIMEOUT;
+    let timed = loop {
+        recorder.poll();
+        let profile = recorder.snapshot();
+        if node_at(&profile.merged.roots, &["root"]).is_some_and(|root| root.calls == 1) {
+            break profile;
+        }
+        assert!(Instant::now() < deadline, "the run never arrived");
+    };
+    let mid = timing_of(&timed, &["root", "mid"]);
+    assert_eq!((mid.calls, mid.timing), (100, Timing::Timed));
+    // And judged anew.
+    let profile = untimed_after_runs(&mut recorder, &mut target);
+    assert_eq!(
+        timing_of(&profile, &["root", "mid", "leaf"]).timing,
+        Timing::InCaller
+    );
+    recorder.finish(false).unwrap();
+}
+
+#[test]
+fn untimed_nodes_keep_their_mark_through_json_and_pprof() {
+    let mut target = Target::spawn("tightcall", &[]);
+    let mut recording = Recording::start(target.pid(), &["--root", "root"]);
+    target.write_stdin("run 2000\n");
+    target.expect_line("run calls 6001 ", TIMEOUT);
+    recording.wait_for_line(SWITCHED, TIMEOUT);
+    let recorded = recording.finish();
+    let text = serde_json::to_string(&recorded.profile).unwrap();
+    assert!(text.contains(r#""timing":"in_caller""#), "{text}");
+    let again: Profile = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        timing_of(&again, &["root", "mid"]).timing,
+        Timing::InCaller,
+        "read back"
+    );
+    let pprof = tendril::profile::export::pprof::to_pprof(&recorded.profile);
+    let label = |text: &str| pprof.string_table.iter().position(|s| s == text).unwrap() as i64;
+    let marked = pprof
+        .sample
+        .iter()
+        .filter(|sample| {
+            sample
+                .label
+                .iter()
+                .any(|l| l.key == label("timing") && l.str == label("in_caller"))
+        })
+        .count();
+    assert_eq!(marked, 2, "mid and leaf carry the label");
+    let mut report = Vec::new();
+    tendril::profile::write_report(
+        &recorded.profile,
+        tendril::profile::ReportFormat::Tree,
+        &mut report,
+    )
+    .unwrap();
+    let report = String::from_utf8(report).unwrap();
+    assert!(
+        report.contains("adaptive timing: 2 functions counted"),
+        "{report}"
+    );
+    assert!(
+        report
+            .lines()
+            .any(|line| line.contains("in caller   in caller") && line.ends_with("mid (tightcall)")),
+        "{report}"
+    );
+}

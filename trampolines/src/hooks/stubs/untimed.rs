@@ -1,0 +1,271 @@
+//! The untimed hook: inside the call graph, one `Call` event per call — the function's
+//! id and its return address, no timestamp — and no return hook; then the body.
+//!
+//! A function whose calls are shorter than what timing them costs (a timestamp takes
+//! about 10 ns on these machines, the timed hooks 20–30 ns a call) cannot be timed
+//! truly, and its timing perturbs its caller. With this hook its calls are still
+//! counted, each in its context: the return address says which function called it,
+//! and the controller nests the call under that caller's node. Its time is part of
+//! its caller's (`"timing": "in_caller"`). The hook saves the same registers as the
+//! recording hook, so discovery finds the return address where it looks for a
+//! recording hook's; like the count hook, its fast path falls through into the body.
+//!
+//! A root's variant (`Hook::RecordRootOutermost`, a recursive root such as `fib`):
+//! outside the call graph, where the plain hook steps aside, it jumps to the root's own
+//! timed hook, whose address it reads from a data word the patcher fills in
+//! ([`outermost_word`]); its calls inside the graph are untimed.
+
+use super::record::{RECORD_HOOK_FRAME, write_event};
+use super::returns::return_slots;
+use super::template::{HookCode, UntimedTemplate};
+use super::{ASSEMBLY_BASE, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers};
+use super::{load_state, new_layout, slow_call_pointer};
+use crate::hooks::state::STATE;
+use crate::hooks::thread_layout::{
+    FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_RING_HEAD, STATE_RING_LIMIT,
+};
+use crate::sys::error::AgentError;
+use iced_x86::code_asm::*;
+use tendril_wire::events::EventKind;
+
+/// The per-function values the untimed hook reads from data words of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UntimedValues {
+    call_event: u64,
+    id: u64,
+}
+
+impl UntimedValues {
+    pub(super) fn new(id: u32) -> Self {
+        UntimedValues {
+            call_event: id as u64 | (EventKind::Call as u64) << 32,
+            id: id as u64,
+        }
+    }
+}
+
+/// The labels of the untimed hook's data words.
+pub(super) struct UntimedWords {
+    call_event: CodeLabel,
+    id: CodeLabel,
+    outermost: CodeLabel,
+}
+
+impl UntimedTemplate {
+    /// The template of the plain hook, or of a root's (`outermost`), for an entry jump
+    /// or behind a call thunk (`after_call`); assembled on first use.
+    pub(super) fn get(outermost: bool, after_call: bool) -> Result<UntimedTemplate, AgentError> {
+        let mut templates = STATE
+            .untimed_templates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let template = &mut templates[usize::from(outermost) * 2 + usize::from(after_call)];
+        if template.is_none() {
+            let assembled = Self::assemble(outermost, after_call).map_err(AgentError::Assembly)?;
+            *template = Some(assembled);
+        }
+        Ok(template.clone().expect("just assembled"))
+    }
+
+    fn assemble(outermost: bool, after_call: bool) -> Result<UntimedTemplate, IcedError> {
+        let values = UntimedValues::new(0);
+        let (layout, words) = untimed_hook(new_layout()?, values, outermost, after_call)?;
+        let (hook, result) = finish_hook(layout, ASSEMBLY_BASE)?;
+        let offset = |label: &CodeLabel| -> Result<usize, IcedError> {
+            Ok((result.label_ip(label)? - ASSEMBLY_BASE) as usize)
+        };
+        Ok(UntimedTemplate {
+            hook,
+            words: [
+                offset(&words.call_event)?,
+                offset(&words.id)?,
+                offset(&words.outermost)?,
+            ],
+        })
+    }
+
+    /// The hook of function `id`: the template with that function's data words.
+    pub(super) fn instantiate(&self, id: u32) -> HookCode {
+        let values = UntimedValues::new(id);
+        let mut hook = self.hook.clone();
+        for (&offset, value) in self.words.iter().zip([values.call_event, values.id]) {
+            hook.bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+        }
+        hook
+    }
+}
+
+/// Where the word is, in a root's untimed hook whose body starts at `body` (behind a
+/// call thunk: `after_call`), that its patcher fills with the address of the root's
+/// timed hook.
+pub fn outermost_word(body: u64, after_call: bool) -> Result<u64, AgentError> {
+    let template = UntimedTemplate::get(true, after_call)?;
+    Ok(body - template.hook.body as u64 + template.words[2] as u64)
+}
+
+/// The untimed hook (see the module comment); a root's if `outermost`. The slow paths
+/// and the data words come first, so the fast path falls through into the body. Behind
+/// a call thunk (`after_call`) the caller's return address is one slot further, and the
+/// body is a jump to the call's target (the thunk pushed its return address).
+pub(super) fn untimed_hook(
+    mut layout: Layout,
+    values: UntimedValues,
+    outermost: bool,
+    after_call: bool,
+) -> Result<(Layout, UntimedWords), IcedError> {
+    let frame = RECORD_HOOK_FRAME;
+    let (_, return_address) = return_slots(RECORD_HOOK_PUSHES, after_call);
+    let handlers = handlers();
+    let a = &mut layout.assembler;
+    let mut words = UntimedWords {
+        call_event: a.create_label(),
+        id: a.create_label(),
+        outermost: a.create_label(),
+    };
+    let mut have_state = a.create_label();
+    let mut register = a.create_label();
+    let mut discover = a.create_label();
+    let mut counted = a.create_label();
+    let mut ring = a.create_label();
+    let mut room = a.create_label();
+    let mut done = a.create_label();
+    let mut slow_call = a.create_label();
+    let mut outside = a.create_label();
+
+    // Slow paths.
+    a.set_label(&mut register)?;
+    call_slow(a, handlers.register_thread, slow_call)?;
+    a.jmp(have_state)?;
+    a.set_label(&mut discover)?;
+    a.mov(edx, dword_ptr(words.id))?;
+    call_slow(a, handlers.discover, slow_call)?;
+    a.jmp(counted)?;
+    a.set_label(&mut ring)?;
+    call_slow(a, handlers.ring_space, slow_call)?;
+    a.test(rdx, rdx)?;
+    a.jnz(done)?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.jmp(room)?;
+    a.set_label(&mut outside)?;
+    if outermost {
+        // The outermost call of a root: its timed hook, as if this one were not here.
+        frame.restore(a)?;
+        a.jmp(qword_ptr(words.outermost))?;
+    } else {
+        a.jmp(done)?;
+    }
+    slow_call_pointer(a, &mut slow_call)?;
+    for (label, value) in [
+        (&mut words.call_event, values.call_event),
+        (&mut words.id, values.id),
+        (&mut words.outermost, 0),
+    ] {
+        a.set_label(label)?;
+        a.dq(&[value])?;
+    }
+
+    // Entry: [rsp] is the caller's return address.
+    a.set_label(&mut layout.entry)?;
+    frame.save(a)?;
+    load_state(a, rcx)?;
+    a.test(rcx, rcx)?;
+    a.jz(register)?;
+    a.set_label(&mut have_state)?;
+    a.test(byte_ptr(rcx + STATE_FLAGS), FLAG_PASSTHROUGH as i32)?;
+    a.jnz(done)?;
+    // Outside the call graph a function records nothing; a root starts it.
+    a.cmp(qword_ptr(rcx + STATE_GRAPH_DEPTH), 0)?;
+    a.je(outside)?;
+    a.mov(r11, (handlers.invoked_table)())?;
+    a.add(r11, qword_ptr(words.id))?;
+    a.cmp(byte_ptr(r11), 0)?;
+    a.je(discover)?;
+    a.set_label(&mut counted)?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
+    a.jae(ring)?;
+    a.set_label(&mut room)?;
+    a.mov(rax, qword_ptr(rsp + return_address))?;
+    write_event(a, words.call_event)?;
+    a.set_label(&mut done)?;
+    frame.restore(a)?;
+    Ok((layout, words))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hooks::stubs::test_code::{body, disassemble};
+    use crate::hooks::stubs::{ASSEMBLY_BASE, assemble_hook, build};
+    use tendril_wire::Hook;
+    use tendril_wire::events::HookShape;
+
+    #[test]
+    fn the_untimed_hook_takes_no_timestamp_hooks_no_return_and_falls_into_the_body() {
+        let address = 0x7f00_0000_1000;
+        let code = build(address, 9, Hook::Untimed, None, HookShape::Jump, body(4)).unwrap();
+        let from = (code.hook - address) as usize;
+        let fast_path = disassemble(&code.bytes[from..(code.body - address) as usize], code.hook);
+        let text = fast_path.join("\n");
+        assert!(!text.contains("rdtsc"), "{text}");
+        assert!(
+            !text.contains("call "),
+            "no slow call on the fast path: {text}"
+        );
+        let depth_check = format!("cmp qword ptr [rcx+{STATE_GRAPH_DEPTH:X}h],0");
+        assert!(
+            text.contains(&depth_check),
+            "outside the graph: steps aside"
+        );
+        assert_eq!(fast_path.last().unwrap(), "pop rax", "falls into the body");
+        assert_eq!(code.bytes[(code.body - address) as usize], 0x90);
+    }
+
+    #[test]
+    fn an_untimed_hook_from_the_template_is_the_hook_assembled_for_its_function() {
+        for (kind, after_call) in [
+            (Hook::Untimed, None),
+            (Hook::Untimed, Some(0x7f00_0000_2005)),
+            (Hook::RecordRootOutermost, None),
+            (Hook::RecordRootOutermost, Some(0x7f00_0000_2005)),
+        ] {
+            let outermost = kind == Hook::RecordRootOutermost;
+            let template = UntimedTemplate::get(outermost, after_call.is_some()).unwrap();
+            for id in [0, 5, 300, 70_000] {
+                let assembled =
+                    assemble_hook(ASSEMBLY_BASE, id, kind, after_call, HookShape::Jump).unwrap();
+                let instantiated = template.instantiate(id);
+                assert_eq!(instantiated.bytes, assembled.bytes, "{kind:?} {id}");
+                assert_eq!(instantiated.entry, assembled.entry);
+            }
+        }
+    }
+
+    #[test]
+    fn a_roots_untimed_hook_sends_its_outermost_calls_to_the_word_its_patcher_fills() {
+        let address = 0x7f00_0000_1000;
+        let code = build(
+            address,
+            9,
+            Hook::RecordRootOutermost,
+            None,
+            HookShape::Jump,
+            body(4),
+        )
+        .unwrap();
+        let word = outermost_word(code.body, false).unwrap();
+        assert!(
+            word > address && word < code.hook,
+            "a data word before the entry"
+        );
+        let whole = disassemble(&code.bytes[..(code.body - address) as usize], address);
+        let jump = format!("jmp qword ptr [{word:X}h]");
+        assert!(
+            whole.iter().any(|line| line.ends_with(&jump)),
+            "{jump} in {whole:#?}"
+        );
+        let plain = build(address, 9, Hook::Untimed, None, HookShape::Jump, body(4)).unwrap();
+        let plain = disassemble(&plain.bytes[..(plain.body - address) as usize], address);
+        assert!(!plain.iter().any(|line| line.starts_with("jmp qword ptr")));
+    }
+}
