@@ -149,23 +149,29 @@ impl TargetProcess {
         &self,
         path: &std::path::Path,
     ) -> std::io::Result<std::os::fd::OwnedFd> {
-        use nix::fcntl::{OFlag, open, openat};
-        use nix::sys::stat::Mode;
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-        // The root link itself is the kernel's (it leads into the target's mount
-        // namespace); the components under it are the target's.
-        let mut dir = open(
-            format!("/proc/{}/root", self.pid).as_str(),
-            flags,
-            Mode::empty(),
-        )?;
-        for component in path.components() {
-            if let std::path::Component::Normal(name) = component {
-                dir = openat(&dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty())?;
-            }
-        }
-        Ok(dir)
+        open_dir_in_target(self.pid, path)
     }
+}
+
+/// Opens the directory `path` (absolute, inside the mount namespace of process `pid`)
+/// from `/proc/PID/root`, one component at a time, following no symbolic link (see
+/// [`TargetProcess::open_dir_in_target`]).
+pub fn open_dir_in_target(
+    pid: i32,
+    path: &std::path::Path,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use nix::fcntl::{OFlag, open, openat};
+    use nix::sys::stat::Mode;
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    // The root link itself is the kernel's (it leads into the target's mount
+    // namespace); the components under it are the target's.
+    let mut dir = open(format!("/proc/{pid}/root").as_str(), flags, Mode::empty())?;
+    for component in path.components() {
+        if let std::path::Component::Normal(name) = component {
+            dir = openat(&dir, name, flags | OFlag::O_NOFOLLOW, Mode::empty())?;
+        }
+    }
+    Ok(dir)
 }
 
 /// The value of `key` in the text of `/proc/PID/status` (`Threads:\t9` gives `9`).

@@ -1,7 +1,8 @@
 //! Root profiling another user's process: whatever that user plants in the directories
 //! they control (links at tendril's file names, a library of the right length, a link
-//! in place of their runtime directory or of the agent's socket), root's tendril never
-//! writes through it, never loads it, and never talks to anything but the target. And
+//! in place of their runtime directory or of the agent's socket, a perf map at a root
+//! process's name), root's tendril never writes through it, never loads it, never reads
+//! names from it, and never talks to anything but the target. And
 //! the agent itself holds out against a connection that sends too much or asks for
 //! nonsense.
 //!
@@ -465,4 +466,89 @@ fn the_agent_refuses_a_table_path_and_a_stack_address() {
     }
     let mut target = target;
     target.steady_checksum(2, Duration::from_secs(30));
+}
+
+/// Samples `pid` until `done` holds of the notes the sampler gave so far and of the
+/// profile (names of its merged tree); returns both.
+fn sample_until_noted(
+    pid: i32,
+    done: impl Fn(&[String], &[String]) -> bool,
+) -> (Vec<String>, Vec<String>) {
+    let mut sampler = tendril::sampling::Sampler::start(pid, Default::default()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut notes = Vec::new();
+    loop {
+        sampler.poll(Duration::from_millis(50)).unwrap();
+        notes.extend(sampler.take_notes());
+        let mut names = Vec::new();
+        let _ = tendril::profile::walk(&sampler.profile().merged.roots, |step| -> Result<(), ()> {
+            if let tendril::profile::Visit::Enter { node, .. } = step {
+                names.push(node.name.clone());
+            }
+            Ok(())
+        });
+        if done(&notes, &names) {
+            return (notes, names);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never done: notes {notes:?}, names {names:?}"
+        );
+    }
+}
+
+#[test]
+fn a_perf_map_planted_by_another_user_is_never_read() {
+    let _turn = serial();
+    let (uid, gid) = test_user();
+    // Root's process, which writes no map of its own.
+    let target = Target::spawn("jit", &["none"]);
+    let pid = target.pid();
+    let ready = target.ready_line().unwrap().to_string();
+    let address = |key: &str| {
+        let word = ready
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap();
+        u64::from_str_radix(word.trim_start_matches("0x"), 16).unwrap()
+    };
+    let names = PathBuf::from(format!("/tmp/tendril-sectest-names-{}", std::process::id()));
+    std::fs::write(
+        &names,
+        format!(
+            "{:x} 15 planted_trampoline\n{:x} 2e planted_function\n",
+            address("trampoline="),
+            address("function=")
+        ),
+    )
+    .unwrap();
+    std::os::unix::fs::chown(&names, Some(uid), Some(gid)).unwrap();
+    let map = format!("/tmp/perf-{pid}.map");
+    let unnamed = |names: &[String]| names.iter().any(|n| n.starts_with("[jit] 0x"));
+    let planted = |names: &[String]| names.iter().any(|n| n.starts_with("planted_"));
+
+    // A link: not followed.
+    as_user(&format!("ln -s {} {map}", names.display()));
+    let (notes, seen) = sample_until_noted(pid, |notes, names| {
+        notes.iter().any(|n| n.contains("symbolic link")) && unnamed(names)
+    });
+    assert!(
+        !planted(&seen),
+        "a planted link was followed: {seen:?} {notes:?}"
+    );
+
+    // A regular file of the other user: not the process's, not read.
+    as_user(&format!("rm -f {map} && cp {} {map}", names.display()));
+    let (notes, seen) = sample_until_noted(pid, |notes, names| {
+        notes
+            .iter()
+            .any(|n| n.contains(&format!("belongs to uid {uid}")))
+            && unnamed(names)
+    });
+    assert!(
+        !planted(&seen),
+        "another user's map was read: {seen:?} {notes:?}"
+    );
+    let _ = std::fs::remove_file(&map);
+    let _ = std::fs::remove_file(&names);
 }

@@ -82,6 +82,12 @@ pub fn sample_until_done(
         }
     }
     progress.clear();
+    for note in sampler.take_notes() {
+        say!("{note}");
+    }
+    if let Some(summary) = sampler.jit_summary() {
+        say!("{summary}");
+    }
     let pid = sampler.pid();
     let elapsed = sampler.elapsed();
     let profile = sampler.finish();

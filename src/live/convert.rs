@@ -26,6 +26,8 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
         copy.in_caller = node.timing == Timing::InCaller;
         copy.error_ns = node.error_ns.map(|ns| ns as f64);
         copy.address = node.address;
+        // Sampled JIT frames have samples to show; only an instrumented leaf is marked.
+        copy.jit = node.jit && node.samples.is_none();
         if let (Some(cpu), Some(self_cpu)) = (node.cpu_ns, node.self_cpu_ns) {
             copy.other_clock = Some((cpu as f64, self_cpu as f64));
         }

@@ -206,7 +206,12 @@ fn sampled_function(
 
 /// Why a sampled name cannot be instrumented.
 fn cannot_instrument(name: &str, module: &str) -> String {
-    if name.starts_with(&format!("{module}+0x")) {
+    if module == crate::symbols::jit::JIT_MODULE {
+        format!(
+            "{name} cannot be instrumented: it is code generated at run time (JIT), which \
+             tendril never patches — Enter on the native function that calls it"
+        )
+    } else if name.starts_with(&format!("{module}+0x")) {
         format!(
             "{name} cannot be instrumented: it is an address in stripped code that no \
              symbol or unwind entry covers, so where its function starts is unknown — \
@@ -244,6 +249,7 @@ mod tests {
         let uncovered = format!("{libc}+0x1");
         assert!(sampled_function(&symbols, &uncovered, &libc, None).is_empty());
         assert!(cannot_instrument(&uncovered, &libc).contains("stripped code"));
+        assert!(cannot_instrument("JS:*leafy app.js:1", "[jit]").contains("never patches"));
         assert!(
             cannot_instrument("gone", "libgone.so").contains("not among the target's functions")
         );

@@ -323,6 +323,7 @@ impl CallArena {
                 error_ns: correction.error_ns(node.calls, timed - node.calls, untimed),
                 address,
                 samples: None,
+                jit: false,
                 timing: Timing::Timed,
                 children,
             });

@@ -24,6 +24,8 @@ pub struct HotSpot<'a> {
     pub calls: u64,
     /// Every context's self time was below resolution ([`Node::below_resolution`]).
     pub below_resolution: bool,
+    /// Calls into JIT code, not counted, in an instrumented tree ([`Node::jit`]).
+    pub jit: bool,
 }
 
 /// The functions of `roots` by self time, largest first (then by name).
@@ -42,6 +44,7 @@ pub fn hot_spots(roots: &[Node]) -> Vec<HotSpot<'_>> {
                     self_ns: 0,
                     calls: 0,
                     below_resolution: true,
+                    jit: node.jit && node.samples.is_none(),
                 });
                 spots.len() - 1
             });

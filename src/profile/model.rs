@@ -334,6 +334,12 @@ pub struct Node {
     /// (`total_ns` and `self_ns` are then estimates from them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<u64>,
+    /// Code generated at run time (JIT), named from the runtime's perf map or jitdump
+    /// (module `[jit]`). tendril never patches it: in an instrumented profile such a
+    /// node is a leaf met in its caller's code, whose calls and time are not measured
+    /// (`calls` and times 0; its time is in its caller's self time).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub jit: bool,
     /// `in_caller`: the function's calls here were too short to time and were counted
     /// only (adaptive timing); its time is part of its caller's self time, and its
     /// `total_ns`, `self_ns` and `cpu_ns` are 0.
@@ -394,6 +400,7 @@ impl Node {
             error_ns: None,
             address: None,
             samples: None,
+            jit: false,
             timing: Timing::Timed,
             children: Vec::new(),
         }
@@ -414,6 +421,7 @@ impl Node {
         node.error_ns = self.error_ns;
         node.address = self.address;
         node.samples = self.samples;
+        node.jit = self.jit;
         node.timing = self.timing;
         node
     }
@@ -430,6 +438,7 @@ impl Node {
             && self.error_ns == other.error_ns
             && self.address == other.address
             && self.samples == other.samples
+            && self.jit == other.jit
             && self.timing == other.timing
             && self.children.len() == other.children.len()
     }
@@ -449,5 +458,19 @@ pub(crate) mod tests {
             node = parent;
         }
         node
+    }
+
+    #[test]
+    fn the_jit_mark_is_written_only_when_set_and_old_profiles_load_without_it() {
+        let plain = Node::leaf("f", "m", 1, 2, 2);
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(!json.contains("jit"), "{json}");
+        let old: Node = serde_json::from_str(&json).unwrap();
+        assert!(!old.jit);
+        let mut marked = Node::leaf("JS:*leafy app.js:1", "[jit]", 0, 0, 0);
+        marked.jit = true;
+        let json = serde_json::to_string(&marked).unwrap();
+        assert!(json.contains("\"jit\":true"), "{json}");
+        assert!(serde_json::from_str::<Node>(&json).unwrap().jit);
     }
 }

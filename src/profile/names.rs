@@ -21,7 +21,8 @@ use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 pub const MIN_NAME_WIDTH: usize = 16;
 
 /// How a report row names a function: `name (module)`, or only `name` when the name
-/// is already `module+0xOFFSET` (a stripped function); control characters escaped.
+/// is already `module+0xOFFSET` (a stripped function) or `[jit] 0x…` (unnamed JIT
+/// code, module `[jit]`); control characters escaped.
 pub fn function_label(name: &str, module: &str) -> String {
     if stripped_name_of(name, module) {
         printable(name).into_owned()
@@ -38,7 +39,8 @@ pub fn stripped_name_of(name: &str, module: &str) -> bool {
 
 /// The `+0xOFFSET` that ends `text`, if it ends with one.
 fn offset_suffix(text: &str) -> Option<&str> {
-    let at = text.rfind("+0x")?;
+    // (` 0x`: unnamed JIT code, `[jit] 0x…` of module `[jit]`.)
+    let at = text.rfind("+0x").max(text.rfind(" 0x"))?;
     let digits = &text[at + 3..];
     (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_hexdigit())).then(|| &text[at..])
 }
@@ -109,6 +111,9 @@ mod tests {
             "libc.so.6+0x16d800"
         );
         assert_eq!(function_label("memcpy", "libc.so.6"), "memcpy (libc.so.6)");
+        // Unnamed JIT code names its module once too; named JIT code like any function.
+        assert_eq!(function_label("[jit] 0x7f0012", "[jit]"), "[jit] 0x7f0012");
+        assert_eq!(function_label("JS:*leafy", "[jit]"), "JS:*leafy ([jit])");
         // Another module's offset is not this module's name.
         assert_eq!(function_label("a.so+0x10", "b.so"), "a.so+0x10 (b.so)");
         assert_eq!(

@@ -460,9 +460,10 @@ pub fn write_tree(
     write_header(profile, out)?;
     writeln!(
         out,
-        "merged call tree of {}; children by total time; % of all roots' total{}{}",
+        "merged call tree of {}; children by total time; % of all roots' total{}{}{}",
         plural(profile.threads.len() as u64, "thread", "threads"),
         below_resolution_note(&profile.merged.roots),
+        jit_note(profile),
         timing_marks::uncertain_note(&profile.merged.roots)
     )?;
     let (count_title, count) = count_column(profile);
@@ -480,10 +481,16 @@ pub fn write_tree(
         };
         let depth = open.len() - 1;
         let indent = 2 * depth.min(MAX_TREE_INDENT);
+        // A call into JIT code in an instrumented tree is not measured: say so.
+        let counted = if node.jit && node.samples.is_none() {
+            JIT_MARK.to_string()
+        } else {
+            count(node).to_string()
+        };
         write!(
             out,
             "{:>10} {} {} {:>6.1}%  {:indent$}",
-            count(node),
+            counted,
             timing_marks::total_cell(node, 11),
             self_cell(node.self_ns, node.below_resolution, node.timing, 11),
             percent(node.total_ns, whole),
@@ -516,8 +523,9 @@ pub fn write_hot(
     writeln!(
         out,
         "hot spots: self time per function over all its contexts (all threads); % of all \
-         roots' total{}",
-        below_resolution_note(&profile.merged.roots)
+         roots' total{}{}",
+        below_resolution_note(&profile.merged.roots),
+        jit_note(profile)
     )?;
     writeln!(
         out,
@@ -537,11 +545,32 @@ pub fn write_hot(
             "{} {:>6.1}% {:>10}  {}",
             self_ms(row.self_ns, row.below_resolution, 11),
             percent(row.self_ns, whole),
-            row.calls,
+            if row.jit {
+                JIT_MARK.to_string()
+            } else {
+                row.calls.to_string()
+            },
             row_label(row.name, &row.location(), columns, HOT_COLUMNS)
         )?;
     }
     Ok(())
+}
+
+/// What the calls column shows for a call into JIT code in an instrumented tree.
+pub const JIT_MARK: &str = "jit";
+
+/// Explains [`JIT_MARK`] in the tree's title line, when some row shows it.
+fn jit_note(profile: &Profile) -> &'static str {
+    let any = super::model::walk(&profile.merged.roots, |step| match step {
+        super::model::Visit::Enter { node, .. } if node.jit => Err(()),
+        _ => Ok(()),
+    });
+    if profile.sampling.is_none() && any.is_err() {
+        "; jit: a call into code generated at run time, never patched (not counted; its \
+         time is its caller's self time)"
+    } else {
+        ""
+    }
 }
 
 /// Explains [`BELOW_RESOLUTION`] in a title line, when some row shows it.

@@ -16,6 +16,7 @@ mod code_copy;
 mod controls;
 mod go_callees;
 mod in_situ;
+mod jit_callees;
 mod late_modules;
 mod polling;
 mod snapshot;
@@ -138,6 +139,8 @@ pub struct Recorder {
     in_situ: in_situ::InSituBatches,
     /// The Go functions the recorded code calls (never followed).
     go_callees: go_callees::GoCallees,
+    /// The JIT code the recorded code calls (never patched).
+    jit_callees: jit_callees::JitCallees,
     /// The callers of untimed calls, by return address.
     call_sites: call_sites::CallSites,
     /// Which functions are untimed, and the judge that chooses them.
@@ -218,6 +221,7 @@ impl Recorder {
             held_back: HashMap::new(),
             in_situ: Default::default(),
             go_callees,
+            jit_callees: jit_callees::JitCallees::new(pid),
             call_sites: Default::default(),
             adaptive,
         };

@@ -15,12 +15,14 @@
 //! - [`records`]: the records read from a ring;
 //! - [`unwind`]: framehop over the process's modules;
 //! - [`go_unwind`]: Go frames, stepped with Go's own table (`.gopclntab`);
+//! - [`jit_unwind`]: frames of code generated at run time (no unwind table);
 //! - [`tree`]: the sampled trees and the function table;
 //! - [`marks`]: a deep walk stops where the thread's previous one is unchanged;
 //! - [`walker`]: one sample to a named stack in the trees;
 //! - [`sampler`]: a session over all of a process's threads, and its profile.
 
 pub mod go_unwind;
+pub mod jit_unwind;
 pub mod marks;
 pub mod perf;
 pub mod records;

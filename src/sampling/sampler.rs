@@ -184,6 +184,30 @@ impl Sampler {
         &self.work.trees
     }
 
+    /// What could not be read of the names of the process's JIT code, and why (each
+    /// said once).
+    pub fn take_notes(&mut self) -> Vec<String> {
+        self.work.take_notes()
+    }
+
+    /// Where the names of JIT code came from: `N pieces of JIT code named from FILES`,
+    /// if any file named some.
+    pub fn jit_summary(&self) -> Option<String> {
+        let sources = self.work.jit_sources();
+        if sources.is_empty() {
+            return None;
+        }
+        let files: Vec<String> = sources
+            .iter()
+            .map(|(path, _)| path.display().to_string())
+            .collect();
+        Some(format!(
+            "{} pieces of JIT code named from {} (as the process sees them)",
+            self.work.jit().len(),
+            files.join(", ")
+        ))
+    }
+
     /// How long sampling has run.
     pub fn elapsed(&self) -> Duration {
         self.stopped_after.unwrap_or_else(|| self.started.elapsed())

@@ -18,6 +18,7 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::profile::Node;
 use crate::symbols::ProcessSymbols;
+use crate::symbols::jit::{JIT_MODULE, JitSymbols};
 
 /// Names frames: each distinct function gets a small index, looked up by address once.
 pub struct FunctionTable {
@@ -32,7 +33,8 @@ pub struct FunctionTable {
 
 /// The name of frames that could not be walked further.
 pub const TRUNCATED: &str = "[truncated stack]";
-/// The name of a frame outside every mapped module (JIT code, a bad return address).
+/// The name of a frame outside every mapped module and every known piece of anonymous
+/// code (memory mapped since the tables were read, a bad return address).
 pub const UNKNOWN: &str = "[unknown]";
 
 impl Default for FunctionTable {
@@ -63,13 +65,22 @@ impl FunctionTable {
         index
     }
 
-    /// The function containing `address`: its symbol, else `module+0xOFFSET` of the
-    /// address in its module (stripped code that no FDE covers), else `[unknown]`.
-    pub fn symbolize(&mut self, symbols: &ProcessSymbols, address: u64) -> u32 {
+    /// The function containing `address`: its symbol (in a second mapping of a
+    /// module's code, the symbol of the same byte in the first), else
+    /// `module+0xOFFSET` of the address in its module (stripped code that no FDE
+    /// covers), else the JIT code's name from the runtime's files or `[jit] 0x…` in
+    /// anonymous executable memory (module `[jit]`), else `[unknown]`.
+    pub fn symbolize(&mut self, symbols: &ProcessSymbols, jit: &JitSymbols, address: u64) -> u32 {
         if let Some(&index) = self.by_address.get(&address) {
             return index;
         }
-        let index = if let Some(function) = symbols.lookup(address) {
+        let canonical = symbols.canonical_address(address);
+        let function = symbols.lookup(address).or_else(|| {
+            canonical
+                .filter(|&c| c != address)
+                .and_then(|c| symbols.lookup(c))
+        });
+        let index = if let Some(function) = function {
             let (name, module, entry) = (
                 function.name.clone(),
                 function.module.clone(),
@@ -77,13 +88,12 @@ impl FunctionTable {
             );
             self.intern(&name, &module, Some(entry))
         } else if let Some(module) = symbols.module_at(address) {
-            let name = format!(
-                "{}+0x{:x}",
-                module.name,
-                address.wrapping_sub(module.load_bias)
-            );
+            let offset = canonical.unwrap_or(address).wrapping_sub(module.load_bias);
+            let name = format!("{}+0x{offset:x}", module.name);
             let module = module.name.clone();
             self.intern(&name, &module, None)
+        } else if let Some(named) = jit.name_at(address) {
+            self.intern(&named.name, JIT_MODULE, named.start)
         } else {
             self.intern(UNKNOWN, "", None)
         };
@@ -215,6 +225,7 @@ impl ContextTree {
             let mut node = Node::leaf(name, module, 0, context.weight_ns, context.self_weight_ns);
             node.samples = Some(context.samples);
             node.address = functions.address(context.function);
+            node.jit = module == JIT_MODULE;
             node.children = take(&mut built, &context.children);
             built[index] = Some(node);
         }

@@ -8,8 +8,11 @@
 //! unwinds as well as code with them; framehop falls back to frame pointers only where a
 //! module has no CFI. Go code has no CFI: each frame inside a module's `.gopclntab`
 //! text is stepped with that table instead, frame by frame, so Go and C frames mix as
-//! cgo stacks do. A walk that cannot reach the outermost frame (the copy ended, CFI
-//! missing, a corrupt stack, a Go stack switch) is reported as truncated, never guessed.
+//! cgo stacks do. A frame outside every module's code (JIT code) steps with
+//! [`jit_unwind`](super::jit_unwind): its first instructions, where the runtime's perf
+//! map or jitdump says where it starts, else its frame pointer. A walk that cannot
+//! reach the outermost frame (the copy ended, CFI missing, a corrupt stack, a Go stack
+//! switch) is reported as truncated, never guessed.
 
 use std::ops::{Deref, Range};
 use std::sync::Arc;
@@ -23,8 +26,10 @@ use goblin::elf::program_header::PT_LOAD;
 use memmap2::Mmap;
 
 use super::go_unwind::{GoModule, GoStep};
+use super::jit_unwind::JitUnwinder;
 use super::records::UserRegs;
 use crate::symbols::go_pclntab;
+use crate::symbols::jit::JitSymbols;
 use crate::symbols::maps::{self, MappedObject, ObjectKind};
 use crate::symbols::{SymbolError, load_bias};
 
@@ -75,6 +80,8 @@ pub struct StackUnwinder {
     cache: CacheX86_64<MayAllocateDuringUnwind>,
     /// The modules with Go code, whose Go frames step with `.gopclntab`.
     go_modules: Vec<GoModule<SectionBytes>>,
+    /// Frames outside every module's code (JIT code).
+    jit: JitUnwinder,
     /// Code objects that could not be read (their frames end walks as truncated).
     pub skipped: Vec<(String, String)>,
     /// The frames of the last [`walk`](Self::walk), kept to save an allocation.
@@ -85,14 +92,22 @@ impl StackUnwinder {
     /// Reads the unwind tables of every code object mapped into `pid` now.
     pub fn for_process(pid: i32) -> Result<StackUnwinder, SymbolError> {
         let mappings = maps::read_maps(pid)?;
+        let objects = maps::code_objects(&mappings);
+        let module_code = objects
+            .iter()
+            .flat_map(|o| o.mappings.iter())
+            .filter(|m| m.executable)
+            .map(|m| m.start..m.end)
+            .collect();
         let mut unwinder = StackUnwinder {
             unwinder: UnwinderX86_64::new(),
             cache: CacheX86_64::new(),
             go_modules: Vec::new(),
+            jit: JitUnwinder::new(pid, module_code),
             skipped: Vec::new(),
             scratch: Vec::new(),
         };
-        for object in maps::code_objects(&mappings) {
+        for object in objects {
             match module_for(pid, &object) {
                 Ok((module, go)) => {
                     unwinder.unwinder.add_module(module);
@@ -112,7 +127,7 @@ impl StackUnwinder {
     /// so that a call at a function's very end is looked up in that function).
     pub fn walk(&mut self, regs: UserRegs, stack: &[u8], frames: &mut Vec<u64>) -> WalkEnd {
         let mut walked = std::mem::take(&mut self.scratch);
-        let end = match self.walk_frames(regs, stack, &mut walked, |_| false) {
+        let end = match self.walk_frames(regs, stack, None, &mut walked, |_| false) {
             WalkStop::End(end) => end,
             WalkStop::Stopped => WalkEnd::Truncated,
         };
@@ -125,11 +140,13 @@ impl StackUnwinder {
     /// Walks like [`walk`](Self::walk), keeping with each frame the registers the
     /// unwinder had there and the stack bytes its steps read, and asking `stop` at each
     /// frame (before unwinding it) whether to go on: a walk that meets a frame already
-    /// known stops there (`marks`).
+    /// known stops there (`marks`). `jit`: where the process's JIT code starts (its
+    /// frames step by frame pointer alone without it).
     pub fn walk_frames(
         &mut self,
         regs: UserRegs,
         stack: &[u8],
+        jit: Option<&JitSymbols>,
         frames: &mut Vec<WalkedFrame>,
         mut stop: impl FnMut(&WalkedFrame) -> bool,
     ) -> WalkStop {
@@ -171,6 +188,10 @@ impl StackUnwinder {
                     GoStep::Outermost => Ok(None),
                     GoStep::Unknown => Err(()),
                 },
+                None if self.jit.covers(lookup) => self
+                    .jit
+                    .step(address, jit, &mut unwind_regs, &mut read_stack)
+                    .map_err(|_| ()),
                 None => self
                     .unwinder
                     .unwind_frame(address, &mut unwind_regs, &mut self.cache, &mut read_stack)

@@ -5,24 +5,38 @@
 //! up with the kernel (benches/sampling.rs measures it against 64 threads × 1 kHz). A
 //! walk that stops early is kept under a `[truncated stack]` root, never dropped, and a
 //! frame outside every known module (a library loaded after sampling began) asks for
-//! the tables to be read again, at most once every [`RELOAD_INTERVAL`].
+//! the tables to be read again, at most once every [`RELOAD_INTERVAL`] — the ELF
+//! files only if the process's code objects changed. The names of JIT code (the
+//! runtime's perf map and jitdumps, `symbols::jit`) are read again as they grow: every
+//! [`JIT_REFRESH_INTERVAL`], or [`JIT_REFRESH_SOON`] after a frame in JIT code had no
+//! name; when a name changed, every address is named anew from then on.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::marks::StackMarks;
 use super::records::{Record, Sample, parse};
 use super::tree::{SampledTrees, TRUNCATED, UNKNOWN};
 use super::unwind::{MAX_FRAMES, StackUnwinder, WalkEnd, WalkStop, WalkedFrame};
+use crate::symbols::jit::{JIT_MODULE, JitSymbols};
 use crate::symbols::{ProcessSymbols, SymbolError};
 
 /// The shortest time between two reloads of the symbol and unwind tables.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the JIT names are read again.
+pub const JIT_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// How soon they are read again after a frame of JIT code had no name.
+pub const JIT_REFRESH_SOON: Duration = Duration::from_millis(100);
 
 /// Walks and names samples, and keeps the trees and counts they build.
 pub struct SampleWalker {
     pid: i32,
     symbols: ProcessSymbols,
     unwinder: StackUnwinder,
+    /// The names of the process's JIT code, and their generation the trees' names of
+    /// addresses were made with.
+    jit: JitSymbols,
+    jit_generation: u64,
     pub trees: SampledTrees,
     /// Each thread's previous deep walk, where the next one may stop (`marks`).
     pub marks: StackMarks,
@@ -40,6 +54,8 @@ pub struct SampleWalker {
     pub truncated: u64,
     /// Frames outside every known module since the tables were last read.
     unknown_frames: u64,
+    /// Frames of JIT code without a name since the JIT names were last read.
+    unnamed_jit_frames: u64,
     last_reload: Instant,
 }
 
@@ -50,10 +66,13 @@ impl SampleWalker {
         unwinder: StackUnwinder,
         period_ns: u64,
     ) -> SampleWalker {
+        let jit = JitSymbols::for_process(pid);
         SampleWalker {
             pid,
             symbols,
             unwinder,
+            jit_generation: jit.generation(),
+            jit,
             trees: SampledTrees::default(),
             marks: StackMarks::default(),
             marking: true,
@@ -64,6 +83,7 @@ impl SampleWalker {
             lost: 0,
             truncated: 0,
             unknown_frames: 0,
+            unnamed_jit_frames: 0,
             last_reload: Instant::now(),
         }
     }
@@ -103,14 +123,18 @@ impl SampleWalker {
             false => None,
         };
         let mut mark = None;
-        let stop = self
-            .unwinder
-            .walk_frames(regs, sample.stack, &mut self.frames, |frame| {
+        let stop = self.unwinder.walk_frames(
+            regs,
+            sample.stack,
+            Some(&self.jit),
+            &mut self.frames,
+            |frame| {
                 mark = marks
                     .as_ref()
                     .and_then(|marks| marks.find(regs.sp, sample.stack, frame));
                 mark.is_some()
-            });
+            },
+        );
         // The marked frame itself is named by the previous walk.
         let walked = match stop {
             WalkStop::Stopped => self.frames.len() - 1,
@@ -118,9 +142,14 @@ impl SampleWalker {
         };
         self.functions.clear();
         for frame in &self.frames[..walked] {
-            let function = self.trees.functions.symbolize(&self.symbols, frame.address);
-            if self.trees.functions.name(function).0 == UNKNOWN {
-                self.unknown_frames += 1;
+            let functions = &mut self.trees.functions;
+            let function = functions.symbolize(&self.symbols, &self.jit, frame.address);
+            match functions.name(function) {
+                (UNKNOWN, _) => self.unknown_frames += 1,
+                (_, JIT_MODULE) if functions.address(function).is_none() => {
+                    self.unnamed_jit_frames += 1
+                }
+                _ => {}
             }
             self.functions.push(function);
         }
@@ -185,22 +214,64 @@ impl SampleWalker {
         &self.symbols
     }
 
-    /// Reads the symbol and unwind tables again if frames were found outside every
-    /// known module (a library was loaded) and the last reload is old enough.
+    /// The JIT names in use.
+    pub fn jit(&self) -> &JitSymbols {
+        &self.jit
+    }
+
+    /// What could not be read of the JIT names, and why (each said once).
+    pub fn take_notes(&mut self) -> Vec<String> {
+        self.jit.take_notes()
+    }
+
+    /// The files JIT names came from, with the bytes read of each.
+    pub fn jit_sources(&self) -> Vec<(PathBuf, u64)> {
+        self.jit.sources()
+    }
+
+    /// Reads the JIT names again when due, and the symbol and unwind tables if frames
+    /// were found outside every known module and the last reload is old enough.
     pub fn reload_tables_if_needed(&mut self) {
+        let soon = self.unnamed_jit_frames > 0 || self.unknown_frames > 0;
+        let interval = if soon {
+            JIT_REFRESH_SOON
+        } else {
+            JIT_REFRESH_INTERVAL
+        };
+        if self
+            .jit
+            .since_refresh()
+            .is_none_or(|since| since >= interval)
+        {
+            self.unnamed_jit_frames = 0;
+            if self.jit.refresh() {
+                self.names_changed();
+            }
+        }
         if self.unknown_frames == 0 || self.last_reload.elapsed() < RELOAD_INTERVAL {
             return;
         }
         self.last_reload = Instant::now();
         self.unknown_frames = 0;
-        if let (Ok(symbols), Ok(unwinder)) = (
-            ProcessSymbols::load(self.pid),
-            StackUnwinder::for_process(self.pid),
-        ) {
+        // New anonymous code needs no new tables: the JIT refresh above saw it.
+        let same_code = crate::symbols::maps::read_maps(self.pid)
+            .is_ok_and(|mappings| self.symbols.same_code_objects(&mappings));
+        if !same_code
+            && let (Ok(symbols), Ok(unwinder)) = (
+                ProcessSymbols::load(self.pid),
+                StackUnwinder::for_process(self.pid),
+            )
+        {
             self.symbols = symbols;
             self.unwinder = unwinder;
-            self.trees.functions.forget_addresses();
-            self.marks.clear();
         }
+        self.names_changed();
+    }
+
+    /// Names every address anew from now on (what was named before stays as named).
+    fn names_changed(&mut self) {
+        self.jit_generation = self.jit.generation();
+        self.trees.functions.forget_addresses();
+        self.marks.clear();
     }
 }

@@ -141,8 +141,17 @@ pub fn code_objects(mappings: &[Mapping]) -> Vec<MappedObject> {
             }),
         }
     }
-    objects.retain(|o| o.mappings.iter().any(|m| m.executable));
+    objects.retain(|o| o.mappings.iter().any(|m| m.executable) && !is_jitdump(&o.path));
     objects
+}
+
+/// A jitdump (`jit-PID.dump`): runtimes map it executable so that profilers find it,
+/// but it is no code (`symbols::jit` reads it).
+fn is_jitdump(path: &std::path::Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("jit-")?.strip_suffix(".dump"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Opens the file behind `object` as the target sees it. Tries, in order:
@@ -222,7 +231,8 @@ mod tests {
                      2000-3000 r-xp 00001000 fd:01 7 /bin/x\n\
                      3000-4000 r--p 00000000 fd:01 9 /usr/lib/locale/locale-archive\n\
                      5000-6000 r-xp 00000000 00:00 0 [vdso]\n\
-                     6000-7000 r-xp 00000000 fd:01 8 /tmp/gone (deleted)\n";
+                     6000-7000 r-xp 00000000 fd:01 8 /tmp/gone (deleted)\n\
+                     8000-9000 r-xp 00000000 fd:01 10 /srv/jit-42.dump\n";
         let mappings: Vec<_> = maps
             .split(|&b| b == b'\n')
             .filter(|l| !l.is_empty())

@@ -12,12 +12,15 @@
 //!   finds functions by pattern ([`ProcessSymbols::find`] documents the pattern syntax).
 //! * [`ModuleSymbols`] loads one ELF file at a given load bias.
 //! * [`run_symbols_command`] is `tendril symbols <PID> [PATTERN] [--json]`.
+//! * [`jit`] names code generated at run time, from the perf maps and jitdumps runtimes
+//!   write for profilers.
 
 mod command;
 mod demangle;
 mod error;
 pub(crate) mod fde;
 pub mod go_pclntab;
+pub mod jit;
 pub mod maps;
 mod module;
 mod pattern;

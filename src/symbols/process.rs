@@ -30,8 +30,25 @@ pub struct ProcessSymbols {
     /// `max_end[i]` = the largest `end()` among `functions[..=i]`.
     max_end: Vec<u64>,
     modules: Vec<Module>,
+    /// Every mapping of the loaded modules, sorted by start: a module's start..end may
+    /// span other memory (Node maps a copy of its builtins far above itself, and its
+    /// JIT code lies between).
+    mappings: Vec<ModuleMapping>,
     plt_stubs: Vec<PltStub>,
     skipped: Vec<SkippedModule>,
+    /// The code objects read (loaded or skipped): path and lowest address.
+    objects: Vec<(PathBuf, u64)>,
+}
+
+/// One mapping of a loaded module: where, which bytes of the file, whose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ModuleMapping {
+    start: u64,
+    end: u64,
+    /// File offset of `start`.
+    offset: u64,
+    /// Index in `modules`.
+    module: usize,
 }
 
 impl ProcessSymbols {
@@ -63,9 +80,12 @@ impl ProcessSymbols {
             functions: Vec::new(),
             max_end: Vec::new(),
             modules: Vec::new(),
+            mappings: Vec::new(),
             plt_stubs: Vec::new(),
             skipped: Vec::new(),
+            objects: object_keys(&objects),
         };
+        let mut loaded_objects = Vec::new();
         for (object, result) in objects.iter().zip(loaded) {
             match result {
                 Ok(symbols) => {
@@ -78,6 +98,7 @@ impl ProcessSymbols {
                     });
                     this.functions.extend(symbols.functions);
                     this.plt_stubs.extend(symbols.plt_stubs);
+                    loaded_objects.push(object);
                 }
                 Err(SymbolError::NoProcess { pid }) => return Err(SymbolError::NoProcess { pid }),
                 Err(e) => this.skipped.push(SkippedModule {
@@ -89,6 +110,7 @@ impl ProcessSymbols {
         module::sort_functions(&mut this.functions);
         this.plt_stubs.sort_unstable_by_key(|s| s.addr);
         this.modules.sort_unstable_by_key(|m| m.start);
+        this.mappings = module_mappings(&this.modules, &loaded_objects);
         this.max_end = this
             .functions
             .iter()
@@ -144,10 +166,36 @@ impl ProcessSymbols {
         fs.get(exact).filter(|f| f.addr == addr)
     }
 
-    /// The module mapped at `addr`.
+    /// Whether `mappings` (the process's now) hold the code objects these symbols were
+    /// read from, where they were: no library loaded or unloaded since. (For symbols
+    /// loaded with [`Self::load`].)
+    pub fn same_code_objects(&self, mappings: &[maps::Mapping]) -> bool {
+        object_keys(&maps::code_objects(mappings)) == self.objects
+    }
+
+    /// The module mapped at `addr`: one of its mappings holds it (not only its span).
     pub fn module_at(&self, addr: u64) -> Option<&Module> {
-        let i = self.modules.partition_point(|m| m.start <= addr);
-        self.modules[..i].last().filter(|m| addr < m.end)
+        self.mapping_at(addr).map(|m| &self.modules[m.module])
+    }
+
+    fn mapping_at(&self, addr: u64) -> Option<&ModuleMapping> {
+        let i = self.mappings.partition_point(|m| m.start <= addr);
+        self.mappings[..i].last().filter(|m| addr < m.end)
+    }
+
+    /// Where the module's bytes at `addr` are mapped first: `addr` itself, except in a
+    /// second mapping of the same file bytes (Node maps its builtins again near its JIT
+    /// code), where it is the same byte in the module's first mapping of them — the
+    /// address its symbols are at. `None` outside every module.
+    pub fn canonical_address(&self, addr: u64) -> Option<u64> {
+        let here = self.mapping_at(addr)?;
+        let file_offset = addr - here.start + here.offset;
+        let first = self
+            .mappings
+            .iter()
+            .filter(|m| m.module == here.module)
+            .find(|m| (m.offset..m.offset + (m.end - m.start)).contains(&file_offset))?;
+        Some(first.start + (file_offset - first.offset))
     }
 
     /// Every PLT stub, sorted by address, with the GOT slot it jumps through.
@@ -188,6 +236,37 @@ impl ProcessSymbols {
     pub fn pattern_names_module(&self, pattern: &str, module: &Module) -> bool {
         pattern::names_module(pattern, &self.modules, module)
     }
+}
+
+/// Each object's path and lowest address.
+fn object_keys(objects: &[MappedObject]) -> Vec<(PathBuf, u64)> {
+    objects
+        .iter()
+        .map(|o| {
+            let start = o.mappings.iter().map(|m| m.start).min().unwrap_or(0);
+            (o.path.clone(), start)
+        })
+        .collect()
+}
+
+/// The mappings of the loaded `objects`, by module index, sorted by start.
+fn module_mappings(modules: &[Module], objects: &[&MappedObject]) -> Vec<ModuleMapping> {
+    let mut mappings: Vec<ModuleMapping> = objects
+        .iter()
+        .filter_map(|object| {
+            let start = object.mappings.iter().map(|m| m.start).min()?;
+            let module = modules.iter().position(|m| m.start == start)?;
+            Some(object.mappings.iter().map(move |m| ModuleMapping {
+                start: m.start,
+                end: m.end,
+                offset: m.offset,
+                module,
+            }))
+        })
+        .flatten()
+        .collect();
+    mappings.sort_unstable_by_key(|m| m.start);
+    mappings
 }
 
 /// Loads each object on a small pool of threads; results keep the order of `objects`.

@@ -57,7 +57,7 @@ struct Fixture {
     recipe: Recipe,
 }
 
-const FIXTURES: [Fixture; 38] = [
+const FIXTURES: [Fixture; 39] = [
     Fixture {
         name: "throw_through",
         source: "throw_through.cpp",
@@ -181,6 +181,11 @@ const FIXTURES: [Fixture; 38] = [
     Fixture {
         name: "sampled",
         source: "sampled.c",
+        recipe: Recipe::CNoFramePointers,
+    },
+    Fixture {
+        name: "jit",
+        source: "jit.c",
         recipe: Recipe::CNoFramePointers,
     },
     Fixture {

@@ -41,7 +41,8 @@ pub fn truncate(text: &str, width: usize) -> String {
 
 /// The `+0xOFFSET` that ends a stripped function's name, if `text` ends with one.
 fn offset_suffix(text: &str) -> Option<&str> {
-    let at = text.rfind("+0x")?;
+    // (` 0x`: unnamed JIT code, `[jit] 0x…` of module `[jit]`.)
+    let at = text.rfind("+0x").max(text.rfind(" 0x"))?;
     let digits = &text[at + 3..];
     (!digits.is_empty() && digits.chars().all(|c| c.is_ascii_hexdigit())).then(|| &text[at..])
 }

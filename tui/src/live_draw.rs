@@ -19,6 +19,9 @@ use crate::format::{
 use crate::live::{LiveTab, LiveView, TreeSource, source_roots};
 use crate::model::ProfileSnapshot;
 use crate::printable::printable;
+
+/// The calls cell of a call into JIT code: not counted, never patched.
+const JIT_MARK: &str = "jit";
 use crate::theme;
 use crate::tree_view::{FlatRow, SortKey};
 
@@ -172,7 +175,11 @@ fn tree_lines(
         let cells = [
             tree_label(row, layout.name_width()),
             module_cell(&row.name, &row.module),
-            count(row.calls),
+            if row.jit {
+                JIT_MARK.to_string()
+            } else {
+                count(row.calls)
+            },
             total_millis(row.total_ns, row.error_ns, row.in_caller),
             match row.in_caller {
                 true => IN_CALLER.to_string(),

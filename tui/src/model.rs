@@ -56,6 +56,9 @@ pub struct TreeNode {
     /// The function's entry address in the target, when known: what tells apart two
     /// functions that share a name and module (`static` functions of two files).
     pub address: Option<u64>,
+    /// A call into code generated at run time (JIT), which the profiler never patches:
+    /// not counted (shown as `jit` in the calls column), its time its caller's.
+    pub jit: bool,
     pub children: Vec<TreeNode>,
 }
 
@@ -79,6 +82,7 @@ impl TreeNode {
             other_clock: None,
             error_ns: None,
             address: None,
+            jit: false,
             children: Vec::new(),
         }
     }
@@ -137,6 +141,7 @@ impl TreeNode {
             other_clock: self.other_clock,
             error_ns: self.error_ns,
             address: self.address,
+            jit: self.jit,
             children: Vec::with_capacity(self.children.len()),
         }
     }
@@ -152,6 +157,7 @@ impl TreeNode {
             && self.other_clock == other.other_clock
             && self.error_ns == other.error_ns
             && self.address == other.address
+            && self.jit == other.jit
             && self.children.len() == other.children.len()
     }
 }

@@ -87,6 +87,8 @@ pub struct FlatRow {
     pub error_ns: Option<f64>,
     /// The function's entry address, when known.
     pub address: Option<u64>,
+    /// A call into JIT code ([`TreeNode::jit`]).
+    pub jit: bool,
     pub has_children: bool,
     pub expanded: bool,
 }
@@ -271,6 +273,7 @@ impl TreeView {
                 in_caller: node.in_caller,
                 error_ns: node.error_ns,
                 address: node.address,
+                jit: node.jit,
                 has_children,
                 expanded,
             });

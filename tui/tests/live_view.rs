@@ -464,6 +464,22 @@ fn stripped_names_name_their_module_once_and_three_never_look_the_same() {
 }
 
 #[test]
+fn a_call_into_jit_code_shows_jit_in_the_calls_column_and_its_module() {
+    let mut data = snapshot();
+    let compute = &mut data.merged[0].children[0];
+    compute.children.clear();
+    let mut leaf = node("JS:*leafy app.js:1", "[jit]", 0, 0.0, 0.0);
+    leaf.jit = true;
+    compute.children.push(leaf);
+    let mut app = App::new(Screen::Live(data));
+    press(&mut app, KeyCode::Down); // compute
+    press(&mut app, KeyCode::Right);
+    let rows = screen(&mut app, 120, 24);
+    let row = rows_with(&rows, "JS:*leafy")[0];
+    assert!(row.contains("[jit]") && row.contains(" jit "), "{row}");
+}
+
+#[test]
 fn tiny_and_empty_screens_do_not_panic() {
     let sizes = [
         (0, 0),

@@ -46,6 +46,9 @@ enum Args<'a> {
         calls: u64,
         total_ns: u64,
         self_ns: u64,
+        /// A call into JIT code, not measured ([`Node::jit`]).
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        jit: bool,
     },
 }
 
@@ -106,6 +109,7 @@ impl<W: Write> EventWriter<'_, W> {
                         calls: node.calls,
                         total_ns: node.total_ns,
                         self_ns: node.self_ns,
+                        jit: node.jit,
                     }),
                 })
             }

@@ -220,6 +220,12 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
 
     let mut frames = Frames::default();
     let mut sample = Vec::new();
+    // A call into JIT code (not measured in an instrumented tree) is labelled `jit`.
+    let jit_label = Label {
+        key: strings.add("jit"),
+        str: strings.add("true"),
+        ..Label::default()
+    };
     // A context counted, not timed (adaptive timing): label timing=in_caller.
     let in_caller = Label {
         key: strings.add("timing"),
@@ -235,10 +241,13 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
             // Location ids are frame numbers + 1 (0 is not an id).
             location_id: stack.iter().rev().map(|&frame| frame as u64 + 1).collect(),
             value,
-            label: match node.timing {
-                Timing::InCaller => vec![in_caller],
-                Timing::Timed => Vec::new(),
-            },
+            label: [
+                (node.jit, jit_label),
+                (node.timing == Timing::InCaller, in_caller),
+            ]
+            .into_iter()
+            .filter_map(|(set, label)| set.then_some(label))
+            .collect(),
         });
     });
 

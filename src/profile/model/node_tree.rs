@@ -132,6 +132,9 @@ impl fmt::Debug for Node {
                 if node.below_resolution {
                     f.write_str(" below_resolution")?;
                 }
+                if node.jit {
+                    f.write_str(" jit")?;
+                }
                 if !node.children.is_empty() {
                     f.write_str(" [")?;
                 }

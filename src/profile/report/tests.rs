@@ -309,3 +309,30 @@ fn waits_for_a_core_tendrils_draining_held_are_said_under_the_pauses() {
     );
     assert!(!report(&profile(), ReportFormat::Tree).contains("waiting for a core"));
 }
+
+#[test]
+fn a_call_into_jit_code_shows_the_jit_mark_instead_of_a_count_and_the_title_says_why() {
+    let mut marked = profile();
+    let mut leaf = node("JS:*leafy app.js:1", "[jit]", 0, 0, 0);
+    leaf.jit = true;
+    marked.merged.roots[0].children.push(leaf);
+    let tree = report(&marked, ReportFormat::Tree);
+    assert!(
+        tree.contains("       jit       0.000       0.000    0.0%    JS:*leafy app.js:1 ([jit])"),
+        "{tree}"
+    );
+    assert!(
+        tree.contains("; jit: a call into code generated at run time"),
+        "{tree}"
+    );
+    assert!(!report(&profile(), ReportFormat::Tree).contains("jit"));
+    let hot = report(&marked, ReportFormat::Hot);
+    assert!(
+        hot.contains("      0.000    0.0%        jit  JS:*leafy app.js:1 ([jit])"),
+        "{hot}"
+    );
+    assert!(
+        hot.contains("; jit: a call into code generated at run time"),
+        "{hot}"
+    );
+}

@@ -16,6 +16,7 @@ impl Recorder {
         let builder = self.builder.as_ref().expect("a recording has begun");
         let mut profile = builder.snapshot(&info, self.names.as_slice());
         self.add_extras(&mut profile, &counters);
+        self.add_jit_callees(&mut profile);
         self.add_trace(&mut profile);
         profile
     }

@@ -1,0 +1,165 @@
+//! The JIT code a recording's functions call: never patched, shown as marked leaves.
+//!
+//! The one idea: code generated at run time lives in anonymous memory, which the agent
+//! never patches (it patches only executable file mappings, and the function table
+//! holds only the modules' functions, so discovery never even plans it). Like Go
+//! callees (`go_callees`), the controller finds such calls itself, without the agent:
+//! in a process with JIT code it decodes, once each, the functions the recording saw
+//! run, for direct callees and calls through pointers (`call [rip+x]`, or `mov reg,
+//! [rip+x]` then `call reg`: a function pointer the program set to its generated code,
+//! read now), and keeps those whose target is code the runtime's perf map or jitdump
+//! names. Under every node of such a caller the profile gets a leaf of that name,
+//! module `[jit]`, marked `jit`, with no calls and no time — the call is not measured,
+//! and its time stays in the caller's self time — and `discovery.not_followed` lists it
+//! with the reason. The leaf says the caller's code calls it, not that this context
+//! did. Not shown: calls into anonymous code no file names (the agent's own
+//! trampolines are such code, and a patched entry jumps into one), and calls whose
+//! target is only in a register computed at run time (an interpreter's dispatch).
+
+use super::*;
+use crate::profile::{Node, NotFollowed};
+use crate::symbols::jit::{JIT_MODULE, JitSymbols};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::Duration;
+use tendril_wire::callees;
+
+/// Longest body decoded.
+const MAX_BODY: u64 = 1 << 20;
+/// How often the JIT names are read again.
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// Why a call into JIT code is not followed.
+pub const JIT_CODE: &str =
+    "code generated at run time (JIT), never patched: its calls and time are its caller's";
+
+/// The JIT code the recorded functions call.
+#[derive(Debug)]
+pub struct JitCallees {
+    jit: JitSymbols,
+    scanned: HashSet<u64>,
+    /// Caller's entry → the JIT code it calls.
+    found: BTreeMap<u64, BTreeSet<u64>>,
+}
+
+impl JitCallees {
+    pub fn new(pid: i32) -> JitCallees {
+        JitCallees {
+            jit: JitSymbols::for_process(pid),
+            scanned: HashSet::new(),
+            found: BTreeMap::new(),
+        }
+    }
+
+    /// Decodes the functions at `addresses` not decoded yet (nothing while the process
+    /// has no JIT code).
+    fn scan(&mut self, symbols: &ProcessSymbols, addresses: impl Iterator<Item = u64>) {
+        if self
+            .jit
+            .since_refresh()
+            .is_none_or(|since| since >= REFRESH_INTERVAL)
+        {
+            self.jit.refresh();
+        }
+        if self.jit.is_empty() {
+            return;
+        }
+        let pid = symbols.pid();
+        let word = |address: u64| {
+            let bytes = crate::symbols::maps::read_memory(pid, address, address + 8).ok()?;
+            Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
+        };
+        for address in addresses {
+            if !self.scanned.insert(address) {
+                continue;
+            }
+            let Some(function) = symbols.lookup(address).filter(|f| f.addr == address) else {
+                continue;
+            };
+            let end = address.saturating_add(function.size.min(MAX_BODY));
+            let Ok(code) = crate::symbols::maps::read_memory(pid, address, end) else {
+                continue;
+            };
+            let found = callees::scan(&code, address);
+            let targets = found
+                .direct
+                .into_iter()
+                .chain(found.through_pointers.into_iter().filter_map(word));
+            for target in targets {
+                let in_module =
+                    symbols.lookup(target).is_some() || symbols.module_at(target).is_some();
+                // Named code only: the agent's trampolines are anonymous code too,
+                // and a patched function's entry jumps into one.
+                if !in_module && self.jit.lookup(target).is_some() {
+                    self.found.entry(address).or_default().insert(target);
+                }
+            }
+        }
+    }
+
+    /// The leaf for a call into `target`.
+    fn leaf(&self, target: u64, with_cpu: bool) -> Node {
+        let named = self.jit.name_at(target);
+        let name = named
+            .as_ref()
+            .map_or_else(|| format!("[jit] {target:#x}"), |n| n.name.clone());
+        let mut node = Node::leaf(&name, JIT_MODULE, 0, 0, 0);
+        node.address = named.and_then(|n| n.start);
+        node.jit = true;
+        if with_cpu {
+            (node.cpu_ns, node.self_cpu_ns) = (Some(0), Some(0));
+        }
+        node
+    }
+
+    /// Adds the leaves under every node of a caller in `roots`.
+    fn add_leaves(&self, roots: &mut [Node]) {
+        let mut pending: Vec<&mut Node> = roots.iter_mut().collect();
+        while let Some(node) = pending.pop() {
+            if let Some(targets) = node.address.and_then(|a| self.found.get(&a)) {
+                let with_cpu = node.cpu_ns.is_some();
+                node.children
+                    .extend(targets.iter().map(|&t| self.leaf(t, with_cpu)));
+            }
+            pending.extend(node.children.iter_mut().filter(|child| !child.jit));
+        }
+    }
+
+    /// The calls into JIT code found, as not followed.
+    fn not_followed(&self) -> Vec<NotFollowed> {
+        let targets: BTreeSet<u64> = self.found.values().flatten().copied().collect();
+        targets
+            .into_iter()
+            .map(|target| NotFollowed {
+                target: format!("{} ({JIT_MODULE})", self.leaf(target, false).name),
+                reason: JIT_CODE.to_string(),
+            })
+            .collect()
+    }
+}
+
+impl Recorder {
+    /// Adds to `profile` the calls its functions make into JIT code: leaves under their
+    /// callers, and entries of `discovery.not_followed`.
+    pub(super) fn add_jit_callees(&mut self, profile: &mut Profile) {
+        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+            return;
+        };
+        let seen: Vec<u64> = builder
+            .functions_seen()
+            .into_iter()
+            .filter_map(|id| rings.function_address(id))
+            .collect();
+        self.jit_callees.scan(&self.symbols, seen.into_iter());
+        if self.jit_callees.found.is_empty() {
+            return;
+        }
+        self.jit_callees.add_leaves(&mut profile.merged.roots);
+        for thread in &mut profile.threads {
+            self.jit_callees.add_leaves(&mut thread.roots);
+        }
+        if let Some(discovery) = profile.discovery.as_mut() {
+            discovery
+                .not_followed
+                .extend(self.jit_callees.not_followed());
+        }
+    }
+}
