@@ -2,8 +2,11 @@
 //! that a single installed binary can attach on its own (`cargo install --path .`).
 //!
 //! The agent is always built in release mode — it runs inside the target, on its hot
-//! paths — with a nested cargo using a target directory of its own under OUT_DIR, which
-//! avoids the lock the outer build holds on the main target directory.
+//! paths — with a nested cargo using a target directory of its own, `agent-build` beside
+//! the outer build's profile directories (`target/agent-build`), which avoids the lock
+//! the outer build holds on its profile directory. Every outer build shares it — dev,
+//! test, release and clippy's — so the agent and its dependencies are compiled once, not
+//! once per outer build (issue #36); a second outer build waits for the first's lock.
 
 use std::env;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -26,7 +29,12 @@ fn main() {
     }
 
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let agent_target_dir = out_dir.join("agent-build");
+    // OUT_DIR is <target>/[<triple>/]<profile>/build/tendril-<hash>/out.
+    let agent_target_dir = out_dir
+        .ancestors()
+        .nth(4)
+        .unwrap_or(&out_dir)
+        .join("agent-build");
     let mut build = Command::new(cargo);
     build
         .arg("build")
@@ -43,12 +51,15 @@ fn main() {
     // The agent is embedded in every tendril binary and written into every target's
     // runtime directory: keep its symbols, drop its debug info.
     build.env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo");
-    // Settings meant for the outer build must not leak into the agent's.
+    // Settings meant for the outer build must not leak into the agent's. Clippy's
+    // wrapper too: it would make the shared build differ between `cargo clippy` and
+    // `cargo test` (the outer clippy lints the agent's crate itself).
     for var in [
         "CARGO_TARGET_DIR",
         "CARGO_BUILD_TARGET",
         "CARGO_ENCODED_RUSTFLAGS",
         "RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
     ] {
         build.env_remove(var);
     }

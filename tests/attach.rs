@@ -138,8 +138,17 @@ fn fifty_attaches_in_a_row_reuse_the_agent_and_never_disturb_the_checksums() {
     }
 }
 
+/// A deadlock is a state in which nobody runs: the target's threads wait on malloc's
+/// lock and `tendril status` waits for the agent. A slow machine is one in which they
+/// run, slowly. So the verdict is "no CPU time used by either process for 10 s", which
+/// load cannot reach (the target's four threads are runnable the whole time unless
+/// blocked), not a bound on the wall-clock time.
 #[test]
 fn injecting_into_threads_hammering_malloc_never_deadlocks() {
+    /// How long neither process may run before it is a deadlock.
+    const STILL: Duration = Duration::from_secs(10);
+    /// Far beyond any load: a livelock (both spinning) would still end the test.
+    const LIVELOCK: Duration = Duration::from_secs(600);
     for attempt in 0..20 {
         let target = Target::spawn("mallocs", &["4"]);
         let pid = target.pid();
@@ -149,19 +158,54 @@ fn injecting_into_threads_hammering_malloc_never_deadlocks() {
             .spawn()
             .unwrap();
         let started = std::time::Instant::now();
+        let status_pid = child.id() as i32;
+        let ran = || common::ran_on_a_core_ns(pid) + common::ran_on_a_core_ns(status_pid);
+        let mut last_ran = ran();
+        let mut last_progress = started;
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
                 break status;
             }
-            if started.elapsed() > Duration::from_secs(20) {
+            let now = ran();
+            if now != last_ran {
+                last_ran = now;
+                last_progress = std::time::Instant::now();
+            }
+            let still = last_progress.elapsed();
+            if still > STILL || started.elapsed() > LIVELOCK {
+                let states = thread_states(pid);
                 let _ = child.kill();
-                panic!("attempt {attempt}: status did not finish in 20 s (deadlock?)");
+                panic!(
+                    "attempt {attempt}: status did not finish in {:.1} s, neither it nor \
+                     the target ran for the last {:.1} s (deadlock); target threads: \
+                     {states}",
+                    started.elapsed().as_secs_f64(),
+                    still.as_secs_f64()
+                );
             }
             std::thread::sleep(Duration::from_millis(5));
         };
         assert!(status.success(), "attempt {attempt}: status failed");
         assert_running_untraced(pid);
     }
+}
+
+/// Each thread's state and wait channel (`/proc/PID/task/TID/{stat,wchan}`), for the
+/// message of a deadlock.
+fn thread_states(pid: i32) -> String {
+    let tids = tendril::process::thread_ids(pid).unwrap_or_default();
+    tids.iter()
+        .map(|tid| {
+            let read = |file: &str| {
+                std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/{file}"))
+                    .unwrap_or_default()
+            };
+            let stat = read("stat");
+            let state = stat.rsplit_once(") ").map_or("?", |(_, rest)| &rest[..1]);
+            format!("{tid} {state} {}", read("wchan"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[test]

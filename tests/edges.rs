@@ -273,16 +273,17 @@ fn a_typed_catch_on_a_call_site_of_the_cold_part_finds_its_handler_in_the_copy()
 }
 
 #[test]
-fn a_hundred_cycles_under_eight_throwing_threads_leave_code_and_results_intact() {
+fn copy_cycles_under_eight_throwing_threads_leave_code_and_results_intact() {
     let mut target = Target::spawn("throw_through", &["8"]);
     let bare = target.checksum_lines(2, LINE_TIMEOUT);
     let pid = target.pid();
     let symbols = ProcessSymbols::load(pid).unwrap();
     let (_, mut session) = tendril::inject::attach(pid).unwrap();
-    for cycle in 0..100 {
+    let cycles = common::soak_cycles(20, 100);
+    for cycle in 0..cycles {
         let relay = install(&mut session, &symbols, "relay");
-        // Let the threads run through the copy now and then.
-        if cycle % 20 == 0 {
+        // Let the threads run through the copy now and then (five times in all).
+        if cycle % (cycles / 5) == 0 {
             target.checksum_lines(1, LINE_TIMEOUT);
         }
         unpatch(&mut session, vec![relay.address]);
@@ -296,13 +297,13 @@ fn a_hundred_cycles_under_eight_throwing_threads_leave_code_and_results_intact()
 }
 
 #[test]
-fn a_hundred_copy_and_restore_cycles_leave_the_code_and_results_intact() {
+fn copy_and_restore_cycles_leave_the_code_and_results_intact() {
     let mut target = Target::spawn("branches", &["stdin"]);
     let bare = run_rounds(&mut target, 1)[0];
     let pid = target.pid();
     let symbols = ProcessSymbols::load(pid).unwrap();
     let (_, mut session) = tendril::inject::attach(pid).unwrap();
-    for cycle in 0..100 {
+    for cycle in 0..common::soak_cycles(20, 100) {
         let layouts: Vec<EdgeLayout> = ["classify", "dispatch", "trip"]
             .iter()
             .map(|name| install(&mut session, &symbols, name))

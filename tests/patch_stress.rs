@@ -10,10 +10,13 @@ use tendril::symbols::ProcessSymbols;
 use tendril::targets;
 use tendril_wire::{Hook, Request, Response};
 
-const CYCLES: usize = 200;
+/// Patch-and-restore cycles: 40, or 200 with `TENDRIL_LONG_SOAK=1` (`common::soak_cycles`).
+fn cycles() -> usize {
+    common::soak_cycles(40, 200)
+}
 
 #[test]
-fn two_hundred_patch_and_restore_cycles_under_load() {
+fn patch_and_restore_cycles_under_load() {
     let mut target = Target::spawn("calltree", &["8"]);
     let bare = target.checksum_lines(3, Duration::from_secs(20));
     assert!(bare.windows(2).all(|w| w[0] == w[1]), "{bare:?}");
@@ -38,7 +41,7 @@ fn two_hundred_patch_and_restore_cycles_under_load() {
     let (_, mut session) = tendril::inject::attach(pid).unwrap();
     let chosen = targets::choose(&symbols, &matched, &mut session).unwrap();
 
-    for cycle in 0..CYCLES {
+    for cycle in 0..cycles() {
         let hook = if cycle % 2 == 0 {
             Hook::Count
         } else {
@@ -58,7 +61,7 @@ fn two_hundred_patch_and_restore_cycles_under_load() {
             other => panic!("cycle {cycle}: {other:?}"),
         };
         // Let the threads run through the hooks for a moment now and then.
-        if cycle % 20 == 0 {
+        if cycle % 4 == 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
         match session.request(&Request::Unpatch { addresses }).unwrap() {

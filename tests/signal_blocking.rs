@@ -171,8 +171,9 @@ fn record_scheme_a_gives_exact_trees_on_every_calling_thread() {
 }
 
 #[test]
-fn two_hundred_patch_and_restore_cycles_under_threads_that_block_every_signal() {
-    const CYCLES: usize = 200;
+fn patch_and_restore_cycles_under_threads_that_block_every_signal() {
+    // 40, or 200 with `TENDRIL_LONG_SOAK=1`.
+    let cycles = common::soak_cycles(40, 200);
     const ROUNDS: u64 = 5;
     let mut target = spawn();
     let pid = target.pid();
@@ -184,7 +185,7 @@ fn two_hundred_patch_and_restore_cycles_under_threads_that_block_every_signal() 
     let chosen = targets::choose(&symbols, &matched, &mut session).unwrap();
     assert_eq!(chosen.len(), patterns.len());
 
-    for cycle in 0..CYCLES {
+    for cycle in 0..cycles {
         // The rounds run while their functions are patched and restored: the background
         // thread sleeps before each, and masked_busy spins in sb_spin all along.
         target.write_stdin(&format!("round {ROUNDS}\n"));

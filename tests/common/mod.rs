@@ -27,7 +27,7 @@ pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture, have_go};
 pub use recording::{Recorded, Recording, all_nodes, node_at, start_recorder};
 pub use running::RunningTendril;
-pub use schedstat::{thread_waited_for_a_core_ns, waited_for_a_core_ns};
+pub use schedstat::{ran_on_a_core_ns, thread_waited_for_a_core_ns, waited_for_a_core_ns};
 pub use target::{READY_TIMEOUT, Round, Target, number_after};
 pub use tmux::{EXIT_TIMEOUT, SCREEN_TIMEOUT, Tmux, calls_of, parse_count};
 
@@ -53,4 +53,19 @@ pub fn edge_counts(
         .enumerate()
         .map(|(i, &id)| (id, threads.iter().map(|t| t.calls[i]).sum()))
         .collect()
+}
+
+/// How many cycles a soak test runs: `quick` by default, `long` when the environment
+/// has `TENDRIL_LONG_SOAK=1`.
+///
+/// The quick count proves what the test is about (patching, copying or attaching
+/// again and again under threads that run through the code leaves everything intact);
+/// the long one hunts rare races and is what these tests ran before issue #36. Run it
+/// after a change to patching, the agent's channel or the copies:
+/// `TENDRIL_LONG_SOAK=1 cargo test --workspace --no-fail-fast`.
+pub fn soak_cycles(quick: usize, long: usize) -> usize {
+    match std::env::var("TENDRIL_LONG_SOAK") {
+        Ok(value) if value == "1" => long,
+        _ => quick,
+    }
 }
