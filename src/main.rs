@@ -453,6 +453,9 @@ fn main() -> ExitCode {
     let Some(command) = cli.command else {
         return report(tendril::commands::picker::run());
     };
+    // Loads made on this thread (before any full-screen view starts) may show a
+    // progress line on a terminal; the live view's background loads never do.
+    tendril::symbols::show_progress_on_this_thread();
     let result = match command {
         Command::Demo => tendril::commands::demo::run(),
         Command::Attach { pid, roots } => tendril::commands::attach::run(pid, roots),

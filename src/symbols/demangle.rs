@@ -5,7 +5,7 @@
 //! `@` (symbol versions such as `@GLIBC_2.2.5`, or our own `@plt`) is not part of the
 //! mangled name: it is split off, the rest is demangled and the suffix put back.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use cpp_demangle::{DemangleOptions, Symbol};
 

@@ -15,26 +15,32 @@
 //! * [`jit`] names code generated at run time, from the perf maps and jitdumps runtimes
 //!   write for profilers.
 
+mod cache;
+mod cache_dir;
 mod command;
 mod demangle;
 mod error;
 pub(crate) mod fde;
 pub mod go_pclntab;
+mod index;
 pub mod jit;
 pub mod maps;
 mod module;
 mod pattern;
 mod plt;
 mod process;
+mod progress;
 
 use std::fmt;
 use std::path::PathBuf;
 
+pub use cache_dir::CACHE_DIR_VAR;
 pub use command::run_symbols_command;
 pub use demangle::{cpp_short_name, demangle};
 pub use error::SymbolError;
 pub use module::{ModuleSymbols, PltStub, load_bias};
 pub use process::{ProcessSymbols, SkippedModule};
+pub use progress::show_progress_on_this_thread;
 
 /// A module of the process: one ELF file (or the vDSO) and where it is mapped.
 #[derive(Debug, Clone, PartialEq, Eq)]

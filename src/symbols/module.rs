@@ -10,7 +10,7 @@
 //! addresses plus the load bias, which [`load_bias`] derives from `PT_LOAD` headers and
 //! where the kernel mapped the file.
 
-use std::collections::HashSet;
+use foldhash::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -72,14 +72,7 @@ impl ModuleSymbols {
 
     /// The functions of `elf`, which was parsed from `image`.
     pub(super) fn from_elf(elf: &Elf, image: &[u8], path: &Path, load_bias: u64) -> Self {
-        let name = match path.file_name() {
-            // A library loaded from a memfd (tendril's agent is) is named by the memfd.
-            Some(n) => {
-                let n = n.to_string_lossy();
-                n.strip_prefix("memfd:").unwrap_or(&n).to_string()
-            }
-            None => path.to_string_lossy().into_owned(),
-        };
+        let name = module_name(path);
         let go_table =
             go_pclntab::from_elf(elf, image.len(), |range| &image[range]).and_then(Result::ok);
         let mut builder = Builder {
@@ -101,7 +94,7 @@ impl ModuleSymbols {
         let debug_elf = debug_image
             .as_ref()
             .and_then(|debug| parse_elf(debug, path).ok());
-        let mut seen: HashSet<(u64, &str)> = HashSet::new();
+        let mut seen: HashSet<(u64, &str)> = HashSet::default();
         let mut tables = vec![
             (&elf.syms, &elf.strtab, SymbolSource::Symtab),
             (&elf.dynsyms, &elf.dynstrtab, SymbolSource::Dynsym),
@@ -164,6 +157,18 @@ impl ModuleSymbols {
             functions,
             plt_stubs,
         }
+    }
+}
+
+/// The name of the module at `path`: its file name (a library loaded from a memfd, as
+/// tendril's agent is, is named by the memfd).
+pub(super) fn module_name(path: &Path) -> String {
+    match path.file_name() {
+        Some(n) => {
+            let n = n.to_string_lossy();
+            n.strip_prefix("memfd:").unwrap_or(&n).to_string()
+        }
+        None => path.to_string_lossy().into_owned(),
     }
 }
 
@@ -247,7 +252,7 @@ impl Builder<'_> {
 /// plainest name first (fewest leading underscores: `malloc` before `__libc_malloc`),
 /// so that the first row at an address is the best name for it.
 /// Where distributions install separate debug files (`.build-id/xx/yyyy.debug`).
-const DEBUG_ROOT: &str = "/usr/lib/debug";
+pub(super) const DEBUG_ROOT: &str = "/usr/lib/debug";
 
 /// The separate debug file of a stripped module, mapped: `<root>/.build-id/<first byte
 /// of the build id>/<the rest>.debug`, if the module has a GNU build id and the file
@@ -265,7 +270,7 @@ fn separate_debug_file(elf: &Elf, image: &[u8], root: &Path) -> Option<Mmap> {
 }
 
 /// The module's GNU build id (`NT_GNU_BUILD_ID` note), if it has one.
-fn build_id(elf: &Elf, image: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn build_id(elf: &Elf, image: &[u8]) -> Option<Vec<u8>> {
     use goblin::elf::note::NT_GNU_BUILD_ID;
     let notes = elf
         .iter_note_headers(image)
@@ -279,7 +284,7 @@ fn build_id(elf: &Elf, image: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// `<root>/.build-id/ab/cdef....debug` for build id `abcdef...`.
-fn build_id_path(root: &Path, id: &[u8]) -> Option<PathBuf> {
+pub(super) fn build_id_path(root: &Path, id: &[u8]) -> Option<PathBuf> {
     let (first, rest) = id.split_first()?;
     let rest: String = rest.iter().map(|byte| format!("{byte:02x}")).collect();
     Some(

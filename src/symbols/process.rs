@@ -9,9 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::cache;
+use super::cache_dir::CacheDir;
 use super::error::SymbolError;
 use super::maps::{self, MappedObject, ObjectKind};
 use super::module::{self, ModuleSymbols, PltStub};
+use super::progress::{self, Progress};
 use super::{Function, Module, pattern};
 
 /// A code object that could not be read; the rest of the process still loads.
@@ -73,7 +76,7 @@ impl ProcessSymbols {
             .into_iter()
             .filter(|o| wanted(&o.path))
             .collect();
-        let loaded = load_all(pid, &objects);
+        let loaded = progress::with_progress(objects.len(), |p| load_all(pid, &objects, p));
 
         let mut this = ProcessSymbols {
             pid,
@@ -270,7 +273,13 @@ fn module_mappings(modules: &[Module], objects: &[&MappedObject]) -> Vec<ModuleM
 }
 
 /// Loads each object on a small pool of threads; results keep the order of `objects`.
-fn load_all(pid: i32, objects: &[MappedObject]) -> Vec<Result<ModuleSymbols, SymbolError>> {
+fn load_all(
+    pid: i32,
+    objects: &[MappedObject],
+    progress: &Progress,
+) -> Vec<Result<ModuleSymbols, SymbolError>> {
+    let cache = CacheDir::open();
+    let cache = cache.as_ref();
     let slots: Vec<Mutex<Option<Result<ModuleSymbols, SymbolError>>>> =
         objects.iter().map(|_| Mutex::new(None)).collect();
     let next = AtomicUsize::new(0);
@@ -282,7 +291,8 @@ fn load_all(pid: i32, objects: &[MappedObject]) -> Vec<Result<ModuleSymbols, Sym
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(object) = objects.get(i) else { break };
-            let result = load_object(pid, object);
+            let result = load_object(pid, object, cache);
+            progress.tick();
             *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
         }
     };
@@ -301,7 +311,11 @@ fn load_all(pid: i32, objects: &[MappedObject]) -> Vec<Result<ModuleSymbols, Sym
         .collect()
 }
 
-fn load_object(pid: i32, object: &MappedObject) -> Result<ModuleSymbols, SymbolError> {
+fn load_object(
+    pid: i32,
+    object: &MappedObject,
+    cache: Option<&CacheDir>,
+) -> Result<ModuleSymbols, SymbolError> {
     let ranges: Vec<(u64, u64)> = object
         .mappings
         .iter()
@@ -322,9 +336,7 @@ fn load_object(pid: i32, object: &MappedObject) -> Result<ModuleSymbols, SymbolE
         ObjectKind::File { .. } => {
             let file = maps::open_object(pid, object)?;
             let image = module::map_file(&file, &object.path)?;
-            let elf = module::parse_elf(&image, &object.path)?;
-            let bias = module::load_bias(&elf, &ranges).ok_or_else(no_segment)?;
-            Ok(ModuleSymbols::from_elf(&elf, &image, &object.path, bias))
+            cache::load_module(&file, &image, &object.path, &ranges, cache)
         }
     }
 }
