@@ -116,7 +116,9 @@ fn a_recursive_root_stays_timed_at_its_outermost_calls_only() {
     let outermost = timing_of(&recorded.profile, &["fib"]);
     assert_eq!(outermost.calls, 2, "one per run");
     assert_eq!(outermost.timing, Timing::Timed);
-    assert!(outermost.total_ns > 0);
+    // Its time is what load moves (the cost removed for the counted calls can exceed
+    // it): only that it carries an error estimate is asserted.
+    assert!(outermost.error_ns.is_some());
     // The second run's recursion is one node below the outermost call: its calls are
     // folded (a recursion of untimed calls cannot be told from a loop of them).
     let inner = timing_of(&recorded.profile, &["fib", "fib"]);
