@@ -76,6 +76,9 @@ pub struct AgentSession {
     /// Descriptors that came with the last answer.
     received: Vec<OwnedFd>,
     closed: bool,
+    /// The failure that closed it was the agent's end going away (a broken pipe, a
+    /// reset, the end of the stream): [`AgentSession::closed_by_agent`] says so.
+    peer_went_away: bool,
     pub status: AgentStatus,
 }
 
@@ -100,6 +103,7 @@ impl AgentSession {
             pending: Vec::new(),
             received: Vec::new(),
             closed: false,
+            peer_went_away: false,
             status: AgentStatus {
                 version: String::new(),
                 threads: 0,
@@ -156,8 +160,17 @@ impl AgentSession {
             return Err(SessionError::Closed);
         }
         self.received.clear();
-        let line = self.exchange(request, payload).inspect_err(|_| {
+        let line = self.exchange(request, payload).inspect_err(|error| {
             self.closed = true;
+            self.peer_went_away = matches!(
+                error,
+                SessionError::Io(io) if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::BrokenPipe
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::UnexpectedEof
+                )
+            );
             let _ = self.stream.shutdown(std::net::Shutdown::Both);
         })?;
         match tendril_wire::decode::<Response>(&line) {
@@ -174,10 +187,10 @@ impl AgentSession {
 
     /// Whether the agent has closed the connection (another tendril's `detach` ended
     /// this session, or the process is gone), without waiting. A connection this side
-    /// closed after a failed request is not: that failure was reported already.
+    /// closed after a failed request is not, unless the failure was the agent's end going away.
     pub fn closed_by_agent(&self) -> bool {
         if self.closed {
-            return false;
+            return self.peer_went_away;
         }
         let mut byte = [0u8; 1];
         // An answer never arrives unasked, so anything readable now is the end of the

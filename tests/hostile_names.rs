@@ -189,6 +189,9 @@ fn record_and_report_show_hostile_names_escaped_and_keep_them_exact() {
         "hostile_round",
         "--root",
         "evil_*cod*",
+        // Every name must reach the folded stacks, which hold only stacks with time:
+        // no callee is counted in its caller here.
+        "--time-all",
         "-o",
         profile.to_str().unwrap(),
     ]);

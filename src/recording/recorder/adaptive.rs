@@ -162,7 +162,8 @@ impl Recorder {
     pub(super) fn judge_timing(&mut self) {
         // A trace shows every call on its timeline: nothing is switched while it runs.
         let tracing = (self.trace.as_ref()).is_some_and(|trace| !trace.is_over(tsc::read()));
-        if !self.recording || tracing || !self.adaptive.due() {
+        // A closed connection (another tendril detached) is the recording's to report.
+        if !self.recording || tracing || !self.adaptive.due() || self.agent_gone() {
             return;
         }
         let chosen = self.functions_to_untime();
