@@ -479,6 +479,17 @@ pub fn is_stopped(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// True when none of the process's code runs now: it is stopped by a signal (`T`) or
+/// held by a tracer (`t`, as a debugger holds it). Its agent cannot answer then, so a
+/// request that can wait is not sent: it would wait for its reply timeout, and the
+/// failed request would close the connection.
+pub fn is_halted(pid: i32) -> bool {
+    read_proc_text(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| StatLine::parse(&stat).map(|stat| matches!(stat.state, 'T' | 't')))
+        .unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

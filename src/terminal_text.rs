@@ -14,6 +14,8 @@
 use serde::Serialize;
 use serde_json::ser::{CompactFormatter, Formatter, PrettyFormatter};
 use std::io::{self, Write};
+use std::sync::Mutex;
+use std::sync::mpsc::Sender;
 pub use tendril_tui::printable::{already_printed, is_unsafe, printable, printable_bytes};
 
 /// `eprintln!("tendril: …")` with the whole line escaped: for every message on stderr,
@@ -25,9 +27,32 @@ macro_rules! say {
 }
 pub(crate) use say;
 
-/// Prints `tendril: LINE` on stderr, `line` escaped ([`printable`]).
+/// Where notes go instead of stderr while one is set (see [`divert_notes`]).
+static NOTE_SINK: Mutex<Option<Sender<String>>> = Mutex::new(None);
+
+/// Prints `tendril: LINE` on stderr, `line` escaped ([`printable`]); while notes are
+/// diverted, sends that line to the diverting receiver instead.
 pub fn say_line(line: &str) {
-    eprintln!("tendril: {}", printable(line));
+    let text = format!("tendril: {}", printable(line));
+    let sink = NOTE_SINK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(sink) = sink.as_ref()
+        && sink.send(text.clone()).is_ok()
+    {
+        return;
+    }
+    drop(sink);
+    eprintln!("{text}");
+}
+
+/// Sends every note said from now on to `sink` (`None`: to stderr again). The live view
+/// takes them this way, at once and in the order they were said, so a note said before
+/// a state change is never shown after that change's message.
+pub fn divert_notes(sink: Option<Sender<String>>) {
+    *NOTE_SINK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = sink;
 }
 
 /// A JSON formatter that writes like `F` (pretty or compact), except that inside strings

@@ -73,14 +73,10 @@ pub fn event_loop(
             next_event = input.try_next();
         }
         session.poll();
+        // Notes said while draining come before what the tick finds (the target's exit).
+        dirty |= show_new_lines(capture, app, captured);
         session.tick(app, Instant::now())?;
-        if let Some(capture) = capture {
-            for line in capture.new_lines() {
-                app.show_stderr_line(&line);
-                captured.push(line);
-                dirty = true;
-            }
-        }
+        dirty |= show_new_lines(capture, app, captured);
         if session.is_collecting() && Instant::now() >= next_snapshot {
             let began = Instant::now();
             session.refresh(app);
@@ -101,6 +97,22 @@ pub fn event_loop(
             next_draw = Instant::now() + FRAME_INTERVAL;
         }
     }
+}
+
+/// Shows the lines written to stderr (and the notes said) since the last call, keeping
+/// them for the real stderr; whether there were any.
+fn show_new_lines(
+    capture: Option<&StderrCapture>,
+    app: &mut App,
+    captured: &mut Vec<String>,
+) -> bool {
+    let lines = capture.map(StderrCapture::new_lines).unwrap_or_default();
+    for line in &lines {
+        app.show_stderr_line(line);
+    }
+    let any = !lines.is_empty();
+    captured.extend(lines);
+    any
 }
 
 /// Draws one frame of `app`.

@@ -5,6 +5,8 @@
 //! vanish with it. The one idea: while the UI runs, file descriptor 2 is a pipe; a thread
 //! reads its lines for the UI to show as messages, and when the UI ends (or panics) the
 //! real stderr is put back, so the lines can be printed again where they stay readable.
+//! tendril's own notes (`say!`) are diverted into the same channel without the pipe, so
+//! the loop has each one as soon as it is said.
 
 use crate::terminal_text::printable_bytes;
 use nix::unistd::{dup, dup2_stderr, pipe};
@@ -41,6 +43,7 @@ impl StderrCapture {
         let saved = dup(std::io::stderr())?;
         let (read_end, write_end) = pipe()?;
         let (sender, lines) = mpsc::channel();
+        let notes = sender.clone();
         std::thread::Builder::new()
             .name("stderr-capture".into())
             .spawn(move || {
@@ -62,6 +65,8 @@ impl StderrCapture {
         dup2_stderr(&write_end)?;
         // fd 2 now holds the pipe's write end; `write_end` itself is closed here.
         drop(write_end);
+        // tendril's own notes skip the pipe: they arrive at once, in order.
+        crate::terminal_text::divert_notes(Some(notes));
         Ok(Some(StderrCapture {
             saved: Some(saved),
             lines,
@@ -90,6 +95,7 @@ impl StderrCapture {
 
     fn restore(&mut self) {
         if let Some(saved) = self.saved.take() {
+            crate::terminal_text::divert_notes(None);
             SAVED_STDERR.store(-1, Ordering::SeqCst);
             let _ = dup2_stderr(&saved);
         }

@@ -163,7 +163,13 @@ impl Recorder {
         // A trace shows every call on its timeline: nothing is switched while it runs.
         let tracing = (self.trace.as_ref()).is_some_and(|trace| !trace.is_over(tsc::read()));
         // A closed connection (another tendril detached) is the recording's to report.
-        if !self.recording || tracing || !self.adaptive.due() || self.agent_gone() {
+        // Nor is a stopped target asked (its agent cannot answer; the next poll judges).
+        if !self.recording
+            || tracing
+            || !self.adaptive.due()
+            || self.agent_gone()
+            || crate::process::is_halted(self.target.pid)
+        {
             return;
         }
         let chosen = self.functions_to_untime();

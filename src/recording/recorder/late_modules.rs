@@ -105,10 +105,13 @@ impl Recorder {
             return;
         }
         let now = Instant::now();
+        // A stopped target's agent cannot answer: asking would hold the caller (the
+        // live view's drawing thread) for the reply timeout, then close the connection.
         if self
             .late_modules
             .last_check
             .is_some_and(|last| now.duration_since(last) < CHECK_EVERY)
+            || crate::process::is_halted(self.target.pid)
         {
             return;
         }
