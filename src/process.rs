@@ -473,10 +473,7 @@ pub fn becomes_true_within(grace: std::time::Duration, mut check: impl FnMut() -
 /// the agent's among them, run nothing until it is continued. A tracing stop (`t`,
 /// as in a program `tendril run` holds at its first instruction) is not this.
 pub fn is_stopped(pid: i32) -> bool {
-    read_proc_text(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| StatLine::parse(&stat).map(|stat| stat.state == 'T'))
-        .unwrap_or(false)
+    process_state(pid) == Some('T')
 }
 
 /// True when none of the process's code runs now: it is stopped by a signal (`T`) or
@@ -484,10 +481,13 @@ pub fn is_stopped(pid: i32) -> bool {
 /// request that can wait is not sent: it would wait for its reply timeout, and the
 /// failed request would close the connection.
 pub fn is_halted(pid: i32) -> bool {
-    read_proc_text(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| StatLine::parse(&stat).map(|stat| matches!(stat.state, 'T' | 't')))
-        .unwrap_or(false)
+    matches!(process_state(pid), Some('T' | 't'))
+}
+
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `T`…); `None` if it cannot be read.
+fn process_state(pid: i32) -> Option<char> {
+    let stat = read_proc_text(format!("/proc/{pid}/stat")).ok()?;
+    StatLine::parse(&stat).map(|stat| stat.state)
 }
 
 #[cfg(test)]
