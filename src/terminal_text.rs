@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::ser::{CompactFormatter, Formatter, PrettyFormatter};
 use std::io::{self, Write};
 use std::sync::Mutex;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{SendError, Sender};
 pub use tendril_tui::printable::{already_printed, is_unsafe, printable, printable_bytes};
 
 /// `eprintln!("tendril: …")` with the whole line escaped: for every message on stderr,
@@ -37,11 +37,14 @@ pub fn say_line(line: &str) {
     let sink = NOTE_SINK
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(sink) = sink.as_ref()
-        && sink.send(text.clone()).is_ok()
-    {
-        return;
-    }
+    // A receiver gone gives the line back: it goes to stderr then.
+    let text = match sink.as_ref() {
+        Some(sink) => match sink.send(text) {
+            Ok(()) => return,
+            Err(SendError(text)) => text,
+        },
+        None => text,
+    };
     drop(sink);
     eprintln!("{text}");
 }
