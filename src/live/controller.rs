@@ -62,6 +62,7 @@ pub fn event_loop(
                 if matches!(action, Action::SetRoots(_) | Action::RootFromSamples { .. }) {
                     expand_hottest_path = true;
                 }
+                let serial = app.message_serial();
                 if let Some(note) = session.progress_note(&action) {
                     app.set_message(note);
                     draw(guard, app)?;
@@ -69,6 +70,8 @@ pub fn event_loop(
                 if session.handle(action, app) == Flow::Quit {
                     return Ok(());
                 }
+                // What the action said answers the key: a note drained next waits.
+                app.hold_answer_since(serial);
             }
             next_event = input.try_next();
         }

@@ -10,25 +10,22 @@
 //! after a process is picked) and the instrumented one (the live view). Each has its own
 //! browsing state, so switching between them with `S` keeps each where it was.
 
-use ratatui::Frame;
 use ratatui::crossterm::event::{Event, KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
-use ratatui::layout::Rect;
-use ratatui::text::{Line, Span};
-use ratatui::widgets::Paragraph;
 
 mod code_screen;
+mod layout;
+mod message_line;
 
 use crate::action::Action;
 use crate::code_view::CodeView;
 use crate::help::{self, Context, KeyHelp, Needs};
 use crate::live::LiveView;
-use crate::live_draw;
 use crate::model::{FunctionEntry, ProcessEntry, ProfileSnapshot};
 use crate::printable::{already_printed, printable};
 use crate::process_picker::ProcessPicker;
 use crate::root_picker::{RootPicker, RootPickerOutcome};
-use crate::status_bar::status_lines;
-use crate::theme;
+use message_line::MessageLine;
+use std::time::Instant;
 
 /// The screen an [`App`] starts on, with the data it needs.
 #[derive(Debug, Clone)]
@@ -76,7 +73,7 @@ pub struct App {
     sampled_opened: bool,
     /// Where Esc in the root picker goes back to.
     picker_from: Option<ScreenKind>,
-    message: Option<String>,
+    message: MessageLine,
     help_visible: bool,
     /// The live view shows on-CPU times (`C`) instead of wall-clock times.
     shows_cpu_time: bool,
@@ -97,7 +94,7 @@ impl App {
             sampled_view: LiveView::default(),
             sampled_opened: false,
             picker_from: None,
-            message: None,
+            message: MessageLine::default(),
             help_visible: false,
             shows_cpu_time: false,
             code: CodeView::default(),
@@ -143,17 +140,32 @@ impl App {
 
     /// The message shown in the footer, if any, as shown (escaped).
     pub fn message(&self) -> Option<&str> {
-        self.message.as_deref()
+        self.message.shown()
+    }
+
+    /// A number that changes whenever the footer message changes: the controller reads
+    /// it before carrying out an action, to tell whether the action answered in the
+    /// footer ([`App::hold_answer_since`]).
+    pub fn message_serial(&self) -> u64 {
+        self.message.serial()
+    }
+
+    /// If the footer message changed since `serial`, it answers the user's key: notes
+    /// that arrive in the next few seconds wait behind it instead of replacing it.
+    pub fn hold_answer_since(&mut self, serial: u64) {
+        if self.message.serial() != serial {
+            self.message.hold(Instant::now());
+        }
     }
 
     /// Replaces the profile data shown; expansion, selection and scroll position are kept.
     /// A new `status.message` (different from the previous snapshot's) becomes the footer
     /// message.
     pub fn update_snapshot(&mut self, snapshot: ProfileSnapshot) {
-        if snapshot.status.message.is_some()
+        if let Some(message) = &snapshot.status.message
             && snapshot.status.message != self.snapshot.status.message
         {
-            self.message = (snapshot.status.message.as_deref()).map(|m| printable(m).into());
+            (self.message).note(printable(message).into_owned(), Instant::now());
         }
         self.snapshot = snapshot;
         if self.shows_cpu_time && self.snapshot.has_other_clock() {
@@ -289,13 +301,14 @@ impl App {
     /// Shows `message` in the footer (e.g. the result of an action, or an error). It may
     /// name the target's functions and files: it is kept escaped ([`printable`]).
     pub fn set_message(&mut self, message: impl Into<String>) {
-        self.message = Some(printable(&message.into()).into_owned());
+        self.message.show(printable(&message.into()).into_owned());
     }
 
     /// Shows a line tendril wrote on stderr while the UI runs (captured) in the footer:
-    /// escaped when written, it is escaped again only where still unsafe.
+    /// escaped when written, it is escaped again only where still unsafe. It waits while
+    /// an answer to a key holds the footer.
     pub fn show_stderr_line(&mut self, line: &str) {
-        self.message = Some(already_printed(line).into_owned());
+        (self.message).note(already_printed(line).into_owned(), Instant::now());
     }
 
     fn detached(&self) -> bool {
@@ -313,7 +326,12 @@ impl App {
     /// Handles one terminal event; returns what the controller must do, if anything.
     pub fn handle_event(&mut self, event: Event) -> Option<Action> {
         match event {
-            Event::Key(key) if key.kind != KeyEventKind::Release => self.handle_key(key),
+            Event::Key(key) if key.kind != KeyEventKind::Release => {
+                let serial = self.message.serial();
+                let action = self.handle_key(key);
+                self.hold_answer_since(serial);
+                action
+            }
             // Resizes need nothing: the next draw lays everything out for the new size.
             _ => None,
         }
@@ -425,7 +443,7 @@ impl App {
             KeyCode::Char('E') => self.show_error_estimate(),
             KeyCode::Char('e') if self.allowed(Needs::Target) => return self.open_code(),
             KeyCode::Char('p' | 'X' | 'w' | 't' | 'd' | 'r' | 'S' | 'e') => {}
-            KeyCode::Esc => self.message = None,
+            KeyCode::Esc => self.message.clear(),
             _ => {
                 self.live.handle_key(key, &self.snapshot);
             }
@@ -469,7 +487,7 @@ impl App {
             }
             KeyCode::Char('w') => return Some(Action::SaveSampled),
             KeyCode::Char('r') => {}
-            KeyCode::Esc => self.message = None,
+            KeyCode::Esc => self.message.clear(),
             _ => {
                 self.sampled_view.handle_key(key, &self.sampled);
             }
@@ -504,99 +522,4 @@ impl App {
             ScreenKind::Code => help::CODE_KEYS,
         }
     }
-
-    /// Draws the whole UI into `frame` (any size, down to nothing at all).
-    pub fn draw(&mut self, frame: &mut Frame) {
-        let area = frame.area();
-        if area.is_empty() {
-            return;
-        }
-        let footer_height = u16::from(area.height >= 2);
-        let shows_status = matches!(
-            self.screen,
-            ScreenKind::Live | ScreenKind::Sampled | ScreenKind::Code
-        ) || (self.screen == ScreenKind::RootPicker && self.session_started);
-        let status_height = match area.height {
-            _ if !shows_status => 0,
-            0..=4 => 0,
-            5..=9 => 1,
-            _ => 2,
-        };
-        let (rest, footer) = split_bottom(area, footer_height);
-        let (body, status) = split_bottom(rest, status_height);
-        match self.screen {
-            ScreenKind::ProcessPicker => self.process_picker.draw(frame, body),
-            ScreenKind::RootPicker => self.root_picker.draw(frame, body),
-            ScreenKind::Live => {
-                let tabs_height = u16::from(body.height >= 3);
-                let (tabs, tree) = split_top(body, tabs_height);
-                live_draw::draw_tabs(&self.live, &self.snapshot, frame, tabs);
-                live_draw::draw_body(&mut self.live, &self.snapshot, self.read_only, frame, tree);
-            }
-            ScreenKind::Sampled => {
-                let tabs_height = u16::from(body.height >= 3);
-                let (tabs, tree) = split_top(body, tabs_height);
-                live_draw::draw_tabs(&self.sampled_view, &self.sampled, frame, tabs);
-                live_draw::draw_body(&mut self.sampled_view, &self.sampled, false, frame, tree);
-            }
-            ScreenKind::Code => self.code.draw(frame, body),
-        }
-        if status_height > 0 {
-            let shown_status = if self.screen == ScreenKind::Sampled {
-                &self.sampled.status
-            } else {
-                &self.snapshot.status
-            };
-            let lines = status_lines(shown_status, self.read_only);
-            let shown: Vec<Line> = lines.into_iter().take(status_height as usize).collect();
-            frame.render_widget(Paragraph::new(shown).style(theme::status_bar()), status);
-        }
-        if footer_height > 0 {
-            let width = footer.width as usize;
-            let line = match &self.message {
-                // The message first; the most important hints that fit follow it.
-                Some(message) => {
-                    let used = message.chars().count() + 3;
-                    let hints =
-                        help::hints(self.keys(), self.context(), width.saturating_sub(used));
-                    let mut spans = vec![Span::styled(format!(" {message} "), theme::strong())];
-                    spans.push(theme::dim("│"));
-                    spans.extend(hints.spans);
-                    Line::from(spans)
-                }
-                None => help::hints(self.keys(), self.context(), width),
-            };
-            frame.render_widget(Paragraph::new(line), footer);
-        }
-        if self.help_visible {
-            help::draw_overlay(self.keys(), self.context(), frame, area);
-        }
-    }
-}
-
-/// `area` split into everything above the bottom `height` rows, and those rows.
-fn split_bottom(area: Rect, height: u16) -> (Rect, Rect) {
-    let height = height.min(area.height);
-    let top = Rect {
-        height: area.height - height,
-        ..area
-    };
-    let bottom = Rect {
-        y: area.y + area.height - height,
-        height,
-        ..area
-    };
-    (top, bottom)
-}
-
-/// `area` split into its top `height` rows and everything below them.
-fn split_top(area: Rect, height: u16) -> (Rect, Rect) {
-    let height = height.min(area.height);
-    let top = Rect { height, ..area };
-    let bottom = Rect {
-        y: area.y + height,
-        height: area.height - height,
-        ..area
-    };
-    (top, bottom)
 }

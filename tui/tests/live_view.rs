@@ -527,3 +527,18 @@ fn empty_data_says_so() {
     press_char(&mut app, '3');
     assert!(screen_text(&mut app, 80, 24).contains("no thread"));
 }
+
+#[test]
+fn a_keys_answer_is_not_replaced_by_a_note_that_arrives_just_after() {
+    let mut app = live_app();
+    press_char(&mut app, 'S');
+    let answer = app.message().unwrap_or_default().to_owned();
+    assert!(answer.contains("no sampled tree"), "{answer}");
+    app.show_stderr_line("tendril: counting, not timing, 1 function too short to time");
+    let text = screen_text(&mut app, 120, 30);
+    assert!(text.contains("no sampled tree"), "{text}");
+    // A note with no answer on the line is shown at once.
+    press(&mut app, KeyCode::Esc);
+    app.show_stderr_line("tendril: a later note");
+    assert!(screen_text(&mut app, 120, 30).contains("a later note"));
+}

@@ -16,7 +16,7 @@ impl App {
         };
         self.code.open(name.clone());
         self.screen = ScreenKind::Code;
-        self.message = None;
+        self.message.clear();
         Some(Action::ShowCode {
             name,
             module,
