@@ -171,7 +171,9 @@ fn node_javascript_functions_are_named_from_the_perf_map() {
     let app = dir.join("app.js");
     std::fs::write(&app, NODE_APP).unwrap();
     let mut command = Command::new("node");
+    // Anything node writes beside it (a V8 log) lands in the scratch directory.
     command
+        .current_dir(&dir)
         .args(["--perf-basic-prof", "--interpreted-frames-native-stack"])
         .arg(&app);
     let runtime = Runtime::start(command);
