@@ -92,6 +92,7 @@ impl WritableCode {
         }
         pages.sort_unstable();
         pages.dedup();
+        crate::sys::whole_mappings::before_splitting(&pages);
         let mut ranges: Vec<(u64, u64, i32)> = Vec::new();
         for page in pages {
             let protection = page_protection(page)?;

@@ -6,7 +6,8 @@
 //! shows them (`tasks`), the process's unwinder as copies of functions need it
 //! (`frame_registry`), the libraries the loader holds in place while code changes
 //! (`loaded_modules`), the code pages given back to their file once restored
-//! (`page_copies`), the agent's one error type (`error`), and the layer's statics
+//! (`page_copies`), the mappings they split joined again (`whole_mappings`), the
+//! agent's one error type (`error`), and the layer's statics
 //! (`state`). Nothing here knows
 //! about hooks or patches.
 //!
@@ -33,6 +34,7 @@ pub mod queued_signal;
 mod state;
 pub mod tasks;
 pub mod thread_tracer;
+pub mod whole_mappings;
 
 use std::arch::asm;
 

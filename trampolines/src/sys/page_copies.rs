@@ -58,8 +58,9 @@ fn pagemap_entry(page: u64) -> Option<u64> {
 }
 
 /// Gives back to their file the noted pages whose bytes are the file's again; returns
-/// how many. Call it once code is restored, with the engine's lock held (no write of
-/// tendril's can come meanwhile).
+/// how many, then joins the mappings split meanwhile (`whole_mappings`). Call it once
+/// code is restored, with the engine's lock held (no write of tendril's can come
+/// meanwhile).
 pub fn give_back_unchanged() -> usize {
     let mut known = STATE.page_origins.lock().unwrap_or_else(|p| p.into_inner());
     let mut given = 0;
@@ -89,5 +90,10 @@ pub fn give_back_unchanged() -> usize {
         given += usize::from(dropped == 0);
         false
     });
+    let still_changed: Vec<u64> = (known.iter())
+        .filter_map(|(&page, origin)| origin.as_ref().map(|_| page))
+        .collect();
+    drop(known);
+    crate::sys::whole_mappings::join_restored(&still_changed);
     given
 }

@@ -41,6 +41,9 @@ pub struct SysState {
     /// Code pages tendril has written to (`page_copies`): the file's bytes of each that
     /// was the file's page then, `None` for one that was a private copy already.
     pub page_origins: Mutex<BTreeMap<u64, Option<Box<[u8; 4096]>>>>,
+    /// (start, end, protection) of the code mappings tendril splits, as they were whole,
+    /// to be joined again once restored (`whole_mappings`).
+    pub whole_mappings: Mutex<Vec<(u64, u64, i32)>>,
     /// The agent's threads that are running, by thread id (`agent_threads`).
     pub agent_threads: Mutex<Vec<i32>>,
     /// Held while code changes and while an agent thread starts or ends
@@ -86,6 +89,7 @@ pub static STATE: SysState = SysState {
     copy_body_count: AtomicUsize::new(0),
     protections: Mutex::new(Vec::new()),
     page_origins: Mutex::new(BTreeMap::new()),
+    whole_mappings: Mutex::new(Vec::new()),
     agent_threads: Mutex::new(Vec::new()),
     code_change: Mutex::new(()),
     tracer: TracerShared {
