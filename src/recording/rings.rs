@@ -39,6 +39,8 @@ pub struct Rings {
 /// One ring's memory: its header, then its events.
 struct Ring<'a> {
     bytes: &'a [u8],
+    /// The events it holds ([`rings::ring_capacity`]).
+    capacity: usize,
 }
 
 impl Rings {
@@ -175,7 +177,8 @@ impl Rings {
                 k => &self.segments[k - 1],
             };
             let bytes = &memory[offset..offset + rings::RING_BYTES];
-            (index, Ring { bytes })
+            let capacity = rings::ring_capacity(index);
+            (index, Ring { bytes, capacity })
         })
     }
 
@@ -203,7 +206,7 @@ impl Rings {
             if head <= tail {
                 continue;
             }
-            let capacity = rings::RING_EVENTS as u64;
+            let capacity = ring.capacity as u64;
             let events = ring.events();
             let (start, end) = ((tail % capacity) as usize, (head % capacity) as usize);
             if head - tail >= capacity || end <= start {
@@ -216,7 +219,8 @@ impl Rings {
                 sink(index, tid, &events[start..end]);
             }
             total += head - tail;
-            tail_word.store(head, Ordering::Release);
+            tail_word.store(head, Ordering::SeqCst);
+            ring.wake_its_thread();
         }
         total
     }
@@ -238,11 +242,33 @@ impl Ring<'_> {
 
     fn events(&self) -> &[Event] {
         let events = &self.bytes[rings::RING_HEADER_BYTES..];
-        assert!(events.len() == rings::RING_EVENTS * Event::SIZE);
+        assert!(events.len() >= self.capacity * Event::SIZE);
         // SAFETY: the ring's events, in bounds (checked above) and 16-byte aligned (the
         // layout's offsets are); `Event` is plain data. The producer writes only slots
         // past `head`, which the caller does not read.
-        unsafe { std::slice::from_raw_parts(events.as_ptr() as *const Event, rings::RING_EVENTS) }
+        unsafe { std::slice::from_raw_parts(events.as_ptr() as *const Event, self.capacity) }
+    }
+
+    /// Wakes the ring's thread if it waits for room (the agent's `wait_for_the_drain`:
+    /// it sleeps on the tail's low half, and says so in `WAITING`). Call it after the
+    /// tail moved, with a store at least as strong as `SeqCst`, so that either the
+    /// thread sees the new tail or this sees it waiting.
+    fn wake_its_thread(&self) {
+        if self.word32(ring::WAITING).load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let tail_low = self.word32(ring::TAIL);
+        // SAFETY: FUTEX_WAKE on an aligned u32 of the shared mapping (not private: the
+        // waiter is in another process, mapping the same memory).
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                tail_low.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+                std::ptr::null::<libc::timespec>(),
+            );
+        }
     }
 }
 

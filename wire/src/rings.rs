@@ -29,6 +29,20 @@ pub const RING_COUNT: usize = 128;
 /// Events per ring (a power of two): 8 MiB, a few tens of milliseconds of a thread
 /// that does nothing but call instrumented functions.
 pub const RING_EVENTS: usize = 1 << 19;
+/// Events per ring of an extra segment (a power of two): 512 KiB. The file's rings go
+/// to the first threads; past them rings are smaller, so that the rings of a thousand
+/// threads that fill them (a drain that cannot keep up) hold 1.4 GiB rather than 8.
+pub const SEGMENT_RING_EVENTS: usize = 1 << 15;
+
+/// The events ring `index` holds (numbered as in [`ring_place`]).
+pub const fn ring_capacity(index: usize) -> usize {
+    if index < RING_COUNT {
+        RING_EVENTS
+    } else {
+        SEGMENT_RING_EVENTS
+    }
+}
+
 /// Bytes of a ring's header: tid/state, `head` and `tail` each on a line of its own.
 pub const RING_HEADER_BYTES: usize = 256;
 /// Bytes of one ring, header included.
@@ -165,7 +179,11 @@ pub mod ring {
     /// The head (`u64`) at which the ring's thread next runs an in-situ calibration
     /// batch (0: not set yet). The agent's alone.
     pub const IN_SITU_NEXT: usize = 16;
-    /// Events written (`u64`, monotonic; the event index is `head % RING_EVENTS`).
+    /// 1 (`u32`) while the ring's thread waits for room: it waits on the low half of
+    /// [`TAIL`] (a futex), and the controller, after moving the tail, wakes it.
+    pub const WAITING: usize = 24;
+    /// Events written (`u64`, monotonic; the event index is `head` modulo the ring's
+    /// [`super::ring_capacity`]).
     pub const HEAD: usize = 64;
     /// Events consumed by the controller (`u64`, written by the controller only).
     pub const TAIL: usize = 128;
@@ -196,6 +214,7 @@ pub const fn ring_offset(index: usize) -> usize {
 }
 
 const _: () = assert!(RING_EVENTS.is_power_of_two());
+const _: () = assert!(SEGMENT_RING_EVENTS.is_power_of_two() && SEGMENT_RING_EVENTS <= RING_EVENTS);
 
 #[cfg(test)]
 mod segment_tests {

@@ -268,7 +268,7 @@ fn claim_ring(state: StatePtr) -> bool {
         for reclaiming in [false, true] {
             for index in looked_at..count {
                 if let Some(ring) = ring_segments::ring_address(base, index)
-                    && take_ring(state, ring, reclaiming)
+                    && take_ring(state, ring, rings::ring_capacity(index) as u64, reclaiming)
                 {
                     add_to_header(header::RINGS_CLAIMED, 1);
                     return true;
@@ -283,9 +283,10 @@ fn claim_ring(state: StatePtr) -> bool {
     }
 }
 
-/// Takes the ring whose header is at `ring` for the calling thread, if it is free or,
-/// when `reclaiming`, if its thread is gone and its events were read.
-fn take_ring(state: StatePtr, ring: u64, reclaiming: bool) -> bool {
+/// Takes the ring whose header is at `ring`, of `capacity` events, for the calling
+/// thread, if it is free or, when `reclaiming`, if its thread is gone and its events
+/// were read.
+fn take_ring(state: StatePtr, ring: u64, capacity: u64, reclaiming: bool) -> bool {
     let ring_state = word32_at(ring + ring::STATE as u64);
     let claimed = if reclaiming {
         reclaim(ring, ring_state)
@@ -308,13 +309,9 @@ fn take_ring(state: StatePtr, ring: u64, reclaiming: bool) -> bool {
     state.ring_header().store(ring, Relaxed);
     let events = ring + rings::RING_HEADER_BYTES as u64;
     state.ring_events().store(events, Relaxed);
-    state
-        .ring_mask()
-        .store(rings::RING_EVENTS as u64 - 1, Relaxed);
+    state.ring_mask().store(capacity - 1, Relaxed);
     state.ring_head().store(head, Relaxed);
-    state
-        .ring_limit()
-        .store(tail + rings::RING_EVENTS as u64, Relaxed);
+    state.ring_limit().store(tail + capacity, Relaxed);
     word_at(ring + ring::IN_SITU_NEXT as u64).store(head + FIRST_IN_SITU_BATCH_AFTER, Relaxed);
     true
 }
@@ -354,8 +351,9 @@ pub fn make_room(state: StatePtr) -> bool {
         }
         return false;
     }
-    let tail = word_at(state.ring_header().load(Relaxed) + ring::TAIL as u64);
-    let capacity = rings::RING_EVENTS as u64;
+    let ring_header = state.ring_header().load(Relaxed);
+    let tail = word_at(ring_header + ring::TAIL as u64);
+    let capacity = ring_capacity(state);
     let mut waited_from = 0;
     loop {
         let limit = tail.load(Ordering::Acquire) + capacity;
@@ -371,7 +369,10 @@ pub fn make_room(state: StatePtr) -> bool {
         if STATE.recording_active.load(Ordering::Acquire) == 0 {
             return false;
         }
-        sys::sleep_microseconds(50);
+        wait_for_the_drain(
+            ring_header,
+            state.ring_head().load(Relaxed) + needed - capacity,
+        );
     }
     if waited_from != 0 {
         let waited = sys::rdtsc().saturating_sub(waited_from);
@@ -381,6 +382,36 @@ pub fn make_room(state: StatePtr) -> bool {
     populate_ahead(state);
     update_limit(state);
     true
+}
+
+/// The events the calling thread's ring holds.
+fn ring_capacity(state: StatePtr) -> u64 {
+    state.ring_mask().load(Relaxed) + 1
+}
+
+/// The longest a thread waits for room before it looks again by itself: the controller
+/// wakes it as soon as it reads the ring; this only bounds a wake-up that never comes
+/// (a recording ending, a controller gone).
+const ROOM_WAIT_NS: u64 = 20_000_000;
+
+/// Sleeps until the controller has read the ring at `ring_header` up to `wanted_tail`
+/// (or for [`ROOM_WAIT_NS`]). A thousand threads whose rings are full must not poll: a
+/// sleep of a few microseconds each, over and over, kept both cores busy scheduling
+/// them and starved the very drain they waited for. The thread sleeps on the tail's
+/// low half (a futex in the shared memory), and says so in the ring's `WAITING` word
+/// for the controller, which wakes it after it moves the tail.
+fn wait_for_the_drain(ring_header: u64, wanted_tail: u64) {
+    let tail = word_at(ring_header + ring::TAIL as u64);
+    let tail_low = word32_at(ring_header + ring::TAIL as u64);
+    let waiting = word32_at(ring_header + ring::WAITING as u64);
+    waiting.store(1, Ordering::SeqCst);
+    // Read after saying so: a tail the controller moves from now on is followed by its
+    // wake-up, and one moved before is seen here.
+    let seen = tail.load(Ordering::SeqCst);
+    if seen < wanted_tail {
+        sys::futex_wait_shared_timeout(tail_low, seen as u32, ROOM_WAIT_NS);
+    }
+    waiting.store(0, Ordering::Relaxed);
 }
 
 /// Events faulted in at a time ahead of the producer: 256 KiB, 64 pages.
@@ -396,7 +427,7 @@ const POPULATE_EVENTS: u64 = 1 << 14;
 fn populate_ahead(state: StatePtr) {
     let populated = word_at(state.ring_header().load(Relaxed) + ring::POPULATED as u64);
     let head = state.ring_head().load(Relaxed);
-    let capacity = rings::RING_EVENTS as u64;
+    let capacity = ring_capacity(state);
     let mut until = populated.load(Relaxed);
     if head + 2 > until {
         let started = sys::rdtsc();
@@ -437,7 +468,7 @@ pub fn ring_room(state: StatePtr) -> RingRoom {
     let tail = word_at(ring_header + ring::TAIL as u64).load(Ordering::Acquire);
     let populated = word_at(ring_header + ring::POPULATED as u64).load(Relaxed);
     RingRoom {
-        end: (tail + rings::RING_EVENTS as u64).min(populated),
+        end: (tail + ring_capacity(state)).min(populated),
         in_situ_next: word_at(ring_header + ring::IN_SITU_NEXT as u64),
     }
 }

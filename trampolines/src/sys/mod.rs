@@ -201,6 +201,31 @@ pub fn futex_wait_timeout(word: &std::sync::atomic::AtomicU32, expected: u32, ti
     }
 }
 
+/// Waits while `*word == expected`, at most `timeout_ns`, on a word of memory shared
+/// with another process (which wakes the waiter with a `FUTEX_WAKE` of its own mapping
+/// of the same page); spurious wake-ups possible.
+pub fn futex_wait_shared_timeout(
+    word: &std::sync::atomic::AtomicU32,
+    expected: u32,
+    timeout_ns: u64,
+) {
+    let timeout = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT on a valid, aligned u32 of a shared mapping that outlives the
+    // call, with a relative timeout that lives on this stack for the call's duration.
+    unsafe {
+        syscall4(
+            libc::SYS_futex,
+            word.as_ptr() as u64,
+            libc::FUTEX_WAIT as u64,
+            expected as u64,
+            &timeout as *const libc::timespec as u64,
+        );
+    }
+}
+
 /// Wakes every thread waiting on `word`.
 pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
     // SAFETY: FUTEX_WAKE on a valid, aligned u32.

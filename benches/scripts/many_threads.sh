@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# `record` on a busy thousand-thread target (issue 31): the `many_threads` fixture runs
+# THREADS threads, each calling `thread_root` RATE times a second (1000 × 250 =
+# 250,000 calls/s), and reports every 100 ms the calls made and the longest time any
+# thread was held up. Per run, this prints the target's longest hold-up and its call
+# rate before, during and after a `tendril record --duration 3`, the recording's wall
+# time, its lost events and how many threads have a tree.
+#
+# Usage: benches/scripts/many_threads.sh [RUNS] [THREADS] [RATE]   (from the repository,
+#        after cargo build --release; needs gcc)
+set -euo pipefail
+runs=${1:-3}
+threads=${2:-1000}
+rate=${3:-250}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+tendril="$here/target/release/tendril"
+work=$(mktemp -d)
+target_pid=
+cleanup() {
+    [ -n "$target_pid" ] && kill "$target_pid" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+gcc -O2 -g -pthread -o "$work/many_threads" "$here/fixtures/many_threads.c"
+now_ms() { date +%s%3N; }
+echo "load: $(cut -d' ' -f1-3 /proc/loadavg); $threads threads × $rate calls/s"
+printf '%-4s %-7s %10s %12s   %s\n' run phase calls/s longest_ms "recording"
+for run in $(seq "$runs"); do
+    # Each tick line gets the time it was read, to split the ticks into phases.
+    "$work/many_threads" "$threads" "$rate" \
+        | while IFS= read -r line; do echo "$(now_ms) $line"; done > "$work/ticks" &
+    sleep 0.5
+    target_pid=$(pgrep -n -f "$work/many_threads")
+    until grep -q ' tick 20 ' "$work/ticks"; do sleep 0.1; done
+    began=$(now_ms)
+    "$tendril" record "$target_pid" --root thread_root --duration 3 -o "$work/p.json" \
+        2> "$work/record.err"
+    ended=$(now_ms)
+    sleep 2
+    kill "$target_pid"
+    target_pid=
+    wait || true
+    summary="$((ended - began)) ms, $(python3 -c '
+import json, sys
+p = json.load(open(sys.argv[1]))
+trees = sum(any(r["name"] == "thread_root" and r["calls"] > 0 for r in t["roots"])
+            for t in p["threads"])
+print(f"lost {p[\"stats\"][\"lost_events\"]}, {trees} threads with a tree")
+' "$work/p.json")"
+    awk -v run="$run" -v began="$began" -v ended="$ended" -v summary="$summary" '
+        $2 == "tick" && $3 > 5 {
+            phase = $1 < began ? "before" : ($1 <= ended + 100 ? "during" : "after")
+            calls[phase] += $5; ticks[phase]++
+            if ($9 > longest[phase]) longest[phase] = $9
+        }
+        END {
+            split("before during after", order, " ")
+            for (i = 1; i <= 3; i++) {
+                p = order[i]
+                printf "%-4s %-7s %10d %12.1f   %s\n", run, p, calls[p] * 10 / ticks[p],
+                    longest[p] / 1000, p == "during" ? summary : ""
+            }
+        }' "$work/ticks"
+done
