@@ -34,12 +34,13 @@ for run in $(seq "$runs"); do
     until grep -q ' tick 20 ' "$work/ticks"; do sleep 0.1; done
     began=$(now_ms)
     "$tendril" record "$target_pid" --root thread_root --duration 3 -o "$work/p.json" \
-        2> "$work/record.err"
+        2> "$work/record.err" || echo "run $run: record failed: $(tail -n 1 "$work/record.err")"
     ended=$(now_ms)
     sleep 2
     kill "$target_pid"
     target_pid=
     wait || true
+    [ -s "$work/p.json" ] || echo '{"stats":{"lost_events":"no profile"},"threads":[]}' > "$work/p.json"
     summary="$((ended - began)) ms, $(python3 -c '
 import json, sys
 p = json.load(open(sys.argv[1]))
