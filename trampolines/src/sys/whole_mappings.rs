@@ -1,6 +1,6 @@
 //! A patched library's code mapping made whole again once everything is restored.
 //!
-//! [`code_pages`](super::code_pages) changes the protection of single pages for a moment
+//! `code_pages` changes the protection of single pages for a moment
 //! (`mprotect`), and the kernel splits the mapping there: after a recording that patched
 //! a few hundred functions, libc's code was listed as 90-odd mappings. Putting the
 //! protection back does not join them, for two reasons the kernel checks: each piece
