@@ -30,23 +30,9 @@ pub fn refresh_protections() -> std::io::Result<()> {
         mappings
             .iter()
             .filter(|m| m.executable())
-            .map(|m| (m.start, m.end, protection_of(&m.permissions))),
+            .map(|m| (m.start, m.end, m.protection())),
     );
     Ok(())
-}
-
-fn protection_of(permissions: &str) -> i32 {
-    let bytes = permissions.as_bytes();
-    let flag = |index: usize, letter: u8, protection: i32| {
-        if bytes.get(index) == Some(&letter) {
-            protection
-        } else {
-            0
-        }
-    };
-    flag(0, b'r', libc::PROT_READ)
-        | flag(1, b'w', libc::PROT_WRITE)
-        | flag(2, b'x', libc::PROT_EXEC)
 }
 
 /// The protection of the executable page at `page`, reading the maps again once if

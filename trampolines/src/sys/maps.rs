@@ -26,6 +26,21 @@ impl Mapping {
         self.name.starts_with('/')
     }
 
+    /// The `PROT_*` bits of its permissions.
+    pub fn protection(&self) -> i32 {
+        let permissions = self.permissions.as_bytes();
+        let flag = |index: usize, letter: u8, protection: i32| {
+            if permissions.get(index) == Some(&letter) {
+                protection
+            } else {
+                0
+            }
+        };
+        flag(0, b'r', libc::PROT_READ)
+            | flag(1, b'w', libc::PROT_WRITE)
+            | flag(2, b'x', libc::PROT_EXEC)
+    }
+
     pub fn contains(&self, address: u64) -> bool {
         (self.start..self.end).contains(&address)
     }

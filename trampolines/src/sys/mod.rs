@@ -184,21 +184,7 @@ pub fn futex_wait(word: &std::sync::atomic::AtomicU32, expected: u32) {
 
 /// Waits while `*word == expected`, at most `timeout_ns` (spurious wake-ups possible).
 pub fn futex_wait_timeout(word: &std::sync::atomic::AtomicU32, expected: u32, timeout_ns: u64) {
-    let timeout = libc::timespec {
-        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
-    };
-    // SAFETY: FUTEX_WAIT on a valid, aligned u32 that outlives the call, with a
-    // relative timeout that lives on this stack for the call's duration.
-    unsafe {
-        syscall4(
-            libc::SYS_futex,
-            word.as_ptr() as u64,
-            (libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG) as u64,
-            expected as u64,
-            &timeout as *const libc::timespec as u64,
-        );
-    }
+    futex_wait_for(word, expected, timeout_ns, libc::FUTEX_PRIVATE_FLAG);
 }
 
 /// Waits while `*word == expected`, at most `timeout_ns`, on a word of memory shared
@@ -209,17 +195,23 @@ pub fn futex_wait_shared_timeout(
     expected: u32,
     timeout_ns: u64,
 ) {
+    futex_wait_for(word, expected, timeout_ns, 0);
+}
+
+/// `FUTEX_WAIT` with `flags` (`FUTEX_PRIVATE_FLAG` or 0) and a relative timeout.
+fn futex_wait_for(word: &std::sync::atomic::AtomicU32, expected: u32, timeout_ns: u64, flags: i32) {
     let timeout = libc::timespec {
         tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
     };
-    // SAFETY: FUTEX_WAIT on a valid, aligned u32 of a shared mapping that outlives the
-    // call, with a relative timeout that lives on this stack for the call's duration.
+    // SAFETY: FUTEX_WAIT on a valid, aligned u32 that outlives the call (shared or
+    // private as `flags` says), with a relative timeout that lives on this stack for
+    // the call's duration.
     unsafe {
         syscall4(
             libc::SYS_futex,
             word.as_ptr() as u64,
-            libc::FUTEX_WAIT as u64,
+            (libc::FUTEX_WAIT | flags) as u64,
             expected as u64,
             &timeout as *const libc::timespec as u64,
         );

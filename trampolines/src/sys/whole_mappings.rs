@@ -55,7 +55,7 @@ pub fn before_splitting(pages: &[u64]) {
         if code_memory::read_code(page, &mut byte).is_ok()
             && code_memory::write_code(page, &byte).is_ok()
         {
-            whole.push((mapping.start, mapping.end, protection_of(mapping)));
+            whole.push((mapping.start, mapping.end, mapping.protection()));
         }
     }
 }
@@ -102,7 +102,7 @@ fn pieces_are_intact(mappings: &[Mapping], start: u64, end: u64, protection: i32
     for piece in pieces {
         if piece.start != next
             || piece.name != name
-            || protection_of(piece) != protection
+            || piece.protection() != protection
             || !is_private_code_of_a_file(piece)
         {
             return false;
@@ -140,20 +140,6 @@ fn is_private_code_of_a_file(mapping: &Mapping) -> bool {
         && mapping.executable()
         && permissions.get(1) == Some(&b'-')
         && permissions.get(3) == Some(&b'p')
-}
-
-fn protection_of(mapping: &Mapping) -> i32 {
-    let permissions = mapping.permissions.as_bytes();
-    let flag = |index: usize, letter: u8, protection: i32| {
-        if permissions.get(index) == Some(&letter) {
-            protection
-        } else {
-            0
-        }
-    };
-    flag(0, b'r', libc::PROT_READ)
-        | flag(1, b'w', libc::PROT_WRITE)
-        | flag(2, b'x', libc::PROT_EXEC)
 }
 
 /// Whether the system refuses memory beyond its commit limit (`vm.overcommit_memory`
