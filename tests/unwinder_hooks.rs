@@ -37,7 +37,7 @@ fn every_function_with_returns(fixture: &str) {
         assert!(target.is_running(), "session {session}");
         // A thread caught inside a hook as the count ended keeps the unwinder's hooks in
         // for a moment (count says so); they come out by themselves.
-        wait_until_nothing_pending(target.pid());
+        common::wait_until_no_hook_is_left_in(target.pid(), LINE_TIMEOUT);
         code_bytes_match_file(target.pid()).unwrap();
         assert_eq!(steady_checksum(&mut target, 2), before, "session {session}");
     }
@@ -148,11 +148,7 @@ fn hooks_a_restore_must_leave_in_are_reported_and_come_out_by_themselves() {
     // Once the line arrives, the thread leaves, and nothing needs to be asked.
     target.write_stdin("wake\n");
     target.expect_line("read 5", LINE_TIMEOUT);
-    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
-    while status_line(pid).contains("pending_restore") {
-        assert!(std::time::Instant::now() < deadline, "the hooks stayed in");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_until_no_hook_is_left_in(pid, LINE_TIMEOUT);
     code_bytes_match_file(pid).unwrap();
     assert_eq!(steady_checksum(&mut target, 2), before);
 }
@@ -164,13 +160,4 @@ fn status_line(pid: i32) -> String {
         .unwrap();
     assert!(output.status.success(), "{output:?}");
     String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// Waits until `status` shows no hooks waiting to come out.
-fn wait_until_nothing_pending(pid: i32) {
-    let deadline = std::time::Instant::now() + LINE_TIMEOUT;
-    while status_line(pid).contains("pending_restore") {
-        assert!(std::time::Instant::now() < deadline, "the hooks stayed in");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

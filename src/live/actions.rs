@@ -166,10 +166,13 @@ impl Session {
                 "pausing",
                 "pausing: restoring the target's code…".into(),
                 |recorder| match recorder.pause() {
-                    Ok(()) => {
-                        "paused: the target runs its own code again; p resumes, the data stays"
-                            .to_string()
-                    }
+                    Ok(()) => match recorder.hooks_left_in() {
+                        None => {
+                            "paused: the target runs its own code again; p resumes, the data stays"
+                                .to_string()
+                        }
+                        Some(left_in) => format!("paused; {left_in}; p resumes, the data stays"),
+                    },
                     Err(error) => error.to_string(),
                 },
                 app,

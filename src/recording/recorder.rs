@@ -110,6 +110,9 @@ pub struct Recorder {
     /// Once the agent has stopped: the TSC it stopped at. Later events (the code is
     /// restored one function after another after it) are dropped.
     stopped_at: Option<u64>,
+    /// After the last stop: tendril's unwinder hooks the agent had to leave in for now
+    /// (they come out by themselves), said as a sentence.
+    hooks_left_in: Option<String>,
     started: Instant,
     started_tsc: u64,
     events: u64,
@@ -206,6 +209,7 @@ impl Recorder {
             ring_threads: HashMap::new(),
             last_timestamps: HashMap::new(),
             stopped_at: None,
+            hooks_left_in: None,
             started: Instant::now(),
             started_tsc: tsc::read(),
             events: 0,
@@ -452,6 +456,7 @@ impl Recorder {
             return Ok(());
         }
         self.recording = false;
+        self.hooks_left_in = None;
         let stopped = self.session.request(&Request::StopRecording);
         self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
         self.poll();
@@ -461,9 +466,17 @@ impl Recorder {
                 refused,
                 unloaded,
                 loader,
+                pending,
+                pending_reason,
                 ..
             } => {
                 self.late_modules.stopped(loader, unloaded.len());
+                self.hooks_left_in = (pending > 0).then(|| {
+                    format!(
+                        "{pending} of tendril's hooks on the unwinder are still in ({}); they come out by themselves",
+                        pending_reason.as_deref().unwrap_or("a thread is inside tendril's code")
+                    )
+                });
                 refused
             }
             other => {

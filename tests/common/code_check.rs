@@ -50,6 +50,29 @@ pub fn code_bytes_match_file(pid: i32) -> Result<(), String> {
     check_mappings(pid, |path| !path.contains("libtendril_agent"))
 }
 
+/// Waits (up to `timeout`) until `tendril status PID` shows no hook of tendril's waiting
+/// to come out (`pending_restore`): a restore may leave the unwinder's hooks in while a
+/// thread is inside tendril's code, and they come out by themselves just after.
+pub fn wait_until_no_hook_is_left_in(pid: i32, timeout: std::time::Duration) {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        let output = super::tendril()
+            .args(["status", &pid.to_string()])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let status = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !status.contains("pending_restore") {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hooks stayed in: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// The same check for the tendril agent's own library only: the functions of its own
 /// that it hooks to calibrate (at a recording's start, and on the target's threads
 /// while it runs) must have their bytes back once the recording is over.
@@ -104,13 +127,21 @@ fn check_mappings(pid: i32, chosen: impl Fn(&str) -> bool) -> Result<(), String>
                 .zip(&in_file)
                 .filter(|(m, f)| m != f)
                 .count();
+            let runs: Vec<String> = (0..in_memory.len())
+                .filter(|&i| {
+                    in_memory[i] != in_file[i] && (i == 0 || in_memory[i - 1] == in_file[i - 1])
+                })
+                .take(12)
+                .map(|i| format!("+{:#x}", mapping.offset + i as u64))
+                .collect();
             return Err(format!(
                 "{module}+{:#x} (address {:#x}) holds {:#04x} in memory but {:#04x} in the file; \
-                 {differing} byte(s) of this mapping differ",
+                 {differing} byte(s) of this mapping differ, in runs from {}",
                 mapping.offset + first as u64,
                 mapping.start + first as u64,
                 in_memory[first],
                 in_file[first],
+                runs.join(" "),
             ));
         }
         checked += 1;

@@ -21,7 +21,9 @@ mod target;
 mod tmux;
 
 #[allow(unused_imports)]
-pub use code_check::{agent_code_matches_file, code_bytes_match_file};
+pub use code_check::{
+    agent_code_matches_file, code_bytes_match_file, wait_until_no_hook_is_left_in,
+};
 pub use consistency::check_profile;
 pub use counting::{CountReport, Counting, Row};
 pub use fixture_build::{FIXTURE_NAMES, fixture, have_go};

@@ -299,6 +299,12 @@ pub enum Response {
         unloaded: Vec<u64>,
         #[serde(default)]
         loader: LoaderCounts,
+        /// tendril's own unwinder hooks that had to stay in for now (see
+        /// [`Response::Detached`]); they come out by themselves.
+        #[serde(default)]
+        pending: usize,
+        #[serde(default)]
+        pending_reason: Option<String>,
     },
     /// Answer to [`Request::SetTiming`]: per address, whether it was switched, or why
     /// not (in the request's order).

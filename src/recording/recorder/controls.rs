@@ -17,6 +17,15 @@ impl Recorder {
         self.end()
     }
 
+    /// After a pause (or a refused change of roots): tendril's unwinder hooks the agent
+    /// had to leave in for a moment, said as a sentence; `None` when every byte is back.
+    pub fn hooks_left_in(&self) -> Option<&str> {
+        if self.recording {
+            return None;
+        }
+        self.hooks_left_in.as_deref()
+    }
+
     /// Resumes collection after [`Recorder::pause`], with the same roots.
     pub fn resume(&mut self) -> Result<(), RecordError> {
         if self.recording {

@@ -294,11 +294,15 @@ pub(super) fn stop_recording(session: u64) -> Response {
     let unloaded = patcher::take_unloaded(Some(session));
     let refused = discovery::stop();
     STATE.recording_session.store(0, Ordering::Release);
+    let (pending, reason) = patcher::pending_restore();
+    lingering::finish_in_background();
     Response::RecordingStopped {
         restored,
         refused,
         unloaded,
         loader: loader_counts(),
+        pending,
+        pending_reason: reason.map(|r| r.to_string()),
     }
 }
 
