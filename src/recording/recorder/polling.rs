@@ -82,12 +82,14 @@ impl Recorder {
         while rings.mapped_segments() < rings.published_segments() {
             let index = rings.mapped_segments() as u32 + 1;
             let fd = match self.session.request(&Request::RingSegment { index }) {
-                Ok(Response::RingSegment { .. }) => self.session.take_received_descriptor(),
-                _ => None,
+                Ok(Response::RingSegment { .. }) => self
+                    .session
+                    .take_received_descriptor()
+                    .ok_or_else(|| "the agent sent no descriptor with its answer".to_string()),
+                Ok(other) => Err(format!("the agent answered {other:?}")),
+                Err(error) => Err(error.to_string()),
             };
-            let mapped = fd
-                .ok_or_else(|| "the agent did not hand it over".to_string())
-                .and_then(|fd| rings.add_segment(fd).map_err(|e| e.to_string()));
+            let mapped = fd.and_then(|fd| rings.add_segment(fd).map_err(|e| e.to_string()));
             if let Err(why) = mapped {
                 say!(
                     "more threads record than the rings had room for, and ring segment \
