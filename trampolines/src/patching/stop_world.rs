@@ -412,15 +412,21 @@ pub fn with_world_stopped_in<R>(
 }
 
 /// How one stop handles thread `tid`, given the park signal (or [`NO_FREE_SIGNAL`]).
+/// One file of the thread's is read (two for a sleeping thread that blocks the signal):
+/// with a thousand threads, each stop reads a thousand.
 fn plan_for(tid: i32, signal: i32) -> Plan {
-    let blocks = |tid| signal == NO_FREE_SIGNAL || tasks::blocks_signal(tid, signal);
-    match tasks::state(tid) {
+    let (state, blocks) = if signal == NO_FREE_SIGNAL {
+        (tasks::state(tid), true)
+    } else {
+        tasks::state_and_blocking(tid, signal)
+    };
+    match state {
         TaskState::Stopped | TaskState::Gone => Plan::Leave,
         // A thread that cannot take the signal is left asleep only inside a system call
         // (not in a page fault, say, at any pc).
-        TaskState::Sleeping if blocks(tid) && tasks::in_system_call(tid).is_none() => Plan::Trace,
+        TaskState::Sleeping if blocks && tasks::in_system_call(tid).is_none() => Plan::Trace,
         TaskState::Sleeping => Plan::Leave,
-        _ if blocks(tid) => Plan::Trace,
+        _ if blocks => Plan::Trace,
         _ => Plan::Park,
     }
 }

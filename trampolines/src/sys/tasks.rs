@@ -99,15 +99,65 @@ fn read_task_file<'a>(tid: i32, file: &str, buffer: &'a mut [u8]) -> Option<&'a 
 /// The kernel's state of thread `tid`.
 pub fn state(tid: i32) -> TaskState {
     let mut buffer = [0u8; 512];
-    let Some(stat) = read_task_file(tid, "stat", &mut buffer) else {
-        return TaskState::Gone;
+    match read_task_file(tid, "stat", &mut buffer) {
+        Some(stat) => state_in_stat(stat),
+        None => TaskState::Gone,
+    }
+}
+
+/// Whether thread `tid` currently blocks `signal` (its `SigBlk` mask has the bit).
+pub fn blocks_signal(tid: i32, signal: i32) -> bool {
+    state_and_blocking(tid, signal).1
+}
+
+/// Thread `tid`'s state, and whether it blocks `signal`, from one read of one file:
+/// what a stop asks of every thread before it signals it. Signals 1–31 are read from
+/// the `blocked` field of `stat` (a shorter file), real-time ones from `status`.
+pub fn state_and_blocking(tid: i32, signal: i32) -> (TaskState, bool) {
+    let mut buffer = [0u8; 2048];
+    if signal < 32 {
+        return match read_task_file(tid, "stat", &mut buffer[..512]) {
+            Some(stat) => (
+                state_in_stat(stat),
+                classic_signal_blocked_in_stat(stat, signal),
+            ),
+            None => (TaskState::Gone, false),
+        };
+    }
+    let Some(status) = read_task_file(tid, "status", &mut buffer) else {
+        return (TaskState::Gone, false);
     };
-    // "tid (comm) S ...": the comm may contain spaces and parentheses; the state follows
-    // the last ')'.
-    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
-        return TaskState::Other;
+    let field = |name: &[u8]| {
+        status
+            .split(|&b| b == b'\n')
+            .find_map(|line| line.strip_prefix(name))
+            .map(<[u8]>::trim_ascii)
     };
-    match stat.get(close + 2) {
+    let state = field(b"State:").map_or(TaskState::Other, |text| state_of_letter(text.first()));
+    let mask = field(b"SigBlk:").and_then(|hex| {
+        hex.iter().try_fold(0u64, |mask, &b| {
+            (b as char)
+                .to_digit(16)
+                .map(|digit| (mask << 4) | digit as u64)
+        })
+    });
+    (
+        state,
+        mask.is_some_and(|mask| mask & (1 << (signal - 1)) != 0),
+    )
+}
+
+/// The state in a `stat` line: "tid (comm) S ..."; the comm may contain spaces and
+/// parentheses, and the state follows the last ')'.
+fn state_in_stat(stat: &[u8]) -> TaskState {
+    match stat.iter().rposition(|&b| b == b')') {
+        Some(close) => state_of_letter(stat.get(close + 2)),
+        None => TaskState::Other,
+    }
+}
+
+fn state_of_letter(letter: Option<&u8>) -> TaskState {
+    match letter {
         Some(b'R') => TaskState::Running,
         Some(b'S') => TaskState::Sleeping,
         Some(b'D') => TaskState::DiskSleep,
@@ -117,38 +167,9 @@ pub fn state(tid: i32) -> TaskState {
     }
 }
 
-/// Whether thread `tid` currently blocks `signal` (its `SigBlk` mask has the bit).
-pub fn blocks_signal(tid: i32, signal: i32) -> bool {
-    if signal < 32 {
-        return blocks_classic_signal(tid, signal);
-    }
-    let mut buffer = [0u8; 2048];
-    let Some(status) = read_task_file(tid, "status", &mut buffer) else {
-        return false;
-    };
-    let Some(line) = status
-        .split(|&b| b == b'\n')
-        .find(|line| line.starts_with(b"SigBlk:"))
-    else {
-        return false;
-    };
-    let hex = line[b"SigBlk:".len()..].trim_ascii();
-    let mask = hex.iter().try_fold(0u64, |mask, &b| {
-        (b as char)
-            .to_digit(16)
-            .map(|digit| (mask << 4) | digit as u64)
-    });
-    mask.is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
-}
-
-/// [`blocks_signal`] for signals 1–31, from the `blocked` field of the thread's `stat`
-/// (those signals' bits, in decimal): a shorter file than `status`, read before every
-/// patch for every thread.
-fn blocks_classic_signal(tid: i32, signal: i32) -> bool {
-    let mut buffer = [0u8; 512];
-    let Some(stat) = read_task_file(tid, "stat", &mut buffer) else {
-        return false;
-    };
+/// Whether the `blocked` field of a `stat` line (signals 1–31, in decimal) has
+/// `signal`.
+fn classic_signal_blocked_in_stat(stat: &[u8], signal: i32) -> bool {
     // Field 32 of the line; the fields after the comm's last ')' start at field 3.
     let Some(close) = stat.iter().rposition(|&b| b == b')') else {
         return false;
@@ -244,6 +265,17 @@ mod tests {
             std::thread::yield_now();
         }
         assert_eq!(state(tid), TaskState::Sleeping);
+        let rt = libc::SIGRTMIN() + 1;
+        assert_eq!(state_and_blocking(tid, rt), (TaskState::Sleeping, true));
+        assert_eq!(
+            state_and_blocking(tid, libc::SIGUSR2),
+            (TaskState::Sleeping, true)
+        );
+        assert_eq!(
+            state_and_blocking(tid, libc::SIGUSR1),
+            (TaskState::Sleeping, false)
+        );
+        assert_eq!(state_and_blocking(i32::MAX, rt), (TaskState::Gone, false));
         assert!(blocks_signal(tid, libc::SIGUSR2));
         assert!(!blocks_signal(tid, libc::SIGUSR1));
         // Real-time signals are read from `status`, the others from `stat`.
