@@ -284,14 +284,26 @@ fn a_process_of_another_user_can_be_attached_by_that_user() {
 fn a_shell_keeping_allocator_pointers_on_its_stack_can_be_attached() {
     // bash keeps pointers to `free` in locals while it waits for a child; only real
     // return addresses into the allocator may stop an attach, not such pointers.
+    // A process group of its own, so that its `sleep` goes with it; no inherited
+    // output, which the `sleep` would otherwise hold open after the test.
     let mut shell = std::process::Command::new("bash")
         .args(["-c", "sleep 1000; true"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
         .spawn()
         .unwrap();
     let pid = shell.id() as i32;
-    std::thread::sleep(Duration::from_millis(300));
+    // Waiting for its child: bash has forked `sleep` and waits for it.
+    let children = format!("/proc/{pid}/task/{pid}/children");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&children).is_ok_and(|c| c.trim().is_empty()) {
+        assert!(std::time::Instant::now() < deadline, "bash started no child");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let result = std::panic::catch_unwind(|| status_ok(pid));
-    let _ = shell.kill();
+    // SAFETY: kill(2) on the process group created above for this shell and its child.
+    unsafe { libc::kill(-pid, libc::SIGKILL) };
     let _ = shell.wait();
     result.expect("status on a waiting bash");
 }
