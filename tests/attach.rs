@@ -298,7 +298,10 @@ fn a_shell_keeping_allocator_pointers_on_its_stack_can_be_attached() {
     let children = format!("/proc/{pid}/task/{pid}/children");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while std::fs::read_to_string(&children).is_ok_and(|c| c.trim().is_empty()) {
-        assert!(std::time::Instant::now() < deadline, "bash started no child");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bash started no child"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let result = std::panic::catch_unwind(|| status_ok(pid));
