@@ -46,7 +46,8 @@ import json, sys
 p = json.load(open(sys.argv[1]))
 trees = sum(any(r["name"] == "thread_root" and r["calls"] > 0 for r in t["roots"])
             for t in p["threads"])
-print(f"lost {p[\"stats\"][\"lost_events\"]}, {trees} threads with a tree")
+lost = p["stats"]["lost_events"]
+print(f"lost {lost}, {trees} threads with a tree")
 ' "$work/p.json")"
     awk -v run="$run" -v began="$began" -v ended="$ended" -v summary="$summary" '
         $2 == "tick" && $3 > 5 {
