@@ -68,7 +68,10 @@ fn the_hooks_are_calibrated_on_the_targets_threads_and_leave_no_trace() {
     let mut target = Target::spawn("tightcall", &[]);
     target.write_stdin("run 200000\n");
     let bare = target.expect_line("run calls 600001 ", TIMEOUT);
-    let recording = Recording::start(target.pid(), &["--root", "root"]);
+    // Every call timed: adaptive timing would soon count `mid` and `leaf` untimed, and
+    // their calls would then write no events to make batches of (it did so beside a
+    // busy process, where the judge ran before the run was over).
+    let recording = Recording::start(target.pid(), &["--root", "root", "--time-all"]);
     // 1.2 M events: a batch every 32 K events of the thread.
     target.write_stdin("run 200000\n");
     let recorded_line = target.expect_line("run calls 600001 ", TIMEOUT);
