@@ -449,54 +449,6 @@ impl Recorder {
         Ok(())
     }
 
-    /// Stops the recording in the agent (every patch restored); the data stays.
-    fn end(&mut self) -> Result<(), RecordError> {
-        let pid = self.target.pid;
-        if !self.recording {
-            return Ok(());
-        }
-        self.recording = false;
-        self.hooks_left_in = None;
-        let stopped = self.session.request(&Request::StopRecording);
-        self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
-        self.poll();
-        self.stop_watching();
-        let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
-            Response::RecordingStopped {
-                refused,
-                unloaded,
-                loader,
-                pending,
-                pending_reason,
-                ..
-            } => {
-                self.late_modules.stopped(loader, unloaded.len());
-                self.hooks_left_in = (pending > 0).then(|| {
-                    format!(
-                        "{pending} of tendril's hooks on the unwinder are still in ({}); they come out by themselves",
-                        pending_reason.as_deref().unwrap_or("a thread is inside tendril's code")
-                    )
-                });
-                refused
-            }
-            other => {
-                return Err(RecordError::Session {
-                    pid,
-                    source: SessionError::Protocol(format!("{other:?}")),
-                });
-            }
-        };
-        self.refused
-            .extend(refused.into_iter().map(|(address, reason)| {
-                let name = self
-                    .symbols
-                    .lookup(address)
-                    .map_or_else(|| format!("{address:#x}"), |f| f.name.clone());
-                (name, reason)
-            }));
-        Ok(())
-    }
-
     /// Ends every thread's open frames where the agent stopped: their exits come (if at
     /// all) while nobody watches, or after the next start, without their entries. What
     /// the threads record after that starts afresh at a root, never under those frames.

@@ -7,14 +7,65 @@ use super::Recorder;
 use crate::profile::CctBuilder;
 use crate::recording::RecordError;
 use crate::recording::gross::GrossTimes;
+use crate::recording::rings::Rings;
 use crate::recording::tsc;
+use crate::session::SessionError;
 use crate::targets;
 use std::time::Instant;
+use tendril_wire::{Request, Response};
 
 impl Recorder {
     /// Pauses collection: the code is restored; the data so far stays.
     pub fn pause(&mut self) -> Result<(), RecordError> {
         self.end()
+    }
+
+    /// Stops the recording in the agent (every patch restored); the data stays.
+    pub(super) fn end(&mut self) -> Result<(), RecordError> {
+        let pid = self.target.pid;
+        if !self.recording {
+            return Ok(());
+        }
+        self.recording = false;
+        self.hooks_left_in = None;
+        let stopped = self.session.request(&Request::StopRecording);
+        self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
+        self.poll();
+        self.stop_watching();
+        let refused = match stopped.map_err(|source| RecordError::Session { pid, source })? {
+            Response::RecordingStopped {
+                refused,
+                unloaded,
+                loader,
+                pending,
+                pending_reason,
+                ..
+            } => {
+                self.late_modules.stopped(loader, unloaded.len());
+                self.hooks_left_in = (pending > 0).then(|| {
+                    format!(
+                        "{pending} of tendril's hooks on the unwinder are still in ({}); they come out by themselves",
+                        pending_reason.as_deref().unwrap_or("a thread is inside tendril's code")
+                    )
+                });
+                refused
+            }
+            other => {
+                return Err(RecordError::Session {
+                    pid,
+                    source: SessionError::Protocol(format!("{other:?}")),
+                });
+            }
+        };
+        self.refused
+            .extend(refused.into_iter().map(|(address, reason)| {
+                let name = self
+                    .symbols
+                    .lookup(address)
+                    .map_or_else(|| format!("{address:#x}"), |f| f.name.clone());
+                (name, reason)
+            }));
+        Ok(())
     }
 
     /// After a pause (or a refused change of roots): tendril's unwinder hooks the agent
