@@ -376,12 +376,25 @@ fn check_threads_keep_counting(recorder: &mut Recorder, what: &str) {
     }
 }
 
+/// Checks a test's profile against the uninterrupted recordings: `before`, of the same
+/// process, and the concurrent one, of a second process, ended here.
+fn check_against_references(
+    profile: &Profile,
+    before: &Profile,
+    concurrent: Concurrent,
+    what: &str,
+) {
+    let during = concurrent.finish();
+    let baseline_depth = max_depth(before).max(max_depth(&during));
+    check_shape(profile, baseline_depth, what);
+    check_per_call(profile, &[before, &during], what);
+}
+
 #[test]
 fn pausing_and_resuming_mid_recursion_leaves_the_tree_as_if_uninterrupted() {
     let _serial = one_at_a_time();
     let demo = Demo::start();
     let before = uninterrupted(&demo, Scheme::B);
-    let baseline_depth = max_depth(&before);
     let concurrent = Concurrent::start(Scheme::B);
     let mut watched = Duration::ZERO;
     let mut watching_since = Instant::now();
@@ -404,14 +417,7 @@ fn pausing_and_resuming_mid_recursion_leaves_the_tree_as_if_uninterrupted() {
     common::check_profile(&profile);
     watched += watching_since.elapsed();
     check_watched_time(&profile, watched, "10 pauses");
-    let during = concurrent.finish();
-    let references = [&before, &during];
-    check_shape(
-        &profile,
-        baseline_depth.max(max_depth(&during)),
-        "10 pauses",
-    );
-    check_per_call(&profile, &references, "10 pauses");
+    check_against_references(&profile, &before, concurrent, "10 pauses");
 }
 
 #[test]
@@ -419,7 +425,6 @@ fn resetting_mid_recursion_starts_the_tree_afresh_at_the_root() {
     let _serial = one_at_a_time();
     let demo = Demo::start();
     let before = uninterrupted(&demo, Scheme::B);
-    let baseline_depth = max_depth(&before);
     let concurrent = Concurrent::start(Scheme::B);
     let mut recorder = start(&demo, DEMO_ROOT, Scheme::B);
     let mut since_reset = Instant::now();
@@ -434,14 +439,7 @@ fn resetting_mid_recursion_starts_the_tree_afresh_at_the_root() {
     let profile = recorder.finish(false).expect("the recording ends").profile;
     common::check_profile(&profile);
     check_watched_time(&profile, since_reset.elapsed(), "10 resets");
-    let during = concurrent.finish();
-    let references = [&before, &during];
-    check_shape(
-        &profile,
-        baseline_depth.max(max_depth(&during)),
-        "10 resets",
-    );
-    check_per_call(&profile, &references, "10 resets");
+    check_against_references(&profile, &before, concurrent, "10 resets");
 }
 
 /// With Scheme A, the new roots' whole static graph is instrumented at once, so the
@@ -451,7 +449,6 @@ fn changing_the_roots_mid_recursion_starts_the_tree_afresh_at_the_new_root() {
     let _serial = one_at_a_time();
     let demo = Demo::start();
     let before = uninterrupted(&demo, Scheme::A);
-    let baseline_depth = max_depth(&before);
     let concurrent = Concurrent::start(Scheme::A);
     let mut recorder = start(&demo, DEMO_ROOT, Scheme::A);
     let mut since_change = Instant::now();
@@ -495,12 +492,5 @@ fn changing_the_roots_mid_recursion_starts_the_tree_afresh_at_the_new_root() {
     let profile = recorder.finish(false).expect("the recording ends").profile;
     common::check_profile(&profile);
     check_watched_time(&profile, since_change.elapsed(), "10 root changes");
-    let during = concurrent.finish();
-    let references = [&before, &during];
-    check_shape(
-        &profile,
-        baseline_depth.max(max_depth(&during)),
-        "10 root changes",
-    );
-    check_per_call(&profile, &references, "10 root changes");
+    check_against_references(&profile, &before, concurrent, "10 root changes");
 }
