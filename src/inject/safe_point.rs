@@ -38,8 +38,7 @@ pub fn seize_thread_at_safe_point(
         }
         let mut tids = process::thread_ids(pid)?;
         tids.retain(|&tid| !process::thread_name(pid, tid).starts_with("tendril-"));
-        // Blocked threads first, then the rest; main thread first within each group.
-        tids.sort_by_key(|&tid| !process::thread_is_in_syscall(pid, tid));
+        blocked_first(&mut tids, |tid| process::thread_is_in_syscall(pid, tid));
         for tid in tids {
             let mut tracee = match Tracee::seize(pid, tid, Duration::from_secs(1)) {
                 Ok(tracee) => tracee,
@@ -68,6 +67,14 @@ pub fn seize_thread_at_safe_point(
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Orders `tids` with the threads blocked in a system call first, keeping the order
+/// within each group (the main thread first). Each thread is looked at once: its state
+/// changes while the threads are sorted, and a key that changes mid-sort breaks the
+/// sort's order (Rust's sort then panics, as it did on a busy 1,000-thread target).
+fn blocked_first(tids: &mut [i32], in_syscall: impl Fn(i32) -> bool) {
+    tids.sort_by_cached_key(|&tid| !in_syscall(tid));
 }
 
 fn is_safe(tracee: &Tracee, entry_points: &LoaderEntryPoints, walker: &mut StackWalker) -> bool {
@@ -128,4 +135,32 @@ fn follows_a_call(tracee: &Tracee, address: u64) -> bool {
                 FlowControl::Call | FlowControl::IndirectCall
             )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn threads_whose_state_changes_while_sorted_are_ordered_by_one_look_each() {
+        // Each look flips the answer, as a thousand busy threads do between two reads.
+        let looks = Cell::new(0u32);
+        let flipping = |tid: i32| {
+            looks.set(looks.get() + 1);
+            (tid + looks.get() as i32) % 2 == 0
+        };
+        let mut tids: Vec<i32> = (1..=1000).collect();
+        blocked_first(&mut tids, flipping);
+        assert_eq!(looks.get(), 1000);
+        // What each thread was seen as, in order: blocked ones first, each group by tid.
+        let mut seen = Vec::new();
+        let looks = Cell::new(0u32);
+        for tid in 1..=1000 {
+            looks.set(looks.get() + 1);
+            seen.push(((tid + looks.get() as i32) % 2 != 0, tid));
+        }
+        seen.sort();
+        assert_eq!(tids, seen.iter().map(|&(_, tid)| tid).collect::<Vec<_>>());
+    }
 }
