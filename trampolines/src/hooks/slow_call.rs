@@ -14,9 +14,11 @@
 //! a hook must be invisible in every register but the ones it documents.
 //!
 //! It also counts, in the thread-local `tendril_slow_depth`, how many slow calls the
-//! thread is inside: a thread in a slow call is inside a hook, which may still write a
-//! return hook's exit once the handler returns (see `retire`, which must know exactly
-//! which threads are inside tendril's code before the unwinder's hooks come out).
+//! thread is inside, and in the word after it how many it has finished: a thread in a
+//! slow call is inside a hook, which may still write a return hook's exit once the
+//! handler returns (see `retire`, which must know exactly which threads are inside
+//! tendril's code before the unwinder's hooks come out; the finished count tells it
+//! that a thread asleep at a stop was not in a slow call then).
 
 pub use crate::hooks::handler_abi::{Handler, SavedRegisters};
 use crate::hooks::state::{HooksState, STATE};
@@ -78,6 +80,9 @@ core::arch::global_asm!(
     "mov edx, -1",
     "xrstor64 [rsp]",
     "mov rax, qword ptr [rip + tendril_slow_depth@GOTTPOFF]",
+    // Counted as done before the depth falls: a reader that sees the depth at zero
+    // then sees this call counted (x86 keeps stores, and loads, in order).
+    "inc qword ptr fs:[rax + 8]",
     "dec qword ptr fs:[rax]",
     "mov rsp, rbx",
     ".cfi_def_cfa_register rsp",
@@ -114,9 +119,9 @@ core::arch::global_asm!(
     ".globl tendril_slow_depth",
     ".hidden tendril_slow_depth",
     ".type tendril_slow_depth, @object",
-    ".size tendril_slow_depth, 8",
+    ".size tendril_slow_depth, 16",
     "tendril_slow_depth:",
-    ".zero 8",
+    ".zero 16",
     ".popsection",
 );
 
@@ -124,9 +129,12 @@ unsafe extern "C" {
     fn tendril_slow_call();
 }
 
+/// Where, after a thread's `tendril_slow_depth`, the count of slow calls it finished is.
+pub const FINISHED_OFFSET: u64 = 8;
+
 /// The address of the calling thread's `tendril_slow_depth`: how many slow calls it is
-/// inside. Other threads read it there (atomically, a whole aligned word) while this
-/// thread lives.
+/// inside (and, [`FINISHED_OFFSET`] bytes on, how many it finished). Other threads read
+/// them there (atomically, whole aligned words) while this thread lives.
 pub fn current_depth_address() -> u64 {
     let (thread_pointer, offset): (u64, i64);
     // SAFETY: fs:0 holds the thread pointer itself (the x86-64 TLS ABI), and the GOT
@@ -184,6 +192,9 @@ mod tests {
     #[test]
     fn a_handler_sees_and_changes_registers_and_nothing_else_changes() {
         prepare();
+        let finished_address = current_depth_address() + FINISHED_OFFSET;
+        // SAFETY: the address is this thread's own live TLS word.
+        let finished_before = unsafe { *(finished_address as *const u64) };
         let handler: Handler = double_rcx_and_set_xmm;
         let (rcx_after, rdx_after, xmm_low): (u64, u64, u64);
         // SAFETY: calls tendril_slow_call as stubs do, with r11 = handler; every other
@@ -207,6 +218,13 @@ mod tests {
         assert_eq!(DEPTH_SEEN.load(std::sync::atomic::Ordering::SeqCst), 1);
         // SAFETY: the address is this thread's own live TLS word.
         assert_eq!(unsafe { *(current_depth_address() as *const u64) }, 0);
+        // SAFETY: as above.
+        let finished_after = unsafe { *(finished_address as *const u64) };
+        assert_eq!(
+            finished_after,
+            finished_before + 1,
+            "the call is counted as finished"
+        );
         assert_eq!(rdx_after, 77);
         assert_eq!(xmm_low, 77, "xmm7 is restored");
     }

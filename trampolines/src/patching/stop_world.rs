@@ -115,10 +115,14 @@ impl ParkedThread {
 }
 
 /// What `work` gets while the world is stopped: the stopped threads, and the threads
-/// asleep in a system call (left alone; their stacks may still hold signal frames).
+/// left alone (their stacks may still hold signal frames), by tid: asleep in a system
+/// call, or `halted`.
 pub struct StoppedWorld<'a> {
     pub stopped: &'a mut [ParkedThread],
     pub asleep: &'a [i32],
+    /// Those of `asleep` that were stopped (job control, a tracer) or gone, rather than
+    /// in a system call: they may be anywhere.
+    pub halted: &'a [i32],
 }
 
 /// The stop signal, once installed (0 before, and when no signal was free).
@@ -219,8 +223,10 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
 /// How a thread is handled by one stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Plan {
-    /// Asleep in the kernel, stopped or gone: nothing to do.
+    /// Asleep in a system call: nothing to do.
     Leave,
+    /// Stopped (job control, a tracer) or gone: nothing to do, wherever it is.
+    Halted,
     /// Signalled; expected to park.
     Park,
     /// Signalled, and parked.
@@ -235,6 +241,7 @@ pub struct StopBuffers {
     threads: Vec<(i32, Plan)>,
     parked: Vec<ParkedThread>,
     asleep: Vec<i32>,
+    halted: Vec<i32>,
     traced: Vec<i32>,
 }
 
@@ -248,6 +255,7 @@ impl StopBuffers {
             threads: Vec::with_capacity(room),
             parked: Vec::with_capacity(room),
             asleep: Vec::with_capacity(room),
+            halted: Vec::with_capacity(room),
             traced: Vec::with_capacity(room),
         }
     }
@@ -290,11 +298,13 @@ pub fn with_world_stopped_in<R>(
         threads,
         parked,
         asleep,
+        halted,
         traced: traced_tids,
     } = buffers;
     threads.clear();
     parked.clear();
     asleep.clear();
+    halted.clear();
     traced_tids.clear();
     let mut overflow = false;
     tasks::for_each_thread(|tid| {
@@ -354,7 +364,13 @@ pub fn with_world_stopped_in<R>(
     asleep.extend(
         threads
             .iter()
-            .filter(|&&(_, plan)| plan == Plan::Leave)
+            .filter(|&&(_, plan)| matches!(plan, Plan::Leave | Plan::Halted))
+            .map(|&(tid, _)| tid),
+    );
+    halted.extend(
+        threads
+            .iter()
+            .filter(|&&(_, plan)| plan == Plan::Halted)
             .map(|&(tid, _)| tid),
     );
     let traced: Result<Option<TracedThreads>, AgentError> = if !ready {
@@ -396,6 +412,7 @@ pub fn with_world_stopped_in<R>(
             let outcome = work(StoppedWorld {
                 stopped: parked.as_mut_slice(),
                 asleep: asleep.as_slice(),
+                halted: halted.as_slice(),
             });
             if let Some(traced) = traced.as_mut() {
                 traced.release();
@@ -421,7 +438,7 @@ fn plan_for(tid: i32, signal: i32) -> Plan {
         tasks::state_and_blocking(tid, signal)
     };
     match state {
-        TaskState::Stopped | TaskState::Gone => Plan::Leave,
+        TaskState::Stopped | TaskState::Gone => Plan::Halted,
         // A thread that cannot take the signal is left asleep only inside a system call
         // (not in a page fault, say, at any pc).
         TaskState::Sleeping if blocks && tasks::in_system_call(tid).is_none() => Plan::Trace,
@@ -443,7 +460,7 @@ fn send_park(tid: i32, plan: &mut Plan, signal: i32, stop: u32) {
         && signal != NO_FREE_SIGNAL
         && !sys::signal_thread_with_value(tid, signal, stop)
     {
-        *plan = Plan::Leave; // Exited meanwhile.
+        *plan = Plan::Halted; // Exited meanwhile.
     }
 }
 
@@ -499,14 +516,14 @@ fn wait_for_parks(
                     // began a discovery, say, and now waits for the lock this stop's
                     // caller holds) will not park until it unblocks them: ptrace holds it.
                     Plan::Park if !sys::thread_exists(*tid) => {
-                        *plan = Plan::Leave;
+                        *plan = Plan::Halted;
                         pending -= 1;
                     }
                     Plan::Park if tasks::blocks_signal(*tid, signal) => {
                         *plan = Plan::Trace;
                         pending -= 1;
                     }
-                    Plan::Leave if tasks::state(*tid) == TaskState::Running => {
+                    Plan::Leave | Plan::Halted if tasks::state(*tid) == TaskState::Running => {
                         *plan = plan_for(*tid, signal);
                         send_park(*tid, plan, signal, stop);
                         pending += usize::from(*plan == Plan::Park);

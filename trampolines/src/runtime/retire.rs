@@ -22,14 +22,19 @@
 //! (`slow_call`, counted by `tendril_slow_call` itself) is not zero, or while it
 //! registers (`thread_state::registration_progress`). Threads inside the unwinder's
 //! own hooks' trampolines are no obstacle (they put real addresses back, and never an
-//! exit in a retired entry's slot); their trampolines are told apart by address.
+//! exit in a retired entry's slot); their trampolines are told apart by address. Nor
+//! is a thread the stop found asleep in a system call that has woken since (with
+//! hundreds of threads that sleep a few milliseconds, some always have by the time
+//! the pass looks): outside a slow call then, as its count of finished slow calls
+//! shows, it was outside every hook, and nothing it ran since can write an exit.
 //!
 //! A pass that cannot count (a thread stays inside a hook, or runs with the stop signal
 //! blocked) leaves the unwinder's hooks in; `patcher` keeps them as lingering and
 //! `lingering` tries again in the background until they are out.
 
+use crate::hooks::slow_call;
 use crate::hooks::thread_layout::ShadowEntry;
-use crate::patching::stop_world::{self, ParkedThread};
+use crate::patching::stop_world::{self, StoppedWorld};
 use crate::runtime::state::{MAX_INTERNAL, STATE};
 use crate::runtime::thread_state::{self, ENTRY_RESTORED, ENTRY_RETIRED, StatePtr};
 use crate::sys::code_memory;
@@ -38,8 +43,15 @@ use crate::sys::tasks;
 use crate::sys::{self, agent_threads};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The pause between two passes, for a thread inside tendril's code to leave it.
+/// The shortest pause between two passes, for a thread inside tendril's code to leave
+/// it.
 const PAUSE_MICROSECONDS: u64 = 2_000;
+/// The pause after a pass is at least this many times as long as its stop took, so
+/// that passes tried again and again leave the target running most of the time (with
+/// a thousand threads, a stop takes tens of milliseconds).
+const PAUSE_PER_STOPPED: u64 = 4;
+/// The longest pause between two passes (microseconds).
+const LONGEST_PAUSE: u64 = 50_000;
 /// Most threads one pass looks at.
 const MAX_THREADS: usize = 4096;
 
@@ -62,19 +74,25 @@ pub fn note_internal_trampoline(start: u64, end: u64) {
 /// passes. Fails with what kept the last pass from counting (the hooks must stay).
 pub fn retire_all_exits(attempts: usize) -> Result<(), Obstacle> {
     let mut obstacle = Obstacle::Unknown;
+    let mut pause_microseconds = PAUSE_MICROSECONDS;
     for attempt in 0..attempts {
         if attempt > 0 {
-            sys::sleep_microseconds(PAUSE_MICROSECONDS);
+            sys::sleep_microseconds(pause_microseconds);
         }
+        let began = sys::monotonic_ns();
         let registrations = thread_state::registration_progress();
         let states = live_states();
+        let finished = finished_slow_calls(&states);
         match stop_world::with_world_stopped(|world| {
-            retire_pass(&states, registrations, world.stopped)
+            retire_pass(&states, registrations, &finished, &world)
         }) {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(found)) => obstacle = found,
             Err(_) => obstacle = Obstacle::Unknown,
         }
+        let stopped_microseconds = sys::monotonic_ns().saturating_sub(began) / 1_000;
+        pause_microseconds =
+            (PAUSE_PER_STOPPED * stopped_microseconds).clamp(PAUSE_MICROSECONDS, LONGEST_PAUSE);
     }
     Err(obstacle)
 }
@@ -139,14 +157,52 @@ fn latest_of_live_threads(registered: &[(i32, bool)], gone: impl Fn(i32) -> bool
     live
 }
 
+/// For each of `states` (by tid), where its count of finished slow calls is and what it
+/// is now: read before a stop, so that a pass can tell a thread that was asleep in a
+/// system call at the stop, and has run since, from one that was inside a slow call.
+fn finished_slow_calls(states: &[StatePtr]) -> Vec<(i32, u64, u64)> {
+    let mut finished: Vec<(i32, u64, u64)> = states
+        .iter()
+        .filter_map(|&state| {
+            let depth = state.slow_depth_address().load(Ordering::Relaxed);
+            let address = depth.checked_add(slow_call::FINISHED_OFFSET)?;
+            (depth != 0).then(|| (tid_of(state), address, read_word(address).unwrap_or(0)))
+        })
+        .collect();
+    finished.sort_unstable_by_key(|&(tid, _, _)| tid);
+    finished
+}
+
+/// Whether thread `tid`, which neither parked nor sleeps in the kernel now, cannot be
+/// inside a hook: the stop found it asleep in a system call (not stopped at any pc),
+/// so outside every hook but a slow call's, and it finished no slow call since
+/// `finished` was read (before the stop) — nor is it in one (`inside_slow_call`,
+/// checked first). What it ran since cannot write an exit: every entry but the
+/// unwinder's is restored, and the frames' exits are retired. A thread that never
+/// registered has no slow call to be in (one registering is `Obstacle::Moving`).
+fn asleep_at_the_stop(tid: i32, world: &StoppedWorld<'_>, finished: &[(i32, u64, u64)]) -> bool {
+    if world.asleep.binary_search(&tid).is_err() || world.halted.binary_search(&tid).is_ok() {
+        return false;
+    }
+    match finished.binary_search_by_key(&tid, |&(tid, _, _)| tid) {
+        Ok(index) => {
+            let (_, address, before) = finished[index];
+            read_word(address) == Some(before)
+        }
+        Err(_) => true,
+    }
+}
+
 /// One pass with the world stopped: retires every live thread's entries, and says
 /// whether every target thread was outside tendril's hooks (or which was not).
 /// `registrations` is `thread_state::registration_progress` from before `states` was
-/// listed. Allocates nothing.
+/// listed, `finished` is [`finished_slow_calls`] from before the stop. Allocates
+/// nothing.
 fn retire_pass(
     states: &[StatePtr],
     registrations: (usize, usize),
-    parked: &mut [ParkedThread],
+    finished: &[(i32, u64, u64)],
+    world: &StoppedWorld<'_>,
 ) -> Result<(), Obstacle> {
     for &state in states {
         retire_entries(state);
@@ -167,11 +223,17 @@ fn retire_pass(
         {
             return;
         }
-        let position = parked
+        let position = world
+            .stopped
             .iter()
             .find(|p| p.tid() == tid)
             .map(|p| p.pc())
             .or_else(|| tasks::user_position(tid).map(|(pc, _)| pc));
+        // Woken since the stop: with a thousand threads that wake every few
+        // milliseconds, some always have; where it was at the stop settles it.
+        if position.is_none() && asleep_at_the_stop(tid, world, finished) {
+            return;
+        }
         let in_hook_code = |pc| in_return_hook_code(pc) || crate::sys::own_code::is_agent_code(pc);
         verdict = thread_verdict(tid, position, in_hook_code, || sys::thread_exists(tid));
     });

@@ -193,3 +193,27 @@ fn obstacles_read_as_the_reason_the_hooks_stay() {
         "threads were entering tendril's hooks"
     );
 }
+
+#[test]
+fn a_thread_asleep_at_the_stop_and_running_since_counts_unless_it_finished_a_slow_call() {
+    let finished_word = AtomicU64::new(7);
+    let address = finished_word.as_ptr() as u64;
+    let finished = [(10, address, 7), (30, address, 7)];
+    let mut stopped = [];
+    let world = StoppedWorld {
+        stopped: &mut stopped,
+        asleep: &[10, 20, 30, 40],
+        halted: &[40],
+    };
+    // Registered, and no slow call finished since the count was read.
+    assert!(asleep_at_the_stop(10, &world, &finished));
+    // Never registered: it has no slow call to be in.
+    assert!(asleep_at_the_stop(20, &world, &finished));
+    // Stopped or gone at the stop: it may have been anywhere.
+    assert!(!asleep_at_the_stop(40, &world, &finished));
+    // Running at the stop (it should have parked), or started since.
+    assert!(!asleep_at_the_stop(50, &world, &finished));
+    // A slow call finished since: it may have been inside one at the stop.
+    finished_word.store(8, Ordering::SeqCst);
+    assert!(!asleep_at_the_stop(10, &world, &finished));
+}
