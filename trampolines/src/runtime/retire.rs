@@ -180,7 +180,13 @@ fn finished_slow_calls(states: &[StatePtr]) -> Vec<(i32, u64, u64)> {
 /// checked first). What it ran since cannot write an exit: every entry but the
 /// unwinder's is restored, and the frames' exits are retired. A thread that never
 /// registered has no slow call to be in (one registering is `Obstacle::Moving`).
-fn asleep_at_the_stop(tid: i32, world: &StoppedWorld<'_>, finished: &[(i32, u64, u64)]) -> bool {
+/// `read_word` reads a thread's count.
+fn asleep_at_the_stop(
+    tid: i32,
+    world: &StoppedWorld<'_>,
+    finished: &[(i32, u64, u64)],
+    read_word: impl Fn(u64) -> Option<u64>,
+) -> bool {
     if world.asleep.binary_search(&tid).is_err() || world.halted.binary_search(&tid).is_ok() {
         return false;
     }
@@ -231,7 +237,7 @@ fn retire_pass(
             .or_else(|| tasks::user_position(tid).map(|(pc, _)| pc));
         // Woken since the stop: with a thousand threads that wake every few
         // milliseconds, some always have; where it was at the stop settles it.
-        if position.is_none() && asleep_at_the_stop(tid, world, finished) {
+        if position.is_none() && asleep_at_the_stop(tid, world, finished, read_word) {
             return;
         }
         let in_hook_code = |pc| in_return_hook_code(pc) || crate::sys::own_code::is_agent_code(pc);

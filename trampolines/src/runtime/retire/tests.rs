@@ -196,9 +196,10 @@ fn obstacles_read_as_the_reason_the_hooks_stay() {
 
 #[test]
 fn a_thread_asleep_at_the_stop_and_running_since_counts_unless_it_finished_a_slow_call() {
-    let finished_word = AtomicU64::new(7);
-    let address = finished_word.as_ptr() as u64;
-    let finished = [(10, address, 7), (30, address, 7)];
+    const COUNT_AT: u64 = 0x5000;
+    let finished_now = std::cell::Cell::new(7);
+    let read = |address: u64| (address == COUNT_AT).then(|| finished_now.get());
+    let finished = [(10, COUNT_AT, 7), (30, COUNT_AT, 7)];
     let mut stopped = [];
     let world = StoppedWorld {
         stopped: &mut stopped,
@@ -206,14 +207,16 @@ fn a_thread_asleep_at_the_stop_and_running_since_counts_unless_it_finished_a_slo
         halted: &[40],
     };
     // Registered, and no slow call finished since the count was read.
-    assert!(asleep_at_the_stop(10, &world, &finished));
+    assert!(asleep_at_the_stop(10, &world, &finished, read));
     // Never registered: it has no slow call to be in.
-    assert!(asleep_at_the_stop(20, &world, &finished));
+    assert!(asleep_at_the_stop(20, &world, &finished, read));
     // Stopped or gone at the stop: it may have been anywhere.
-    assert!(!asleep_at_the_stop(40, &world, &finished));
+    assert!(!asleep_at_the_stop(40, &world, &finished, read));
     // Running at the stop (it should have parked), or started since.
-    assert!(!asleep_at_the_stop(50, &world, &finished));
+    assert!(!asleep_at_the_stop(50, &world, &finished, read));
     // A slow call finished since: it may have been inside one at the stop.
-    finished_word.store(8, Ordering::SeqCst);
-    assert!(!asleep_at_the_stop(10, &world, &finished));
+    finished_now.set(8);
+    assert!(!asleep_at_the_stop(10, &world, &finished, read));
+    // A count that cannot be read settles nothing.
+    assert!(!asleep_at_the_stop(10, &world, &[(10, 0x6000, 7)], read));
 }
