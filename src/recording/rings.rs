@@ -191,11 +191,21 @@ impl Rings {
         }
     }
 
-    /// Hands every ring's new events to `sink(ring index, tid, events)` (in one or two
-    /// slices, in order) and marks them read. Returns the number of events.
-    pub fn drain(&self, mut sink: impl FnMut(usize, i32, &[Event])) -> u64 {
+    /// Hands the new events of every ring from index `first` on to `sink(ring index,
+    /// tid, events)` (in one or two slices, in order) and marks them read; stops early
+    /// once `until` passes. Returns the number of events, and the ring to go on from
+    /// when it stopped early.
+    pub fn drain_from(
+        &self,
+        first: usize,
+        until: std::time::Instant,
+        mut sink: impl FnMut(usize, i32, &[Event]),
+    ) -> (u64, Option<usize>) {
         let mut total = 0;
-        for (index, ring) in self.rings() {
+        for (index, ring) in self.rings().skip(first) {
+            if total > 0 && std::time::Instant::now() >= until {
+                return (total, Some(index));
+            }
             if ring.word32(ring::STATE).load(Ordering::Acquire) != rings::RING_ACTIVE {
                 continue;
             }
@@ -222,7 +232,7 @@ impl Rings {
             tail_word.store(head, Ordering::SeqCst);
             ring.wake_its_thread();
         }
-        total
+        (total, None)
     }
 }
 
@@ -290,4 +300,64 @@ fn map_sealed(fd: OwnedFd, len: usize, what: &str) -> std::io::Result<MmapMut> {
     // disappear under it; all shared words are accessed as atomics, events with reads
     // behind the producer's published head.
     unsafe { MmapMut::map_mut(&file) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::{AsRawFd, FromRawFd};
+
+    /// Rings as the agent makes them: sealed memory with the magic; rings `active`
+    /// each hold `events` unread events (`head` past `tail`).
+    fn rings_holding(active: &[usize], events: u64) -> Rings {
+        // SAFETY: memfd_create with a valid name and flags; the result is checked.
+        let raw = unsafe { libc::memfd_create(c"rings".as_ptr(), libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0);
+        // SAFETY: a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let file = std::fs::File::from(fd.try_clone().unwrap());
+        file.set_len(rings::FILE_BYTES as u64).unwrap();
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        // SAFETY: F_ADD_SEALS on an open memfd.
+        assert_eq!(
+            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
+            0
+        );
+        {
+            // SAFETY: a shared mapping of the sealed memory, written before it is read.
+            let mut memory = unsafe { MmapMut::map_mut(&file) }.unwrap();
+            let mut put = |offset: usize, value: u64| {
+                memory[offset..offset + 8].copy_from_slice(&value.to_ne_bytes());
+            };
+            put(header::MAGIC, rings::MAGIC);
+            for &index in active {
+                let (_, at) = rings::ring_place(index);
+                put(
+                    at + ring::TID,
+                    (1000 + index as u64) | ((rings::RING_ACTIVE as u64) << 32),
+                );
+                put(at + ring::HEAD, events);
+            }
+            Rings::from_descriptor(fd).unwrap()
+        }
+    }
+
+    #[test]
+    fn a_drain_cut_short_says_where_to_go_on_and_reads_every_ring_once() {
+        let rings = rings_holding(&[3, 7, 90], 5);
+        let mut seen = Vec::new();
+        // A deadline already past: one ring with events, then it stops.
+        let (events, next) = rings.drain_from(0, std::time::Instant::now(), |ring, tid, e| {
+            seen.push((ring, tid, e.len()))
+        });
+        assert_eq!((events, next), (5, Some(4)));
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let (events, next) =
+            rings.drain_from(4, far, |ring, tid, e| seen.push((ring, tid, e.len())));
+        assert_eq!((events, next), (10, None));
+        assert_eq!(seen, [(3, 1003, 5), (7, 1007, 5), (90, 1090, 5)]);
+        // Read: nothing more.
+        let (events, next) = rings.drain_from(0, far, |_, _, _| panic!("read twice"));
+        assert_eq!((events, next), (0, None));
+    }
 }

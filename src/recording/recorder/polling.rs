@@ -9,6 +9,10 @@
 
 use super::*;
 use crate::terminal_text::say;
+use std::time::Instant;
+
+/// How long a poll reads rings before adaptive timing is judged again meanwhile.
+const DRAIN_SLICE: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What receives a thread's events (and keeps those held back): the recorder's fields,
 /// borrowed apart from the rings.
@@ -28,6 +32,12 @@ struct Receivers<'a> {
 
 impl Recorder {
     /// Moves the rings' new events into the trees. Returns the number of events.
+    ///
+    /// A poll reads every ring once, however long that takes; while it does, adaptive
+    /// timing is judged every [`DRAIN_SLICE`] or so, not only at its end. A thousand
+    /// threads fill their rings faster than they are read until their hot tiny
+    /// functions are untimed, and a poll of full rings takes seconds: judged only after
+    /// it, they went on writing every call's events for those seconds.
     pub fn poll(&mut self) -> u64 {
         let cutoff = match self.off_cpu.is_some() {
             true => tsc::read(),
@@ -35,11 +45,41 @@ impl Recorder {
         };
         self.map_new_segments();
         self.give_held_back();
+        let mut drained = 0;
+        let mut first_ring = 0;
+        loop {
+            let until = Instant::now() + DRAIN_SLICE;
+            let Some((count, next_ring)) = self.drain_rings(first_ring, until, cutoff) else {
+                return drained;
+            };
+            drained += count;
+            self.events += count;
+            match next_ring {
+                Some(next) => {
+                    first_ring = next;
+                    self.judge_timing();
+                }
+                None => break,
+            }
+        }
+        self.follow_late_modules();
+        self.follow_in_situ();
+        self.judge_timing();
+        drained
+    }
+
+    /// Gives the trees the new events of the rings from `first_ring` on, events after
+    /// `cutoff` held back, until `until` passes (see [`Rings::drain_from`]); `None`
+    /// when there is nothing to read them into.
+    fn drain_rings(
+        &mut self,
+        first_ring: usize,
+        until: Instant,
+        cutoff: u64,
+    ) -> Option<(u64, Option<usize>)> {
         let stopped_at = self.stopped_at;
-        let Some((rings, mut receivers)) = self.receivers() else {
-            return 0;
-        };
-        let drained = rings.drain(|ring, tid, events| {
+        let (rings, mut receivers) = self.receivers()?;
+        Some(rings.drain_from(first_ring, until, |ring, tid, events| {
             // A ring's events are in time order: cut at the first one after the stop,
             // and hold back those after the cutoff.
             let not_after = |limit: u64| {
@@ -64,12 +104,7 @@ impl Recorder {
                 receivers.note_ring_owner(ring, tid);
                 receivers.give(tid, now);
             }
-        });
-        self.events += drained;
-        self.follow_late_modules();
-        self.follow_in_situ();
-        self.judge_timing();
-        drained
+        }))
     }
 
     /// Maps the extra segments of rings the agent added since the last poll (every
