@@ -85,7 +85,7 @@ pub fn run(command: &RunCommand) -> anyhow::Result<u8> {
         ended.is_some()
     })?;
     crate::commands::record::write_profile(output, &profile)?;
-    let ended = ended.or_else(|| ended_status(child));
+    let ended = ended.or_else(|| final_status(child));
     if let Some(ending) = ended {
         say!("{program} {ending}");
     }
@@ -308,7 +308,24 @@ fn kill_and_reap(pid: Pid) {
 /// ends first, it goes on alone).
 fn ended_status(pid: Pid) -> Option<Ending> {
     use nix::sys::wait::WaitPidFlag;
-    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+    ending_of(waitpid(pid, Some(WaitPidFlag::WNOHANG)))
+}
+
+/// How the child ended, once the recording is over. A process whose main thread shows
+/// as exited (a zombie) may still have threads on their way out (the agent's among
+/// them), and until the last is gone `waitpid` says it still runs: then it is waited
+/// for, as it cannot run on. A child that does run on goes on alone: `None`.
+fn final_status(pid: Pid) -> Option<Ending> {
+    ended_status(pid).or_else(|| {
+        crate::process::is_gone_or_exiting(pid.as_raw())
+            .then(|| ending_of(waitpid(pid, None)))
+            .flatten()
+    })
+}
+
+/// The ending a `waitpid` result reports, if it reports one.
+fn ending_of(status: nix::Result<WaitStatus>) -> Option<Ending> {
+    match status {
         Ok(WaitStatus::Exited(_, code)) => Some(Ending::Exited(code)),
         Ok(WaitStatus::Signaled(_, signal, core_dumped)) => Some(Ending::Killed {
             signal: signal as i32,
