@@ -11,6 +11,8 @@ use common::{
 };
 use std::time::Duration;
 use tendril::profile::Profile;
+use tendril::symbols::ProcessSymbols;
+use tendril::symbols::maps::read_memory;
 
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -36,6 +38,47 @@ fn call_counts_per_context_are_the_fixtures_own() {
     assert_eq!(recorded.profile.stats.invoked_functions, 3);
     assert_eq!(recorded.profile.roots, ["counted_outer"]);
     code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn the_roots_callees_are_instrumented_before_the_root_first_runs() {
+    // Scheme B's discovery of a root is made as the recording starts, before the root
+    // is live: a thousand threads entering it at once must not queue behind its first
+    // caller's discovery. So its callee is patched while the root has never run, and
+    // the root's first call is still counted exactly, with everything below it.
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    let symbols = ProcessSymbols::load(pid).unwrap();
+    let address = |name: &str| symbols.find(name).unwrap()[0].addr;
+    let (outer, inner, leaf) = (
+        address("counted_outer"),
+        address("counted_inner"),
+        address("counted_leaf"),
+    );
+    let entry = |address: u64| read_memory(pid, address, address + 5).unwrap();
+    let unpatched = [entry(outer), entry(inner), entry(leaf)];
+    let recording = Recording::start(pid, &["--root", "counted_outer"]);
+    assert_ne!(entry(outer), unpatched[0], "the root is patched");
+    assert_ne!(entry(inner), unpatched[1], "its callee, before it ever ran");
+    assert_eq!(
+        entry(leaf),
+        unpatched[2],
+        "the callee's own callees wait for it"
+    );
+    target.signal(libc::SIGUSR1);
+    assert_eq!(
+        target.expect_line("counted ", LINE_TIMEOUT),
+        "counted outer=1 inner=1000 leaf=2000"
+    );
+    let recorded = recording.finish();
+    let count = |path: &[&str]| node_at(&recorded.profile.merged.roots, path).map(|n| n.calls);
+    assert_eq!(count(&["counted_outer"]), Some(1), "{}", recorded.stderr);
+    assert_eq!(count(&["counted_outer", "counted_inner"]), Some(1000));
+    assert_eq!(
+        count(&["counted_outer", "counted_inner", "counted_leaf"]),
+        Some(2000)
+    );
+    code_bytes_match_file(pid).unwrap();
 }
 
 #[test]

@@ -17,7 +17,9 @@ use std::io::{BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tendril_wire::{LoaderCounts, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response};
+use tendril_wire::{
+    Hook, LoaderCounts, PROTOCOL_VERSION, PatchOutcome, PatchTarget, Request, Response,
+};
 
 pub(super) fn run_session(session: u64, stream: UnixStream) {
     let Ok(mut writer) = stream.try_clone() else {
@@ -323,24 +325,64 @@ fn resolve_symbol(name: &str) -> Option<u64> {
 }
 
 fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> Response {
-    let requests: Vec<PatchRequest> = targets
+    // The roots go in last, in a batch of their own, after Scheme B's discovery of
+    // them: the moment a root is live, every thread of a busy server may enter it and
+    // reach its callees, whose first calls discover them with the loader's lock, which
+    // a batch still going in would hold for its stop.
+    let is_root = |t: &PatchTarget| matches!(t.hook, Hook::RecordRoot | Hook::RecordRootOutermost);
+    let roots: Vec<u64> = targets
         .iter()
-        .map(|target| PatchRequest {
-            address: target.address,
-            size: target.size,
-            kind: target.hook,
-        })
+        .filter(|t| is_root(t))
+        .map(|t| t.address)
         .collect();
-    let modules: Vec<Option<String>> = targets.iter().map(|t| t.module.clone()).collect();
-    let results =
-        crate::patching::patch_targets::patch_mapped(session, &requests, &modules, code_ranges);
+    if !roots.is_empty() {
+        discovery::discover_ahead(&roots);
+    }
+    let mut results: Vec<Option<Result<u32, AgentError>>> = targets.iter().map(|_| None).collect();
+    for roots_now in [false, true] {
+        let part: Vec<usize> = (0..targets.len())
+            .filter(|&i| is_root(&targets[i]) == roots_now)
+            .collect();
+        if part.is_empty() {
+            continue;
+        }
+        // Returns are hooked only once the unwinder's hooks are in (see `patcher`).
+        let unwinder_refused = (0..targets.len()).find_map(|i| match &results[i] {
+            Some(Err(reason)) if targets[i].hook.is_agents_own() => Some(reason.clone()),
+            _ => None,
+        });
+        if let Some(reason) = unwinder_refused {
+            for &i in &part {
+                results[i] = Some(Err(reason.clone()));
+            }
+            continue;
+        }
+        let requests: Vec<PatchRequest> = part
+            .iter()
+            .map(|&i| PatchRequest {
+                address: targets[i].address,
+                size: targets[i].size,
+                kind: targets[i].hook,
+            })
+            .collect();
+        let modules: Vec<Option<String>> =
+            part.iter().map(|&i| targets[i].module.clone()).collect();
+        let patched =
+            crate::patching::patch_targets::patch_mapped(session, &requests, &modules, code_ranges);
+        for (&i, result) in part.iter().zip(patched) {
+            results[i] = Some(result);
+        }
+    }
     let outcomes = targets
         .iter()
         .zip(results)
-        .map(|(target, result)| PatchOutcome {
-            address: target.address,
-            id: result.as_ref().ok().copied(),
-            refused: result.err().map(|reason| reason.to_string()),
+        .map(|(target, result)| {
+            let result = result.expect("every target is in one part");
+            PatchOutcome {
+                address: target.address,
+                id: result.as_ref().ok().copied(),
+                refused: result.err().map(|reason| reason.to_string()),
+            }
         })
         .collect();
     Response::Patched { outcomes }

@@ -115,6 +115,8 @@ impl FreshTable<'_> {
 
 /// Ends discovery; returns the functions that could not be patched, with the reason.
 pub fn stop() -> Vec<(u64, String)> {
+    // (A root refused its hook is still listed.)
+    lock_discovered_ahead().clear();
     STATE
         .discovery
         .lock()
@@ -299,61 +301,122 @@ fn discover_held(
         .copied()
         .filter(|&id| !recording::is_invoked(id))
         .collect();
-    // (`start` checked that the table parses.)
-    if context.discover_callees
-        && let Some(table) = FunctionTable::parse(&context.table)
-    {
-        let fresh = FreshTable {
-            then: &context.table_code,
-            now: (unloads != context.table_unloads).then(loaded_modules::loaded_code),
-        };
-        let mut callees: Vec<FunctionEntry> = Vec::new();
-        let mut indirect_sites = 0;
-        for &id in &pending {
-            let Some(address) = recording::registered_address(id) else {
-                continue;
-            };
-            let Some(function) = table.starting_at(address).filter(|_| fresh.holds(address)) else {
-                continue;
-            };
-            if function.flags & FLAG_ADDRESS_TAKEN != 0 {
-                recording::add_to_header(header::INDIRECT_TARGETS, 1);
-                let site = entered_from.and_then(indirect_call_before);
-                if let Some(site) = site.filter(|s| context.indirect_sites.contains(s))
-                    && context.followed_sites.insert(site)
-                {
-                    recording::add_to_header(header::INDIRECT_SITES_FOLLOWED, 1);
-                }
-            }
-            let scan = scan(&function, &table);
-            for site in scan.indirect_sites {
-                indirect_sites += context.indirect_sites.insert(site) as u64;
-            }
-            callees.extend(scan.callees);
-        }
-        callees.sort_unstable_by_key(|f| f.start);
-        callees.dedup_by_key(|f| f.start);
-        // A callee in a library unloaded since the table came is not the table's.
-        callees.retain(|f| fresh.holds(f.start));
-        // A callee refused once is refused again: do not plan it for every caller.
-        callees.retain(|f| {
-            !patcher::is_patched_by(context.session, f.start)
-                && !context
-                    .refused
-                    .iter()
-                    .any(|&(address, _)| address == f.start)
-        });
-        recording::add_to_header(header::INDIRECT_CALL_SITES, indirect_sites);
-        if !callees.is_empty() {
-            let refused = patch_callees(context.session, &table, &callees);
-            context.refused.extend(refused);
-        }
-    }
+    let addresses: Vec<u64> = pending
+        .iter()
+        .filter_map(|&id| recording::registered_address(id))
+        .collect();
+    instrument_callees(context, &addresses, Some(entered_from), unloads);
     let discovered = !pending.is_empty();
     for id in pending {
         recording::mark_invoked(id);
     }
     discovered
+}
+
+/// Instruments the callees of the roots at `roots` before the roots are patched, on the
+/// agent's own thread: the discovery their first calls would make, made before any
+/// thread can wait for it. Every thread of a busy server enters a root at once when
+/// it goes live; had the first of them discovered it (a stop of every thread when a
+/// callee's patch needs one), the rest would have queued on the loader's lock behind
+/// it, and been let through one at a time: hundreds of milliseconds each, with a
+/// thousand threads. Each root is marked invoked as its hook goes in
+/// ([`mark_if_discovered_ahead`]), so its first calls go straight on.
+pub fn discover_ahead(roots: &[u64]) {
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(context) = guard.as_mut() {
+            instrument_callees(context, roots, None, modules.unloads);
+            lock_discovered_ahead().extend_from_slice(roots);
+        }
+    });
+}
+
+/// Marks function `id` invoked if its callees were instrumented ahead
+/// ([`discover_ahead`]). Called by the patcher just before the function's hook goes in
+/// (with its own lock held: the list's lock is taken after every other).
+pub fn mark_if_discovered_ahead(id: u32) {
+    let Some(address) = recording::registered_address(id) else {
+        return;
+    };
+    let mut ahead = lock_discovered_ahead();
+    if let Some(index) = ahead.iter().position(|&root| root == address) {
+        ahead.swap_remove(index);
+        recording::mark_invoked(id);
+    }
+}
+
+fn lock_discovered_ahead() -> std::sync::MutexGuard<'static, Vec<u64>> {
+    STATE
+        .discovered_ahead
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Finds the callees of the functions at `functions` and patches those not patched
+/// yet, in one batch. `entered`: for functions being entered (not discovered ahead),
+/// the return address of the call that entered them, if known. Discovered ahead, the
+/// roots themselves are left out of their callees (a recursive root calls itself):
+/// they go in next, with their own hook.
+fn instrument_callees(
+    context: &mut DiscoveryContext,
+    functions: &[u64],
+    entered: Option<Option<u64>>,
+    unloads: u64,
+) {
+    // (`start` checked that the table parses.)
+    if !context.discover_callees {
+        return;
+    }
+    let Some(table) = FunctionTable::parse(&context.table) else {
+        return;
+    };
+    let fresh = FreshTable {
+        then: &context.table_code,
+        now: (unloads != context.table_unloads).then(loaded_modules::loaded_code),
+    };
+    let mut callees: Vec<FunctionEntry> = Vec::new();
+    let mut indirect_sites = 0;
+    for &address in functions {
+        let Some(function) = table.starting_at(address).filter(|_| fresh.holds(address)) else {
+            continue;
+        };
+        if function.flags & FLAG_ADDRESS_TAKEN != 0
+            && let Some(entered_from) = entered
+        {
+            recording::add_to_header(header::INDIRECT_TARGETS, 1);
+            let site = entered_from.and_then(indirect_call_before);
+            if let Some(site) = site.filter(|s| context.indirect_sites.contains(s))
+                && context.followed_sites.insert(site)
+            {
+                recording::add_to_header(header::INDIRECT_SITES_FOLLOWED, 1);
+            }
+        }
+        let scan = scan(&function, &table);
+        for site in scan.indirect_sites {
+            indirect_sites += context.indirect_sites.insert(site) as u64;
+        }
+        callees.extend(scan.callees);
+    }
+    callees.sort_unstable_by_key(|f| f.start);
+    callees.dedup_by_key(|f| f.start);
+    if entered.is_none() {
+        callees.retain(|f| !functions.contains(&f.start));
+    }
+    // A callee in a library unloaded since the table came is not the table's.
+    callees.retain(|f| fresh.holds(f.start));
+    // A callee refused once is refused again: do not plan it for every caller.
+    callees.retain(|f| {
+        !patcher::is_patched_by(context.session, f.start)
+            && !context
+                .refused
+                .iter()
+                .any(|&(address, _)| address == f.start)
+    });
+    recording::add_to_header(header::INDIRECT_CALL_SITES, indirect_sites);
+    if !callees.is_empty() {
+        let refused = patch_callees(context.session, &table, &callees);
+        context.refused.extend(refused);
+    }
 }
 
 /// Patches `callees`; returns the ones refused, with the reason.

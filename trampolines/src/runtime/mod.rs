@@ -51,10 +51,17 @@ pub fn install() {
     });
     patcher::install_runtime(patcher::RuntimeHooks {
         prepare: thread_state::prepare,
-        before_patching: counting::reset_before_patching,
+        before_patching,
         function_registered: recording::register_function,
         internal_trampoline_built: retire::note_internal_trampoline,
         retire_exits: |attempts| retire::retire_all_exits(attempts).map_err(Into::into),
     });
     stop_world::set_park_observer(recording::adjust_after_park);
+}
+
+/// Just before function `id`'s hooks go in: its counters start from zero, and a root
+/// discovered ahead is marked invoked.
+fn before_patching(id: u32) {
+    counting::reset_before_patching(id);
+    discovery::mark_if_discovered_ahead(id);
 }

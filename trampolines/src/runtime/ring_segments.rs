@@ -8,7 +8,7 @@
 //! inside a signal handler or holding the allocator's lock) — and publishes it in the
 //! rings' header. The controller sees the count grow and asks for the segment's
 //! memory (`Request::RingSegment`). One thread adds a segment at a time; the others
-//! wait for it a moment and look again.
+//! sleep until it is done (a futex), and look again.
 //!
 //! [`RING_COUNT`]: tendril_wire::rings::RING_COUNT
 //! [`SEGMENT_RINGS`]: tendril_wire::rings::SEGMENT_RINGS
@@ -53,16 +53,22 @@ pub fn add_segment(publish: impl Fn(u64)) -> bool {
     {
         // The other thread makes a few system calls; on a loaded machine it may wait for
         // a core meanwhile, so the wait is long enough for that, not a number of turns.
+        // Asleep, not yielding: hundreds of threads calling `sched_yield` in a loop took
+        // the cores from the very thread they waited for.
         let give_up = sys::monotonic_ns() + WAIT_NS;
-        while sys::monotonic_ns() < give_up {
-            sys::yield_cpu();
+        loop {
+            let ended = STATE.segment_adds_ended.load(Ordering::Acquire);
             if STATE.segment_count.load(Ordering::Acquire) != before
                 || !STATE.adding_segment.load(Ordering::Acquire)
             {
                 return true;
             }
+            let now = sys::monotonic_ns();
+            if now >= give_up {
+                return false;
+            }
+            sys::futex_wait_timeout(&STATE.segment_adds_ended, ended, give_up - now);
         }
-        return false;
     }
     let added = before < MAX_SEGMENTS
         && STATE.segment_count.load(Ordering::Acquire) == before
@@ -71,6 +77,8 @@ pub fn add_segment(publish: impl Fn(u64)) -> bool {
         publish(before as u64 + 1);
     }
     STATE.adding_segment.store(false, Ordering::Release);
+    STATE.segment_adds_ended.fetch_add(1, Ordering::Release);
+    sys::futex_wake_all(&STATE.segment_adds_ended);
     added || STATE.segment_count.load(Ordering::Acquire) != before
 }
 

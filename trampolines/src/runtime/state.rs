@@ -50,10 +50,16 @@ pub struct RuntimeState {
     pub segment_count: AtomicUsize,
     /// Held by the one thread adding a segment.
     pub adding_segment: AtomicBool,
+    /// Segment additions ended so far (added or not), a futex word: the threads waiting
+    /// for one wake together.
+    pub segment_adds_ended: AtomicU32,
 
     // --- discovery ---
     /// What discovery knows of the recording; one lock, taken by discovering threads.
     pub discovery: Mutex<Option<DiscoveryContext>>,
+    /// Roots whose callees were instrumented before their hooks went in, to be marked
+    /// invoked as they do; a leaf lock (no other is taken while it is held).
+    pub discovered_ahead: Mutex<Vec<u64>>,
 
     // --- retire, lingering, shadow ---
     /// (start, end) of each trampoline of an unwinder hook, for
@@ -105,7 +111,9 @@ pub static STATE: RuntimeState = RuntimeState {
     segment_fds: [const { AtomicI32::new(-1) }; MAX_SEGMENTS],
     segment_count: AtomicUsize::new(0),
     adding_segment: AtomicBool::new(false),
+    segment_adds_ended: AtomicU32::new(0),
     discovery: Mutex::new(None),
+    discovered_ahead: Mutex::new(Vec::new()),
     internal_trampolines: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL],
     internal_count: AtomicUsize::new(0),
     lingering_started: AtomicBool::new(false),
