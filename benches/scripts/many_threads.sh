@@ -4,7 +4,8 @@
 # 250,000 calls/s), and reports every 100 ms the calls made and the longest time any
 # thread was held up. Per run, this prints the target's longest hold-up and its call
 # rate before, during and after a `tendril record --duration 3`, the recording's wall
-# time, its lost events and how many threads have a tree.
+# time, its lost events, how many threads have a tree, and the pauses tendril caused
+# summed over the threads (`pause_ns`), with three of their causes.
 #
 # Usage: benches/scripts/many_threads.sh [RUNS] [THREADS] [RATE]   (from the repository,
 #        after cargo build --release; needs gcc)
@@ -46,8 +47,13 @@ import json, sys
 p = json.load(open(sys.argv[1]))
 trees = sum(any(r["name"] == "thread_root" and r["calls"] > 0 for r in t["roots"])
             for t in p["threads"])
-lost = p["stats"]["lost_events"]
-print(f"lost {lost}, {trees} threads with a tree")
+s = p["stats"]
+lost = s["lost_events"]
+d = p.get("discovery") or {}
+waits = d.get("waits", 0) * d.get("mean_wait_ns", 0) / 1e9
+pauses = (f"paused {s.get('pause_ns', 0) / 1e9:.0f} s: ring full {s.get('ring_wait_ns', 0) / 1e9:.0f} s, "
+          f"ring faults {s.get('ring_fault_ns', 0) / 1e9:.0f} s, discovery waits {waits:.0f} s")
+print(f"lost {lost}, {trees} threads with a tree; {pauses}")
 ' "$work/p.json")"
     awk -v run="$run" -v began="$began" -v ended="$ended" -v summary="$summary" '
         $2 == "tick" && $3 > 5 {

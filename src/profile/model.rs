@@ -174,7 +174,9 @@ pub struct NotFollowed {
 pub struct Stats {
     /// Functions patched (JFluid's "instrumented methods").
     pub instrumented_functions: u64,
-    /// Functions that ran inside a root's subgraph at least once.
+    /// Functions whose callees were instrumented (Scheme B's `invoked`): the roots, as
+    /// their hooks go in (they are discovered ahead), and every function that ran
+    /// inside a root's subgraph.
     pub invoked_functions: u64,
     /// Events the CCT builder processed.
     pub events: u64,
@@ -203,6 +205,13 @@ pub struct Stats {
     /// time only).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub core_wait_ns: u64,
+    /// Of `pause_ns`: threads waiting for room in their full ring, for the controller
+    /// to read it (a recording is lossless: the drain fell behind).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ring_wait_ns: u64,
+    /// Of `pause_ns`: threads faulting their ring's memory in, a part at a time.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ring_fault_ns: u64,
     /// Frames closed by an unwind (exception, panic, longjmp, thread exit) or because the
     /// recording ended while they were open, rather than by a normal return.
     #[serde(default)]

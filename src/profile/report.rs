@@ -10,8 +10,10 @@ pub use super::depth_cut::{MAX_STACK_DEPTH, subtrees_cut};
 use super::export;
 pub use super::folded::write_folded;
 use super::hot::hot_spots;
-use super::model::{Node, Profile, Stats, Timing};
+use super::model::{Node, Profile, Timing};
 use super::names::{fit_middle, function_label, printable};
+use notes::ring_pauses_line;
+pub use notes::{library_churn_note, stack_switch_warning};
 use std::fmt;
 use std::io::{self, Write};
 use std::str::FromStr;
@@ -172,61 +174,6 @@ fn plural(count: u64, one: &str, many: &str) -> String {
     format!("{count} {}", if count == 1 { one } else { many })
 }
 
-/// What a profile recorded while the process loaded and unloaded libraries must say
-/// (`None` if it followed every library, and none took instrumented code with it).
-pub fn library_churn_note(stats: &Stats) -> Option<String> {
-    let missed = stats
-        .libraries_loaded
-        .saturating_sub(stats.libraries_followed);
-    if missed == 0 && stats.unloaded_functions == 0 {
-        return None;
-    }
-    let gone = match stats.unloaded_functions {
-        0 => String::new(),
-        n => format!(
-            "; {} went with {} library",
-            plural(n, "instrumented function", "instrumented functions"),
-            if n == 1 { "its" } else { "their" }
-        ),
-    };
-    Some(format!(
-        "the process loaded {} and unloaded {} while recording, and tendril followed {}: \
-         calls into the others (loaded and unloaded between its looks, every 100 ms) are not \
-         recorded{gone}",
-        plural(stats.libraries_loaded, "library", "libraries"),
-        stats.libraries_unloaded,
-        stats.libraries_followed,
-    ))
-}
-
-/// The warning a profile whose threads switched stacks must carry (`None` if none
-/// did): how many switches and how many frames the trees cut short, per thread.
-pub fn stack_switch_warning(profile: &Profile) -> Option<String> {
-    let stats = &profile.stats;
-    if stats.stack_switches == 0 && stats.dropped_frames == 0 {
-        return None;
-    }
-    let threads: Vec<String> = profile
-        .threads
-        .iter()
-        .filter(|t| t.stack_switches > 0 || t.dropped_frames > 0)
-        .map(|t| {
-            format!(
-                "thread {}: {} switches, {} dropped",
-                t.tid, t.stack_switches, t.dropped_frames
-            )
-        })
-        .collect();
-    Some(format!(
-        "warning: threads switched stacks {} (coroutines?) and {} closed when their stack \
-         was left returned later ({}); their times stop at the switch, and what they did \
-         after it is charged to the frames open then",
-        plural(stats.stack_switches, "time", "times"),
-        plural(stats.dropped_frames, "frame", "frames"),
-        threads.join("; ")
-    ))
-}
-
 /// Who was profiled, how, and how complete the recording is.
 fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if let Some(sampling) = &profile.sampling {
@@ -272,6 +219,9 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
              tendril's draining held",
             ms(stats.core_wait_ns)
         )?;
+    }
+    if let Some(line) = ring_pauses_line(stats) {
+        writeln!(out, "{line}")?;
     }
     if let Some(note) = library_churn_note(stats) {
         writeln!(out, "{note}")?;
@@ -592,6 +542,7 @@ fn below_resolution_note(roots: &[Node]) -> &'static str {
     }
 }
 
+mod notes;
 #[cfg(test)]
 mod tests;
 mod timing_marks;

@@ -26,6 +26,8 @@ pub struct AgentCounters {
     pub discovery_ticks: u64,
     pub discovery_waits: u64,
     pub discovery_wait_ticks: u64,
+    pub ring_wait_ticks: u64,
+    pub ring_fault_ticks: u64,
     pub indirect_sites_followed: u64,
     pub indirect_targets: u64,
 }
@@ -85,6 +87,8 @@ impl Rings {
             discovery_ticks: read(header::DISCOVERY_TICKS),
             discovery_waits: read(header::DISCOVERY_WAITS),
             discovery_wait_ticks: read(header::DISCOVERY_WAIT_TICKS),
+            ring_wait_ticks: read(header::RING_WAIT_TICKS),
+            ring_fault_ticks: read(header::RING_FAULT_TICKS),
             indirect_sites_followed: read(header::INDIRECT_SITES_FOLLOWED),
             indirect_targets: read(header::INDIRECT_TARGETS),
         }

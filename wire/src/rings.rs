@@ -137,11 +137,16 @@ pub mod header {
     /// inner time in the low 32 bits, the whole cost an instrumented call adds to its
     /// caller in the high 32 (see [`super::in_situ_sample`]).
     pub const IN_SITU_SAMPLE_NEXT: usize = 176;
+    /// Ticks threads spent waiting for room in their full ring (the drain behind), and
+    /// faulting their ring's memory in: two of the pauses `PAUSE_TICKS` sums.
+    pub const RING_WAIT_TICKS: usize = 200;
+    pub const RING_FAULT_TICKS: usize = 208;
     pub const IN_SITU_SAMPLE_WORDS: usize = 256;
     pub const IN_SITU_SAMPLES: usize = 10;
     const _: () = assert!(
         IN_SITU_SAMPLE_NEXT >= IN_SITU_FUNCTIONS + 8 * crate::events::HOOK_SHAPES
-            && IN_SITU_SAMPLE_NEXT + 8 * crate::events::HOOK_SHAPES <= SEGMENTS
+            && IN_SITU_SAMPLE_NEXT + 8 * crate::events::HOOK_SHAPES <= RING_WAIT_TICKS
+            && RING_FAULT_TICKS + 8 <= SEGMENTS
             && SEGMENTS + 8 <= IN_SITU_SAMPLE_WORDS
             && IN_SITU_SAMPLE_WORDS + 8 * IN_SITU_SAMPLES * crate::events::HOOK_SHAPES
                 <= DISCOVERY_SAMPLE_WORDS

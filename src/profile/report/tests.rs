@@ -311,6 +311,24 @@ fn waits_for_a_core_tendrils_draining_held_are_said_under_the_pauses() {
 }
 
 #[test]
+fn waits_for_room_in_a_full_ring_and_ring_faults_are_said_under_the_pauses() {
+    let mut waited = profile();
+    waited.stats.ring_wait_ns = 1_000_000;
+    let text = report(&waited, ReportFormat::Tree);
+    assert!(text.lines().any(|line| line
+        == "of those pauses, threads spent 1.000 ms waiting for room in a full ring \
+            (tendril's reading fell behind)"));
+    waited.stats.ring_fault_ns = 250_000;
+    let text = report(&waited, ReportFormat::Tree);
+    assert!(
+        text.lines().any(
+            |line| line.ends_with("fell behind), and 0.250 ms faulting their ring's memory in")
+        )
+    );
+    assert!(!report(&profile(), ReportFormat::Tree).contains("full ring"));
+}
+
+#[test]
 fn a_call_into_jit_code_shows_the_jit_mark_instead_of_a_count_and_the_title_says_why() {
     let mut marked = profile();
     let mut leaf = node("JS:*leafy app.js:1", "[jit]", 0, 0, 0);

@@ -44,8 +44,10 @@ impl Recorder {
         self.late_modules.fill_stats(&mut profile.stats);
         let hz = profile.calibration.tsc_hz.max(1) as f64;
         // The agent's own pauses, and the waits for a core the drain held (the trees').
-        profile.stats.pause_ns =
-            (counters.pause_ticks as f64 * 1e9 / hz) as u64 + profile.stats.core_wait_ns;
+        let ns = |ticks: u64| (ticks as f64 * 1e9 / hz) as u64;
+        profile.stats.pause_ns = ns(counters.pause_ticks) + profile.stats.core_wait_ns;
+        profile.stats.ring_wait_ns = ns(counters.ring_wait_ticks);
+        profile.stats.ring_fault_ns = ns(counters.ring_fault_ticks);
         profile.duration_ns =
             ((tsc::read().saturating_sub(self.started_tsc)) as f64 * 1e9 / hz) as u64;
         let mean_ns = |ticks: u64, count: u64| {

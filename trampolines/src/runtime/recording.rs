@@ -144,6 +144,8 @@ pub fn start() {
         header::STOPPED_AT_TICKS,
         header::DISCOVERY_WAITS,
         header::DISCOVERY_WAIT_TICKS,
+        header::RING_WAIT_TICKS,
+        header::RING_FAULT_TICKS,
         header::INDIRECT_SITES_FOLLOWED,
         header::INDIRECT_TARGETS,
     ] {
@@ -377,6 +379,7 @@ pub fn make_room(state: StatePtr) -> bool {
     if waited_from != 0 {
         let waited = sys::rdtsc().saturating_sub(waited_from);
         add_to_header(header::PAUSE_TICKS, waited);
+        add_to_header(header::RING_WAIT_TICKS, waited);
         write_event(state, Event::new(EventKind::Adjust, 0, waited));
     }
     populate_ahead(state);
@@ -451,6 +454,7 @@ fn populate_ahead(state: StatePtr) {
         populated.store(until, Relaxed);
         let waited = sys::rdtsc().saturating_sub(started);
         add_to_header(header::PAUSE_TICKS, waited);
+        add_to_header(header::RING_FAULT_TICKS, waited);
         write_event(state, Event::new(EventKind::Adjust, 0, waited));
     }
 }
