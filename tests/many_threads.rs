@@ -8,26 +8,20 @@
 
 mod common;
 
-use common::{Target, code_bytes_match_file, number_after, tendril, wait_until_no_hook_is_left_in};
-use std::time::Duration;
+use common::{
+    Recording, Target, code_bytes_match_file, number_after, tendril, wait_until_no_hook_is_left_in,
+};
+use std::time::{Duration, Instant};
+use tendril::profile::Profile;
+use tendril::recording::drain_priority::READING_NICE;
 
 const THREADS: usize = 1000;
 const TICK_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[test]
 fn every_one_of_a_thousand_threads_has_its_tree_and_no_event_is_lost() {
-    let mut target = Target::spawn("many_threads", &[&THREADS.to_string(), "20"]);
-    // Every thread is running its loop.
-    let line = target.expect_line("tick ", TICK_TIMEOUT);
-    assert!(number_after::<u64>(&line, "total") > 0, "{line}");
-    let output = tendril()
-        .args(["record", &target.pid().to_string(), "--root", "thread_root"])
-        .args(["--duration", "2", "-o", "-"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
-    let profile: tendril::profile::Profile = serde_json::from_slice(&output.stdout).unwrap();
+    let mut target = running_fixture(THREADS, "20");
+    let (profile, stderr) = record_for(&target, "2");
     assert_eq!(profile.stats.lost_events, 0, "{stderr}");
     let with_root: Vec<_> = profile
         .threads
@@ -71,22 +65,80 @@ fn every_one_of_a_thousand_threads_has_its_tree_and_no_event_is_lost() {
 /// stops the end takes, the benchmark shows: `benches/scripts/many_threads.sh`.)
 #[test]
 fn the_unwinders_hooks_come_out_though_threads_keep_waking() {
-    const WAKING_THREADS: &str = "300";
+    const WAKING_THREADS: usize = 300;
     const CALLS_PER_SECOND: &str = "250";
-    let mut target = Target::spawn("many_threads", &[WAKING_THREADS, CALLS_PER_SECOND]);
-    let line = target.expect_line("tick ", TICK_TIMEOUT);
-    assert!(number_after::<u64>(&line, "total") > 0, "{line}");
-    let output = tendril()
-        .args(["record", &target.pid().to_string(), "--root", "thread_root"])
-        .args(["--duration", "1", "-o", "-"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
+    let mut target = running_fixture(WAKING_THREADS, CALLS_PER_SECOND);
+    record_for(&target, "1");
     // The threads wake all along; the hooks come out all the same.
     wait_until_no_hook_is_left_in(target.pid(), TICK_TIMEOUT);
     target.drain();
     target.expect_line("tick ", TICK_TIMEOUT);
     assert!(target.is_running());
     code_bytes_match_file(target.pid()).unwrap();
+}
+
+/// The thread of tendril's that reads the rings runs at a higher priority than the
+/// target's threads (`drain_priority`): among a thousand busy threads it would get a
+/// thousandth of the CPU, and the threads whose rings are full wait for it. The
+/// target's own threads keep theirs.
+#[test]
+fn the_thread_that_reads_the_rings_runs_ahead_of_the_targets_threads() {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: raising a thread's priority needs root (or CAP_SYS_NICE)");
+        return;
+    }
+    let mut target = running_fixture(50, "20");
+    let recording = Recording::start(target.pid(), &["--root", "thread_root"]);
+    let deadline = Instant::now() + TICK_TIMEOUT;
+    while !nice_values(recording.pid() as i32).contains(&READING_NICE) {
+        assert!(
+            Instant::now() < deadline,
+            "no thread of tendril at nice {READING_NICE}: {:?}",
+            nice_values(recording.pid() as i32)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(nice_values(target.pid()).iter().all(|&nice| nice == 0));
+    let recorded = recording.finish();
+    assert_eq!(recorded.profile.stats.lost_events, 0, "{}", recorded.stderr);
+    target.drain();
+    target.expect_line("tick ", TICK_TIMEOUT);
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
+/// The fixture with `threads` threads calling the root `rate` times a second, once
+/// every thread runs its loop.
+fn running_fixture(threads: usize, rate: &str) -> Target {
+    let mut target = Target::spawn("many_threads", &[&threads.to_string(), rate]);
+    let line = target.expect_line("tick ", TICK_TIMEOUT);
+    assert!(number_after::<u64>(&line, "total") > 0, "{line}");
+    target
+}
+
+/// `tendril record --root thread_root` of `target` for `seconds`: the profile, and
+/// what tendril said.
+fn record_for(target: &Target, seconds: &str) -> (Profile, String) {
+    let output = tendril()
+        .args(["record", &target.pid().to_string(), "--root", "thread_root"])
+        .args(["--duration", seconds, "-o", "-"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    (serde_json::from_slice(&output.stdout).unwrap(), stderr)
+}
+
+/// The nice value of each thread of process `pid` (field 19 of its `stat`).
+fn nice_values(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
+        .filter_map(|stat| {
+            let after_name = &stat[stat.rfind(')')? + 1..];
+            after_name.split_whitespace().nth(16)?.parse().ok()
+        })
+        .collect()
 }

@@ -2,6 +2,7 @@
 //!
 //! * [`recorder`]: a recording from start to profile (`record`, `run`, the live view);
 //! * [`rings`]: reading the agent's shared-memory rings and counters;
+//! * [`drain_priority`]: the reading thread runs ahead of a busy target's threads;
 //! * [`function_table`]: the bounds of every function, handed to the agent for
 //!   discovery;
 //! * [`address_taken`]: the candidate targets of calls through pointers;
@@ -16,6 +17,7 @@
 
 pub mod address_taken;
 pub mod closure;
+pub mod drain_priority;
 pub mod function_table;
 pub mod gross;
 pub mod indirect;

@@ -67,6 +67,11 @@ impl Recording {
         }
     }
 
+    /// The pid of the `tendril record` process.
+    pub fn pid(&self) -> u32 {
+        self.running.pid()
+    }
+
     /// Waits for tendril to print a line starting with `prefix` on stderr.
     pub fn wait_for_line(&mut self, prefix: &str, timeout: Duration) -> String {
         self.running.wait_for_line(prefix, timeout)

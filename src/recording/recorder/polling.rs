@@ -39,6 +39,7 @@ impl Recorder {
     /// functions are untimed, and a poll of full rings takes seconds: judged only after
     /// it, they went on writing every call's events for those seconds.
     pub fn poll(&mut self) -> u64 {
+        crate::recording::drain_priority::read_ahead_of_the_target();
         let cutoff = match self.off_cpu.is_some() {
             true => tsc::read(),
             false => u64::MAX,

@@ -1,0 +1,44 @@
+//! The thread that reads the rings runs ahead of the target's threads.
+//!
+//! A recording is lossless: a thread whose ring is full waits until the controller
+//! has read it. On a machine the target keeps busy (a thousand threads on two cores),
+//! the controller's one reading thread got a thousandth of the CPU like any of them:
+//! in a 3 s recording of such a target it ran 2.6 s and waited 10.9 s for a core, and
+//! the target's threads waited for it in turn, 1,194 s summed over the threads of
+//! another (`BENCHMARKS.md`). So the reading thread asks for a higher priority
+//! ([`READING_NICE`]) when it first reads. Its work is what the target's events make,
+//! and it sleeps when the rings are empty: it takes from the target only the time the
+//! target would otherwise spend waiting for it.
+//!
+//! Only the reading thread; only when tendril has the right (root, or
+//! `CAP_SYS_NICE`), else it reads at the priority it has; and only from the default
+//! priority (a user who runs `nice tendril` asked for less).
+
+use std::cell::Cell;
+
+/// The nice value of the thread that reads the rings (the default is 0; lower runs
+/// first).
+pub const READING_NICE: i32 = -10;
+
+thread_local! {
+    /// This thread has asked already.
+    static ASKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Gives the calling thread [`READING_NICE`] the first time it asks, if it runs at the
+/// default priority and may have a higher one; otherwise it stays as it is.
+pub fn read_ahead_of_the_target() {
+    if ASKED.with(|asked| asked.replace(true)) {
+        return;
+    }
+    // SAFETY: gettid takes no argument and cannot fail.
+    let tid = unsafe { libc::gettid() } as libc::id_t;
+    // SAFETY: getpriority reads the nice value of thread `tid` (this one); -1 is also
+    // a valid nice value, but only 0 is acted on.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if nice == 0 {
+        // SAFETY: setpriority changes only this thread's nice value; refused (no right
+        // to raise it), the thread reads at the priority it has.
+        let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, READING_NICE) };
+    }
+}
