@@ -51,8 +51,9 @@ s = p["stats"]
 lost = s["lost_events"]
 d = p.get("discovery") or {}
 waits = d.get("waits", 0) * d.get("mean_wait_ns", 0) / 1e9
-pauses = (f"paused {s.get('pause_ns', 0) / 1e9:.0f} s: ring full {s.get('ring_wait_ns', 0) / 1e9:.0f} s, "
-          f"ring faults {s.get('ring_fault_ns', 0) / 1e9:.0f} s, discovery waits {waits:.0f} s")
+paused, full, faults = (s.get(k, 0) / 1e9 for k in ("pause_ns", "ring_wait_ns", "ring_fault_ns"))
+pauses = (f"paused {paused:.0f} s: ring full {full:.0f} s, ring faults {faults:.0f} s, "
+          f"discovery waits {waits:.0f} s")
 print(f"lost {lost}, {trees} threads with a tree; {pauses}")
 ' "$work/p.json")"
     awk -v run="$run" -v began="$began" -v ended="$ended" -v summary="$summary" '
