@@ -324,6 +324,13 @@ fn resolve_symbol(name: &str) -> Option<u64> {
     (!address.is_null()).then_some(address as u64)
 }
 
+/// The most roots discovered ahead of their hooks and patched in a batch of their own.
+/// A recording of a whole library's functions (`libc.so.6:*`, 3,600 roots) goes in as
+/// one batch and discovers its roots as they run, as before: patched in two batches,
+/// its recordings of a target that starts and ends threads took four times as long
+/// (the cause is not known yet).
+const MOST_ROOTS_AHEAD: usize = 64;
+
 fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> Response {
     // The roots go in last, in a batch of their own, after Scheme B's discovery of
     // them: the moment a root is live, every thread of a busy server may enter it and
@@ -335,13 +342,20 @@ fn patch(session: u64, targets: &[PatchTarget], code_ranges: &[(u64, u64)]) -> R
         .filter(|t| is_root(t))
         .map(|t| t.address)
         .collect();
-    if !roots.is_empty() {
+    let ahead = !roots.is_empty() && roots.len() <= MOST_ROOTS_AHEAD;
+    if ahead {
         discovery::discover_ahead(&roots);
     }
+    // Each part: the roots (`Some(true)`), the others (`Some(false)`), or all (`None`).
+    let parts: &[Option<bool>] = if ahead {
+        &[Some(false), Some(true)]
+    } else {
+        &[None]
+    };
     let mut results: Vec<Option<Result<u32, AgentError>>> = targets.iter().map(|_| None).collect();
-    for roots_now in [false, true] {
+    for &roots_now in parts {
         let part: Vec<usize> = (0..targets.len())
-            .filter(|&i| is_root(&targets[i]) == roots_now)
+            .filter(|&i| roots_now.is_none_or(|roots| is_root(&targets[i]) == roots))
             .collect();
         if part.is_empty() {
             continue;
