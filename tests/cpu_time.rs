@@ -2,10 +2,16 @@
 //! kernel's context switches) out of the frames it fell in.
 //!
 //! The one idea: the `off_cpu` fixture's requests compute a fixed amount (`crunch`) and
-//! then sleep 2 ms (`nap`), and the fixture measures `crunch`'s CPU time itself with
-//! its thread CPU clock. Load cannot move what is asserted: the work's CPU time is the
-//! same however long the thread waits for a core, a sleep keeps a thread off the CPU
-//! at least as long as it asked, and sleeping takes next to no CPU.
+//! then sleep 2 ms (`nap`), and the fixture measures `crunch`'s time on a CPU itself:
+//! its wall time less the time the kernel says it waited for a core. Load cannot move
+//! what is asserted: that is the time tendril means, however long the thread waits, a
+//! sleep keeps a thread off the CPU at least as long as it asked, and sleeping takes
+//! next to no CPU.
+//!
+//! Not the thread's CPU clock: on a virtual machine, the time the hypervisor takes
+//! from a running vCPU ("steal") is in neither the waits nor that clock, and on this
+//! VM it made `crunch`'s time on a CPU 8–18% more than its CPU clock while another
+//! core was busy. Neither the scheduler nor tendril sees that time go.
 
 mod common;
 
@@ -30,7 +36,8 @@ fn cpu_time_is_wall_time_less_the_time_off_the_cpu() {
     let recording = Recording::start(target.pid(), &["--root", "request"]);
     target.write_stdin(&format!("run {REQUESTS}\n"));
     let line = target.expect_line("run ", LINE_TIMEOUT);
-    let crunch_cpu_truth: f64 = number_after(&line, "crunch_cpu");
+    let crunch_on_cpu_truth: f64 = number_after(&line, "crunch_on_cpu");
+    let crunch_cpu_clock: f64 = number_after(&line, "crunch_cpu");
     let nap_ns: f64 = number_after(&line, "nap_ns");
     let recorded = recording.finish();
     let profile = recorded.profile;
@@ -44,11 +51,12 @@ fn cpu_time_is_wall_time_less_the_time_off_the_cpu() {
     }
     let cpu = |node: &Node| node.cpu_ns.expect("a CPU time");
 
-    // The work's CPU time, as the fixture's own thread clock saw it.
+    // The work's time on a CPU, as the fixture measured it.
     let crunch_cpu = per_call(crunch, cpu(crunch));
     assert!(
-        (crunch_cpu / crunch_cpu_truth - 1.0).abs() <= 0.10,
-        "crunch: {crunch_cpu:.0} ns of CPU per call; the fixture measured {crunch_cpu_truth:.0}"
+        (crunch_cpu / crunch_on_cpu_truth - 1.0).abs() <= 0.10,
+        "crunch: {crunch_cpu:.0} ns of CPU per call; the fixture measured {crunch_on_cpu_truth:.0} \
+         on a CPU ({crunch_cpu_clock:.0} by its thread CPU clock)"
     );
     // Each request sleeps at least nap_ns: at least that much of its wall time is off
     // the CPU, and all of it inside nap.
@@ -135,8 +143,13 @@ fn recording_on_one_core(pid: i32, root: &str) -> Recorder {
 }
 
 /// Sends `command` and, until the reply starting with `reply` comes, holds the core by
-/// turns: drain, then 2 ms of work. Returns the CPU time the turns took.
-fn drain_by_turns(target: &mut Target, recorder: &mut Recorder, command: &str, reply: &str) -> u64 {
+/// turns: drain, then 2 ms of work. Returns the CPU time the turns took, and the reply.
+fn drain_by_turns(
+    target: &mut Target,
+    recorder: &mut Recorder,
+    command: &str,
+    reply: &str,
+) -> (u64, String) {
     target.write_stdin(&format!("{command}\n"));
     let cpu_before = thread_cpu_ns();
     loop {
@@ -144,7 +157,7 @@ fn drain_by_turns(target: &mut Target, recorder: &mut Recorder, command: &str, r
         burn_cpu(2_000_000);
         if let Some(line) = target.next_line(Duration::ZERO) {
             assert!(line.starts_with(reply), "{line}");
-            return thread_cpu_ns() - cpu_before;
+            return (thread_cpu_ns() - cpu_before, line);
         }
     }
 }
@@ -161,7 +174,8 @@ fn waits_for_a_core_the_drain_held_are_pauses() {
     let mut target = Target::spawn("timed", &[]);
     let mut recorder = recording_on_one_core(target.pid(), "held");
     let kernel_waits_before = waited_for_a_core_ns(target.pid());
-    let drain_cpu = drain_by_turns(&mut target, &mut recorder, "hold 400", "hold ");
+    let (drain_cpu, reply) = drain_by_turns(&mut target, &mut recorder, "hold 400", "hold ");
+    let call_ns: f64 = number_after(&reply, "done");
     let kernel_waits = waited_for_a_core_ns(target.pid()) - kernel_waits_before;
     let profile = recorder.finish(false).unwrap().profile;
     assert_eq!(profile.stats.cpu_unmeasured, None);
@@ -177,12 +191,14 @@ fn waits_for_a_core_the_drain_held_are_pauses() {
     let held = node_at(&profile.merged.roots, &["held"]).expect("held was recorded");
     assert_eq!(held.calls, 1);
     assert!(held.cpu_ns.expect("a CPU time") <= held.total_ns);
-    // The spin lasts 400 ms by the clock, however long it waits: its wall time is that
-    // less the waits taken out (and the spin may end a turn late).
-    let accounted = (held.total_ns + waited) as f64 / 400e6;
+    // The spin lasts 400 ms by the clock, however long it waits, and the call as long as
+    // the fixture measured it (later, if it waited for a core once the spin was over):
+    // its wall time is that less the waits taken out.
+    let accounted = (held.total_ns + waited) as f64 / call_ns;
     assert!(
-        (0.95..=1.1).contains(&accounted),
-        "held: {} ns of wall time and {waited} ns of waits for the drain make {accounted:.3} of its 400 ms",
+        (0.95..=1.05).contains(&accounted),
+        "held: {} ns of wall time and {waited} ns of waits for the drain make {accounted:.3} of \
+         the {call_ns} ns the call took",
         held.total_ns
     );
 }
