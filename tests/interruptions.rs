@@ -1,13 +1,14 @@
 //! Per-call times after pauses, resets and root changes made while threads are deep
-//! inside the roots: within 10% of the CPU time the fixture's own clock gave the same
+//! inside the roots: within 10% of the time on a CPU the fixture measured for the same
 //! requests.
 //!
 //! The one idea: the `descend` fixture's requests recurse nine levels on three threads,
 //! each level computing a fixed amount, and its few calls leave next to nothing to the
 //! hooks' cost correction. The test records the process while pausing (or resetting,
 //! or changing the roots) twenty times with threads in the middle of the recursion, and
-//! compares the on-CPU time per call with the fixture's: each request timed with its
-//! thread's CPU clock, over the same stretch of time. Frames left open across an
+//! compares the on-CPU time per call with the fixture's: each request's wall time less
+//! its thread's waits for a core (schedstat; not its CPU clock, which leaves out what a
+//! hypervisor takes), over the same stretch of time. Frames left open across an
 //! interruption, or calls nested under frames that ended unseen, would add the time
 //! the recording was not watching. The truth is taken at the same moment because a
 //! request's CPU time moves with what else the cores run: beside two busy loops, the
@@ -93,7 +94,7 @@ fn per_call(profile: &Profile) -> [f64; 2] {
 }
 
 /// The requests the fixture finished since it was last asked, and their CPU
-/// nanoseconds in all (its own thread CPU clock); asking starts the sums again.
+/// nanoseconds on a CPU in all; asking starts the sums again.
 fn fixture_cpu(target: &mut Target) -> (u64, u64) {
     target.write_stdin("cpu\n");
     let line = target.expect_line("cpu requests ", WAIT);
@@ -118,13 +119,13 @@ fn check(profile: &Profile, truth: f64, what: &str) {
         }
     }
     let now = per_call(profile);
-    println!("{what}: on-CPU per call {now:.0?} ns; the fixture's own clock {truth:.0} ns");
+    println!("{what}: on-CPU per call {now:.0?} ns; the fixture measured {truth:.0} ns on a CPU");
     // A request is descend(8) and nothing else: both carry its time.
     for (i, name) in [ROOT, "descend"].iter().enumerate() {
         assert!(
             (truth * (1.0 - TOLERANCE)..=truth * (1.0 + TOLERANCE)).contains(&now[i]),
-            "after {what}: {name} takes {:.0} ns of CPU per call; the fixture's own clock \
-             gave {truth:.0} ns",
+            "after {what}: {name} takes {:.0} ns of CPU per call; the fixture measured \
+             {truth:.0} ns on a CPU",
             now[i],
         );
     }
