@@ -72,12 +72,12 @@ impl AddressTaken {
 pub fn find(symbols: &ProcessSymbols, wanted: impl Fn(&str) -> bool) -> AddressTaken {
     let started = Instant::now();
     let pid = symbols.pid();
-    let eligible: HashMap<u64, &Function> = symbols
-        .functions()
-        .iter()
-        .filter(|f| is_eligible(f) && refusals::reason(f, true).is_none())
-        .map(|f| (f.addr, f))
-        .collect();
+    let eligible = FunctionStarts::new(
+        symbols
+            .functions()
+            .iter()
+            .filter(|f| is_eligible(f) && refusals::reason(f, true).is_none()),
+    );
     let jump_slots: HashSet<u64> = symbols.plt_stubs().iter().map(|s| s.got_slot).collect();
     let mappings = maps::read_maps(pid).unwrap_or_default();
     let mut found: HashSet<u64> = HashSet::new();
@@ -186,20 +186,59 @@ fn is_never_instrumented(module: &str) -> bool {
     module.starts_with("ld-") || module == "[vdso]" || crate::agent_bundle::is_agent_module(module)
 }
 
+/// The start addresses of the functions that may be found address-taken. Most words
+/// of a module's data are no function's address (zeros, sizes, pointers to data): the
+/// check of each module's span of functions turns them away before the set is
+/// consulted (a big library's data holds millions of words).
+struct FunctionStarts {
+    starts: HashSet<u64>,
+    /// Each module's lowest and highest function start, sorted.
+    spans: Vec<(u64, u64)>,
+}
+
+impl FunctionStarts {
+    fn new<'a>(functions: impl Iterator<Item = &'a Function>) -> FunctionStarts {
+        let mut starts = HashSet::new();
+        let mut spans: HashMap<&str, (u64, u64)> = HashMap::new();
+        for function in functions {
+            starts.insert(function.addr);
+            let span = spans
+                .entry(function.module.as_str())
+                .or_insert((function.addr, function.addr));
+            span.0 = span.0.min(function.addr);
+            span.1 = span.1.max(function.addr);
+        }
+        let mut sorted: Vec<(u64, u64)> = spans.into_values().collect();
+        sorted.sort_unstable();
+        // Modules mapped among each other's spans: their spans are merged.
+        let mut spans: Vec<(u64, u64)> = Vec::with_capacity(sorted.len());
+        for (low, high) in sorted {
+            match spans.last_mut() {
+                Some(last) if low <= last.1 => last.1 = last.1.max(high),
+                _ => spans.push((low, high)),
+            }
+        }
+        FunctionStarts { starts, spans }
+    }
+
+    fn contains(&self, address: u64) -> bool {
+        let after = self.spans.partition_point(|&(low, _)| low <= address);
+        after > 0 && address <= self.spans[after - 1].1 && self.starts.contains(&address)
+    }
+}
+
 /// The aligned words of `data` (mapped at `mapping.start`) that point at a function's
 /// start, but for the GOT slots PLT stubs jump through.
 fn pointers_in_data(
     mapping: &Mapping,
     data: &[u8],
-    eligible: &HashMap<u64, &Function>,
+    eligible: &FunctionStarts,
     jump_slots: &HashSet<u64>,
     found: &mut HashSet<u64>,
 ) {
     for (index, word) in data.chunks_exact(8).enumerate() {
         let value = u64::from_le_bytes(word.try_into().expect("8 bytes"));
-        if eligible.contains_key(&value)
-            && !jump_slots.contains(&(mapping.start + index as u64 * 8))
-        {
+        if eligible.contains(value) && !jump_slots.contains(&(mapping.start + index as u64 * 8)) {
             found.insert(value);
         }
     }
@@ -210,7 +249,7 @@ fn pointers_in_data(
 fn addresses_in_code<'a>(
     pid: i32,
     functions: impl Iterator<Item = &'a Function>,
-    eligible: &HashMap<u64, &Function>,
+    eligible: &FunctionStarts,
     found: &mut HashSet<u64>,
 ) -> Result<(), String> {
     use std::os::unix::fs::FileExt;
@@ -228,7 +267,7 @@ fn addresses_in_code<'a>(
             decoder.decode_out(&mut instruction);
             if let Some(address) = address_taken_by(&instruction)
                 && address != function.addr
-                && eligible.contains_key(&address)
+                && eligible.contains(address)
             {
                 found.insert(address);
             }
@@ -275,6 +314,37 @@ mod tests {
         // mov rax, [rip+0x100]: loads a pointer, takes no address
         let load = decode(&[0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00], 0x1000);
         assert_eq!(address_taken_by(&load), None);
+    }
+
+    #[test]
+    fn function_starts_are_found_only_at_a_start_within_a_modules_span() {
+        let function = |module: &str, addr: u64| Function {
+            addr,
+            size: 16,
+            module: module.into(),
+            module_path: module.into(),
+            name: format!("f{addr:x}"),
+            raw_name: format!("f{addr:x}"),
+            source: SymbolSource::Symtab,
+            ifunc: false,
+            go_code: false,
+        };
+        // Module b is mapped inside a's span: the two spans merge.
+        let functions = [
+            function("a", 0x1000),
+            function("a", 0x9000),
+            function("b", 0x4000),
+            function("b", 0xa000),
+            function("c", 0x50000),
+        ];
+        let starts = FunctionStarts::new(functions.iter());
+        assert_eq!(starts.spans, [(0x1000, 0xa000), (0x50000, 0x50000)]);
+        for address in [0x1000, 0x4000, 0x9000, 0xa000, 0x50000] {
+            assert!(starts.contains(address), "{address:#x}");
+        }
+        for address in [0, 0xfff, 0x1001, 0xa001, 0x4ffff, 0x50001, u64::MAX] {
+            assert!(!starts.contains(address), "{address:#x}");
+        }
     }
 
     /// This test process's own callbacks: `qsort_comparator` is passed to libc's qsort,
