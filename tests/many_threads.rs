@@ -6,7 +6,7 @@
 //! time any thread was held up (the figure the benchmark reports; a test cannot bound
 //! it on a busy machine).
 
-mod common;
+use crate::common;
 
 use common::{
     Recording, Target, code_bytes_match_file, number_after, tendril, wait_until_no_hook_is_left_in,
@@ -44,12 +44,18 @@ fn every_one_of_a_thousand_threads_has_its_tree_and_no_event_is_lost() {
         let below: u64 = root.children.iter().map(|c| c.calls).sum();
         assert!(
             below <= 16 * root.calls && below >= 16 * (root.calls - 1),
-            "thread {}: {below} calls below {} calls of the root",
+            "thread {}: {below} calls below {} calls of the root: {:?}",
             thread.tid,
-            root.calls
+            root.calls,
+            (root.children.iter())
+                .map(|c| (&c.name, c.calls, c.children.len()))
+                .collect::<Vec<_>>()
         );
     }
-    // Still computing (a wrong result ends it), and every byte is back.
+    // Still computing (a wrong result ends it), and every byte is back once the
+    // unwinder's hooks, which stay while a thread may still return through a hook,
+    // come out.
+    wait_until_no_hook_is_left_in(target.pid(), TICK_TIMEOUT);
     target.drain();
     target.expect_line("tick ", TICK_TIMEOUT);
     assert!(target.is_running());
@@ -102,6 +108,7 @@ fn the_thread_that_reads_the_rings_runs_ahead_of_the_targets_threads() {
     assert!(nice_values(target.pid()).iter().all(|&nice| nice == 0));
     let recorded = recording.finish();
     assert_eq!(recorded.profile.stats.lost_events, 0, "{}", recorded.stderr);
+    wait_until_no_hook_is_left_in(target.pid(), TICK_TIMEOUT);
     target.drain();
     target.expect_line("tick ", TICK_TIMEOUT);
     code_bytes_match_file(target.pid()).unwrap();
