@@ -11,7 +11,7 @@
 //! run out of tolerance is still repeated (up to three times: an interrupt storm or the
 //! real-time throttle can hit one), and every attempt is shown if all fail.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Target, node_at, number_after};
 use std::time::Duration;

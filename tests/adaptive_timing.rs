@@ -4,7 +4,7 @@
 //! documented. Figures (the roots' times against bare runs) are benchmarks
 //! (`benches/accuracy.rs`, BENCHMARKS.md), not asserted here.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Target, all_nodes, node_at};
 use std::time::{Duration, Instant};

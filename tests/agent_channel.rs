@@ -3,7 +3,7 @@
 //! behind in the target, a connection beyond the limit is refused with the reason, a
 //! connection that never says hello is closed, and a deleted socket is recreated.
 
-mod common;
+use crate::common;
 
 use common::{Target, tendril};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -5,7 +5,7 @@
 //! The one idea: the agent is only in the process after a first attach, so every test
 //! loads it first (`tendril status`), as a user's earlier session would have.
 
-mod common;
+use crate::common;
 
 use common::{Counting, Target, code_bytes_match_file, tendril};
 use std::time::Duration;

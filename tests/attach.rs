@@ -1,7 +1,7 @@
 //! Attaching to real running processes: `status` and `detach` on every fixture, repeated
 //! attaches, targets that keep computing correct results, and syscalls that survive.
 
-mod common;
+use crate::common;
 
 use common::{Target, tendril};
 use std::os::unix::process::CommandExt;

@@ -1,7 +1,7 @@
 //! Bad input: each case gets one clear line on stderr, a non-zero exit, and a target left
 //! exactly as it was (running, untraced, with its original code).
 
-mod common;
+use crate::common;
 
 use common::{Target, tendril};
 use std::os::unix::process::CommandExt;

@@ -4,7 +4,7 @@
 //! all of libc is patched and restored while threads come and go and while sessions
 //! start and end, and a thread that keeps every signal blocked is no reason to refuse.
 
-mod common;
+use crate::common;
 
 use common::{Counting, Target, code_bytes_match_file, tendril};
 use std::sync::atomic::{AtomicBool, Ordering};

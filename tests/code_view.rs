@@ -6,7 +6,7 @@
 //! the end of the recording puts every byte back; two `static` functions of one name
 //! are told apart by address. Then `e` in the terminal UI, as a user presses it.
 
-mod common;
+use crate::common;
 
 use common::{
     EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, edge_counts, node_at,

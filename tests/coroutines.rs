@@ -2,7 +2,7 @@
 //! counts every call exactly where it can attribute it, never shows exits it cannot
 //! match, and says how many stack switches cut frames short.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Round, Target, all_nodes, node_at};
 use std::time::Duration;

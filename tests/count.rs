@@ -3,7 +3,7 @@
 //! a controller that dies, refusals with reasons, bad input, and a function named by its
 //! address.
 
-mod common;
+use crate::common;
 
 use common::{Counting, Target, code_bytes_match_file, tendril};
 use std::time::Duration;

@@ -13,7 +13,7 @@
 //! VM it made `crunch`'s time on a CPU 8–18% more than its CPU clock while another
 //! core was busy. Neither the scheduler nor tendril sees that time go.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Target, node_at, number_after, waited_for_a_core_ns};
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};

@@ -2,7 +2,7 @@
 //! `tendril-<PID>-<YYYYmmdd-HHMMSS>.json` in the current directory, named on stderr —
 //! never JSON on the terminal, and never through a name someone else put there.
 
-mod common;
+use crate::common;
 
 use common::{Target, node_at, tendril};
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //! never reaps it — and the test checks the line tendril prints, that the profile holds
 //! the work done before, and that the process is left untraced.
 
-mod common;
+use crate::common;
 
 use common::{RunningTendril, Target, node_at, tendril};
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 //! exceptions passing through a copy, correct results meanwhile, and every byte back
 //! afterwards. `tests/edges_command.rs` tests the `edges` command built on it.
 
-mod common;
+use crate::common;
 
 use common::{Target, code_bytes_match_file, edge_counts};
 use std::collections::BTreeMap;

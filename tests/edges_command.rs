@@ -7,7 +7,7 @@
 //! every function's paths are checked against its calls and loops; 20 runs in a row (100
 //! with `TENDRIL_LONG_SOAK=1`) under 8 throwing threads leave everything intact.
 
-mod common;
+use crate::common;
 #[path = "edges_command/refusals.rs"]
 mod refusals;
 

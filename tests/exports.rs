@@ -7,7 +7,7 @@
 //! only a recording has — addresses and mappings, and timelines whose frames last as
 //! long as the tree says.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Target, node_at, tendril};
 use flate2::read::GzDecoder;

@@ -1,7 +1,7 @@
 //! The fixture programs and the test harness themselves: every fixture builds and behaves
 //! as its header comment says, and the harness's checks see what they should.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::{FileExt, PermissionsExt};

@@ -3,7 +3,7 @@
 //! copies of them stay, and the library's code is one mapping again, as it was). The
 //! agent itself stays resident, dormant.
 
-mod common;
+use crate::common;
 
 use common::{Target, code_bytes_match_file, tendril};
 

@@ -1,7 +1,7 @@
 //! `fork()` inside a recorded call graph: the child's events never reach the parent's
 //! profile, the parent's calls are counted exactly, and the child runs correctly.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Round, Target, all_nodes, node_at};
 use std::time::{Duration, Instant};

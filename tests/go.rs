@@ -7,7 +7,7 @@
 //! (`go_leaf`, static, and its stripped copy; `go_cgo`, a cgo program). Without a Go
 //! toolchain each test says so and passes; `.ci/run` installs golang-go.
 
-mod common;
+use crate::common;
 
 use common::{Counting, Recording, Target, code_bytes_match_file, have_go, node_at, tendril};
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! mean" line of an error included — holds none of those characters raw, shows each
 //! escaped, and the functions stay findable by their exact names and by patterns.
 
-mod common;
+use crate::common;
 
 use common::{RunningTendril, Target, tendril};
 use std::process::{Output, Stdio};

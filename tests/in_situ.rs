@@ -4,7 +4,7 @@
 //! while the recording runs, and nothing of that shows in the tree, the counts or the
 //! target's code afterwards.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Target, agent_code_matches_file, all_nodes, code_bytes_match_file};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! a library loaded with `dlopen` after the recording started. Each target must appear
 //! under its real caller with its exact call count.
 
-mod common;
+use crate::common;
 
 use common::{Recording, Target, code_bytes_match_file, fixture, node_at, number_after};
 use std::time::Duration;

@@ -16,10 +16,9 @@
 //! tests take turns so three of them do not crowd two cores. (`live_tree.rs` checks
 //! the tree's shape on the demo, whose calls are too short for a 10% bound.)
 
-mod common;
+use crate::common;
 
 use common::{Target, number_after, start_recorder};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile};
 use tendril::recording::Recorder;
@@ -34,12 +33,6 @@ const ROOT: &str = "request";
 /// A thread this deep is inside `descend`'s recursion (request, descend × 3).
 const MID_RECURSION: usize = 4;
 const TOLERANCE: f64 = 0.10;
-
-/// The tests take turns (see the module comment); a failed one does not stop the rest.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static TURN: Mutex<()> = Mutex::new(());
-    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Drains the rings until `condition` holds, looking at a snapshot every 20 ms.
 fn record_until(recorder: &mut Recorder, what: &str, mut condition: impl FnMut(&Profile) -> bool) {
@@ -135,7 +128,7 @@ fn check(profile: &Profile, truth: f64, what: &str) {
 /// mid-recursion (it is given the round, and answers the root to count calls of until
 /// the next), then compares the per-call times with the fixture's own (`check`).
 fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize) -> &'static str) {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let mut target = Target::spawn("descend", &[]);
     // From here on the fixture sums its requests' CPU time for the truth.
     fixture_cpu(&mut target);

@@ -10,7 +10,7 @@
 //! expected path, the fixture's own lines — never for a fixed time; CPU-clock samples
 //! come at the fixture's pace whatever the machine's load.
 
-mod common;
+use crate::common;
 #[path = "jit/recorded.rs"]
 mod recorded;
 #[path = "jit/runtimes.rs"]

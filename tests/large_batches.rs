@@ -4,7 +4,7 @@
 //! does not get slower with the batch's size), and the target keeps computing exactly
 //! what it computes unpatched.
 
-mod common;
+use crate::common;
 
 use common::{Counting, Target, code_bytes_match_file, tendril};
 use std::time::Duration;

@@ -16,13 +16,13 @@
 //! tests wait for and check is that of timed frames, and adaptive timing would count
 //! `demo_fib`'s recursion flat once it judged its calls too short.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tendril::demo_workload::{DEMO_PROCESS_NAME, DEMO_ROOT, DEMO_WORKERS};
 use tendril::profile::{Node, Profile};
@@ -339,13 +339,6 @@ impl Concurrent {
     }
 }
 
-/// The tests run one at a time: each loads the machine with two demo processes.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Every worker thread's root count grows while the root is called 300 more times
 /// (the threads tab of a frozen tree stops counting).
 fn check_threads_keep_counting(recorder: &mut Recorder, what: &str) {
@@ -392,7 +385,7 @@ fn check_against_references(
 
 #[test]
 fn pausing_and_resuming_mid_recursion_leaves_the_tree_as_if_uninterrupted() {
-    let _serial = one_at_a_time();
+    let _serial = common::live_target_turn();
     let demo = Demo::start();
     let before = uninterrupted(&demo, Scheme::B);
     let concurrent = Concurrent::start(Scheme::B);
@@ -422,7 +415,7 @@ fn pausing_and_resuming_mid_recursion_leaves_the_tree_as_if_uninterrupted() {
 
 #[test]
 fn resetting_mid_recursion_starts_the_tree_afresh_at_the_root() {
-    let _serial = one_at_a_time();
+    let _serial = common::live_target_turn();
     let demo = Demo::start();
     let before = uninterrupted(&demo, Scheme::B);
     let concurrent = Concurrent::start(Scheme::B);
@@ -446,7 +439,7 @@ fn resetting_mid_recursion_starts_the_tree_afresh_at_the_root() {
 /// threads still inside the old roots' calls run instrumented code at once.
 #[test]
 fn changing_the_roots_mid_recursion_starts_the_tree_afresh_at_the_new_root() {
-    let _serial = one_at_a_time();
+    let _serial = common::live_target_turn();
     let demo = Demo::start();
     let before = uninterrupted(&demo, Scheme::A);
     let concurrent = Concurrent::start(Scheme::A);

@@ -7,29 +7,17 @@
 //! same checksums with exactly the code of its files. Every wait polls the screen with
 //! a timeout and prints the screen when it fails.
 
-mod common;
+use crate::common;
 #[path = "live_ui/without_terminal.rs"]
 mod without_terminal;
 
 use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, tendril};
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tendril::process::StatLine;
 
 /// How long a fixture may take to print its checksum lines.
 const LINES_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Held by each test while it runs a live target: on a small machine, several busy
-/// targets and debug-build consumers at once starve the agent's brief stops of the
-/// target's threads (the agent gives up after 500 ms), so these tests take
-/// turns. Poisoning is ignored: one failed test must not fail the others.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static LIVE_TARGET: Mutex<()> = Mutex::new(());
-    LIVE_TARGET
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Checks that process `pid` is exactly as before tendril looked at it: not traced, no
 /// agent loaded (so nothing can have been patched either).
@@ -142,7 +130,7 @@ fn assert_ratio(
 
 #[test]
 fn attach_pick_a_root_watch_the_tree_and_quit() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let mut target = Target::spawn("calltree", &["4"]);
     let pid = target.pid();
     let expected = target.checksum_lines(2, LINES_TIMEOUT);
@@ -257,7 +245,7 @@ fn attach_pick_a_root_watch_the_tree_and_quit() {
 
 #[test]
 fn view_shows_a_saved_profile() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let target = Target::spawn("calltree", &["2"]);
     let dir = std::env::temp_dir().join(format!("tendril-live-ui-view-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -318,7 +306,7 @@ fn view_shows_a_saved_profile() {
 
 #[test]
 fn demo_shows_its_functions_detaches_and_quits() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let ui = Tmux::tendril("demo", &["demo"]);
     let (screen, child) = ui.wait_for("demo rows with calls", |screen| {
         let calls = calls_of(screen, "demo_handle_request")?;
@@ -327,8 +315,11 @@ fn demo_shows_its_functions_detaches_and_quits() {
     let child = child.unwrap_or_else(|| panic!("no pid in the status bar:\n{screen}"));
     assert!(screen.contains("root: demo_handle_request"), "{screen}");
 
-    // Detach: the demo keeps running its own code, and the data stays on screen.
+    // Detach: the demo keeps running its own code, and the data stays on screen. (The
+    // hottest path was expanded when the data came, and its leaf selected: as the tree
+    // grew above it, the view may have scrolled the root out of sight. Home shows it.)
     ui.press("d");
+    ui.press("Home");
     ui.wait_for("DETACHED, with the data", |screen| {
         (screen.contains("DETACHED")
             && calls_of(screen, "demo_handle_request").is_some_and(|c| c > 0.0))
@@ -355,7 +346,7 @@ fn demo_shows_its_functions_detaches_and_quits() {
 
 #[test]
 fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let (mut target, expected, ui) = attach_to_calltree("ctrl-c");
     wait_for_rows(&ui, "work_round", "compute_block");
 
@@ -400,7 +391,7 @@ fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
 
 #[test]
 fn a_stopped_target_does_not_freeze_the_ui() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let (mut target, expected, ui) = attach_to_calltree("stopped-target");
     wait_for_rows(&ui, "work_round", "compute_block");
 
@@ -429,7 +420,7 @@ fn a_stopped_target_does_not_freeze_the_ui() {
 
 #[test]
 fn a_terminal_that_goes_away_detaches_and_quits() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let (mut target, expected, ui) = attach_to_calltree("terminal-gone");
     wait_for_rows(&ui, "work_round", "compute_block");
     let tendril_pid = ui.tendril_pid();
@@ -459,7 +450,7 @@ fn a_terminal_that_goes_away_detaches_and_quits() {
 
 #[test]
 fn sigterm_detaches_and_quits() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let (mut target, expected, ui) = attach_to_calltree("sigterm");
     wait_for_rows(&ui, "work_round", "compute_block");
     // SAFETY: kill has no memory-safety preconditions; tendril_pid is a live child of
@@ -470,7 +461,7 @@ fn sigterm_detaches_and_quits() {
 
 #[test]
 fn sigterm_while_attaching_waits_for_the_attach_then_detaches() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let (mut target, expected, ui) = attach_to_calltree("sigterm-attaching");
     // The attach runs in the background from the moment the UI is up; whether it is
     // still running when the signal arrives or has just finished, tendril must finish
@@ -483,7 +474,7 @@ fn sigterm_while_attaching_waits_for_the_attach_then_detaches() {
 
 #[test]
 fn a_target_that_exits_leaves_its_data_to_browse_and_save() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let (mut target, expected, ui) = attach_to_calltree("target-exits");
     let pid = target.pid();
     wait_for_rows(&ui, "work_round", "compute_block");
@@ -532,7 +523,7 @@ fn a_target_that_exits_leaves_its_data_to_browse_and_save() {
 
 #[test]
 fn record_and_count_show_a_live_progress_line_on_a_terminal() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let target = Target::spawn("calltree", &["2"]);
     let pid = target.pid().to_string();
     let record = Tmux::tendril(

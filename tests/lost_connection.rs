@@ -3,7 +3,7 @@
 //! code is still patched: it says what happened and that the code waits to be restored,
 //! exits non-zero, and the agent restores everything once the target runs again.
 
-mod common;
+use crate::common;
 
 use common::{RunningTendril, Target, code_bytes_match_file, tendril};
 use std::process::Stdio;

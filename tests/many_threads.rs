@@ -20,6 +20,7 @@ const TICK_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[test]
 fn every_one_of_a_thousand_threads_has_its_tree_and_no_event_is_lost() {
+    let _turn = common::live_target_turn();
     let mut target = running_fixture(THREADS, "20");
     let (profile, stderr) = record_for(&target, "2");
     assert_eq!(profile.stats.lost_events, 0, "{stderr}");
@@ -71,6 +72,7 @@ fn every_one_of_a_thousand_threads_has_its_tree_and_no_event_is_lost() {
 /// stops the end takes, the benchmark shows: `benches/scripts/many_threads.sh`.)
 #[test]
 fn the_unwinders_hooks_come_out_though_threads_keep_waking() {
+    let _turn = common::live_target_turn();
     const WAKING_THREADS: usize = 300;
     const CALLS_PER_SECOND: &str = "250";
     let mut target = running_fixture(WAKING_THREADS, CALLS_PER_SECOND);

@@ -7,7 +7,7 @@
 //! mounting is not allowed (a container without CAP_SYS_ADMIN) those tests say so and
 //! pass without checking.
 
-mod common;
+use crate::common;
 
 use common::{RunningTendril, Target, tendril};
 use std::ffi::CString;

@@ -2,7 +2,7 @@
 //! speed: nothing crashes, the target computes exactly what it computes unpatched, and
 //! after the last restore every byte of every executable mapping equals the file's.
 
-mod common;
+use crate::common;
 
 use common::{Target, code_bytes_match_file};
 use std::time::Duration;

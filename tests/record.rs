@@ -2,7 +2,7 @@
 //! counts per context, per-thread trees, Scheme A against Scheme B, a thread already
 //! inside the root, gross times, launching a program, report formats, and bad input.
 
-mod common;
+use crate::common;
 #[path = "record/errors.rs"]
 mod errors;
 

@@ -6,7 +6,7 @@
 //! control character, and output whose size has a bound that follows from the depth
 //! cap, stated on stderr when it applies.
 
-mod common;
+use crate::common;
 
 use common::tendril;
 use std::io::Read;

@@ -8,22 +8,13 @@
 //! which function is hottest is read off the screen, the overlap is only checked to be
 //! a share, and every wait polls the screen with a timeout.
 
-mod common;
+use crate::common;
 
 use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 /// How long a fixture may take to print its checksum lines.
 const LINES_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// These tests take turns with their busy targets (see `live_ui.rs`).
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static LIVE_TARGET: Mutex<()> = Mutex::new(());
-    LIVE_TARGET
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// The first row of the hot spots table, once it is a function of `module`: its name.
 /// (A stripped function's row shows no module: its name, `module+0xOFFSET`, says it.)
@@ -64,7 +55,7 @@ fn overlap_of(screen: &str) -> Option<f64> {
 
 #[test]
 fn sampled_first_then_enter_instruments_the_hot_function() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let mut target = Target::spawn("calltree", &["2"]);
     let pid = target.pid();
     let expected = target.steady_checksum(2, LINES_TIMEOUT);
@@ -133,7 +124,7 @@ fn sampled_first_then_enter_instruments_the_hot_function() {
 
 #[test]
 fn a_stripped_function_is_instrumented_by_its_sampled_name() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let target = Target::spawn("sampled_stripped", &["split"]);
     let pid = target.pid();
     let ui = Tmux::tendril("sampled-stripped", &["attach", &pid.to_string()]);
@@ -154,7 +145,7 @@ fn a_stripped_function_is_instrumented_by_its_sampled_name() {
 
 #[test]
 fn refused_perf_events_open_the_root_picker_with_the_reason() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let target = Target::spawn("calltree", &["2"]);
     let pid = target.pid();
     let ui = Tmux::tendril_without_perf_events("no-perf", &["attach", &pid.to_string()]);
@@ -180,7 +171,7 @@ fn refused_perf_events_open_the_root_picker_with_the_reason() {
 
 #[test]
 fn a_picked_process_is_sampled_and_its_exit_brings_the_list_back() {
-    let _turn = one_at_a_time();
+    let _turn = common::live_target_turn();
     let mut target = Target::spawn("calltree", &["2"]);
     let pid = target.pid();
     let ui = Tmux::tendril("picker", &[]);

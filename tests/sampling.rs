@@ -7,7 +7,7 @@
 //! a CPU-bound thread's functions do not move with the machine's load; the tests wait
 //! until enough samples arrived (never a fixed sleep) and then assert those shares.
 
-mod common;
+use crate::common;
 
 use common::{Target, code_bytes_match_file, tendril};
 use std::collections::HashMap;

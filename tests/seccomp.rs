@@ -5,7 +5,7 @@
 //! complete — a target that traps every call not on it goes through status, count,
 //! record and detach without a single trap.
 
-mod common;
+use crate::common;
 
 use common::{Target, tendril};
 use std::os::unix::process::{CommandExt, ExitStatusExt};

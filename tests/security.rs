@@ -10,7 +10,7 @@
 //! missing) and tendril as root. The tests share that user's runtime directory, so they
 //! take turns (`serial`).
 
-mod common;
+use crate::common;
 #[path = "security/namespaces.rs"]
 mod namespaces;
 

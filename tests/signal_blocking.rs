@@ -6,7 +6,7 @@
 //! controller is killed in the middle of a large batch. No patch writes an `int3` a
 //! thread could meet, so no thread's signal mask is a reason to refuse anything.
 
-mod common;
+use crate::common;
 
 use common::{Counting, Recording, Round, Target, code_bytes_match_file, tendril};
 use std::process::Stdio;

@@ -3,7 +3,7 @@
 //! cache is really used; and a cache directory planted as a link by another user is
 //! never written through.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{PermissionsExt, lchown};
 use std::path::{Path, PathBuf};

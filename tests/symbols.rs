@@ -7,7 +7,7 @@
 mod binutils;
 #[path = "symbols/command.rs"]
 mod command;
-mod common;
+use crate::common;
 #[path = "symbols/programs.rs"]
 mod programs;
 

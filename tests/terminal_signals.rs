@@ -9,7 +9,7 @@
 //! the terminal is still there — give it back: raw mode off, alternate screen left,
 //! cursor shown.
 
-mod common;
+use crate::common;
 
 use common::{Target, code_bytes_match_file, tendril};
 use std::fs::File;

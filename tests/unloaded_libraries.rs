@@ -6,7 +6,7 @@
 //! the same layout, so the second lands where the first was, with other code at the
 //! addresses of the first's functions.
 
-mod common;
+use crate::common;
 
 use common::{RunningTendril, Target, code_bytes_match_file, fixture, number_after, tendril};
 use std::process::Stdio;

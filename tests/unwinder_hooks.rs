@@ -4,7 +4,7 @@
 //! `pthread_exit` can unwind through it later. (An unwinder that meets an exit aborts
 //! a Rust program with "failed to initiate panic, error 5".)
 
-mod common;
+use crate::common;
 
 use common::{Counting, Target, code_bytes_match_file};
 use std::time::Duration;

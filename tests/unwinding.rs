@@ -4,7 +4,7 @@
 //! functions. In every case the fixture prints what it did itself; it must print the
 //! same with the hooks in, and `tendril count --returns` must count exactly that.
 
-mod common;
+use crate::common;
 
 use common::{CountReport, Counting, Target, code_bytes_match_file};
 use std::collections::HashMap;

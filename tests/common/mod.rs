@@ -5,8 +5,9 @@
 //! copied with counters (`edge_counts`), and the kernel's count of a fixture's waits for
 //! a core (`waited_for_a_core_ns`).
 //!
-//! The one idea: tests run real programs. Each test binary includes this module with
-//! `mod common;` and uses only what it needs, hence the `allow` below.
+//! The one idea: tests run real programs. The test binary (`tests/main.rs`) includes
+//! this module once; some helpers serve only tests that skip on some machines, hence
+//! the `allow` below.
 
 #![allow(dead_code, unused_imports)]
 
@@ -70,4 +71,17 @@ pub fn soak_cycles(quick: usize, long: usize) -> usize {
         Ok(value) if value == "1" => long,
         _ => quick,
     }
+}
+
+/// Held by each test while it runs busy live targets (the terminal UI's, the live
+/// recorder's, the interruptions' and the thousand threads'), whatever its module: on
+/// a small machine, several such targets and debug-build consumers at once starve the
+/// agent's brief stops of the target's threads (it gives up after 500 ms). Other tests
+/// run beside them, as on any busy machine. Poisoning is ignored: one failed test must
+/// not fail the others.
+pub fn live_target_turn() -> std::sync::MutexGuard<'static, ()> {
+    static LIVE_TARGET: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LIVE_TARGET
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -1,12 +1,13 @@
 //! `tendril` without a terminal: the demo prints its call tree, an attach is one clear
 //! error, and bad arguments are refused before any terminal is needed.
 
-use super::{assert_untouched, one_at_a_time};
+use super::assert_untouched;
+use crate::common::live_target_turn;
 use crate::common::{Target, tendril};
 
 #[test]
 fn demo_without_a_terminal_prints_the_call_tree() {
-    let _turn = one_at_a_time();
+    let _turn = live_target_turn();
     let output = tendril().arg("demo").output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -27,7 +28,7 @@ fn demo_without_a_terminal_prints_the_call_tree() {
 
 #[test]
 fn attach_without_a_terminal_is_one_clear_error() {
-    let _turn = one_at_a_time();
+    let _turn = live_target_turn();
     let target = Target::spawn("calltree", &["1"]);
     let output = tendril()
         .args(["attach", &target.pid().to_string()])
