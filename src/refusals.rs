@@ -79,21 +79,11 @@ pub fn reason(function: &Function, hooks_returns: bool) -> Option<&'static str> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbols::{ProcessSymbols, SymbolSource};
+    use crate::symbols::ProcessSymbols;
 
     #[test]
     fn cold_parts_are_refused() {
-        let function = |raw_name: &str| Function {
-            addr: 0x1000,
-            size: 16,
-            module: "app".into(),
-            module_path: "/app".into(),
-            name: raw_name.into(),
-            raw_name: raw_name.into(),
-            source: SymbolSource::Symtab,
-            ifunc: false,
-            go_code: false,
-        };
+        let function = |raw_name: &str| Function::for_tests("app", raw_name, 0x1000);
         assert_eq!(reason(&function("level1.cold"), false), Some(COLD_PART));
         assert_eq!(reason(&function("level1"), true), None);
         let go = Function {

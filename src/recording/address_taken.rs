@@ -318,17 +318,8 @@ mod tests {
 
     #[test]
     fn function_starts_are_found_only_at_a_start_within_a_modules_span() {
-        let function = |module: &str, addr: u64| Function {
-            addr,
-            size: 16,
-            module: module.into(),
-            module_path: module.into(),
-            name: format!("f{addr:x}"),
-            raw_name: format!("f{addr:x}"),
-            source: SymbolSource::Symtab,
-            ifunc: false,
-            go_code: false,
-        };
+        let function =
+            |module: &str, addr: u64| Function::for_tests(module, &format!("f{addr:x}"), addr);
         // Module b is mapped inside a's span: the two spans merge.
         let functions = [
             function("a", 0x1000),

@@ -85,6 +85,23 @@ pub struct Function {
 }
 
 impl Function {
+    /// A 16-byte function from the full symbol table of `module` (under `/usr/lib`),
+    /// for unit tests.
+    #[cfg(test)]
+    pub fn for_tests(module: &str, raw_name: &str, addr: u64) -> Function {
+        Function {
+            addr,
+            size: 16,
+            module: module.into(),
+            module_path: PathBuf::from(format!("/usr/lib/{module}")),
+            name: demangle(raw_name),
+            raw_name: raw_name.into(),
+            source: SymbolSource::Symtab,
+            ifunc: false,
+            go_code: false,
+        }
+    }
+
     /// One past the last byte (`addr + size`).
     pub fn end(&self) -> u64 {
         self.addr.saturating_add(self.size)

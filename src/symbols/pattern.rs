@@ -314,17 +314,7 @@ mod tests {
     }
 
     fn function(module: &str, raw: &str, addr: u64) -> Function {
-        Function {
-            addr,
-            size: 16,
-            module: module.into(),
-            module_path: PathBuf::from(format!("/usr/lib/{module}")),
-            name: super::super::demangle(raw),
-            raw_name: raw.into(),
-            source: SymbolSource::Symtab,
-            ifunc: false,
-            go_code: false,
-        }
+        Function::for_tests(module, raw, addr)
     }
 
     #[test]
