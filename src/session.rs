@@ -80,6 +80,16 @@ pub struct AgentSession {
     /// reset, the end of the stream): [`AgentSession::closed_by_agent`] says so.
     peer_went_away: bool,
     pub status: AgentStatus,
+    /// What to undo when the session ends ([`AgentSession::when_closed`]).
+    on_close: Vec<Box<dyn FnOnce() + Send>>,
+}
+
+impl Drop for AgentSession {
+    fn drop(&mut self) {
+        for action in self.on_close.drain(..) {
+            action();
+        }
+    }
 }
 
 impl AgentSession {
@@ -104,6 +114,7 @@ impl AgentSession {
             received: Vec::new(),
             closed: false,
             peer_went_away: false,
+            on_close: Vec::new(),
             status: AgentStatus {
                 version: String::new(),
                 threads: 0,
@@ -183,6 +194,12 @@ impl AgentSession {
     /// Takes the file descriptor that came with the last answer, if one did.
     pub fn take_received_descriptor(&mut self) -> Option<OwnedFd> {
         self.received.pop()
+    }
+
+    /// Runs `action` when the session ends (it is dropped), after the connection's
+    /// last request.
+    pub fn when_closed(&mut self, action: impl FnOnce() + Send + 'static) {
+        self.on_close.push(Box::new(action));
     }
 
     /// Whether the agent has closed the connection (another tendril's `detach` ended

@@ -310,3 +310,53 @@ fn a_shell_keeping_allocator_pointers_on_its_stack_can_be_attached() {
     let _ = shell.wait();
     result.expect("status on a waiting bash");
 }
+
+/// The nice value of each of the agent's threads in `pid` (named `tendril-…`).
+fn agent_thread_nice_values(pid: i32) -> Vec<i32> {
+    let mut values = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `tid (comm) state ...`: the comm may hold spaces, the fields after it do not;
+        // the nice value is the 19th field, the 17th after the comm.
+        let Some((comm_part, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        if !comm_part.contains("(tendril-") {
+            continue;
+        }
+        values.push(rest.split(' ').nth(16).unwrap().parse().unwrap());
+    }
+    values
+}
+
+#[test]
+fn the_agents_threads_run_ahead_of_the_target_during_a_session_and_not_after() {
+    // SAFETY: geteuid only reads the caller's effective user id.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("note: skipped: raising the agent's threads takes root (or CAP_SYS_NICE)");
+        return;
+    }
+    let mut target = Target::spawn("calltree", &["2"]);
+    let pid = target.pid();
+    target.steady_checksum(2, Duration::from_secs(60));
+    let recording = common::Recording::start(pid, &["--root", "work_round"]);
+    // The session is open: the agent's threads run at nice -20.
+    let during = agent_thread_nice_values(pid);
+    assert!(
+        during.contains(&-20),
+        "the agent's threads during the session: {during:?}"
+    );
+    recording.finish();
+    // The session is over: each is back at the target's nice value, 0.
+    let after = agent_thread_nice_values(pid);
+    assert!(
+        !after.is_empty() && after.iter().all(|&nice| nice == 0),
+        "{after:?}"
+    );
+    target.steady_checksum(2, Duration::from_secs(60));
+}

@@ -33,6 +33,7 @@ for run in $(seq "$runs"); do
     sleep 0.5
     target_pid=$(pgrep -n -f "$work/many_threads")
     until grep -q ' tick 20 ' "$work/ticks"; do sleep 0.1; done
+    rm -f "$work/p.json"
     began=$(now_ms)
     "$tendril" record "$target_pid" --root thread_root --duration 3 -o "$work/p.json" \
         2> "$work/record.err" || echo "run $run: record failed: $(tail -n 1 "$work/record.err")"

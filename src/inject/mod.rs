@@ -16,6 +16,7 @@
 //! and tendril waits for that.
 
 mod agent_memfd;
+mod agent_priority;
 mod failed_load;
 mod loader;
 mod remote_call;
@@ -62,6 +63,14 @@ pub fn control_socket(target: &TargetProcess) -> PathBuf {
 
 /// Connects to the agent resident in `pid`, if there is one; never injects.
 pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
+    let mut found = connect_existing_inner(pid)?;
+    if let Some((_, session)) = found.as_mut() {
+        agent_priority::raise_for(pid, session);
+    }
+    Ok(found)
+}
+
+fn connect_existing_inner(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
     let target = process::inspect(pid)?;
     refuse_stopped(pid)?;
     let socket = control_socket(&target);
@@ -87,7 +96,7 @@ fn control_thread_runs(pid: i32) -> bool {
 
 /// Returns a session with the agent in `pid`, loading the agent first if needed.
 pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
-    attach_inner(pid).map_err(|error| match error {
+    let (target, mut session) = attach_inner(pid).map_err(|error| match error {
         // Whatever step failed, a process that is gone or exiting explains it best.
         InjectError::Attach(AttachError::Other { .. } | AttachError::PermissionDenied(_))
             if process::is_gone_or_exiting(pid) =>
@@ -95,7 +104,9 @@ pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
             AttachError::Exited(pid).into()
         }
         other => other,
-    })
+    })?;
+    agent_priority::raise_for(target.pid, &mut session);
+    Ok((target, session))
 }
 
 fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
