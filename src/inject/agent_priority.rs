@@ -29,12 +29,16 @@ const MOST_AGENT_THREADS: usize = 8;
 const AGENT_THREAD_PREFIX: &str = "tendril-";
 
 /// Raises the agent's threads in `pid` for as long as `session` is open, then puts
-/// back the nice value each had (threads the agent started meanwhile get the value
-/// the first one had). Does nothing where it may not.
+/// back the nice value each had (threads the agent started meanwhile, and threads a
+/// killed controller left raised, get the main thread's). Does nothing where it may
+/// not.
 pub fn raise_for(pid: i32, session: &mut AgentSession) {
     if nice_of(0) != Some(0) {
         return;
     }
+    // What an agent thread gets back when its own value is not known: the main
+    // thread's, which the agent's threads inherit when the agent starts.
+    let fallback = nice_of(pid).unwrap_or(0);
     let mut raised = Vec::new();
     for tid in agent_threads(pid) {
         match nice_of(tid) {
@@ -46,13 +50,14 @@ pub fn raise_for(pid: i32, session: &mut AgentSession) {
                     break;
                 }
             }
-            _ => {}
+            // Raised already: by a controller killed before it could put it back.
+            Some(_) => raised.push((tid, fallback)),
+            None => {}
         }
     }
-    let Some(&(_, fallback)) = raised.first() else {
-        return;
-    };
-    session.when_closed(move || put_back(pid, &raised, fallback));
+    if !raised.is_empty() {
+        session.when_closed(move || put_back(pid, &raised, fallback));
+    }
 }
 
 /// Gives the agent's threads in `pid` back the nice values in `raised`, and `fallback`
