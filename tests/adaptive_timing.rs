@@ -33,6 +33,52 @@ fn checksum(line: &str) -> String {
 }
 
 #[test]
+fn threads_that_exit_after_root_calls_have_every_untimed_call_counted() {
+    let mut target = Target::spawn("tightcall", &[]);
+    let mut recording = Recording::start(
+        target.pid(),
+        &["--root", "root", "--min-time", JUDGED_SHORT],
+    );
+    target.write_stdin("run 2000\n");
+    target.expect_line("run calls 6001 ", TIMEOUT);
+    recording.wait_for_line(SWITCHED, TIMEOUT);
+    // 200 threads one after another, each making 5 root calls of 100 mid calls and
+    // exiting: each exits while it keeps its last calls past its root's exits, and
+    // more threads than the first 128 rings take over the rings of threads gone.
+    target.write_stdin("serial 200 5 100\n");
+    target.expect_line("serial calls 301000 ", TIMEOUT);
+    let recorded = recording.finish();
+    let profile = &recorded.profile;
+    assert_eq!(profile.stats.lost_events, 0, "{}", recorded.stderr);
+    let root = timing_of(profile, &["root"]);
+    let mid = timing_of(profile, &["root", "mid"]);
+    let leaf = timing_of(profile, &["root", "mid", "leaf"]);
+    assert_eq!(
+        (root.calls, mid.calls, leaf.calls),
+        (1 + 1000, 2000 + 100_000, 4000 + 200_000)
+    );
+    let serial: Vec<_> = profile
+        .threads
+        .iter()
+        .filter(|thread| thread.tid != target.pid() as u32)
+        .collect();
+    assert_eq!(serial.len(), 200);
+    for thread in serial {
+        let calls = |path: &[&str]| node_at(&thread.roots, path).map(|node| node.calls);
+        assert_eq!(
+            (
+                calls(&["root"]),
+                calls(&["root", "mid"]),
+                calls(&["root", "mid", "leaf"])
+            ),
+            (Some(5), Some(500), Some(1000)),
+            "thread {}",
+            thread.tid
+        );
+    }
+}
+
+#[test]
 fn tiny_callees_are_counted_exactly_in_context_and_the_root_stays_timed() {
     let mut target = Target::spawn("tightcall", &[]);
     target.write_stdin("run 300000\n");

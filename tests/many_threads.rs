@@ -145,6 +145,8 @@ fn nice_values(pid: i32) -> Vec<i32> {
     };
     tasks
         .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
+        // The agent's threads (`tendril-…`) run ahead of the target's during a session.
+        .filter(|stat| !stat.contains("(tendril-"))
         .filter_map(|stat| {
             let after_name = &stat[stat.rfind(')')? + 1..];
             after_name.split_whitespace().nth(16)?.parse().ok()

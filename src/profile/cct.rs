@@ -500,3 +500,5 @@ impl CctBuilder {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod untimed_tests;
