@@ -4,7 +4,10 @@
 //!
 //! The one idea: the judge looks at the trees every [`JUDGE_EVERY`]. A function
 //! qualifies once it has made [`CALLS_TO_JUDGE`] calls and its mean time per call, its
-//! callees included, is under the threshold — and only if every function it calls is
+//! callees included, is under the threshold — over the recording so far, or over one
+//! judging window of at least that many calls ([`JudgeWindows`]: a call that a stop or
+//! an unseen preemption held for a second raises the mean of 50,000 calls of 2 ns to
+//! 20 µs; the windows without one show the calls' own time) — and only if every function it calls is
 //! untimed or qualifies too: a timed call below an untimed one would have no timed
 //! caller to nest under. The threshold follows from the calibration: the hooks' cost
 //! is removed from each call with an error of about its spread, and a call whose
@@ -65,6 +68,46 @@ pub(super) struct AdaptiveTiming {
     last_judged: Option<Instant>,
     /// The agent failed a switch: no more are tried in this recording.
     gave_up: bool,
+    windows: JudgeWindows,
+}
+
+/// Per function, the judging windows of at least [`CALLS_TO_JUDGE`] calls: where the
+/// current one began (calls and ticks at that judgement), and the lowest mean per call
+/// of one so far.
+#[derive(Debug, Default)]
+struct JudgeWindows {
+    by_function: HashMap<u32, JudgeWindow>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct JudgeWindow {
+    start_calls: u64,
+    start_ticks: f64,
+    lowest_mean_ticks: Option<f64>,
+}
+
+impl JudgeWindows {
+    /// A judgement with `sums` (the recording's so far): each function that made
+    /// [`CALLS_TO_JUDGE`] calls since its window began closes the window, and starts
+    /// the next.
+    fn close(&mut self, sums: &HashMap<u32, FunctionSums>) {
+        for (&id, sums) in sums {
+            let window = self.by_function.entry(id).or_default();
+            let calls = sums.calls.saturating_sub(window.start_calls);
+            if calls < CALLS_TO_JUDGE {
+                continue;
+            }
+            let mean = (sums.outermost_ticks - window.start_ticks).max(0.0) / calls as f64;
+            window.lowest_mean_ticks = Some(window.lowest_mean_ticks.map_or(mean, |m| m.min(mean)));
+            window.start_calls = sums.calls;
+            window.start_ticks = sums.outermost_ticks;
+        }
+    }
+
+    /// The lowest mean per call of a closed window of `id`.
+    fn lowest_mean_ticks(&self, id: u32) -> Option<f64> {
+        self.by_function.get(&id)?.lowest_mean_ticks
+    }
 }
 
 /// The threshold a calibration gives (see the module comment): where the spread of
@@ -96,6 +139,7 @@ impl AdaptiveTiming {
         self.refused.clear();
         self.last_judged = None;
         self.gave_up = false;
+        self.windows = JudgeWindows::default();
     }
 
     pub(super) fn untimed(&self) -> impl Iterator<Item = u32> + '_ {
@@ -186,20 +230,26 @@ impl Recorder {
     }
 
     /// The functions that qualify now, their callees closed over.
-    fn functions_to_untime(&self) -> Vec<u32> {
+    fn functions_to_untime(&mut self) -> Vec<u32> {
         let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
             return Vec::new();
         };
+        let sums = builder.function_sums();
+        self.adaptive.windows.close(&sums);
         let adaptive = &self.adaptive;
         let threshold_ticks = adaptive.threshold_ns * self.tsc_hz as f64 / 1e9;
-        let sums = builder.function_sums();
+        let short = |id: u32, sums: &FunctionSums| {
+            sums.mean_ticks().is_some_and(|mean| mean < threshold_ticks)
+                || (adaptive.windows.lowest_mean_ticks(id))
+                    .is_some_and(|mean| mean < threshold_ticks)
+        };
         let mut candidates: HashSet<u32> = sums
             .iter()
             .filter(|(id, sums)| {
                 !adaptive.untimed.contains(id)
                     && !adaptive.refused.contains(id)
                     && sums.calls >= CALLS_TO_JUDGE
-                    && sums.mean_ticks().is_some_and(|mean| mean < threshold_ticks)
+                    && short(**id, sums)
                     && rings
                         .function_address(**id)
                         .is_some_and(|address| !adaptive.kept_timed.contains(&address))
@@ -361,5 +411,36 @@ impl Recorder {
             builder.set_untimed(untimed);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sums(calls: u64, ticks: f64) -> HashMap<u32, FunctionSums> {
+        HashMap::from([(
+            7,
+            FunctionSums {
+                calls,
+                outermost_ticks: ticks,
+                callees: HashSet::new(),
+            },
+        )])
+    }
+
+    #[test]
+    fn a_window_without_the_one_long_call_shows_the_calls_own_time() {
+        let mut windows = JudgeWindows::default();
+        // 1,000 calls of 5 ticks, one of which was held for 10^9 ticks...
+        windows.close(&sums(1000, 5_000.0 + 1e9));
+        assert_eq!(windows.lowest_mean_ticks(7), Some((5_000.0 + 1e9) / 1000.0));
+        // ...then 500 calls: too few to close the window...
+        windows.close(&sums(1500, 7_500.0 + 1e9));
+        assert_eq!(windows.lowest_mean_ticks(7), Some((5_000.0 + 1e9) / 1000.0));
+        // ...and 1,000 more: the window of 1,500 calls without the held one.
+        windows.close(&sums(2500, 12_500.0 + 1e9));
+        assert_eq!(windows.lowest_mean_ticks(7), Some(5.0));
+        assert_eq!(windows.lowest_mean_ticks(8), None);
     }
 }
