@@ -405,7 +405,7 @@ const ROOM_WAIT_NS: u64 = 20_000_000;
 /// them and starved the very drain they waited for. The thread sleeps on the tail's
 /// low half (a futex in the shared memory), and says so in the ring's `WAITING` word
 /// for the controller, which wakes it after it moves the tail.
-pub(crate) fn wait_for_the_drain(ring_header: u64, wanted_tail: u64) {
+fn wait_for_the_drain(ring_header: u64, wanted_tail: u64) {
     let tail = word_at(ring_header + ring::TAIL as u64);
     let tail_low = word32_at(ring_header + ring::TAIL as u64);
     let waiting = word32_at(ring_header + ring::WAITING as u64);

@@ -49,9 +49,10 @@ const KEEP_EXITS: u64 = 64;
 /// The longest (`rdtsc` ticks, 4–17 ms at 1–4 GHz) a thread keeps its table past the
 /// outermost exits, so that a live view shows the counts as they come.
 const KEEP_TICKS: u64 = 1 << 24;
-/// The longest the agent thread writing out a kept table waits for its thread's exit
-/// event, or for room in its ring.
-const WRITE_OUT_WAIT_NS: u64 = 1_000_000_000;
+/// The longest the agent thread writing kept tables out waits, over all threads, for
+/// exits that threads are writing: the controller waits for the end of the recording
+/// meanwhile, and reads no ring.
+const WRITE_OUT_WAIT_NS: u64 = 100_000_000;
 
 /// `STATE.untimed_exit_key`, the thread-specific data key whose destructor writes a
 /// thread's kept calls out as it exits: [`NO_KEY_YET`], or [`NO_KEY`] if none could be
@@ -270,6 +271,7 @@ pub fn keep_past_exit(state: StatePtr) -> bool {
 /// idle or gone since it kept it — is written into its thread's ring.
 pub fn write_out_kept_tables() {
     STATE.untimed_keep_refused.store(1, SeqCst);
+    let deadline = sys::monotonic_ns() + WRITE_OUT_WAIT_NS;
     for state in registered_threads() {
         let offer = state.untimed_deferral();
         let taken = offer.load(SeqCst) == DEFERRAL_OFFERED
@@ -277,22 +279,20 @@ pub fn write_out_kept_tables() {
                 .compare_exchange(DEFERRAL_OFFERED, DEFERRAL_TAKEN, SeqCst, SeqCst)
                 .is_ok();
         if taken {
-            write_out_for(state);
+            write_out_for(state, deadline);
             offer.store(DEFERRAL_OWN, Release);
         }
     }
 }
 
 /// Writes the taken table of `state`'s thread into that thread's ring, after the exit
-/// it was kept past; counts it as lost if it cannot.
-fn write_out_for(state: StatePtr) {
+/// it was kept past (waited for until `deadline`, `monotonic_ns`); counts as lost what
+/// it cannot write (no room: the controller reads no ring meanwhile).
+fn write_out_for(state: StatePtr, deadline: u64) {
     let lent = borrow_ring(state);
     let exit_position = state.untimed_exit_position().load(Relaxed);
-    let exit_written =
-        lent.is_some() && wait_for_head_past(state, exit_position, WRITE_OUT_WAIT_NS);
-    let (_, unwritten) = take_calls(state, |event| {
-        exit_written && write_for(state, event, WRITE_OUT_WAIT_NS)
-    });
+    let exit_written = lent.is_some() && wait_for_head_past(state, exit_position, deadline);
+    let (_, unwritten) = take_calls(state, |event| exit_written && write_for(state, event));
     recording::add_to_header(header::LOST_EVENTS, unwritten);
     if let Some(tid) = lent {
         give_ring_back(state, tid);
@@ -327,11 +327,10 @@ fn give_ring_back(state: StatePtr, tid: u32) {
     recording::word32_at(ring_header + ring::TID as u64).store(tid, Ordering::Release);
 }
 
-/// Waits (an agent thread, at most `timeout_ns`) until the thread of `state` has
-/// written its ring past `position`.
-fn wait_for_head_past(state: StatePtr, position: u64, timeout_ns: u64) -> bool {
+/// Waits (an agent thread, until `deadline`, `monotonic_ns`) until the thread of
+/// `state` has written its ring past `position`.
+fn wait_for_head_past(state: StatePtr, position: u64, deadline: u64) -> bool {
     let head = recording::word_at(state.ring_header().load(Relaxed) + ring::HEAD as u64);
-    let deadline = sys::monotonic_ns() + timeout_ns;
     while head.load(Ordering::Acquire) <= position {
         if sys::monotonic_ns() > deadline {
             return false;
@@ -342,24 +341,16 @@ fn wait_for_head_past(state: StatePtr, position: u64, timeout_ns: u64) -> bool {
 }
 
 /// Writes `event` into the borrowed ring of `state`'s thread (an agent thread, see
-/// [`borrow_ring`]), waiting at most `timeout_ns` for room; false if there was none.
-/// The thread's ring limit stays 0: it comes to its slow path before it writes again.
-fn write_for(state: StatePtr, event: Event, timeout_ns: u64) -> bool {
+/// [`borrow_ring`]) if it has room; false if not. The thread's ring limit stays 0: it
+/// comes to its slow path before it writes again.
+fn write_for(state: StatePtr, event: Event) -> bool {
     let ring_header = state.ring_header().load(Relaxed);
-    let tail = recording::word_at(ring_header + ring::TAIL as u64);
-    let deadline = sys::monotonic_ns() + timeout_ns;
-    loop {
-        let head = state.ring_head().load(Relaxed);
-        if head < tail.load(Ordering::Acquire) + recording::ring_capacity(state) {
-            break;
-        }
-        if STATE.recording_active.load(Ordering::Acquire) == 0 || sys::monotonic_ns() > deadline {
-            return false;
-        }
-        recording::wait_for_the_drain(ring_header, head + 1 - recording::ring_capacity(state));
+    let tail = recording::word_at(ring_header + ring::TAIL as u64).load(Ordering::Acquire);
+    let room = state.ring_head().load(Relaxed) < tail + recording::ring_capacity(state);
+    if room {
+        recording::write_event(state, event);
     }
-    recording::write_event(state, event);
-    true
+    room
 }
 
 /// Empties every registered thread's table, before a recording starts: no untimed hook
