@@ -8,7 +8,10 @@
 //! another (`BENCHMARKS.md`). So the reading thread asks for a higher priority
 //! ([`READING_NICE`]) when it first reads. Its work is what the target's events make,
 //! and it sleeps when the rings are empty: it takes from the target only the time the
-//! target would otherwise spend waiting for it.
+//! target would otherwise spend waiting for it. The priority is nice −20, the highest:
+//! at −10 (a weight of about nine threads at the default) it still got so little of a
+//! core among hundreds of runnable target threads that a 3 s recording took 32–53 s to
+//! read; at −20 (about 87 threads' weight), 6–9 s.
 //!
 //! Only the reading thread; only when tendril has the right (root, or
 //! `CAP_SYS_NICE`), else it reads at the priority it has; and only from the default
@@ -18,7 +21,7 @@ use std::cell::Cell;
 
 /// The nice value of the thread that reads the rings (the default is 0; lower runs
 /// first).
-pub const READING_NICE: i32 = -10;
+pub const READING_NICE: i32 = -20;
 
 thread_local! {
     /// This thread has asked already.
