@@ -500,5 +500,3 @@ impl CctBuilder {
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod untimed_tests;

@@ -191,10 +191,6 @@ pub struct ThreadTree {
     resuming: bool,
     /// Where the next untimed call goes (see `untimed_calls`).
     chain: UntimedChain,
-    /// The node of the outermost frame that closed last, while no frame is open: the
-    /// untimed calls a thread kept past that frame's exit, written out later, are its
-    /// (the agent's `untimed_table`).
-    last_outermost: Option<u32>,
     /// Whether a root has been entered since the stream began (until then, an exit
     /// with nothing open is a stale exit, not an unmatched one).
     joined: bool,
@@ -214,7 +210,6 @@ impl ThreadTree {
             latest_ts: 0,
             resuming: false,
             chain: UntimedChain::default(),
-            last_outermost: None,
             joined: false,
             counters: ThreadCounters::default(),
         }
@@ -286,25 +281,12 @@ impl ThreadTree {
     /// the innermost timed frame, whose time holds them and their hooks' cost.
     fn untimed_call(&mut self, event: &Event, correction: &Correction) {
         let (caller, count) = caller_and_count(event);
-        let hooks_ticks = count as f64 * correction.untimed_ticks();
-        let frame = match self.frames.last_mut() {
-            Some(top) if top.node != DISCARDED => {
-                top.descendant_outer_ticks += hooks_ticks;
-                top.node
-            }
-            None if self.last_outermost.is_some() => {
-                // Made in outermost frames that have closed: their time held the hooks'.
-                let node = self.last_outermost.unwrap_or_default();
-                let closed = self.arena.node_mut(node);
-                closed.total_ticks -= hooks_ticks;
-                closed.cpu_ticks -= hooks_ticks;
-                node
-            }
-            _ => {
-                self.counters.discarded_calls += count;
-                return;
-            }
+        let Some(top) = self.frames.last_mut().filter(|top| top.node != DISCARDED) else {
+            self.counters.discarded_calls += count;
+            return;
         };
+        top.descendant_outer_ticks += count as f64 * correction.untimed_ticks();
+        let frame = top.node;
         (self.chain).place(&mut self.arena, frame, event.function, caller, count);
         self.counters.untimed_calls += count;
     }
@@ -488,9 +470,6 @@ impl ThreadTree {
         };
         self.open_per_function[frame.function as usize] -= 1;
         if frame.node == DISCARDED {
-            if self.frames.is_empty() {
-                self.last_outermost = None;
-            }
             return;
         }
         let (charged, charged_cpu) =
@@ -498,10 +477,9 @@ impl ThreadTree {
         let node = self.arena.node_mut(frame.node);
         node.total_ticks += charged;
         node.cpu_ticks += charged_cpu;
-        match self.frames.last_mut() {
+        if let Some(caller) = self.frames.last_mut() {
             // Every hook below a frame ran inside its time.
-            Some(caller) => caller.descendant_outer_ticks += outer_of_call(&frame, correction),
-            None => self.last_outermost = Some(frame.node),
+            caller.descendant_outer_ticks += outer_of_call(&frame, correction);
         }
         self.counters.unwound_exits += u64::from(unwound);
     }
@@ -540,7 +518,6 @@ impl ThreadTree {
     /// calls made inside them are not nested under them (see the module comment).
     pub fn stop_watching(&mut self, at_ts: u64, correction: &Correction) {
         self.finish(at_ts, correction);
-        self.last_outermost = None;
         self.joined = false;
         self.resuming = false;
     }

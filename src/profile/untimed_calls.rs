@@ -11,7 +11,7 @@
 //! made by function G goes under the deepest node of G in that chain (the chain is cut
 //! back to it: calls of G's deeper callees have returned), or under the timed frame
 //! when no untimed G is in the chain (the frame's own function, or code tendril does not
-//! hook, made it) and none is among the frame's first descendants. Every timed event starts a new chain. Recursion among untimed
+//! hook, made it). Every timed event starts a new chain. Recursion among untimed
 //! functions, which the calls alone cannot tell apart from a sequence of calls, is
 //! folded: a call of a function already in the chain counts on that node, so the
 //! chain never holds a function twice and its depth stays bounded.
@@ -74,13 +74,7 @@ impl UntimedChain {
             }
             None => {
                 self.nodes.clear();
-                match find_below(arena, frame, caller) {
-                    Some(found) => {
-                        self.nodes.push(found);
-                        found
-                    }
-                    None => frame,
-                }
+                frame
             }
         };
         let node = match self
@@ -101,35 +95,6 @@ impl UntimedChain {
         arena.node_mut(node).calls += count;
         node
     }
-}
-
-/// How many nodes below a timed frame [`find_below`] looks at.
-const SEARCHED_NODES: usize = 64;
-
-/// The shallowest node of `caller` below `frame` (the first [`SEARCHED_NODES`] nodes,
-/// breadth first), for a call whose caller is not in the chain: the chain starts
-/// afresh at each timed event, and a thread writes its counts out in the order the
-/// pairs were first seen, which can put a call before its caller's (the first pair
-/// seen after a write-out may be the second call inside an untimed caller).
-fn find_below(arena: &CallArena, frame: u32, caller: u32) -> Option<u32> {
-    if caller == UNKNOWN_CALLER || arena.nodes()[frame as usize].function == caller {
-        return None;
-    }
-    let mut queue = std::collections::VecDeque::from([frame]);
-    let mut visited = 0;
-    while let Some(node) = queue.pop_front() {
-        for child in arena.nodes()[node as usize].children() {
-            if arena.nodes()[child as usize].function == caller {
-                return Some(child);
-            }
-            visited += 1;
-            if visited >= SEARCHED_NODES {
-                return None;
-            }
-            queue.push_back(child);
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -188,19 +153,6 @@ mod tests {
         assert_eq!(arena.nodes()[fib as usize].calls, 11);
         let unknown = chain.place(&mut arena, root, 9, UNKNOWN_CALLER, 1);
         assert_eq!(path(&arena, unknown), [1, 9]);
-    }
-
-    #[test]
-    fn a_call_whose_caller_is_not_in_the_chain_goes_under_its_callers_node_below_the_frame() {
-        let mut arena = CallArena::default();
-        let root = arena.child(TOP, 1);
-        let mut chain = UntimedChain::default();
-        let mid = chain.place(&mut arena, root, 2, 1, 1);
-        // A timed event, then the second leaf call inside mid comes first.
-        chain.reset();
-        let leaf = chain.place(&mut arena, root, 3, 2, 7);
-        assert_eq!(path(&arena, leaf), [1, 2, 3]);
-        assert_eq!(arena.nodes()[leaf as usize].parent, mid);
     }
 
     #[test]

@@ -213,9 +213,7 @@ impl Rings {
             if ring.word32(ring::STATE).load(Ordering::Acquire) != rings::RING_ACTIVE {
                 continue;
             }
-            // The agent may be writing for the ring's thread (`TID_WRITTEN_FOR`).
-            let tid =
-                (ring.word32(ring::TID).load(Ordering::Acquire) & !ring::TID_WRITTEN_FOR) as i32;
+            let tid = ring.word32(ring::TID).load(Ordering::Acquire) as i32;
             let head = ring.word(ring::HEAD).load(Ordering::Acquire);
             let tail_word = ring.word(ring::TAIL);
             let tail = tail_word.load(Ordering::Relaxed);

@@ -175,11 +175,7 @@ pub mod header {
 /// Offsets inside a ring's header.
 pub mod ring {
     /// The producing thread's id (`i32`) and state (`u32`: [`super::RING_FREE`]...).
-    /// While an agent thread writes into the ring for its thread (the calls it counted
-    /// before it went idle or exited), the id has [`TID_WRITTEN_FOR`] set: no thread
-    /// may take the ring over meanwhile. Readers mask it off.
     pub const TID: usize = 0;
-    pub const TID_WRITTEN_FOR: u32 = 1 << 31;
     pub const STATE: usize = 4;
     /// How far (`u64`, in the head's units) the ring's memory is known to be faulted
     /// in: the agent faults it in ahead of the producer, a part at a time, and past one

@@ -28,9 +28,6 @@ impl Recorder {
         }
         self.recording = false;
         self.hooks_left_in = None;
-        // The agent writes out the untimed calls threads kept past their last exits
-        // into their rings as the recording stops; nothing reads the rings meanwhile.
-        self.poll();
         let stopped = self.session.request(&Request::StopRecording);
         self.stopped_at = self.rings.as_ref().and_then(Rings::stopped_at);
         self.poll();

@@ -255,7 +255,6 @@ fn start_recording(
         discovery::start(session, table, discover)?;
         // Counts an earlier recording's untimed hooks left in the threads' tables.
         crate::runtime::untimed_table::forget_all();
-        crate::runtime::untimed_table::prepare_exit_write_out();
         recording::start();
         let cost = calibration::calibrate()?;
         // Without it the start calibration stays in use (the profile then says
@@ -291,8 +290,6 @@ pub(super) fn stop_recording(session: u64) -> Response {
             message: "this session is not recording".into(),
         };
     }
-    // The untimed calls threads kept past their last exits, before anything stops.
-    crate::runtime::untimed_table::write_out_kept_tables();
     recording::stop();
     in_situ::stop();
     let restored = patcher::restore(Some(session));

@@ -127,18 +127,6 @@ impl StatePtr {
         untimed_used;
         /// The recording the untimed-call table's counts belong to.
         untimed_generation;
-        /// Whether the untimed-call table is kept past an exit, and offered (`DEFERRAL_*`).
-        untimed_deferral;
-        /// 1 while the untimed-call table holds only closed outermost frames' calls.
-        untimed_closed;
-        /// The outermost frame's function whose calls the untimed-call table holds.
-        untimed_root;
-        /// Exits the untimed-call table was kept past since it was last written out.
-        untimed_kept_exits;
-        /// When (`rdtsc`) the untimed-call table was first kept past an exit.
-        untimed_kept_since;
-        /// The ring position of the exit the untimed-call table was last kept past.
-        untimed_exit_position;
     }
 
     /// Word `index` of the untimed-call table's order (`< UNTIMED_SLOTS`).

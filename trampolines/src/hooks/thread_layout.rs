@@ -122,26 +122,7 @@ pub struct ThreadState {
     pub untimed_order: [u64; UNTIMED_SLOTS],
     /// Slot `i` is words `4i..4i + 4`: return address, function id, count, unused.
     pub untimed_slots: [u64; UNTIMED_SLOTS * 4],
-    /// The table kept past the exit of the thread's outermost frame
-    /// (`runtime::untimed_table`): `DEFERRAL_*`, the one word another thread may write.
-    pub untimed_deferral: u64,
-    /// 1 while the table holds only calls of outermost frames that have closed.
-    pub untimed_closed: u64,
-    /// The function of the outermost frame the table's calls were made in.
-    pub untimed_root: u64,
-    /// Exits of that function the table was kept past, and when (`rdtsc`) the first was.
-    pub untimed_kept_exits: u64,
-    pub untimed_kept_since: u64,
-    /// Where in the ring the exit the table was last kept past is written.
-    pub untimed_exit_position: u64,
 }
-
-/// `untimed_deferral`: the table is the thread's own (it may be kept, and not yet
-/// offered); offered to the agent's threads (the thread is outside the call graph,
-/// the exit written or being written); taken by an agent thread writing it out.
-pub const DEFERRAL_OWN: u64 = 0;
-pub const DEFERRAL_OFFERED: u64 = 1;
-pub const DEFERRAL_TAKEN: u64 = 2;
 
 /// Slots of a thread's untimed-call table (a power of two).
 pub const UNTIMED_SLOTS: usize = 32;

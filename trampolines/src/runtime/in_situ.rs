@@ -237,16 +237,12 @@ pub fn stop() {
 /// and sets the caller's `rdx` to 0 when there is room now, 1 if the event is dropped.
 pub extern "C" fn ring_space(registers: &mut SavedRegisters) {
     let room = with_own_state(|state| {
-        // The thread's untimed calls come before the event the hook is about to write,
-        // unless they are kept past it (the exit of the thread's outermost frame).
-        let keep = super::untimed_table::before_recorded_event(state);
-        let mut room = recording::make_room(state);
+        // The thread's untimed calls come before the event the hook is about to write.
+        super::untimed_table::flush(state);
+        let room = recording::make_room(state);
         if room {
             calibrate_if_due(state, recording::ring_room(state));
             recording::update_limit(state);
-            if keep {
-                room = super::untimed_table::keep_past_exit(state);
-            }
         }
         room
     })

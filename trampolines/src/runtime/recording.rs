@@ -344,8 +344,6 @@ fn reclaim(ring: u64, ring_state: &AtomicU32) -> bool {
 /// and waits for the controller if the ring is full. Returns false if the event must
 /// be dropped (no ring to be had); the wait, if any, is recorded as an Adjust event.
 pub fn make_room(state: StatePtr) -> bool {
-    // The thread writes into its ring: an agent thread must not meanwhile.
-    super::thread_state::take_back_kept_table(state);
     // After a recording, the frames still open write their exits into nothing: they
     // are not lost, the recording is over.
     let active = STATE.recording_active.load(Ordering::Acquire) != 0;
@@ -390,7 +388,7 @@ pub fn make_room(state: StatePtr) -> bool {
 }
 
 /// The events the calling thread's ring holds.
-pub(crate) fn ring_capacity(state: StatePtr) -> u64 {
+fn ring_capacity(state: StatePtr) -> u64 {
     state.ring_mask().load(Relaxed) + 1
 }
 
@@ -484,21 +482,16 @@ pub fn ring_room(state: StatePtr) -> RingRoom {
 pub fn update_limit(state: StatePtr) {
     let room = ring_room(state);
     let limit = room.end.min(room.in_situ_next.load(Relaxed));
-    // While the thread's table holds untimed calls, every recording hook comes to the
-    // slow path, which writes them out before its event or keeps them (`untimed_table`).
-    let keeping = state.untimed_used().load(Relaxed) != 0;
-    state
-        .ring_limit()
-        .store(if keeping { 0 } else { limit }, Relaxed);
+    state.ring_limit().store(limit, Relaxed);
 }
 
-pub(crate) fn word_at(address: u64) -> &'static AtomicU64 {
+fn word_at(address: u64) -> &'static AtomicU64 {
     // SAFETY: `address` is an 8-byte ring header field inside the mapped rings file or
     // an extra segment, both mapped for the life of the process.
     unsafe { &*(address as *const AtomicU64) }
 }
 
-pub(crate) fn word32_at(address: u64) -> &'static AtomicU32 {
+fn word32_at(address: u64) -> &'static AtomicU32 {
     // SAFETY: as in `word_at`, for a 4-byte field.
     unsafe { &*(address as *const AtomicU32) }
 }

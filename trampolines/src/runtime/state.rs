@@ -34,12 +34,6 @@ pub struct RuntimeState {
     pub rings: AtomicPtr<u8>,
     /// Non-zero while a recording is active: hooks that find no ring may claim one.
     pub recording_active: AtomicU32,
-    /// Nonzero while the recording ends: threads no longer keep their untimed calls
-    /// past an exit (`untimed_table`).
-    pub untimed_keep_refused: AtomicU32,
-    /// The thread-specific data key whose destructor writes an exiting thread's kept
-    /// untimed calls out (`untimed_table::prepare_exit_write_out`).
-    pub untimed_exit_key: AtomicU32,
     /// Recordings started so far: the untimed-call tables' counts of an earlier one are
     /// dropped (`untimed_table`).
     pub recording_generation: AtomicU64,
@@ -111,8 +105,6 @@ pub static STATE: RuntimeState = RuntimeState {
     agent_thread_state: OnceLock::new(),
     rings: AtomicPtr::new(std::ptr::null_mut()),
     recording_active: AtomicU32::new(0),
-    untimed_keep_refused: AtomicU32::new(0),
-    untimed_exit_key: AtomicU32::new(u32::MAX),
     recording_generation: AtomicU64::new(0),
     rings_fd: Mutex::new(None),
     segments: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_SEGMENTS],

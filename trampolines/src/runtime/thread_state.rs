@@ -192,29 +192,3 @@ pub fn registered_threads() -> Vec<StatePtr> {
         .filter_map(|r| unsafe { StatePtr::from_raw(r.load(Ordering::Acquire)) })
         .collect()
 }
-
-/// The thread of `state` takes its untimed-call table back if it offered it (see
-/// `untimed_table`), or waits while an agent
-/// thread writes it out. Owner only.
-pub fn take_back_kept_table(state: StatePtr) {
-    let offer = state.untimed_deferral();
-    loop {
-        match offer.load(Ordering::Acquire) {
-            DEFERRAL_OWN => return,
-            DEFERRAL_OFFERED => {
-                if offer
-                    .compare_exchange(
-                        DEFERRAL_OFFERED,
-                        DEFERRAL_OWN,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
-                    .is_ok()
-                {
-                    return;
-                }
-            }
-            _ => crate::sys::yield_cpu(),
-        }
-    }
-}
