@@ -10,8 +10,8 @@
 //! and it sleeps when the rings are empty: it takes from the target only the time the
 //! target would otherwise spend waiting for it. The priority is nice −20, the highest:
 //! at −10 (a weight of about nine threads at the default) it still got so little of a
-//! core among hundreds of runnable target threads that a 3 s recording took 32–53 s to
-//! read; at −20 (about 87 threads' weight), 6–9 s.
+//! core among hundreds of runnable target threads that a 3 s recording took 22–97 s to
+//! read; at −20 (about 87 threads' weight), 5–12 s (`BENCHMARKS.md`).
 //!
 //! Only the reading thread; only when tendril has the right (root, or
 //! `CAP_SYS_NICE`), else it reads at the priority it has; and only from the default
