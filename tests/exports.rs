@@ -23,8 +23,14 @@ use tendril::profile::export::pprof::PprofProfile;
 
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A path of its own for each call: the tests run side by side in one process.
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("tendril-exports-{}-{name}", std::process::id()))
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let unique = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "tendril-exports-{}-{unique}-{name}",
+        std::process::id()
+    ))
 }
 
 /// main (app) 1000 ns: parse 300 (self 100; read 200 in libc), compute 600 (self 600),
