@@ -7,16 +7,16 @@
 //! callees included, is under the threshold — over the recording so far, or over one
 //! judging window of at least that many calls ([`JudgeWindows`]: a call that a stop or
 //! an unseen preemption held for a second raises the mean of 50,000 calls of 2 ns to
-//! 20 µs; the windows without one show the calls' own time) — and only if every function it calls is
-//! untimed or qualifies too: a timed call below an untimed one would have no timed
-//! caller to nest under. The threshold follows from the calibration: the hooks' cost
-//! is removed from each call with an error of about its spread, and a call whose
-//! spread would exceed [`MAX_ERROR_SHARE`] of it, or that is shorter than its hooks'
-//! cost, is not timed ([`threshold_ns`]). A root is switched to its outermost-timed hook
-//! (its calls inside its own graph, a recursion, are counted); its outermost calls stay
-//! timed. An untimed function stays so until a reset or a new recording. What the agent
-//! refuses stays timed, and so do its callers. While a trace (`--trace`) runs, nothing
-//! is switched: its timeline shows every call.
+//! 20 µs; the windows without one show the calls' own time) — and only if every
+//! function it calls is untimed or qualifies too: a timed call below an untimed one
+//! would have no timed caller to nest under. The threshold follows from the
+//! calibration: the hooks' cost is removed from each call with an error of about its
+//! spread, and a call whose spread would exceed [`MAX_ERROR_SHARE`] of it, or that is
+//! shorter than its hooks' cost, is not timed ([`threshold_ns`]). A root is switched to
+//! its outermost-timed hook (its calls inside its own graph, a recursion, are counted);
+//! its outermost calls stay timed. An untimed function stays so until a reset or a new
+//! recording. What the agent refuses stays timed, and so do its callers. While a trace
+//! (`--trace`) runs, nothing is switched: its timeline shows every call.
 
 use super::Recorder;
 use crate::profile::per_function::FunctionSums;
