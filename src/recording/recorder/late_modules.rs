@@ -51,6 +51,10 @@ pub(super) struct Watch {
     /// What is instrumented besides discovery (roots, address-taken functions), with
     /// its id: patched again when a library was unloaded, in case it came back.
     instrumented: Vec<(u64, Hook, u32)>,
+    /// A library was unloaded and none of what it took has been patched again yet: it
+    /// may come back after a later look (a look between the unload and the load again
+    /// finds nothing to patch again).
+    unloaded_since: bool,
 }
 
 impl Watch {
@@ -62,6 +66,7 @@ impl Watch {
         self.followed = 0;
         self.unloaded_functions = 0;
         self.instrumented.clear();
+        self.unloaded_since = false;
     }
 
     /// Notes what `patched` got in (`outcomes`, in the same order).
@@ -139,14 +144,17 @@ impl Recorder {
             }
         }
         if loader.unloads > before.unloads {
-            self.instrument_again();
+            self.late_modules.unloaded_since = true;
+        }
+        if self.late_modules.unloaded_since && self.instrument_again() > 0 {
+            self.late_modules.unloaded_since = false;
         }
     }
 
     /// Patches again what was instrumented besides discovery, after a library was
     /// unloaded: what went with it and came back gets new patches (and ids); the rest is
-    /// in already, which the agent answers at once.
-    fn instrument_again(&mut self) {
+    /// in already, which the agent answers at once. Returns how many came back.
+    fn instrument_again(&mut self) -> usize {
         let functions: Vec<(&Function, Hook)> = self
             .late_modules
             .instrumented
@@ -157,13 +165,13 @@ impl Recorder {
             })
             .collect();
         if functions.is_empty() {
-            return;
+            return 0;
         }
         let Ok(Response::Patched { outcomes }) = self
             .session
             .request(&targets::patch_request(&self.symbols, &functions))
         else {
-            return;
+            return 0;
         };
         let mut again = 0;
         for outcome in &outcomes {
@@ -183,6 +191,7 @@ impl Recorder {
             self.late_modules.followed += 1;
             say!("a library was loaded again: {again} of its functions are instrumented again");
         }
+        again
     }
 
     /// Code objects mapped now that the symbols do not know (the agent's own aside).
