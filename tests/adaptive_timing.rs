@@ -32,8 +32,9 @@ fn checksum(line: &str) -> String {
     line.split_whitespace().last().unwrap().to_string()
 }
 
-#[test]
-fn threads_that_exit_after_root_calls_have_every_untimed_call_counted() {
+/// `tightcall` recorded from `root`, after a first run of 2,000 mid calls has had `mid`
+/// and `leaf` switched to the untimed hook.
+fn recording_with_mid_and_leaf_untimed() -> (Target, Recording) {
     let mut target = Target::spawn("tightcall", &[]);
     let mut recording = Recording::start(
         target.pid(),
@@ -42,9 +43,15 @@ fn threads_that_exit_after_root_calls_have_every_untimed_call_counted() {
     target.write_stdin("run 2000\n");
     target.expect_line("run calls 6001 ", TIMEOUT);
     recording.wait_for_line(SWITCHED, TIMEOUT);
+    (target, recording)
+}
+
+#[test]
+fn threads_that_exit_after_root_calls_have_every_untimed_call_counted() {
+    let (mut target, recording) = recording_with_mid_and_leaf_untimed();
     // 200 threads one after another, each making 5 root calls of 100 mid calls and
-    // exiting: each exits while it keeps its last calls past its root's exits, and
-    // more threads than the first 128 rings take over the rings of threads gone.
+    // exiting: more threads than the first 128 rings, so later threads take over the
+    // rings of threads gone.
     target.write_stdin("serial 200 5 100\n");
     target.expect_line("serial calls 301000 ", TIMEOUT);
     let recorded = recording.finish();
@@ -297,14 +304,7 @@ fn a_reset_times_everything_again_until_it_is_judged_anew() {
 
 #[test]
 fn untimed_nodes_keep_their_mark_through_json_and_pprof() {
-    let mut target = Target::spawn("tightcall", &[]);
-    let mut recording = Recording::start(
-        target.pid(),
-        &["--root", "root", "--min-time", JUDGED_SHORT],
-    );
-    target.write_stdin("run 2000\n");
-    target.expect_line("run calls 6001 ", TIMEOUT);
-    recording.wait_for_line(SWITCHED, TIMEOUT);
+    let (_target, recording) = recording_with_mid_and_leaf_untimed();
     let recorded = recording.finish();
     let text = serde_json::to_string(&recorded.profile).unwrap();
     assert!(text.contains(r#""timing":"in_caller""#), "{text}");
