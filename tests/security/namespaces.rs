@@ -80,8 +80,10 @@ fn a_directory_of_roots_bound_at_the_targets_tmp_gets_nothing_from_root() {
     let _turn = serial();
     let (uid, gid) = test_user();
     let root_only = RootOnlyDir::new();
+    // The fixture is run from a descriptor opened before the mount: a repository
+    // under /tmp (a clone in /tmp/ci-check) would be hidden by it.
     let mount = format!(
-        "mount --bind {} /tmp && exec \"$0\" \"$@\"",
+        "exec 3<\"$0\" && mount --bind {} /tmp && exec /proc/self/fd/3 \"$@\"",
         root_only.path.display()
     );
     let target = Target::spawn_wrapped(
