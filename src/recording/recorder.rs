@@ -436,7 +436,8 @@ impl Recorder {
             indirect.note_outcomes(&patched, &outcomes);
             say!("{}", indirect.summary());
         }
-        self.late_modules.instrumented(&patched, &outcomes);
+        self.late_modules
+            .instrumented(&self.symbols, &patched, &outcomes);
         self.root_names = root_names;
         self.instrumented_up_front = recorded;
         self.static_indirect_call_sites = closure.indirect_call_sites;

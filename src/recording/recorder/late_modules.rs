@@ -15,8 +15,10 @@
 //! A library unloaded while instrumented takes its patches with it (the agent writes
 //! nothing where they were, see the agent's `loaded_modules`); one loaded again where it
 //! was is the same module to `/proc/PID/maps`. So when the loader removed a library,
-//! everything instrumented up front and since is patched again: the agent answers at
-//! once for what is still in, and instruments anew what came back. The profile's stats
+//! everything instrumented up front and since (named by module path and file address,
+//! so a library back elsewhere is found, and another at its address is not taken for it)
+//! is patched again: the agent answers at once for what is still in, and instruments
+//! anew what came back. The profile's stats
 //! say how many libraries came and went, how many of those tendril followed, and how many
 //! instrumented functions went away with theirs.
 
@@ -48,13 +50,26 @@ pub(super) struct Watch {
     followed: u64,
     /// Instrumented functions whose library was unloaded while they were patched.
     unloaded_functions: u64,
-    /// What is instrumented besides discovery (roots, address-taken functions), with
-    /// its id: patched again when a library was unloaded, in case it came back.
-    instrumented: Vec<(u64, Hook, u32)>,
+    /// What is instrumented besides discovery (roots, address-taken functions): patched
+    /// again when a library was unloaded, in case it came back.
+    instrumented: Vec<Instrumented>,
     /// A library was unloaded and none of what it took has been patched again yet: it
     /// may come back after a later look (a look between the unload and the load again
     /// finds nothing to patch again).
     unloaded_since: bool,
+}
+
+/// A function instrumented besides discovery, named by its module's path and its place
+/// in the module's file, so that its library loaded again (where it was or elsewhere) is
+/// recognised, and another library loaded at its address is not mistaken for it.
+#[derive(Debug)]
+struct Instrumented {
+    module_path: PathBuf,
+    /// The function's address minus its module's load bias.
+    file_address: u64,
+    hook: Hook,
+    /// The agent's id of the patch made last.
+    id: u32,
 }
 
 impl Watch {
@@ -69,21 +84,60 @@ impl Watch {
         self.unloaded_since = false;
     }
 
-    /// Notes what `patched` got in (`outcomes`, in the same order).
+    /// Notes what `patched` got in (`outcomes`, in the same order), its functions
+    /// found in `symbols`.
     pub(super) fn instrumented(
         &mut self,
+        symbols: &ProcessSymbols,
         patched: &[(&Function, Hook)],
         outcomes: &[PatchOutcome],
     ) {
-        self.instrumented.extend(
-            patched
-                .iter()
-                .zip(outcomes)
-                .filter(|((_, hook), _)| hook.records())
-                .filter_map(|((function, hook), outcome)| {
-                    Some((function.addr, *hook, outcome.id?))
+        self.note(symbols, patched, outcomes, true);
+    }
+
+    /// Notes what a new module's `patched` got in, keeping the ids already known: a
+    /// library loaded again after the symbols forgot it comes back as a new module, and
+    /// its functions' changed ids are what tell [`Recorder::instrument_again`] so.
+    fn instrumented_new(
+        &mut self,
+        symbols: &ProcessSymbols,
+        patched: &[(&Function, Hook)],
+        outcomes: &[PatchOutcome],
+    ) {
+        self.note(symbols, patched, outcomes, false);
+    }
+
+    fn note(
+        &mut self,
+        symbols: &ProcessSymbols,
+        patched: &[(&Function, Hook)],
+        outcomes: &[PatchOutcome],
+        replace_ids: bool,
+    ) {
+        for ((function, hook), outcome) in patched.iter().zip(outcomes) {
+            let (Some(id), true) = (outcome.id, hook.records()) else {
+                continue;
+            };
+            let Some(module) = symbols.module_at(function.addr) else {
+                continue;
+            };
+            let file_address = function.addr.wrapping_sub(module.load_bias);
+            let known = self.instrumented.iter_mut().find(|known| {
+                known.module_path == module.path
+                    && known.file_address == file_address
+                    && known.hook == *hook
+            });
+            match known {
+                Some(known) if replace_ids => known.id = id,
+                Some(_) => {}
+                None => self.instrumented.push(Instrumented {
+                    module_path: module.path.clone(),
+                    file_address,
+                    hook: *hook,
+                    id,
                 }),
-        );
+            }
+        }
     }
 
     /// The recording stopped with the loader at `loader`; `unloaded` instrumented
@@ -139,59 +193,87 @@ impl Recorder {
                 Ok(()) => self.late_modules.followed += new.len() as u64,
                 Err(message) => {
                     say!("calls into new modules are not followed: {message}");
-                    self.late_modules.given_up.extend(new);
+                    self.late_modules.given_up.extend(new.iter().cloned());
                 }
             }
         }
         if loader.unloads > before.unloads {
             self.late_modules.unloaded_since = true;
         }
-        if self.late_modules.unloaded_since && self.instrument_again() > 0 {
-            self.late_modules.unloaded_since = false;
+        if self.late_modules.unloaded_since {
+            let back = self.instrument_again();
+            if !back.is_empty() {
+                self.late_modules.unloaded_since = false;
+            }
+            // A library back where the symbols still had it: followed here, not as new.
+            self.late_modules.followed +=
+                back.iter().filter(|path| !new.contains(path)).count() as u64;
         }
     }
 
     /// Patches again what was instrumented besides discovery, after a library was
-    /// unloaded: what went with it and came back gets new patches (and ids); the rest is
-    /// in already, which the agent answers at once. Returns how many came back.
-    fn instrument_again(&mut self) -> usize {
+    /// unloaded: what went with it and came back (where it was or elsewhere) gets new
+    /// patches (and ids); the rest is in already, which the agent answers at once.
+    /// Returns the paths of the libraries whose functions came back.
+    fn instrument_again(&mut self) -> Vec<PathBuf> {
         let functions: Vec<(&Function, Hook)> = self
             .late_modules
             .instrumented
             .iter()
-            .filter_map(|&(address, hook, _)| {
+            .filter_map(|known| {
+                let module = self
+                    .symbols
+                    .modules()
+                    .iter()
+                    .find(|m| m.path == known.module_path)?;
+                let address = known.file_address.wrapping_add(module.load_bias);
                 let function = self.symbols.lookup(address).filter(|f| f.addr == address)?;
-                Some((function, hook))
+                Some((function, known.hook))
             })
             .collect();
         if functions.is_empty() {
-            return 0;
+            return Vec::new();
         }
         let Ok(Response::Patched { outcomes }) = self
             .session
             .request(&targets::patch_request(&self.symbols, &functions))
         else {
-            return 0;
+            return Vec::new();
         };
+        let ids_before: Vec<u32> = self
+            .late_modules
+            .instrumented
+            .iter()
+            .map(|k| k.id)
+            .collect();
+        self.late_modules
+            .instrumented(&self.symbols, &functions, &outcomes);
+        let mut back: Vec<PathBuf> = Vec::new();
         let mut again = 0;
-        for outcome in &outcomes {
-            let known = self
-                .late_modules
-                .instrumented
-                .iter_mut()
-                .find(|(address, _, _)| *address == outcome.address);
-            if let (Some(id), Some((_, _, known_id))) = (outcome.id, known)
-                && *known_id != id
-            {
-                *known_id = id;
+        for (known, id_before) in self.late_modules.instrumented.iter().zip(ids_before) {
+            if known.id != id_before {
                 again += 1;
+                if !back.contains(&known.module_path) {
+                    back.push(known.module_path.clone());
+                }
             }
         }
         if again > 0 {
-            self.late_modules.followed += 1;
-            say!("a library was loaded again: {again} of its functions are instrumented again");
+            let names: Vec<String> = back
+                .iter()
+                .map(|path| {
+                    path.file_name()
+                        .unwrap_or(path.as_os_str())
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect();
+            say!(
+                "a library was loaded again ({}): {again} of its functions are instrumented again",
+                names.join(", ")
+            );
         }
-        again
+        back
     }
 
     /// Code objects mapped now that the symbols do not know (the agent's own aside).
@@ -269,6 +351,8 @@ impl Recorder {
         self.instrumented_up_front += instrumented as u64;
         let indirect = self.indirect.as_mut().expect("checked by the caller");
         indirect.note_outcomes(&patched, &outcomes);
+        self.late_modules
+            .instrumented_new(&self.symbols, &patched, &outcomes);
         say!(
             "new module {}: {} address-taken functions instrumented",
             names.join(", "),
