@@ -42,6 +42,8 @@ enum Command {
         /// repeat for several) instead of choosing in the root picker.
         #[arg(long = "root", value_name = "SYM")]
         roots: Vec<String>,
+        #[command(flatten)]
+        timing: TimingArgs,
     },
     /// Browse a saved profile in the terminal UI (read-only).
     View {
@@ -458,7 +460,9 @@ fn main() -> ExitCode {
     tendril::symbols::show_progress_on_this_thread();
     let result = match command {
         Command::Demo => tendril::commands::demo::run(),
-        Command::Attach { pid, roots } => tendril::commands::attach::run(pid, roots),
+        Command::Attach { pid, roots, timing } => {
+            tendril::commands::attach::run(pid, roots, timing.into())
+        }
         Command::View { file } => tendril::commands::view::run(&file),
         Command::Symbols { pid, pattern, json } => tendril::symbols::run_symbols_command(
             pid,
@@ -621,7 +625,7 @@ mod tests {
             .expect("parses");
         assert!(matches!(
             cli.command,
-            Some(Command::Attach { pid: 4242, ref roots }) if roots.is_empty()
+            Some(Command::Attach { pid: 4242, ref roots, .. }) if roots.is_empty()
         ));
     }
 }

@@ -19,6 +19,9 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 /// roots take.
 const JUDGED_SHORT: &str = "100000";
 
+/// What the live view shows in both time cells of a function counted, not timed.
+const IN_CALLER_CELL: &str = "in caller";
+
 /// What tendril says when it switches functions to the untimed hook.
 const SWITCHED: &str = "tendril: counting, not timing, ";
 
@@ -345,4 +348,43 @@ fn untimed_nodes_keep_their_mark_through_json_and_pprof() {
             .any(|line| line.contains("in caller   in caller") && line.ends_with("mid (tightcall)")),
         "{report}"
     );
+}
+
+#[test]
+fn the_live_view_marks_untimed_functions_and_says_how_many() {
+    let _turn = common::live_target_turn();
+    let mut target = Target::spawn("tightcall", &[]);
+    let pid = target.pid().to_string();
+    let ui = common::Tmux::tendril(
+        "adaptive-live",
+        &["attach", &pid, "--root", "root", "--min-time", JUDGED_SHORT],
+    );
+    // Rounds of calls until both tiny functions are judged: a row's two time cells then
+    // say where their time went.
+    let marked_row = |screen: &str, name: &str| {
+        screen.lines().any(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            words.contains(&name) && line.matches(IN_CALLER_CELL).count() == 2
+        })
+    };
+    let screen = ui.wait_for(
+        "mid and leaf marked, the policy in the status bar",
+        |screen| {
+            target.write_stdin("run 2000\n");
+            (marked_row(screen, "mid")
+                && marked_row(screen, "leaf")
+                && screen.contains("2 untimed (<100000 ns)"))
+            .then(|| screen.to_string())
+        },
+    );
+    assert!(
+        common::calls_of(&screen, "mid").is_some_and(|calls| calls >= 2000.0),
+        "{screen}"
+    );
+    ui.press("q");
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    target.drain();
+    target.write_stdin("run 10\n");
+    target.expect_line("run calls 31 ", TIMEOUT);
+    common::code_bytes_match_file(target.pid()).expect("the code equals its files");
 }

@@ -6,10 +6,11 @@
 //! attaching itself happens when the roots are chosen.
 
 use crate::live::{self, Start};
+use crate::recording::TimingOptions;
 use crate::symbols::ProcessSymbols;
 use crate::terminal_text::say;
 
-pub fn run(pid: i32, roots: Vec<String>) -> anyhow::Result<()> {
+pub fn run(pid: i32, roots: Vec<String>, timing: TimingOptions) -> anyhow::Result<()> {
     let target = crate::process::inspect(pid)?;
     if !roots.is_empty() {
         let symbols = ProcessSymbols::load(pid)?;
@@ -27,6 +28,7 @@ pub fn run(pid: i32, roots: Vec<String>) -> anyhow::Result<()> {
     let note = live::run(Start::Attach {
         target: &target,
         roots,
+        timing,
     })?;
     if let Some(note) = note {
         say!("{note}");

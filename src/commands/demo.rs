@@ -46,6 +46,7 @@ pub fn run() -> anyhow::Result<()> {
         live::run(Start::Attach {
             target: &target,
             roots: vec![demo_workload::DEMO_ROOT.to_string()],
+            timing: Default::default(),
         })?;
         drop(demo);
         say!("the demo (pid {pid}) is detached and stopped");

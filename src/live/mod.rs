@@ -29,6 +29,7 @@ pub mod stderr;
 
 use crate::process::TargetProcess;
 use crate::profile::Profile;
+use crate::recording::TimingOptions;
 use anyhow::bail;
 use session::Session;
 use std::io::IsTerminal;
@@ -48,6 +49,8 @@ pub enum Start<'a> {
         target: &'a TargetProcess,
         /// Patterns, as for `tendril record --root`.
         roots: Vec<String>,
+        /// Adaptive timing's options, as for `tendril record`.
+        timing: TimingOptions,
     },
     /// `tendril view <FILE>`: browse a saved profile.
     View {
@@ -151,8 +154,12 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
             Session::for_process_picker(),
             App::new(Screen::ProcessPicker(processes::list_processes())),
         )),
-        Start::Attach { target, roots } if roots.is_empty() => {
-            let mut session = Session::for_target(target);
+        Start::Attach {
+            target,
+            roots,
+            timing,
+        } if roots.is_empty() => {
+            let mut session = Session::for_target(target, timing);
             session.load_symbols(session::WhenLoaded::ShowSampled)?;
             // The process picker, narrowed to this process, says what is happening
             // until the Sampled view (or the root picker) can open (reading the symbols
@@ -171,8 +178,12 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
             ));
             Ok((session, app))
         }
-        Start::Attach { target, roots } => {
-            let mut session = Session::for_target(target);
+        Start::Attach {
+            target,
+            roots,
+            timing,
+        } => {
+            let mut session = Session::for_target(target, timing);
             let mut app = App::new(Screen::Live(ProfileSnapshot {
                 status: Status {
                     target: session.target.clone(),

@@ -20,7 +20,7 @@ use super::stage::Recording;
 use crate::departure::{Departure, agent_departure};
 use crate::process::{self, TargetProcess};
 use crate::profile::{Profile, ProfileError};
-use crate::recording::{Finished, RecordError, RecordOptions, Recorder, Scheme};
+use crate::recording::{Finished, RecordError, RecordOptions, Recorder, Scheme, TimingOptions};
 use crate::symbols::{ProcessSymbols, SymbolError};
 use crate::terminal_text::say;
 use anyhow::anyhow;
@@ -94,6 +94,8 @@ pub struct Session {
     pub(super) target_gone: bool,
     /// The annotated code being counted (`e`).
     pub(super) code: CodeWatch,
+    /// Adaptive timing's options for every recording this session starts.
+    timing: TimingOptions,
 }
 
 impl Session {
@@ -113,6 +115,7 @@ impl Session {
             next_alive_check: Instant::now(),
             target_gone: false,
             code: CodeWatch::Closed,
+            timing: TimingOptions::default(),
         }
     }
 
@@ -122,8 +125,9 @@ impl Session {
     }
 
     /// A session on a target already checked with [`process::inspect`].
-    pub fn for_target(target: &TargetProcess) -> Session {
+    pub fn for_target(target: &TargetProcess, timing: TimingOptions) -> Session {
         let mut session = Session::new(true, Recording::NotStarted);
+        session.timing = timing;
         session.choose_target(target);
         session
     }
@@ -182,7 +186,7 @@ impl Session {
             roots: patterns,
             scheme: Scheme::B,
             gross_only: false,
-            timing: Default::default(),
+            timing: self.timing.clone(),
         };
         let job = Job::spawn("tendril-attach", move || Recorder::start(&options))?;
         self.recording = Recording::Starting(job);

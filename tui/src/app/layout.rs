@@ -56,7 +56,7 @@ impl App {
             } else {
                 &self.snapshot.status
             };
-            let lines = status_lines(shown_status, self.read_only);
+            let lines = status_lines(shown_status, self.read_only, status.width as usize);
             let shown: Vec<Line> = lines.into_iter().take(status_height as usize).collect();
             frame.render_widget(Paragraph::new(shown).style(theme::status_bar()), status);
         }
