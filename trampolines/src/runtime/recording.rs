@@ -257,32 +257,54 @@ pub fn register_function(id: u32, address: u64) {
 /// Gives the calling thread a ring (a free one, or one whose thread has exited and
 /// whose events were all read), adding a segment of rings when every one is taken
 /// (`ring_segments`). Signal-safe, no allocation.
+///
+/// A thousand threads may claim at once (a root's hook going in): each looks for a
+/// free ring from where the last claim ended, and one thread at a time looks for the
+/// rings of exited threads (a system call per ring); the others add a segment or wait
+/// for the one being added. Walking every ring, and asking after every ring's thread,
+/// in each of a thousand threads held their first root call for up to 0.3 s.
 fn claim_ring(state: StatePtr) -> bool {
     let Some(base) = base() else { return false };
-    let mut looked_at = 0;
     loop {
         if STATE.recording_active.load(Ordering::Acquire) == 0 {
             return false;
         }
-        let count = ring_segments::ring_count();
-        // A free ring first; then one whose thread has exited (a system call per ring
-        // to know); then a new segment.
-        for reclaiming in [false, true] {
-            for index in looked_at..count {
-                if let Some(ring) = ring_segments::ring_address(base, index)
-                    && take_ring(state, ring, rings::ring_capacity(index) as u64, reclaiming)
-                {
-                    add_to_header(header::RINGS_CLAIMED, 1);
-                    return true;
-                }
-            }
+        let segments = ring_segments::segment_count();
+        let count = ring_segments::rings_in(segments);
+        let hint = STATE.claim_hint.load(Ordering::Relaxed).min(count);
+        let free = (hint..count).chain(0..hint).find(|&index| {
+            ring_segments::ring_address(base, index).is_some_and(|ring| {
+                take_ring(state, ring, rings::ring_capacity(index) as u64, false)
+            })
+        });
+        let claimed = free.or_else(|| reclaim_one(state, base, count));
+        if let Some(index) = claimed {
+            STATE.claim_hint.store(index + 1, Ordering::Relaxed);
+            add_to_header(header::RINGS_CLAIMED, 1);
+            return true;
         }
-        // Rings freed meanwhile are found by the next claim; look at the new ones.
-        looked_at = count;
-        if !ring_segments::add_segment(|segments| set_header(header::SEGMENTS, segments)) {
+        if !ring_segments::add_segment(segments, |count| set_header(header::SEGMENTS, count)) {
             return false;
         }
     }
+}
+
+/// Takes over one of the first `count` rings whose thread has exited, unless another
+/// thread is looking for one already; returns its index.
+fn reclaim_one(state: StatePtr, base: *mut u8, count: usize) -> Option<usize> {
+    if STATE
+        .reclaiming
+        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return None;
+    }
+    let found = (0..count).find(|&index| {
+        ring_segments::ring_address(base, index)
+            .is_some_and(|ring| take_ring(state, ring, rings::ring_capacity(index) as u64, true))
+    });
+    STATE.reclaiming.store(false, Ordering::Release);
+    found
 }
 
 /// Takes the ring whose header is at `ring`, of `capacity` events, for the calling
@@ -417,8 +439,15 @@ fn wait_for_the_drain(ring_header: u64, wanted_tail: u64) {
     waiting.store(0, Ordering::Relaxed);
 }
 
-/// Events faulted in at a time ahead of the producer: 256 KiB, 64 pages.
+/// Events faulted in at a time ahead of the producer, at most: 256 KiB, 64 pages.
 const POPULATE_EVENTS: u64 = 1 << 14;
+
+/// Events faulted in first, when a thread takes a ring: one page. Each part after is
+/// as large as all before it, up to [`POPULATE_EVENTS`]. A thousand threads entering a
+/// root at once each faulted 256 KiB in at their first call (256 MB, queued on the
+/// memory map's lock), which held that call for up to 0.2 s; a root call writes tens
+/// of events.
+const FIRST_POPULATE_EVENTS: u64 = 1 << 8;
 
 /// Faults in the next part of the calling thread's ring when its head has reached the
 /// end of what is in memory, and lowers the ring limit to the end of what is, so the
@@ -435,14 +464,16 @@ fn populate_ahead(state: StatePtr) {
     if head + 2 > until {
         let started = sys::rdtsc();
         // Slot by slot from where the memory stops; the whole ring once a lap is in.
-        let from = until.max(head - head % POPULATE_EVENTS);
-        let to = (from + POPULATE_EVENTS).max(head + 2);
+        let step = until.clamp(FIRST_POPULATE_EVENTS, POPULATE_EVENTS);
+        let from = until.max(head - head % step);
+        let to = (from + step).max(head + 2);
         let first = from.min(capacity);
         let last = to.min(capacity);
         if first < last {
             let events = state.ring_events().load(Relaxed);
             // SAFETY: slots [first, last) of the ring are inside its mapped, writable,
-            // 16-byte aligned events; faulting them in changes no slot.
+            // 16-byte aligned events, and only this thread, the ring's producer, writes
+            // them; faulting them in changes no slot.
             unsafe {
                 sys::populate_for_writing(
                     events + first * Event::SIZE as u64,

@@ -24,7 +24,17 @@ const WAIT_NS: u64 = 2_000_000_000;
 
 /// Rings there are now: the file's and every extra segment's.
 pub fn ring_count() -> usize {
-    rings::RING_COUNT + STATE.segment_count.load(Ordering::Acquire) * rings::SEGMENT_RINGS
+    rings_in(segment_count())
+}
+
+/// Extra segments there are now.
+pub fn segment_count() -> usize {
+    STATE.segment_count.load(Ordering::Acquire)
+}
+
+/// Rings there are with `segments` extra segments.
+pub fn rings_in(segments: usize) -> usize {
+    rings::RING_COUNT + segments * rings::SEGMENT_RINGS
 }
 
 /// The address of ring `index`'s header (see `tendril_wire::rings::ring_place`), if
@@ -41,11 +51,15 @@ pub fn ring_address(file: *mut u8, index: usize) -> Option<u64> {
     (!base.is_null()).then(|| base as u64 + offset as u64)
 }
 
-/// Adds one segment, unless another thread is adding one (then waits for it a moment);
-/// `publish` gets the new count for the rings' header. Returns whether there may be
-/// new rings to look at. Signal-safe: raw system calls only, no allocation.
-pub fn add_segment(publish: impl Fn(u64)) -> bool {
-    let before = STATE.segment_count.load(Ordering::Acquire);
+/// Adds one segment to the `seen` segments the caller found full, unless another
+/// thread added one since or is adding one (then waits for it a moment); `publish`
+/// gets the new count for the rings' header. Returns whether there may be new rings to
+/// look at. Signal-safe: raw system calls only, no allocation.
+pub fn add_segment(seen: usize, publish: impl Fn(u64)) -> bool {
+    let before = seen;
+    if STATE.segment_count.load(Ordering::Acquire) != before {
+        return true;
+    }
     if STATE
         .adding_segment
         .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)

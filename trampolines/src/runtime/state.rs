@@ -8,9 +8,11 @@ use crate::hooks::state_access::StatePtr;
 use crate::hooks::thread_layout::ThreadState;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, AtomicUsize,
+};
 use std::sync::{Condvar, Mutex, OnceLock};
-use tendril_wire::rings::MAX_SEGMENTS;
+use tendril_wire::rings::{MAX_FUNCTIONS, MAX_SEGMENTS};
 
 /// Threads the registry can list.
 pub const MAX_REGISTERED: usize = 1 << 16;
@@ -50,6 +52,12 @@ pub struct RuntimeState {
     pub segment_count: AtomicUsize,
     /// Held by the one thread adding a segment.
     pub adding_segment: AtomicBool,
+    /// Where the next claim starts looking for a free ring: one past the last taken, so
+    /// that a thousand threads claiming at once do not each walk every ring before it.
+    pub claim_hint: AtomicUsize,
+    /// Held by the one thread looking for rings of exited threads (a system call per
+    /// ring): the others add a segment, or wait for the one being added, instead.
+    pub reclaiming: AtomicBool,
     /// Segment additions ended so far (added or not), a futex word: the threads waiting
     /// for one wake together.
     pub segment_adds_ended: AtomicU32,
@@ -57,6 +65,10 @@ pub struct RuntimeState {
     // --- discovery ---
     /// What discovery knows of the recording; one lock, taken by discovering threads.
     pub discovery: Mutex<Option<DiscoveryContext>>,
+    /// Functions a thread is discovering now, one flag per id (`turn_to_discover`).
+    pub discovering: [AtomicU8; MAX_FUNCTIONS],
+    /// Discoveries ended so far, a futex word: the threads waiting for one wake together.
+    pub discoveries_ended: AtomicU32,
     /// Roots whose callees were instrumented before their hooks went in, to be marked
     /// invoked as they do; a leaf lock (no other is taken while it is held).
     pub discovered_ahead: Mutex<Vec<u64>>,
@@ -111,8 +123,12 @@ pub static STATE: RuntimeState = RuntimeState {
     segment_fds: [const { AtomicI32::new(-1) }; MAX_SEGMENTS],
     segment_count: AtomicUsize::new(0),
     adding_segment: AtomicBool::new(false),
+    claim_hint: AtomicUsize::new(0),
+    reclaiming: AtomicBool::new(false),
     segment_adds_ended: AtomicU32::new(0),
     discovery: Mutex::new(None),
+    discovering: [const { AtomicU8::new(0) }; MAX_FUNCTIONS],
+    discoveries_ended: AtomicU32::new(0),
     discovered_ahead: Mutex::new(Vec::new()),
     internal_trampolines: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL],
     internal_count: AtomicUsize::new(0),

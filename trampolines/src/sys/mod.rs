@@ -315,40 +315,30 @@ pub fn sleep_microseconds(microseconds: u64) {
 }
 
 /// Makes the pages of `[start, start + len)`, shared writable memory, present and
-/// writable now, so that the first write to each page later is no page fault
-/// (`MADV_POPULATE_WRITE`; before Linux 5.14, an atomic OR of 0 into the first word
-/// of each page instead, which faults the page in for writing and changes nothing).
+/// writable now, so that the first write to each page later is no page fault: the
+/// first word of each page is read and written back, which faults the page in for
+/// writing and changes nothing.
+///
+/// Not `MADV_POPULATE_WRITE`: `madvise` holds the memory map's lock while it works, and
+/// a thread preempted inside it (a thousand threads on two cores) kept every `mprotect`
+/// of the patcher waiting, and behind it every other thread's `madvise`, for up to
+/// seconds. A page fault takes only the lock of the ring's own mapping, which nothing
+/// else changes. Nor an atomic OR of 0: the compiler may make an idempotent
+/// read-modify-write a plain load, which faults the page in for reading only.
 ///
 /// # Safety
-/// The range must be 8-byte aligned, and the pages it touches mapped writable.
+/// The range must be 8-byte aligned, the pages it touches mapped writable, and no
+/// thread or process may write the words it touches meanwhile (a ring's slots past
+/// its producer's head: only that producer writes them, and readers read them as
+/// they were).
 pub unsafe fn populate_for_writing(start: u64, len: u64) {
-    const MADV_POPULATE_WRITE: u64 = 23;
     const PAGE: u64 = 4096;
-    // madvise takes whole pages: those the range begins and ends in are faulted in too,
-    // which changes nothing in them.
-    let first_page = start / PAGE * PAGE;
-    let pages_len = (start + len).next_multiple_of(PAGE) - first_page;
-    // SAFETY: madvise only faults pages in (those of a mapping the caller vouches for).
-    let result = unsafe {
-        syscall4(
-            libc::SYS_madvise,
-            first_page,
-            pages_len,
-            MADV_POPULATE_WRITE,
-            0,
-        )
-    };
-    if result == 0 {
-        return;
-    }
     let mut word = start;
     while word + 8 <= start + len {
-        // SAFETY: a mapped, writable, aligned word (the caller's promise); OR-ing 0 in
-        // atomically leaves its value as it is for every reader and writer.
-        unsafe {
-            (*(word as *const std::sync::atomic::AtomicU64))
-                .fetch_or(0, std::sync::atomic::Ordering::Relaxed)
-        };
+        let at = word as *mut u64;
+        // SAFETY: a mapped, writable, aligned word that no one else writes (the
+        // caller's promise); writing back what it holds changes nothing for a reader.
+        unsafe { std::ptr::write_volatile(at, std::ptr::read_volatile(at)) };
         word = (word / PAGE + 1) * PAGE;
     }
 }
