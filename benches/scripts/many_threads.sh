@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `record` on a busy thousand-thread target (issue 31): the `many_threads` fixture runs
 # THREADS threads, each calling `thread_root` RATE times a second (1000 × 250 =
-# 250,000 calls/s), and reports every 100 ms the calls made and the longest time any
-# thread was held up. Per run, this prints the target's longest hold-up and its call
-# rate before, during and after a `tendril record --duration 3`, the recording's wall
+# 250,000 calls/s), and reports every 100 ms the calls made, the longest time any
+# thread fell behind its pace, and the longest one call took. Per run, this prints the
+# target's call rate, those two (`behind_ms`, `call_ms`) before, during and after a
+# `tendril record --duration 3`, the recording's wall
 # time, its lost events, how many threads have a tree, and the pauses tendril caused
 # summed over the threads (`pause_ns`), with three of their causes.
 #
@@ -25,7 +26,7 @@ trap cleanup EXIT
 gcc -O2 -g -pthread -o "$work/many_threads" "$here/fixtures/many_threads.c"
 now_ms() { date +%s%3N; }
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); $threads threads × $rate calls/s"
-printf '%-4s %-7s %10s %12s   %s\n' run phase calls/s longest_ms "recording"
+printf '%-4s %-7s %10s %10s %8s   %s\n' run phase calls/s behind_ms call_ms "recording"
 for run in $(seq "$runs"); do
     # Each tick line gets the time it was read, to split the ticks into phases.
     "$work/many_threads" "$threads" "$rate" \
@@ -62,13 +63,14 @@ print(f"lost {lost}, {trees} threads with a tree; {pauses}")
             phase = $1 < began ? "before" : ($1 <= ended + 100 ? "during" : "after")
             calls[phase] += $5; ticks[phase]++
             if ($9 > longest[phase]) longest[phase] = $9
+            if ($11 > call[phase]) call[phase] = $11
         }
         END {
             split("before during after", order, " ")
             for (i = 1; i <= 3; i++) {
                 p = order[i]
-                printf "%-4s %-7s %10d %12.1f   %s\n", run, p, calls[p] * 10 / ticks[p],
-                    longest[p] / 1000, p == "during" ? summary : ""
+                printf "%-4s %-7s %10d %10.1f %8.1f   %s\n", run, p, calls[p] * 10 / ticks[p],
+                    longest[p] / 1000, call[p] / 1000, p == "during" ? summary : ""
             }
         }' "$work/ticks"
 done
