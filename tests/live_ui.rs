@@ -345,6 +345,22 @@ fn demo_shows_its_functions_detaches_and_quits() {
 }
 
 #[test]
+fn the_first_key_after_a_resize_to_80_by_24_is_obeyed() {
+    let _turn = common::live_target_turn();
+    let (mut target, expected, ui) = attach_to_calltree("resize");
+    wait_for_rows(&ui, "work_round", "compute_block");
+    ui.resize(80, 24);
+    ui.press("q");
+    assert_eq!(
+        ui.wait_exit(),
+        0,
+        "one q quits; the screen:\n{}",
+        ui.screen()
+    );
+    assert_target_intact(&mut target, expected);
+}
+
+#[test]
 fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
     let _turn = common::live_target_turn();
     let (mut target, expected, ui) = attach_to_calltree("ctrl-c");

@@ -109,6 +109,12 @@ impl Tmux {
         self.run(&["send-keys", "-t", "ui", "-l", text]);
     }
 
+    /// Resizes the window, as a user dragging the terminal's corner does.
+    pub fn resize(&self, width: u16, height: u16) {
+        let (width, height) = (width.to_string(), height.to_string());
+        self.run(&["resize-window", "-t", "ui", "-x", &width, "-y", &height]);
+    }
+
     /// Presses a key by tmux's name for it (`Enter`, `q`, `C-c`).
     pub fn press(&self, key: &str) {
         self.run(&["send-keys", "-t", "ui", key]);

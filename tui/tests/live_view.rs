@@ -304,6 +304,36 @@ fn the_key_hints_fit_at_120_columns_and_keep_the_important_ones_at_80() {
 }
 
 #[test]
+fn a_notice_too_long_for_one_line_is_shown_whole_at_80_columns() {
+    let mut app = live_app();
+    let notice = "tendril: calls through pointers: 3967 address-taken functions in 12 modules \
+                  instrumented (found in 404 ms); 33 not followed (the profile lists them with \
+                  the reason)";
+    app.show_stderr_line(notice);
+    for (width, height) in [(80, 24), (120, 35)] {
+        let rows = screen(&mut app, width, height);
+        let text: String = rows
+            .iter()
+            .map(|row| row.trim())
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            text.contains(notice),
+            "the notice cut at {width}×{height}:\n{}",
+            rows.join("\n")
+        );
+        assert!(
+            text.contains("lost") && text.contains("overhead"),
+            "the status bar is still there at {width}×{height}:\n{}",
+            rows.join("\n")
+        );
+    }
+    // A screen too short to give it rows keeps one line, cut.
+    let rows = screen(&mut app, 80, 8);
+    assert_eq!(rows.len(), 8);
+}
+
+#[test]
 fn live_keys_return_actions() {
     let mut app = live_app();
     assert_eq!(press_char(&mut app, 'p'), Some(Action::Pause));

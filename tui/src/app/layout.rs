@@ -4,8 +4,9 @@
 use ratatui::Frame;
 use ratatui::layout::Rect;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::Paragraph;
+use ratatui::widgets::{Paragraph, Wrap};
 use std::time::Instant;
+use unicode_width::UnicodeWidthStr;
 
 use super::{App, ScreenKind};
 use crate::help;
@@ -20,7 +21,11 @@ impl App {
         if area.is_empty() {
             return;
         }
-        let footer_height = u16::from(area.height >= 2);
+        self.message.release(Instant::now());
+        let message_rows = self.message.shown().map_or(1, |message| {
+            message_rows(message, area.width as usize, area.height)
+        });
+        let footer_height = if area.height >= 2 { message_rows } else { 0 };
         let shows_status = matches!(
             self.screen,
             ScreenKind::Live | ScreenKind::Sampled | ScreenKind::Code
@@ -60,9 +65,13 @@ impl App {
             let shown: Vec<Line> = lines.into_iter().take(status_height as usize).collect();
             frame.render_widget(Paragraph::new(shown).style(theme::status_bar()), status);
         }
-        if footer_height > 0 {
+        if footer_height > 1 {
+            // A notice too long for one line: all of it, wrapped, without the hints.
+            let message = self.message.shown().unwrap_or_default();
+            let text = Line::from(Span::styled(format!(" {message}"), theme::strong()));
+            frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: false }), footer);
+        } else if footer_height > 0 {
             let width = footer.width as usize;
-            self.message.release(Instant::now());
             let line = match self.message.shown() {
                 // The message first; the most important hints that fit follow it.
                 Some(message) => {
@@ -82,6 +91,29 @@ impl App {
             help::draw_overlay(self.keys(), self.context(), frame, area);
         }
     }
+}
+
+/// Rows the footer takes for `message` on a screen `width` × `height`: one if it fits
+/// beside a separator, else as many as it needs wrapped, up to three, on a screen tall
+/// enough to give them (one of 12 rows or more); a notice cut at the edge could never be
+/// read whole.
+fn message_rows(message: &str, width: usize, height: u16) -> u16 {
+    if message.width() + 2 <= width || height < 12 || width == 0 {
+        return 1;
+    }
+    // Filled word by word, as the paragraph wraps it (a word longer than a row is cut).
+    let mut rows = 1;
+    let mut used = 1; // the leading space
+    for word in message.split(' ') {
+        let needed = word.width().min(width);
+        if used > 0 && used + 1 + needed > width {
+            rows += 1;
+            used = needed;
+        } else {
+            used += usize::from(used > 0) + needed;
+        }
+    }
+    rows.min(3)
 }
 
 /// `area` split into everything above the bottom `height` rows, and those rows.
