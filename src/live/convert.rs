@@ -55,12 +55,20 @@ pub fn tree_nodes(roots: &[Node]) -> Vec<TreeNode> {
     out
 }
 
-/// "pid 4242 calltree": the target as the status bar names it.
-pub fn target_label(pid: u32, exe: &str) -> String {
-    let name = Path::new(exe)
+/// "pid 4242 calltree": the target as the status bar names it — by the name `ps` and
+/// `top` show (`comm`, empty if unknown) when the process gave itself one that is not
+/// its executable's (`tendril-demo` runs `tendril`), else by its executable's file name
+/// (of which `comm` keeps only 15 bytes).
+pub fn target_label(pid: u32, exe: &str, comm: &str) -> String {
+    let exe_name = Path::new(exe)
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_else(|| exe.to_string());
+    let name = if comm.is_empty() || exe_name.starts_with(comm) {
+        exe_name
+    } else {
+        comm.to_string()
+    };
     if name.is_empty() {
         format!("pid {pid}")
     } else {
@@ -151,7 +159,7 @@ pub fn saved_snapshot(profile: &Profile, path: &Path) -> ProfileSnapshot {
         0.0
     };
     let status = Status {
-        target: format!("{file} · {}", target_label(profile.pid, &profile.exe)),
+        target: format!("{file} · {}", target_label(profile.pid, &profile.exe, "")),
         roots: profile.roots.clone(),
         elapsed,
         events_per_second,
@@ -205,6 +213,24 @@ impl EventRate {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_process_is_named_as_ps_names_it_unless_that_is_its_executables_name_cut() {
+        use super::target_label;
+        assert_eq!(
+            target_label(7, "/usr/bin/tendril", "tendril-demo"),
+            "pid 7 tendril-demo"
+        );
+        assert_eq!(
+            target_label(7, "/opt/calltree", "calltree"),
+            "pid 7 calltree"
+        );
+        assert_eq!(
+            target_label(7, "/opt/a_very_long_program_name", "a_very_long_pro"),
+            "pid 7 a_very_long_program_name"
+        );
+        assert_eq!(target_label(7, "/opt/calltree", ""), "pid 7 calltree");
+    }
+
     use super::*;
     use crate::profile::{Calibration, MergedProfile, Stats, ThreadProfile};
 

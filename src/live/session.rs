@@ -139,7 +139,8 @@ impl Session {
 
     pub(super) fn choose_target(&mut self, target: &TargetProcess) {
         self.pid = Some(target.pid);
-        self.target = target_label(target.pid as u32, &target.exe.to_string_lossy());
+        let comm = process::thread_name(target.pid, target.pid);
+        self.target = target_label(target.pid as u32, &target.exe.to_string_lossy(), &comm);
     }
 
     /// Whether events are flowing in: the loop then drains the rings every few
