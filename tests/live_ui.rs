@@ -403,6 +403,12 @@ fn ctrl_c_after_pausing_and_changing_roots_detaches_and_quits() {
     // Ctrl-C is a key in raw mode: it quits like q, detaching first.
     ui.press("C-c");
     assert_detached_and_intact(&ui, &mut target, expected);
+    // The pointer calls' notice, the same after the resume, is said once.
+    let screen = ui.screen();
+    assert!(
+        screen.matches("calls through pointers").count() <= 1,
+        "{screen}"
+    );
 }
 
 #[test]

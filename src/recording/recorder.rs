@@ -120,6 +120,9 @@ pub struct Recorder {
     recording: bool,
     /// Functions patched when the recording began (roots, and Scheme A's graph).
     instrumented_up_front: u64,
+    /// The pointer calls' summary said last: a resumed recording says it again only if
+    /// it changed.
+    indirect_summary_said: Option<String>,
     /// Indirect call sites Scheme A's static graph holds.
     static_indirect_call_sites: u64,
     /// Callees the agent could not instrument: (name, reason).
@@ -215,6 +218,7 @@ impl Recorder {
             events: 0,
             recording: false,
             instrumented_up_front: 0,
+            indirect_summary_said: None,
             static_indirect_call_sites: 0,
             refused: Vec::new(),
             trace: None,
@@ -434,7 +438,11 @@ impl Recorder {
         if let Some(indirect) = self.indirect.as_mut() {
             indirect.forget_outcomes();
             indirect.note_outcomes(&patched, &outcomes);
-            say!("{}", indirect.summary());
+            let summary = indirect.summary();
+            if self.indirect_summary_said.as_ref() != Some(&summary) {
+                say!("{summary}");
+                self.indirect_summary_said = Some(summary);
+            }
         }
         self.late_modules
             .instrumented(&self.symbols, &patched, &outcomes);
