@@ -101,7 +101,8 @@ pub fn record_until_done(
     duration: Option<Duration>,
     mut gone: impl FnMut() -> bool,
 ) -> anyhow::Result<Profile> {
-    let deadline = duration.map(|d| Instant::now() + d);
+    let recording_began = Instant::now();
+    let deadline = duration.map(|d| recording_began + d);
     let pid = recorder.pid();
     let mut departure = None;
     let mut progress = Progress::new();
@@ -125,6 +126,10 @@ pub fn record_until_done(
     });
     progress.clear();
     let elapsed = recorder.elapsed();
+    let times = Times {
+        recorded: recording_began.elapsed(),
+        with_attach: elapsed,
+    };
     match &departure {
         None => {}
         Some(Departure::Detached) => say!(
@@ -140,7 +145,7 @@ pub fn record_until_done(
         ),
     }
     let Finished { profile, refused } = recorder.finish(departure.is_some())?;
-    print_summary(&profile, elapsed, &refused);
+    print_summary(&profile, times, &refused);
     note_roots_never_called(&profile);
     Ok(profile)
 }
@@ -210,16 +215,40 @@ fn note_roots_never_called(profile: &Profile) {
     }
 }
 
-fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, String)]) {
+/// How long a recording took: recording (what `--duration` asks for), and in all
+/// since tendril began attaching.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    recorded: Duration,
+    with_attach: Duration,
+}
+
+impl Times {
+    /// "3.0 s", or "3.0 s (4.2 s with the attach)" when attaching and instrumenting
+    /// took a tenth of a second or more.
+    fn describe(self) -> String {
+        let recorded = format_elapsed(self.recorded);
+        if self.with_attach.saturating_sub(self.recorded) < Duration::from_millis(100) {
+            format!("{recorded} s")
+        } else {
+            format!(
+                "{recorded} s ({} s with attaching and instrumenting)",
+                format_elapsed(self.with_attach)
+            )
+        }
+    }
+}
+
+fn print_summary(profile: &Profile, times: Times, refused: &[(String, String)]) {
     let stats = &profile.stats;
     let overhead = profile.estimated_overhead_percent();
     say!(
-        "{} events from {} thread{} in {} s; {} functions instrumented, {} invoked; \
+        "{} events from {} thread{} in {}; {} functions instrumented, {} invoked; \
          {} lost events; estimated overhead {overhead:.1}% (removed from the times)",
         stats.events,
         profile.threads.len(),
         if profile.threads.len() == 1 { "" } else { "s" },
-        format_elapsed(elapsed),
+        times.describe(),
         stats.instrumented_functions,
         stats.invoked_functions,
         stats.lost_events,
@@ -241,5 +270,24 @@ fn print_summary(profile: &Profile, elapsed: Duration, refused: &[(String, Strin
             "... and {} more callees not instrumented (their time counts as their callers' own)",
             refused.len() - REFUSALS_SHOWN
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Times;
+    use std::time::Duration;
+
+    #[test]
+    fn the_summary_states_the_recording_and_the_attach_apart() {
+        let times = |recorded, with_attach| Times {
+            recorded: Duration::from_millis(recorded),
+            with_attach: Duration::from_millis(with_attach),
+        };
+        assert_eq!(
+            times(3_000, 4_200).describe(),
+            "3.0 s (4.2 s with attaching and instrumenting)"
+        );
+        assert_eq!(times(3_000, 3_050).describe(), "3.0 s");
     }
 }
