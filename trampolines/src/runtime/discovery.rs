@@ -24,6 +24,7 @@
 
 use crate::hooks::slow_call::SavedRegisters;
 use crate::patching::patcher::{self, PatchRequest};
+use crate::runtime::discovery_turn::{DiscoveryTurn, Turn, turn_to_discover};
 use crate::runtime::recording;
 use crate::runtime::state::{DiscoveryContext, STATE};
 use crate::runtime::thread_state::StatePtr;
@@ -33,7 +34,6 @@ use crate::sys::code_memory;
 use crate::sys::error::AgentError;
 use crate::sys::loaded_modules::{self, LoadedCode};
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use tendril_wire::Hook;
 use tendril_wire::callees;
 use tendril_wire::events::{Event, EventKind};
@@ -189,59 +189,6 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
         }
         recording::emit(state, Event::new(EventKind::Adjust, 0, paused));
     });
-}
-
-/// The longest a thread sleeps before it looks at the function again by itself (a
-/// wake-up is missed only if the discovering thread dies).
-const DISCOVERY_NAP_NS: u64 = 5_000_000;
-
-#[derive(Debug, PartialEq, Eq)]
-enum Turn {
-    /// This thread discovers the function (it holds its `discovering` flag).
-    Discover,
-    /// Another thread discovered it while this one slept.
-    Waited,
-}
-
-/// Whether this thread discovers function `id`, or waits, asleep, while another does.
-///
-/// A thousand threads call a function of the graph for the first time at once (every
-/// thread of a server entering a root that just went in): all but one wait here for
-/// the one that discovers it, and wake together when it is done. They used to queue
-/// on the loader's lock, which the discovery holds, and be let through one at a time,
-/// each after a wake-up that a loaded machine makes take a while: 0.6–1 s for the last.
-fn turn_to_discover(id: u32) -> Turn {
-    let Some(flag) = STATE.discovering.get(id as usize) else {
-        return Turn::Discover;
-    };
-    loop {
-        // Read before looking: a discovery ending from now on changes it.
-        let ended = STATE.discoveries_ended.load(Ordering::Acquire);
-        if recording::is_invoked(id) {
-            return Turn::Waited;
-        }
-        if flag
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            return Turn::Discover;
-        }
-        sys::futex_wait_timeout(&STATE.discoveries_ended, ended, DISCOVERY_NAP_NS);
-    }
-}
-
-/// This thread's turn to discover function `.0`: ended when dropped, which wakes the
-/// threads waiting for it.
-struct DiscoveryTurn(u32);
-
-impl Drop for DiscoveryTurn {
-    fn drop(&mut self) {
-        if let Some(flag) = STATE.discovering.get(self.0 as usize) {
-            flag.store(0, Ordering::Release);
-        }
-        STATE.discoveries_ended.fetch_add(1, Ordering::AcqRel);
-        sys::futex_wake_all(&STATE.discoveries_ended);
-    }
 }
 
 /// Bytes of the stack discovery runs on (decoding and assembling want more than a

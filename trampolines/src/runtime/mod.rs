@@ -10,6 +10,7 @@
 pub mod calibration;
 pub mod counting;
 pub mod discovery;
+mod discovery_turn;
 pub mod in_situ;
 pub mod lingering;
 pub mod recording;
