@@ -410,11 +410,13 @@ fn with_attach_for_a_lone_pid(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi
     args
 }
 
-/// Parses the command line; a usage error is one line (what is wrong, and where help
-/// is), like every other error of tendril.
+/// Parses the command line; a usage error is one line (what is wrong, what was
+/// probably meant, and the help of the subcommand given), like every other error of
+/// tendril.
 fn parse_command_line() -> Result<Cli, ExitCode> {
     use clap::error::ErrorKind;
-    match Cli::try_parse_from(with_attach_for_a_lone_pid(std::env::args_os().collect())) {
+    let args = with_attach_for_a_lone_pid(std::env::args_os().collect());
+    match Cli::try_parse_from(&args) {
         Ok(cli) => Ok(cli),
         Err(error)
             if matches!(
@@ -441,10 +443,42 @@ fn parse_command_line() -> Result<Cli, ExitCode> {
                 .collect();
             let message = message.join(" ");
             let message = message.trim_start_matches("error: ");
-            say_line(&format!("{message} (see `tendril --help`)"));
+            let meant =
+                suggestion(&error).map_or(String::new(), |s| format!("; did you mean {s}?"));
+            let help = match subcommand_given(&args) {
+                Some(name) => format!("tendril {name} --help"),
+                None => "tendril --help".to_string(),
+            };
+            say_line(&format!("{message}{meant} (see `{help}`)"));
             Err(ExitCode::from(2))
         }
     }
+}
+
+/// What clap suggests for a mistyped subcommand or option, quoted.
+fn suggestion(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let value = error
+        .get(ContextKind::SuggestedSubcommand)
+        .or_else(|| error.get(ContextKind::SuggestedArg))?;
+    match value {
+        ContextValue::String(text) => Some(format!("'{text}'")),
+        ContextValue::Strings(texts) => texts.first().map(|text| format!("'{text}'")),
+        _ => None,
+    }
+}
+
+/// The subcommand named on the command line (its first word that is one), if any.
+fn subcommand_given(args: &[std::ffi::OsString]) -> Option<String> {
+    use clap::CommandFactory;
+    let command = Cli::command();
+    let names: Vec<&str> = command.get_subcommands().map(|s| s.get_name()).collect();
+    args.iter()
+        .skip(1)
+        .filter_map(|arg| arg.to_str())
+        .find(|arg| !arg.starts_with('-'))
+        .filter(|arg| names.contains(arg))
+        .map(str::to_string)
 }
 
 fn main() -> ExitCode {

@@ -53,6 +53,22 @@ fn assert_untouched(pid: i32) {
 }
 
 #[test]
+fn a_mistyped_command_line_gets_what_was_meant_and_the_subcommands_help() {
+    let line = error_line(tendril().args(["recrod", "1"]));
+    assert!(
+        line.contains("did you mean 'record'?") && line.ends_with("(see `tendril --help`)"),
+        "{line}"
+    );
+    let line = error_line(tendril().args(["sample", "1", "--rat", "5"]));
+    assert!(
+        line.contains("did you mean '--rate'?") && line.ends_with("(see `tendril sample --help`)"),
+        "{line}"
+    );
+    let line = error_line(tendril().args(["record", "abc", "--root", "main"]));
+    assert!(line.ends_with("(see `tendril record --help`)"), "{line}");
+}
+
+#[test]
 fn a_pid_that_does_not_exist() {
     let line = error_line(&mut status_of(i32::MAX));
     assert_eq!(line, format!("tendril: no process with pid {}", i32::MAX));
