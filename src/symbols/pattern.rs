@@ -216,8 +216,12 @@ const MIN_SIMILARITY: f64 = 0.75;
 const MIN_MODULE_SIMILARITY: f64 = 0.7;
 
 /// Up to five distinct names close to the query's name (Jaro-Winkler, case-insensitive,
-/// glob characters ignored), best first, from the query's module if it has one.
+/// glob characters ignored), best first, from the query's module if it has one. For a
+/// glob, only names that hold its letters in another case or elsewhere (`json*` →
+/// `_PyJson_Encode`): a name merely as long and alike (`fsopen` for `json*`) is no
+/// hint of what a glob was meant to find.
 fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
+    let is_glob = query.name.text.contains(['*', '?', '[']);
     let needle: String = query
         .name
         .text
@@ -239,6 +243,13 @@ fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
             continue;
         }
         let lower = name.to_lowercase();
+        if is_glob {
+            // Shorter names first: the closest to the letters given.
+            if lower.contains(&needle) {
+                scored.push((-(lower.len() as f64), name));
+            }
+            continue;
+        }
         let score = strsim::jaro_winkler(&needle, &lower);
         if score >= MIN_SIMILARITY && comparable(&needle, &lower) {
             scored.push((score, name));
@@ -388,6 +399,25 @@ mod tests {
         assert!(q.module.is_none());
         let q = Query::parse("app:", &modules);
         assert_eq!(q.name.text, "*");
+    }
+
+    #[test]
+    fn a_glob_is_suggested_only_names_that_hold_its_letters() {
+        let functions: Vec<Function> = ["fsopen", "swapon", "_PyJson_Encode", "JSONParse"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| function("libpython3.so", name, 0x1000 * (i as u64 + 1)))
+            .collect();
+        match find(&functions, &[module("libpython3.so")], "json*") {
+            Err(SymbolError::NoMatch { suggestions, .. }) => {
+                assert_eq!(suggestions, ["JSONParse", "_PyJson_Encode"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match find(&functions, &[module("libpython3.so")], "xml*") {
+            Err(SymbolError::NoMatch { suggestions, .. }) => assert!(suggestions.is_empty()),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
