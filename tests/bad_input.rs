@@ -128,6 +128,9 @@ fn a_kernel_thread() {
     );
     let line = error_line(&mut status_of(2));
     assert!(line.contains("is a kernel thread"), "{line}");
+    // Every command says it the same way.
+    let listing = error_line(tendril().args(["symbols", "2"]));
+    assert_eq!(listing, line);
 }
 
 #[test]

@@ -26,6 +26,7 @@ pub fn run_symbols_command(
     json: bool,
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
+    refuse_what_has_no_symbols(pid)?;
     refuse_other_architectures(pid)?;
     let symbols = ProcessSymbols::load(pid)?;
     let functions: Vec<&Function> = match pattern {
@@ -75,6 +76,20 @@ fn without_the_agent<'a>(
 /// A 32-bit (or other non-x86-64) program is refused with the message `status` gives,
 /// rather than listed as having no functions. Everything else about the process (gone,
 /// not readable) is left to the symbol loader to say.
+/// A pid with no program to list, said as every other command says it (a kernel
+/// thread, a zombie, no such process). Being traced, or being tendril, is no reason not
+/// to list a program's functions.
+fn refuse_what_has_no_symbols(pid: i32) -> anyhow::Result<()> {
+    match crate::process::inspect(pid) {
+        Err(
+            error @ (AttachError::NoSuchProcess(_)
+            | AttachError::Zombie(_)
+            | AttachError::KernelThread(_)),
+        ) => Err(error.into()),
+        _ => Ok(()),
+    }
+}
+
 fn refuse_other_architectures(pid: i32) -> anyhow::Result<()> {
     let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
         return Ok(());
