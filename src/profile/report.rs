@@ -10,7 +10,7 @@ pub use super::depth_cut::{MAX_STACK_DEPTH, subtrees_cut};
 use super::export;
 pub use super::folded::write_folded;
 use super::hot::hot_spots;
-use super::model::{Node, Profile, Timing};
+use super::model::{Node, NotFollowed, Profile, Timing};
 use super::names::{fit_middle, function_label, printable};
 use notes::ring_pauses_line;
 pub use notes::{library_churn_note, stack_switch_warning};
@@ -19,7 +19,7 @@ use std::io::{self, Write};
 use std::str::FromStr;
 
 /// Targets of calls through pointers that are not followed, listed by the header.
-const NOT_FOLLOWED_SHOWN: usize = 5;
+const NOT_FOLLOWED_SHOWN: usize = 3;
 /// Rows deeper than this stop indenting and show their depth as a number instead.
 pub const MAX_TREE_INDENT: usize = 40;
 
@@ -285,47 +285,65 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
 
 /// Which time the report shows, and whether the other is there.
 /// The lines that say what a recording did not follow: targets of calls through
-/// pointers, and callees discovery skipped (Go code), at most [`NOT_FOLLOWED_SHOWN`] each.
+/// pointers, and callees discovery skipped (Go code), one line each, by reason, with
+/// a few names per reason (the profile's `discovery` lists them all).
 fn write_not_followed(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
-    let not_followed = profile
-        .discovery
-        .as_ref()
-        .map_or(&[][..], |d| d.indirect_not_followed.as_slice());
-    for item in not_followed.iter().take(NOT_FOLLOWED_SHOWN) {
-        writeln!(
-            out,
-            "not followed through pointers: {} — {}",
-            printable(&item.target),
-            printable(&item.reason)
-        )?;
-    }
-    if not_followed.len() > NOT_FOLLOWED_SHOWN {
-        writeln!(
-            out,
-            "not followed through pointers: ... and {} more (the profile's \"discovery\" lists them all)",
-            not_followed.len() - NOT_FOLLOWED_SHOWN
-        )?;
-    }
-    let callees_not_followed = profile
-        .discovery
-        .as_ref()
-        .map_or(&[][..], |d| d.not_followed.as_slice());
-    for item in callees_not_followed.iter().take(NOT_FOLLOWED_SHOWN) {
-        writeln!(
-            out,
-            "not followed: {} — {}",
-            printable(&item.target),
-            printable(&item.reason)
-        )?;
-    }
-    if callees_not_followed.len() > NOT_FOLLOWED_SHOWN {
-        writeln!(
-            out,
-            "not followed: ... and {} more (the profile's \"discovery\" lists them all)",
-            callees_not_followed.len() - NOT_FOLLOWED_SHOWN
-        )?;
+    let Some(discovery) = profile.discovery.as_ref() else {
+        return Ok(());
+    };
+    for (label, items) in [
+        (
+            "not followed through pointers",
+            &discovery.indirect_not_followed,
+        ),
+        ("not followed", &discovery.not_followed),
+    ] {
+        if let Some(line) = not_followed_line(label, items) {
+            writeln!(out, "{line}")?;
+        }
     }
     Ok(())
+}
+
+/// "LABEL: 15 functions — shorter than the 5-byte patch: 15 (a, b, c, …); … (the
+/// profile's "discovery" lists them all)", or nothing for no function.
+fn not_followed_line(label: &str, items: &[NotFollowed]) -> Option<String> {
+    if items.is_empty() {
+        return None;
+    }
+    // By reason, the details in parentheses (byte counts) left out, most frequent first.
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
+    for item in items {
+        let reason = item.reason.split(" (").next().unwrap_or(&item.reason);
+        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, names)) => names.push(&item.target),
+            None => by_reason.push((reason, vec![&item.target])),
+        }
+    }
+    by_reason.sort_by_key(|(_, names)| std::cmp::Reverse(names.len()));
+    let reasons: Vec<String> = by_reason
+        .iter()
+        .map(|(reason, names)| {
+            let shown: Vec<&str> = names.iter().take(NOT_FOLLOWED_SHOWN).copied().collect();
+            let more = if names.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            };
+            format!(
+                "{}: {} ({}{more})",
+                printable(reason),
+                names.len(),
+                printable(&shown.join(", "))
+            )
+        })
+        .collect();
+    Some(format!(
+        "{label}: {} function{} — {} (the profile's \"discovery\" lists them all)",
+        items.len(),
+        if items.len() == 1 { "" } else { "s" },
+        reasons.join("; ")
+    ))
 }
 
 fn write_clock_line(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
