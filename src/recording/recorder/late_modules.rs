@@ -26,7 +26,7 @@ use super::*;
 use crate::recording::address_taken;
 use crate::symbols::maps;
 use crate::terminal_text::say;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 use tendril_wire::{LoaderCounts, PatchOutcome};
@@ -50,9 +50,10 @@ pub(super) struct Watch {
     followed: u64,
     /// Instrumented functions whose library was unloaded while they were patched.
     unloaded_functions: u64,
-    /// What is instrumented besides discovery (roots, address-taken functions): patched
-    /// again when a library was unloaded, in case it came back.
-    instrumented: Vec<Instrumented>,
+    /// What is instrumented besides discovery (roots, address-taken functions), with the
+    /// agent's id of the patch made last: patched again when a library was unloaded, in
+    /// case it came back.
+    instrumented: HashMap<Instrumented, u32>,
     /// A library was unloaded and none of what it took has been patched again yet: it
     /// may come back after a later look (a look between the unload and the load again
     /// finds nothing to patch again).
@@ -62,14 +63,24 @@ pub(super) struct Watch {
 /// A function instrumented besides discovery, named by its module's path and its place
 /// in the module's file, so that its library loaded again (where it was or elsewhere) is
 /// recognised, and another library loaded at its address is not mistaken for it.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Instrumented {
     module_path: PathBuf,
     /// The function's address minus its module's load bias.
     file_address: u64,
     hook: Hook,
-    /// The agent's id of the patch made last.
-    id: u32,
+}
+
+impl Instrumented {
+    /// `function`, with `hook`, as found in `symbols`.
+    fn of(symbols: &ProcessSymbols, function: &Function, hook: Hook) -> Option<Instrumented> {
+        let module = symbols.module_at(function.addr)?;
+        Some(Instrumented {
+            module_path: module.path.clone(),
+            file_address: function.addr.wrapping_sub(module.load_bias),
+            hook,
+        })
+    }
 }
 
 impl Watch {
@@ -118,24 +129,13 @@ impl Watch {
             let (Some(id), true) = (outcome.id, hook.records()) else {
                 continue;
             };
-            let Some(module) = symbols.module_at(function.addr) else {
+            let Some(key) = Instrumented::of(symbols, function, *hook) else {
                 continue;
             };
-            let file_address = function.addr.wrapping_sub(module.load_bias);
-            let known = self.instrumented.iter_mut().find(|known| {
-                known.module_path == module.path
-                    && known.file_address == file_address
-                    && known.hook == *hook
-            });
-            match known {
-                Some(known) if replace_ids => known.id = id,
-                Some(_) => {}
-                None => self.instrumented.push(Instrumented {
-                    module_path: module.path.clone(),
-                    file_address,
-                    hook: *hook,
-                    id,
-                }),
+            if replace_ids {
+                self.instrumented.insert(key, id);
+            } else {
+                self.instrumented.entry(key).or_insert(id);
             }
         }
     }
@@ -216,17 +216,20 @@ impl Recorder {
     /// patches (and ids); the rest is in already, which the agent answers at once.
     /// Returns the paths of the libraries whose functions came back.
     fn instrument_again(&mut self) -> Vec<PathBuf> {
+        let biases: HashMap<&std::path::Path, u64> = self
+            .symbols
+            .modules()
+            .iter()
+            .map(|m| (m.path.as_path(), m.load_bias))
+            .collect();
         let functions: Vec<(&Function, Hook)> = self
             .late_modules
             .instrumented
-            .iter()
+            .keys()
             .filter_map(|known| {
-                let module = self
-                    .symbols
-                    .modules()
-                    .iter()
-                    .find(|m| m.path == known.module_path)?;
-                let address = known.file_address.wrapping_add(module.load_bias);
+                let address = known
+                    .file_address
+                    .wrapping_add(*biases.get(known.module_path.as_path())?);
                 let function = self.symbols.lookup(address).filter(|f| f.addr == address)?;
                 Some((function, known.hook))
             })
@@ -240,21 +243,19 @@ impl Recorder {
         else {
             return Vec::new();
         };
-        let ids_before: Vec<u32> = self
-            .late_modules
-            .instrumented
-            .iter()
-            .map(|k| k.id)
-            .collect();
-        self.late_modules
-            .instrumented(&self.symbols, &functions, &outcomes);
         let mut back: Vec<PathBuf> = Vec::new();
         let mut again = 0;
-        for (known, id_before) in self.late_modules.instrumented.iter().zip(ids_before) {
-            if known.id != id_before {
+        for ((function, hook), outcome) in functions.iter().zip(&outcomes) {
+            let (Some(id), Some(key)) =
+                (outcome.id, Instrumented::of(&self.symbols, function, *hook))
+            else {
+                continue;
+            };
+            let before = self.late_modules.instrumented.insert(key.clone(), id);
+            if before.is_some_and(|before| before != id) {
                 again += 1;
-                if !back.contains(&known.module_path) {
-                    back.push(known.module_path.clone());
+                if !back.contains(&key.module_path) {
+                    back.push(key.module_path);
                 }
             }
         }
