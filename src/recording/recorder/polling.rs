@@ -14,6 +14,53 @@ use std::time::Instant;
 /// How long a poll reads rings before adaptive timing is judged again meanwhile.
 const DRAIN_SLICE: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Where one thread's stream of events stands within a drain, which may hand it over
+/// in two slices (a ring that wrapped).
+#[derive(Debug, Default, Clone, Copy)]
+struct StreamCut {
+    /// The stream passed the stop: what follows is dropped.
+    past_stop: bool,
+    /// Some of it is held back: what follows is held back too.
+    holding: bool,
+}
+
+/// Divides a slice of a thread's events, which are in time order, into those the trees
+/// get now and those held back to the next poll (from the first timed one after
+/// `cutoff` on), dropping those after the stop. A ring that wrapped comes in two
+/// slices: once the first was cut, the second follows its cut whole. The second
+/// slice's first events are often untimed calls, which carry no timestamp; given now
+/// while the first slice's end was held back, they were counted ahead of it, under the
+/// wrong frame (a block's calls under the block before it).
+fn divide<'e>(
+    events: &'e [Event],
+    stopped_at: Option<u64>,
+    cutoff: u64,
+    cut: &mut StreamCut,
+) -> (&'e [Event], &'e [Event]) {
+    if cut.past_stop {
+        return (&[], &[]);
+    }
+    let first_from = |events: &[Event], limit: u64| {
+        events
+            .iter()
+            .position(|e| e.has_timestamp() && e.value >= limit)
+    };
+    let mut events = events;
+    if let Some(stop) = stopped_at
+        && let Some(at) = first_from(events, stop.saturating_add(1))
+    {
+        events = &events[..at];
+        cut.past_stop = true;
+    }
+    let split = match cut.holding {
+        true => 0,
+        false => first_from(events, cutoff).unwrap_or(events.len()),
+    };
+    let (now, later) = events.split_at(split);
+    cut.holding |= !later.is_empty();
+    (now, later)
+}
+
 /// What receives a thread's events (and keeps those held back): the recorder's fields,
 /// borrowed apart from the rings.
 struct Receivers<'a> {
@@ -80,20 +127,11 @@ impl Recorder {
     ) -> Option<(u64, Option<usize>)> {
         let stopped_at = self.stopped_at;
         let (rings, mut receivers) = self.receivers()?;
+        let mut cuts: HashMap<i32, StreamCut> = HashMap::new();
         Some(rings.drain_from(first_ring, until, |ring, tid, events| {
-            // A ring's events are in time order: cut at the first one after the stop,
-            // and hold back those after the cutoff.
-            let not_after = |limit: u64| {
-                events
-                    .iter()
-                    .position(|e| e.has_timestamp() && e.value >= limit)
-                    .unwrap_or(events.len())
-            };
-            let events = match stopped_at {
-                Some(stop) => &events[..not_after(stop.saturating_add(1))],
-                None => events,
-            };
-            let (now, later) = events.split_at(not_after(cutoff).min(events.len()));
+            let cut = cuts.entry(tid).or_default();
+            cut.holding |= receivers.held_back.contains_key(&tid);
+            let (now, later) = divide(events, stopped_at, cutoff, cut);
             if !later.is_empty() {
                 receivers
                     .held_back
@@ -215,5 +253,50 @@ impl Receivers<'_> {
         if let Some(gross) = self.gross.as_mut() {
             gross.push_events(tid, events);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tendril_wire::events::EventKind;
+
+    fn call() -> Event {
+        Event::new(EventKind::Call, 7, 0x1000)
+    }
+
+    fn timed(kind: EventKind, at: u64) -> Event {
+        Event::new(kind, 3, at)
+    }
+
+    #[test]
+    fn a_wrapped_rings_second_slice_follows_the_first_slices_hold_back() {
+        let first = [call(), timed(EventKind::Entry, 5), call()];
+        let second = [call(), call(), timed(EventKind::Exit, 9)];
+        let mut cut = StreamCut::default();
+        let (now, later) = divide(&first, None, 4, &mut cut);
+        assert_eq!((now.len(), later.len()), (1, 2));
+        // The untimed calls that open the second slice come after the entry held back.
+        let (now, later) = divide(&second, None, 4, &mut cut);
+        assert_eq!((now.len(), later.len()), (0, 3));
+        // A stream not held back gives untimed calls now.
+        let (now, later) = divide(&second, None, 10, &mut StreamCut::default());
+        assert_eq!((now.len(), later.len()), (3, 0));
+    }
+
+    #[test]
+    fn nothing_after_the_stop_is_given_even_in_a_wrapped_rings_second_slice() {
+        let first = [
+            timed(EventKind::Entry, 5),
+            call(),
+            timed(EventKind::Exit, 7),
+            call(),
+        ];
+        let mut cut = StreamCut::default();
+        let (now, later) = divide(&first, Some(6), u64::MAX, &mut cut);
+        assert_eq!((now.len(), later.len()), (2, 0));
+        let second = [call(), call()];
+        let (now, later) = divide(&second, Some(6), u64::MAX, &mut cut);
+        assert!(now.is_empty() && later.is_empty());
     }
 }
