@@ -8,7 +8,8 @@
 //! or changing the roots) twenty times with threads in the middle of the recursion, and
 //! compares the on-CPU time per call with the fixture's: each request's wall time less
 //! its thread's waits for a core (schedstat; not its CPU clock, which leaves out what a
-//! hypervisor takes), over the same stretch of time. Frames left open across an
+//! hypervisor takes), over the same stretches of time, weighted by the calls the
+//! recording saw in each. Frames left open across an
 //! interruption, or calls nested under frames that ended unseen, would add the time
 //! the recording was not watching. The truth is taken at the same moment because a
 //! request's CPU time moves with what else the cores run: beside two busy loops, the
@@ -95,7 +96,7 @@ fn fixture_cpu(target: &mut Target) -> (u64, u64) {
 }
 
 /// The root only at the top of every tree, and the per-call times within
-/// [`TOLERANCE`] of the fixture's own CPU time per request over the same stretch.
+/// [`TOLERANCE`] of the fixture's own CPU time per request (`Truth`).
 fn check(profile: &Profile, truth: f64, what: &str) {
     common::check_profile(profile);
     let trees =
@@ -124,6 +125,49 @@ fn check(profile: &Profile, truth: f64, what: &str) {
     }
 }
 
+/// The fixture's CPU time per request over the stretches a recording watched, each
+/// weighted by the root calls it recorded in it. A request's CPU time moves with
+/// what else the cores run; over the whole recording, stretches it did not watch (a
+/// pause, the other root) and stretches it did can differ by more than the bound.
+#[derive(Default)]
+struct Truth {
+    /// Per stretch: the root calls in the recording at its end, and the fixture's CPU
+    /// nanoseconds per request in it.
+    stretches: Vec<(u64, f64)>,
+}
+
+impl Truth {
+    /// Ends a stretch: asks the fixture for its requests since the last stretch.
+    fn end_stretch(&mut self, target: &mut Target, recorder: &mut Recorder) {
+        let recorded = calls_at_top(&recorder.snapshot(), ROOT);
+        let (requests, ns) = fixture_cpu(target);
+        if self
+            .stretches
+            .last()
+            .is_some_and(|&(before, _)| recorded < before)
+        {
+            // A reset: the recording holds only what came after it.
+            self.stretches.clear();
+        }
+        if requests > 0 {
+            self.stretches.push((recorded, ns as f64 / requests as f64));
+        }
+    }
+
+    /// The weighted mean, in nanoseconds.
+    fn per_request(&self) -> f64 {
+        let (mut before, mut calls, mut sum) = (0, 0, 0.0);
+        for &(recorded, ns) in &self.stretches {
+            let weight = recorded.saturating_sub(before);
+            before = recorded;
+            calls += weight;
+            sum += weight as f64 * ns;
+        }
+        assert!(calls > 0, "the fixture finished no request while recorded");
+        sum / calls as f64
+    }
+}
+
 /// Records the fixture doing `interrupt` [`ROUNDS`] times with two threads
 /// mid-recursion (it is given the round, and answers the root to count calls of until
 /// the next), then compares the per-call times with the fixture's own (`check`).
@@ -133,19 +177,17 @@ fn check_interrupted(what: &str, mut interrupt: impl FnMut(&mut Recorder, usize)
     // From here on the fixture sums its requests' CPU time for the truth.
     fixture_cpu(&mut target);
     let mut recorder = start_recorder(target.pid(), ROOT);
+    let mut truth = Truth::default();
     for round in 0..ROUNDS {
         until_mid_recursion(&mut recorder);
         let root = interrupt(&mut recorder, round);
         record_calls(&mut recorder, root, CALLS_BETWEEN);
+        truth.end_stretch(&mut target, &mut recorder);
     }
     record_calls(&mut recorder, ROOT, CALLS);
+    truth.end_stretch(&mut target, &mut recorder);
     let profile = recorder.finish(false).expect("the recording ends").profile;
-    let (requests, ns) = fixture_cpu(&mut target);
-    assert!(
-        requests > 0,
-        "the fixture finished no request while recorded"
-    );
-    check(&profile, ns as f64 / requests as f64, what);
+    check(&profile, truth.per_request(), what);
 }
 
 #[test]
