@@ -18,6 +18,7 @@
 
 use crate::process;
 use crate::session::AgentSession;
+use std::cell::Cell;
 
 /// The nice value of the agent's threads during a session (lower runs first; -20 is
 /// the highest a nice value goes).
@@ -33,7 +34,7 @@ const AGENT_THREAD_PREFIX: &str = "tendril-";
 /// killed controller left raised, get the main thread's). Does nothing where it may
 /// not.
 pub fn raise_for(pid: i32, session: &mut AgentSession) {
-    if nice_of(0) != Some(0) {
+    if controller_nice() != Some(0) {
         return;
     }
     // What an agent thread gets back when its own value is not known: the main
@@ -102,4 +103,38 @@ fn nice_of(tid: i32) -> Option<i32> {
 fn set_nice(tid: i32, nice: i32) -> bool {
     // SAFETY: setpriority changes only thread `tid`'s nice value.
     unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) == 0 }
+}
+
+/// The nice value the controller was started with (read once, before any of its
+/// threads is raised).
+fn controller_nice() -> Option<i32> {
+    static STARTED_WITH: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    // SAFETY: gettid takes no argument and cannot fail.
+    *STARTED_WITH.get_or_init(|| nice_of(unsafe { libc::gettid() }))
+}
+
+thread_local! {
+    /// This thread has asked already.
+    static ASKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Gives the calling thread of the controller [`AGENT_NICE`] the first time it asks, if
+/// it runs at the default priority and may have a higher one. From the attach on, the
+/// target waits for this thread: the thread it injects into waits for the injection,
+/// the patches it asks for stop every thread, and a recording's threads wait for it to
+/// read their rings. Among a thousand busy threads on two cores, at the default
+/// priority, `record` took 8–46 s from the agent's first answer to its first patch
+/// (opening a perf event per thread, at 0.2% of a core); 2.6 s at this priority
+/// (`BENCHMARKS.md`). The work is short and the thread sleeps
+/// between: it takes from the target only the time the target would wait for it.
+pub fn run_ahead_of_the_target() {
+    if ASKED.with(|asked| asked.replace(true)) {
+        return;
+    }
+    // SAFETY: gettid takes no argument and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    if controller_nice() == Some(0) && nice_of(tid) == Some(0) {
+        // Refused (no right to raise it), the thread goes on at the priority it has.
+        set_nice(tid, AGENT_NICE);
+    }
 }

@@ -16,7 +16,7 @@
 //! and tendril waits for that.
 
 mod agent_memfd;
-mod agent_priority;
+pub mod agent_priority;
 mod failed_load;
 mod loader;
 mod remote_call;
@@ -63,6 +63,7 @@ pub fn control_socket(target: &TargetProcess) -> PathBuf {
 
 /// Connects to the agent resident in `pid`, if there is one; never injects.
 pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
+    agent_priority::run_ahead_of_the_target();
     let mut found = connect_existing_inner(pid)?;
     if let Some((_, session)) = found.as_mut() {
         agent_priority::raise_for(pid, session);
@@ -96,6 +97,7 @@ fn control_thread_runs(pid: i32) -> bool {
 
 /// Returns a session with the agent in `pid`, loading the agent first if needed.
 pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
+    agent_priority::run_ahead_of_the_target();
     let (target, mut session) = attach_inner(pid).map_err(|error| match error {
         // Whatever step failed, a process that is gone or exiting explains it best.
         InjectError::Attach(AttachError::Other { .. } | AttachError::PermissionDenied(_))

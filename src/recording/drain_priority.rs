@@ -17,31 +17,13 @@
 //! `CAP_SYS_NICE`), else it reads at the priority it has; and only from the default
 //! priority (a user who runs `nice tendril` asked for less).
 
-use std::cell::Cell;
-
 /// The nice value of the thread that reads the rings (the default is 0; lower runs
 /// first).
-pub const READING_NICE: i32 = -20;
-
-thread_local! {
-    /// This thread has asked already.
-    static ASKED: Cell<bool> = const { Cell::new(false) };
-}
+pub const READING_NICE: i32 = crate::inject::agent_priority::AGENT_NICE;
 
 /// Gives the calling thread [`READING_NICE`] the first time it asks, if it runs at the
-/// default priority and may have a higher one; otherwise it stays as it is.
+/// default priority and may have a higher one; otherwise it stays as it is. The
+/// thread that attached has it already (`agent_priority::run_ahead_of_the_target`).
 pub fn read_ahead_of_the_target() {
-    if ASKED.with(|asked| asked.replace(true)) {
-        return;
-    }
-    // SAFETY: gettid takes no argument and cannot fail.
-    let tid = unsafe { libc::gettid() } as libc::id_t;
-    // SAFETY: getpriority reads the nice value of thread `tid` (this one); -1 is also
-    // a valid nice value, but only 0 is acted on.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
-    if nice == 0 {
-        // SAFETY: setpriority changes only this thread's nice value; refused (no right
-        // to raise it), the thread reads at the priority it has.
-        let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, READING_NICE) };
-    }
+    crate::inject::agent_priority::run_ahead_of_the_target();
 }
