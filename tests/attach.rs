@@ -345,18 +345,26 @@ fn the_agents_threads_run_ahead_of_the_target_during_a_session_and_not_after() {
     let pid = target.pid();
     target.steady_checksum(2, Duration::from_secs(60));
     let recording = common::Recording::start(pid, &["--root", "work_round"]);
-    // The session is open: the agent's threads run at nice -20.
+    // The session is open: the agent's threads run at nice -20, its discoverer with
+    // them (the target's threads hand it their discoveries when they are many).
     let during = agent_thread_nice_values(pid);
     assert!(
         during.contains(&-20),
         "the agent's threads during the session: {during:?}"
     );
+    assert!(common::thread_names(pid).contains(&"tendril-discove".to_string()));
     recording.finish();
-    // The session is over: each is back at the target's nice value, 0.
+    // The session is over: each is back at the target's nice value, 0, and the
+    // discoverer has ended.
     let after = agent_thread_nice_values(pid);
     assert!(
         !after.is_empty() && after.iter().all(|&nice| nice == 0),
         "{after:?}"
     );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while common::thread_names(pid).contains(&"tendril-discove".to_string()) {
+        assert!(std::time::Instant::now() < deadline, "the discoverer did not end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     target.steady_checksum(2, Duration::from_secs(60));
 }

@@ -314,13 +314,9 @@ fn trapped_calls(target: &mut Target) -> Vec<String> {
 /// and the restorer have ended.
 fn wait_until_only_the_control_thread_runs(pid: i32) {
     let agent_threads = || -> Vec<String> {
-        std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .flatten()
-            .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
-            .map(|name| name.trim().to_string())
-            .filter(|name| name.starts_with("tendril-"))
-            .collect()
+        let mut names = common::thread_names(pid);
+        names.retain(|name| name.starts_with("tendril-"));
+        names
     };
     let deadline = std::time::Instant::now() + LINE_TIMEOUT;
     while agent_threads() != ["tendril-control"] {

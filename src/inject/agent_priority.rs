@@ -23,8 +23,9 @@ use std::cell::Cell;
 /// The nice value of the agent's threads during a session (lower runs first; -20 is
 /// the highest a nice value goes).
 pub const AGENT_NICE: i32 = -20;
-/// The agent runs a control thread, a session thread per connection, a restorer and a
-/// thread tracer: no more are raised.
+/// The agent runs a control thread, a session thread per connection, a discoverer while
+/// a session is open, a restorer and a thread tracer: no more are raised (the first
+/// ones by thread id, which are those of the first sessions).
 const MOST_AGENT_THREADS: usize = 8;
 /// The agent's thread names begin with this (`tendril_agent::sys::agent_threads`).
 const AGENT_THREAD_PREFIX: &str = "tendril-";

@@ -230,6 +230,9 @@ pub const SYSCALLS: &[SyscallUse] = &[
     agent(libc::SYS_membarrier, "membarrier", "MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE", [64, 0, 0, 0, 0, 0]),
     agent(libc::SYS_membarrier, "membarrier", "MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE", [32, 0, 0, 0, 0, 0]),
     agent(libc::SYS_sched_yield, "sched_yield", "", [0; 6]),
+    // Whether the discoverer runs raised (a refusal: it is taken for not raised).
+    agent(libc::SYS_getpriority, "getpriority", "PRIO_PROCESS", [libc::PRIO_PROCESS as u64, 2, 0, 0, 0, 0]).on_errno(IGNORED),
+    agent(libc::SYS_sched_getaffinity, "sched_getaffinity", "", [0, LEN, PTR, 0, 0, 0]).on_errno(IGNORED),
     agent(libc::SYS_nanosleep, "nanosleep", "", [PTR, 0, 0, 0, 0, 0]),
     // Stopping the threads: the park signal, its handler, and the ptrace helper.
     agent(libc::SYS_rt_sigaction, "rt_sigaction", "reading a handler", [SIGRTMAX, 0, PTR, 8, 0, 0]),

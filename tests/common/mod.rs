@@ -36,6 +36,18 @@ pub use tmux::{EXIT_TIMEOUT, SCREEN_TIMEOUT, Tmux, calls_of, parse_count};
 
 use std::process::Command;
 
+/// The names (`comm`) of process `pid`'s threads.
+pub fn thread_names(pid: i32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+        .map(|name| name.trim().to_string())
+        .collect()
+}
+
 /// A `Command` for the `tendril` binary that cargo built for these tests.
 pub fn tendril() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tendril"))

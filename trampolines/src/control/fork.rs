@@ -2,7 +2,7 @@
 //! nothing while fork runs, and the child starts clean.
 
 use crate::patching::patch_protocol;
-use crate::runtime::{recording, thread_state};
+use crate::runtime::{discoverer, recording, thread_state};
 
 /// A forked child inherits the mapped agent and the patched code, but not the agent's
 /// threads and not the controller's session: it gets its original code back at once
@@ -15,6 +15,7 @@ use crate::runtime::{recording, thread_state};
 extern "C" fn after_fork_in_child() {
     patch_protocol::restore_all_in_forked_child();
     recording::forget_in_forked_child();
+    discoverer::forget_in_forked_child();
     super::forget_control_in_forked_child();
     thread_state::release_after_fork();
 }

@@ -34,7 +34,7 @@ use crate::control::sessions::{
 };
 use crate::control::state::STATE;
 use crate::patching::patcher;
-use crate::runtime::{lingering, threads};
+use crate::runtime::{self, lingering, threads};
 use crate::sys::error::AgentError;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -89,8 +89,10 @@ fn spawn_control_thread() -> Result<(), AgentError> {
     let sessions = SessionThreads::new()
         .map_err(|e| AgentError::io("cannot set up the agent's session threads", e))?;
     forget_inherited_sessions();
+    let discoverer = SessionThreads::new()
+        .map_err(|e| AgentError::io("cannot set up the agent's discoverer thread", e))?;
     threads::spawn_agent_thread("control", threads::Start::Immediately, move || {
-        serve(listener, sessions)
+        serve(listener, sessions, discoverer)
     })
     .map(|_| ())
     .map_err(|e| AgentError::io("cannot start the agent's control thread", e))
@@ -117,15 +119,22 @@ pub fn report_startup_error(message: &str) {
 /// its own thread, at most [`MAX_SESSIONS`]), joins the threads of sessions that ended,
 /// closes connections that stay silent past [`HELLO_TIMEOUT`], and binds its socket
 /// again if the file was deleted.
-fn serve(mut listener: ControlListener, mut sessions: SessionThreads) {
+fn serve(
+    mut listener: ControlListener,
+    mut sessions: SessionThreads,
+    mut discoverer: SessionThreads,
+) {
     let (uid, pid) = (name_uid(), identity().1);
     let mut last_rebind_error = None;
     loop {
         wait_for_activity(&listener, &sessions);
         sessions.reap();
         while let Some(stream) = listener.accept() {
+            // Before the session: the controller raises the threads it finds then.
+            keep_discoverer(&mut discoverer, true);
             admit(stream, &mut sessions);
         }
+        keep_discoverer(&mut discoverer, sessions.len() > 0);
         close_silent_sessions();
         match listener.rebind_if_unreachable(uid, pid) {
             Ok(()) => last_rebind_error = None,
@@ -139,6 +148,25 @@ fn serve(mut listener: ControlListener, mut sessions: SessionThreads) {
                 last_rebind_error = Some(message);
             }
         }
+    }
+}
+
+/// Runs the discoverer (`runtime::discoverer`) while a session is open (`wanted`), and
+/// ends it, joined while no code changes, when none is.
+fn keep_discoverer(discoverer: &mut SessionThreads, wanted: bool) {
+    discoverer.reap();
+    match (wanted, discoverer.len()) {
+        (true, 0) => {
+            // Not started: the target's threads discover for themselves.
+            let _ = discoverer.start_named("discoverer", 0, || {
+                runtime::discoverer::serve(runtime::discovery::discover_for_another)
+            });
+        }
+        (false, 1..) => {
+            runtime::discoverer::ask_to_end();
+            discoverer.wait_for_one_to_end(ENDING_WAIT);
+        }
+        _ => {}
     }
 }
 

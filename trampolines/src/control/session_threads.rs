@@ -89,14 +89,22 @@ impl SessionThreads {
 
     /// Runs `job` for `session` on a new agent thread, started between code changes.
     pub fn start(&mut self, session: u64, job: impl FnOnce() + Send + 'static) -> io::Result<()> {
+        self.start_named("session", session, job)
+    }
+
+    /// [`SessionThreads::start`], the thread named `name` (after the agent's prefix).
+    pub fn start_named(
+        &mut self,
+        name: &str,
+        session: u64,
+        job: impl FnOnce() + Send + 'static,
+    ) -> io::Result<()> {
         let done = Arc::new(AtomicBool::new(false));
         let (release, released) = mpsc::channel::<()>();
         let finished = Arc::clone(&self.finished);
         let done_in_thread = Arc::clone(&done);
-        let handle = threads::spawn_agent_thread(
-            "session",
-            threads::Start::BetweenCodeChanges,
-            move || {
+        let handle =
+            threads::spawn_agent_thread(name, threads::Start::BetweenCodeChanges, move || {
                 // A job that panics must not skip the safe end below.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                 done_in_thread.store(true, Ordering::Release);
@@ -104,8 +112,7 @@ impl SessionThreads {
                 // The control thread sends this while it holds `code_change()`; an error
                 // means it is gone, and waiting longer would change nothing.
                 let _ = released.recv();
-            },
-        )?;
+            })?;
         self.live.push(SessionThread {
             session,
             done,

@@ -1,9 +1,11 @@
 //! Scheme B: the first time an instrumented function runs inside the call graph, its
 //! direct callees are found in its machine code and instrumented before it goes on.
 //!
-//! The thread that runs the function for the first time does the work itself, at once
-//! (handing it to another thread would cost a context switch or, on a busy machine, a
-//! whole time slice): it decodes the function (bounds from the controller's function
+//! The thread that runs the function for the first time has it done at once: by the
+//! agent's discoverer thread when the controller has raised that above the target's
+//! threads (`discoverer`: on a busy machine the target's own thread waits for a core
+//! while every other thread calling the function waits for it), otherwise by itself
+//! (a context switch would only add to the wait). The work: decode the function (bounds from the controller's function
 //! table), collects where it calls and tail-jumps — direct `call`/`jmp`/`jcc` targets
 //! outside its body, and calls through a GOT slot, read now — follows PLT stubs to the
 //! function they lead to, notes its indirect call sites, and patches the callees not
@@ -24,6 +26,7 @@
 
 use crate::hooks::slow_call::SavedRegisters;
 use crate::patching::patcher::{self, PatchRequest};
+use crate::runtime::discoverer;
 use crate::runtime::discovery_turn::{DiscoveryTurn, Turn, turn_to_discover};
 use crate::runtime::recording;
 use crate::runtime::state::{DiscoveryContext, STATE};
@@ -156,6 +159,15 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
             return;
         }
         let _turn = DiscoveryTurn(id);
+        if discoverer::hand_over(discoverer::Job { id, entered_from }) {
+            let paused = sys::rdtsc().saturating_sub(started);
+            recording::add_to_header(header::PAUSE_TICKS, paused);
+            recording::add_to_header(header::DISCOVERIES, 1);
+            recording::add_to_header(header::DISCOVERY_TICKS, paused);
+            recording::sample_discovery(paused);
+            recording::emit(state, Event::new(EventKind::Adjust, 0, paused));
+            return;
+        }
         let Some(stack) = agent_stack(state) else {
             // No memory for a stack: go on without instrumenting the callees now.
             return;
@@ -227,6 +239,14 @@ struct DiscoveryRequest {
     entered_from: Option<u64>,
     /// This thread discovered the function (rather than waiting while another did).
     discovered_here: bool,
+}
+
+/// Makes a discovery handed over by a target's thread, on the discoverer's thread (its
+/// hooks step aside, and its own stack is large enough).
+pub fn discover_for_another(job: discoverer::Job) {
+    // Nothing may unwind out of the discoverer's loop: a panic ends this discovery, and
+    // the waiting thread makes it itself.
+    let _ = std::panic::catch_unwind(|| discover_batch(&[job.id], job.entered_from));
 }
 
 /// Runs on the discovery stack: `argument` points at a [`DiscoveryRequest`].

@@ -1,7 +1,7 @@
 //! Layer 5, the runtime: what runs on the target's threads and keeps the data.
 //!
 //! Per-thread state and its registration (`thread_state`), shadow stacks of return
-//! addresses (`shadow`), event rings (`recording`), Scheme B discovery (`discovery`),
+//! addresses (`shadow`), event rings (`recording`), Scheme B discovery (`discovery`, made by a raised thread of the agent's when it can: `discoverer`),
 //! calibration of the hooks' cost (`calibration`, at the start, and `in_situ`, on the
 //! target's threads while the recording runs), counters (`counting`), taking return
 //! hooks out of live frames (`retire`, `lingering`) and the agent's own threads
@@ -9,6 +9,7 @@
 
 pub mod calibration;
 pub mod counting;
+pub mod discoverer;
 pub mod discovery;
 mod discovery_turn;
 pub mod in_situ;

@@ -73,6 +73,18 @@ pub struct RuntimeState {
     /// invoked as they do; a leaf lock (no other is taken while it is held).
     pub discovered_ahead: Mutex<Vec<u64>>,
 
+    // --- discoverer ---
+    /// The discoverer runs above the default priority: discoveries are handed to it.
+    pub discoverer_raised: AtomicBool,
+    /// The discoverer is to end.
+    pub discoverer_ending: AtomicBool,
+    /// Registered threads from which discoveries are handed to the discoverer.
+    pub hand_over_from_threads: AtomicUsize,
+    /// Discoveries handed over and not taken up yet; a leaf lock.
+    pub discovery_jobs: Mutex<Vec<DiscoveryJob>>,
+    /// Hand-overs so far, a futex word the discoverer sleeps on.
+    pub discovery_jobs_posted: AtomicU32,
+
     // --- retire, lingering, shadow ---
     /// (start, end) of each trampoline of an unwinder hook, for
     /// `retire::in_return_hook_code` (published before `internal_count` covers it).
@@ -86,6 +98,14 @@ pub struct RuntimeState {
     /// The relocated entry of the real `_Unwind_Backtrace`, set when it is patched; the
     /// hooks layer gets a reference to it (`BacktraceStandIn::body`).
     pub backtrace_body: AtomicU64,
+}
+
+/// One discovery handed to the discoverer: the function's id and the return address of
+/// the call that entered it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiscoveryJob {
+    pub id: u32,
+    pub entered_from: Option<u64>,
 }
 
 /// What discovery needs to know of the recording.
@@ -130,6 +150,11 @@ pub static STATE: RuntimeState = RuntimeState {
     discovering: [const { AtomicU8::new(0) }; MAX_FUNCTIONS],
     discoveries_ended: AtomicU32::new(0),
     discovered_ahead: Mutex::new(Vec::new()),
+    discoverer_raised: AtomicBool::new(false),
+    discoverer_ending: AtomicBool::new(false),
+    hand_over_from_threads: AtomicUsize::new(usize::MAX),
+    discovery_jobs: Mutex::new(Vec::new()),
+    discovery_jobs_posted: AtomicU32::new(0),
     internal_trampolines: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL],
     internal_count: AtomicUsize::new(0),
     lingering_started: AtomicBool::new(false),
