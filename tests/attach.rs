@@ -363,7 +363,10 @@ fn the_agents_threads_run_ahead_of_the_target_during_a_session_and_not_after() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while common::thread_names(pid).contains(&"tendril-discove".to_string()) {
-        assert!(std::time::Instant::now() < deadline, "the discoverer did not end");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the discoverer did not end"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     target.steady_checksum(2, Duration::from_secs(60));
