@@ -188,11 +188,3 @@ pub fn read_counters(
         other => Err(SessionError::Protocol(format!("{other:?}"))),
     }
 }
-
-/// Counter `index`'s count (its `calls`), summed over the threads.
-pub fn summed(threads: &[ThreadCounters], index: usize) -> u64 {
-    threads
-        .iter()
-        .map(|thread| thread.calls.get(index).copied().unwrap_or(0))
-        .sum()
-}

@@ -5,6 +5,7 @@
 //! could not be printed), at most 10^9 s (about 31 years) — and printed back exactly as
 //! given (to the millisecond), so `0.005` never shows as `0.0 s`.
 
+pub use crate::quantities::{format_elapsed, format_seconds};
 use std::time::Duration;
 
 /// The shortest duration accepted.
@@ -37,33 +38,12 @@ pub fn parse_seconds(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
-/// A requested duration in seconds, to the millisecond, with one to three decimals:
-/// `5.0`, `0.25`, `0.001`.
-pub fn format_seconds(duration: Duration) -> String {
-    let millis = duration.as_millis();
-    let whole = millis / 1000;
-    let fraction = format!("{:03}", millis % 1000);
-    let fraction = fraction.trim_end_matches('0');
-    let fraction = if fraction.is_empty() { "0" } else { fraction };
-    format!("{whole}.{fraction}")
-}
-
 /// How long a command waits, for its starting line: `for 5.0 s (Ctrl-C ends early)`, or
 /// `until Ctrl-C` without a duration.
 pub fn how_long(duration: Option<Duration>) -> String {
     match duration {
         Some(d) => format!("for {} s (Ctrl-C ends early)", format_seconds(d)),
         None => "until Ctrl-C".to_string(),
-    }
-}
-
-/// A measured duration in seconds: one decimal, or to the millisecond below 0.1 s (so
-/// a short run never shows as `0.0 s`).
-pub fn format_elapsed(elapsed: Duration) -> String {
-    if elapsed < Duration::from_millis(100) {
-        format_seconds(elapsed)
-    } else {
-        format!("{:.1}", elapsed.as_secs_f64())
     }
 }
 

@@ -8,23 +8,21 @@
 //! (`commands::counters`: whatever ends the wait, the code is restored first). The
 //! function's bytes are read before the copy goes in — they are what the layout
 //! describes, and a target that exits meanwhile still gets its listing. Every other
-//! number follows from the counters (`derived`), and the Ball–Larus path numbers the
-//! copy counted decode into their blocks (`path_counts`).
-
-pub(crate) mod derived;
-pub(crate) mod listing;
-mod path_counts;
+//! number follows from the counters, and the Ball–Larus path numbers the copy counted
+//! decode into their blocks (`edge_analysis`, which the live UI's annotated code uses
+//! too).
 
 use crate::commands::counters::{self, CounterWait};
 use crate::commands::output::ProfileOutput;
 use crate::commands::progress::{amount, thousands};
+use crate::edge_analysis::derived::{About, EdgeProfile};
+use crate::edge_analysis::listing::{self, Listing};
+use crate::edge_analysis::{cold_bytes, name_of, returns_twice_callee, summed};
 use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
 use crate::terminal_text::{say, write_json};
 use crate::{inject, interrupt, refusals, targets};
 use anyhow::{anyhow, bail};
-use derived::{About, EdgeProfile};
-use listing::Listing;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,19 +31,6 @@ use tendril_wire::{Hook, Request, Response};
 
 /// Most functions named when a pattern matches several.
 const NAMES_SHOWN: usize = 5;
-
-/// Functions that return twice: a call of one can come back after the code after it
-/// already ran, with the path register of that later time.
-const RETURNS_TWICE: [&str; 8] = [
-    "setjmp",
-    "_setjmp",
-    "__setjmp",
-    "sigsetjmp",
-    "__sigsetjmp",
-    "vfork",
-    "__vfork",
-    "getcontext",
-];
 
 /// What `tendril edges` was asked for.
 #[derive(Debug, Clone, clap::Args)]
@@ -118,12 +103,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
         },
         Vec::new(),
         // The calls counter comes first.
-        |latest| {
-            format!(
-                "{} calls of {name} so far",
-                thousands(counters::summed(latest, 0))
-            )
-        },
+        |latest| format!("{} calls of {name} so far", thousands(summed(latest, 0))),
         |session| {
             unloaded = restore(session, layout.address)?;
             Ok(())
@@ -139,7 +119,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
     let counts: HashMap<u32, u64> = ids
         .iter()
         .enumerate()
-        .map(|(index, &id)| (id, counters::summed(&waited.latest, index)))
+        .map(|(index, &id)| (id, summed(&waited.latest, index)))
         .collect();
     let profile = EdgeProfile::derive(&layout, |id| counts.get(&id).copied().unwrap_or(0));
     let about = About {
@@ -283,63 +263,6 @@ fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<bool> {
         Response::Unpatched { unloaded, .. } => Ok(unloaded.contains(&address)),
         other => bail!("unexpected answer from the agent: {other:?}"),
     }
-}
-
-/// The bytes of `function`'s `.cold` parts that can be read: (start, bytes).
-pub(crate) fn cold_bytes(
-    pid: i32,
-    symbols: &ProcessSymbols,
-    function: &Function,
-) -> Vec<(u64, Vec<u8>)> {
-    targets::cold_parts(symbols, function)
-        .into_iter()
-        .filter_map(|(start, size)| {
-            let bytes = crate::symbols::maps::read_memory(pid, start, start + size).ok()?;
-            Some((start, bytes))
-        })
-        .collect()
-}
-
-/// The first function that returns twice (`setjmp`, `vfork`) that the code `code` at
-/// `start` calls, directly, through its PLT stub or through a GOT slot. Every byte is
-/// decoded, padding included: a false match only costs the paths.
-pub(crate) fn returns_twice_callee(
-    pid: i32,
-    symbols: &ProcessSymbols,
-    start: u64,
-    code: &[u8],
-) -> Option<String> {
-    use iced_x86::{Decoder, DecoderOptions, FlowControl, OpKind};
-    Decoder::with_ip(64, code, start, DecoderOptions::NONE)
-        .into_iter()
-        .filter(|instruction| {
-            instruction.flow_control() == FlowControl::Call
-                || instruction.flow_control() == FlowControl::IndirectCall
-        })
-        .find_map(|instruction| {
-            let target = match instruction.op0_kind() {
-                OpKind::NearBranch64 => instruction.near_branch64(),
-                OpKind::Memory if instruction.is_ip_rel_memory_operand() => {
-                    let slot = instruction.ip_rel_memory_address();
-                    let bytes = crate::symbols::maps::read_memory(pid, slot, slot + 8).ok()?;
-                    u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)
-                }
-                _ => return None,
-            };
-            let callee = symbols.lookup(target)?;
-            let name = callee.plt_target().unwrap_or(&callee.name);
-            let name = name.split('@').next().unwrap_or(name);
-            RETURNS_TWICE.contains(&name).then(|| name.to_string())
-        })
-}
-
-/// `name` or `name+0xN` for an address outside the function.
-pub(crate) fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> {
-    let function = symbols.lookup(address)?;
-    Some(match address - function.addr {
-        0 => function.name.clone(),
-        offset => format!("{}+{offset:#x}", function.name),
-    })
 }
 
 /// Writes the output to its file (and says where) or to stdout.

@@ -5,6 +5,7 @@
 //! nothing else), and the line is erased before anything else is printed, so the
 //! summary lines that follow are never mixed with it.
 
+pub use crate::quantities::{amount, thousands};
 use crate::terminal_text::printable;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -74,28 +75,6 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.clear();
     }
-}
-
-/// `1234567` as `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
-}
-
-/// `1 call`, `1,500 calls`.
-pub fn amount(count: u64, one: &str, many: &str) -> String {
-    format!(
-        "{} {}",
-        thousands(count),
-        if count == 1 { one } else { many }
-    )
 }
 
 #[cfg(test)]

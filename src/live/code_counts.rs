@@ -6,10 +6,10 @@
 //! takes the recorder away from the rings, and the event loop only ever picks up the
 //! newest counts the thread has sent.
 
-use crate::commands::counters::summed;
-use crate::commands::edges::derived::{About, EdgeProfile};
-use crate::commands::edges::listing::{self, Listing};
-use crate::commands::progress::amount;
+use crate::edge_analysis::derived::{About, EdgeProfile};
+use crate::edge_analysis::listing::{self, Listing};
+use crate::edge_analysis::summed;
+use crate::quantities::amount;
 use crate::recording::HookedCopy;
 use crate::session::SessionError;
 use std::collections::HashMap;

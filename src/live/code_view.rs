@@ -13,7 +13,7 @@
 use super::code_counts::{CodeWatch, Opened, read_counts};
 use super::session::Session;
 use super::stage::Recording;
-use crate::commands::edges::{cold_bytes, name_of, returns_twice_callee};
+use crate::edge_analysis::{cold_bytes, name_of, returns_twice_callee};
 use crate::recording::Recorder;
 use std::sync::mpsc::TryRecvError;
 use std::sync::{Arc, Mutex};

@@ -15,8 +15,8 @@
 
 use super::derived::{About, EdgeProfile, LoopCount};
 use super::path_counts;
-use crate::commands::duration::format_elapsed;
-use crate::commands::progress::{amount, thousands};
+use crate::quantities::format_elapsed;
+use crate::quantities::{amount, thousands};
 use crate::terminal_text::printable;
 use iced_x86::{
     Decoder, DecoderOptions, Formatter, Instruction, IntelFormatter, OpKind, SymbolResolver,

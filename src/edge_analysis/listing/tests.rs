@@ -2,7 +2,7 @@
 //! with the counts one round gives.
 
 use super::*;
-use crate::commands::edges::derived::tests::{classify, dispatch, trip, trip_with_paths};
+use crate::edge_analysis::derived::tests::{classify, dispatch, trip, trip_with_paths};
 use std::time::Duration;
 
 const TRIP: [u8; 53] = [

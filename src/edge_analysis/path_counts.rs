@@ -10,7 +10,7 @@
 //! iterations are paths of their own. The text output lists the hottest paths as
 //! block offsets joined by arrows.
 
-use crate::commands::progress::{amount, thousands};
+use crate::quantities::{amount, thousands};
 use std::io::{self, Write};
 use tendril_wire::edges::EdgeLayout;
 use tendril_wire::paths::PathNumbering;
