@@ -492,6 +492,11 @@ fn main() -> ExitCode {
     // Loads made on this thread (before any full-screen view starts) may show a
     // progress line on a terminal; the live view's background loads never do.
     tendril::symbols::show_progress_on_this_thread();
+    run_command(command)
+}
+
+/// Runs `command`; its exit status.
+fn run_command(command: Command) -> ExitCode {
     let result = match command {
         Command::Demo => tendril::commands::demo::run(),
         Command::Attach { pid, roots, timing } => {
@@ -525,42 +530,13 @@ fn main() -> ExitCode {
             roots,
             profile,
             duration,
-        } => tendril::commands::record::run(&tendril::commands::record::RecordCommand {
-            options: tendril::recording::RecordOptions {
-                pid,
-                roots,
-                scheme: profile.scheme.into(),
-                gross_only: profile.gross_only,
-                timing: profile.timing.into(),
-            },
-            duration,
-            output: profile.output,
-            trace: profile.trace,
-        }),
+        } => record(pid, roots, profile, duration),
         Command::Run {
             roots,
             profile,
             duration,
             program,
-        } => {
-            let command = tendril::commands::run::RunCommand {
-                program,
-                roots,
-                scheme: profile.scheme.into(),
-                gross_only: profile.gross_only,
-                timing: profile.timing.into(),
-                duration,
-                output: profile.output,
-                trace: profile.trace,
-            };
-            return match tendril::commands::run::run(&command) {
-                Ok(status) => ExitCode::from(status),
-                Err(error) => {
-                    say_line(&error.to_string());
-                    ExitCode::FAILURE
-                }
-            };
-        }
+        } => return run_program(program, roots, profile, duration),
         Command::Report {
             file,
             format,
@@ -609,6 +585,53 @@ fn main() -> ExitCode {
         Command::DemoTarget => tendril::demo_workload::run(),
     };
     report(result)
+}
+
+/// `tendril record`.
+fn record(
+    pid: i32,
+    roots: Vec<String>,
+    profile: ProfileArgs,
+    duration: Option<Duration>,
+) -> anyhow::Result<()> {
+    tendril::commands::record::run(&tendril::commands::record::RecordCommand {
+        options: tendril::recording::RecordOptions {
+            pid,
+            roots,
+            scheme: profile.scheme.into(),
+            gross_only: profile.gross_only,
+            timing: profile.timing.into(),
+        },
+        duration,
+        output: profile.output,
+        trace: profile.trace,
+    })
+}
+
+/// `tendril run`: its exit status is the program's.
+fn run_program(
+    program: Vec<String>,
+    roots: Vec<String>,
+    profile: ProfileArgs,
+    duration: Option<Duration>,
+) -> ExitCode {
+    let command = tendril::commands::run::RunCommand {
+        program,
+        roots,
+        scheme: profile.scheme.into(),
+        gross_only: profile.gross_only,
+        timing: profile.timing.into(),
+        duration,
+        output: profile.output,
+        trace: profile.trace,
+    };
+    match tendril::commands::run::run(&command) {
+        Ok(status) => ExitCode::from(status),
+        Err(error) => {
+            say_line(&error.to_string());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// A percentage from 0 to 100 (`--threshold`).

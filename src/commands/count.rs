@@ -82,67 +82,12 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
         None
     };
     let symbols = reloaded.as_ref().unwrap_or(&symbols);
-    let hook = if options.returns {
-        Hook::CountReturns
-    } else {
-        Hook::Count
-    };
-    let unwinders: Vec<(crate::symbols::Function, Hook)> = if options.returns {
-        targets::unwinder_targets(symbols)
-            .into_iter()
-            .filter(|(f, _)| !chosen.iter().any(|c| c.function.addr == f.addr))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut patched: Vec<(&crate::symbols::Function, Hook)> =
-        chosen.iter().map(|c| (&c.function, hook)).collect();
-    patched.extend(unwinders.iter().map(|(f, hook)| (f, *hook)));
     interrupt::install();
-    let outcomes = match session.request(&targets::patch_request(symbols, &patched))? {
-        Response::Patched { outcomes } => outcomes,
-        other => bail!("unexpected answer from the agent in {pid}: {other:?}"),
-    };
-    let (user, internal) = outcomes.split_at(chosen.len());
-    if let Some((failed, reason)) = internal
-        .iter()
-        .zip(&unwinders)
-        .find_map(|(o, (f, _))| o.refused.as_ref().map(|r| (f, r)))
-    {
-        unpatch_all(&mut session, &outcomes, pid)?;
-        bail!(
-            "cannot hook returns safely in {pid}: the unwinder function {} ({}) cannot be patched ({reason}); count without --returns",
-            failed.name,
-            failed.module
-        );
-    }
-    let mut counted: Vec<Counted> = Vec::new();
-    let mut refused: Vec<(&Chosen, &str)> = refused_by_name
-        .iter()
-        .filter_map(|c| refusals::reason(&c.function, options.returns).map(|reason| (c, reason)))
-        .collect();
-    for (chosen, outcome) in chosen.iter().zip(user) {
-        match (outcome.id, &outcome.refused) {
-            (Some(id), _) => counted.push(Counted {
-                chosen: chosen.clone(),
-                id,
-                calls: 0,
-                returns: 0,
-                per_thread: Vec::new(),
-                unloaded: false,
-            }),
-            (None, reason) => refused.push((chosen, reason.as_deref().unwrap_or("refused"))),
-        }
-    }
-    if counted.is_empty() {
-        unpatch_all(&mut session, &outcomes, pid)?;
-        let reasons =
-            targets::summarize_refusals(refused.iter().map(|(c, r)| (c.display_name.as_str(), *r)));
-        bail!(
-            "none of the {} matching functions could be patched — {reasons}",
-            refused.len()
-        );
-    }
+    let Patched {
+        outcomes,
+        mut counted,
+        refused,
+    } = patch_for_counting(&mut session, symbols, &chosen, &refused_by_name, options)?;
     let ids: Vec<u32> = counted.iter().map(|c| c.id).collect();
     // Only the threads' overflow counters need a starting point.
     let baseline = counters::read_counters(&mut session, &ids)?;
@@ -194,15 +139,143 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
             .cmp(&a.calls)
             .then_with(|| a.chosen.display_name.cmp(&b.chosen.display_name))
     });
+    let refused: Vec<(&Chosen, &str)> = refused.iter().map(|(c, r)| (*c, r.as_str())).collect();
+    let counts = Counts {
+        pid,
+        elapsed,
+        overflows,
+        counted: &counted,
+        refused: &refused,
+        libraries,
+    };
+    print_counts(options, &counts)?;
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(()),
+    }
+}
+
+/// What `patch_for_counting` put in: the agent's outcomes (the chosen functions', then
+/// the unwinder's), the functions counted, and those refused with the reason.
+struct Patched<'c> {
+    outcomes: Vec<PatchOutcome>,
+    counted: Vec<Counted>,
+    refused: Vec<(&'c Chosen, String)>,
+}
+
+/// Patches the chosen functions with the counting hook (and, for `--returns`, the
+/// unwinder's functions so that returns are hooked safely); refuses with the reason
+/// when the unwinder or every chosen function cannot be patched, with nothing left in.
+fn patch_for_counting<'c>(
+    session: &mut AgentSession,
+    symbols: &ProcessSymbols,
+    chosen: &'c [Chosen],
+    refused_by_name: &'c [Chosen],
+    options: &CountOptions,
+) -> anyhow::Result<Patched<'c>> {
+    let pid = options.pid;
+    let hook = if options.returns {
+        Hook::CountReturns
+    } else {
+        Hook::Count
+    };
+    let unwinders: Vec<(crate::symbols::Function, Hook)> = if options.returns {
+        targets::unwinder_targets(symbols)
+            .into_iter()
+            .filter(|(f, _)| !chosen.iter().any(|c| c.function.addr == f.addr))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut patched: Vec<(&crate::symbols::Function, Hook)> =
+        chosen.iter().map(|c| (&c.function, hook)).collect();
+    patched.extend(unwinders.iter().map(|(f, hook)| (f, *hook)));
+    let outcomes = match session.request(&targets::patch_request(symbols, &patched))? {
+        Response::Patched { outcomes } => outcomes,
+        other => bail!("unexpected answer from the agent in {pid}: {other:?}"),
+    };
+    let (user, internal) = outcomes.split_at(chosen.len());
+    if let Some((failed, reason)) = internal
+        .iter()
+        .zip(&unwinders)
+        .find_map(|(o, (f, _))| o.refused.as_ref().map(|r| (f, r)))
+    {
+        unpatch_all(session, &outcomes, pid)?;
+        bail!(
+            "cannot hook returns safely in {pid}: the unwinder function {} ({}) cannot be patched ({reason}); count without --returns",
+            failed.name,
+            failed.module
+        );
+    }
+    let mut counted: Vec<Counted> = Vec::new();
+    let mut refused: Vec<(&Chosen, String)> = refused_by_name
+        .iter()
+        .filter_map(|c| {
+            refusals::reason(&c.function, options.returns).map(|reason| (c, reason.to_string()))
+        })
+        .collect();
+    for (chosen, outcome) in chosen.iter().zip(user) {
+        match (outcome.id, &outcome.refused) {
+            (Some(id), _) => counted.push(Counted {
+                chosen: chosen.clone(),
+                id,
+                calls: 0,
+                returns: 0,
+                per_thread: Vec::new(),
+                unloaded: false,
+            }),
+            (None, reason) => {
+                refused.push((chosen, reason.as_deref().unwrap_or("refused").to_string()))
+            }
+        }
+    }
+    if counted.is_empty() {
+        unpatch_all(session, &outcomes, pid)?;
+        let reasons = targets::summarize_refusals(
+            refused
+                .iter()
+                .map(|(c, r)| (c.display_name.as_str(), r.as_str())),
+        );
+        bail!(
+            "none of the {} matching functions could be patched — {reasons}",
+            refused.len()
+        );
+    }
+    Ok(Patched {
+        outcomes,
+        counted,
+        refused,
+    })
+}
+
+/// A finished count, for printing.
+struct Counts<'a> {
+    pid: i32,
+    elapsed: Duration,
+    /// Calls whose returns went uncounted (deeper than the return stack).
+    overflows: u64,
+    counted: &'a [Counted],
+    refused: &'a [(&'a Chosen, &'a str)],
+    libraries: LibraryChurn,
+}
+
+/// Prints the counts as text or JSON on stdout.
+fn print_counts(options: &CountOptions, counts: &Counts) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
+    let Counts {
+        pid,
+        elapsed,
+        overflows,
+        counted,
+        refused,
+        libraries,
+    } = *counts;
     if options.json {
         let returns = options.returns.then_some(overflows);
-        write_json(
-            &mut out, pid, elapsed, returns, &counted, &refused, libraries,
-        )?;
+        write_json(&mut out, pid, elapsed, returns, counted, refused, libraries)?;
     } else {
-        write_text(&mut out, elapsed, options.returns, &counted, &refused)?;
-        write_unloaded_note(&mut out, &counted, libraries)?;
+        write_text(&mut out, elapsed, options.returns, counted, refused)?;
+        write_unloaded_note(&mut out, counted, libraries)?;
         if options.returns && overflows > 0 {
             writeln!(
                 out,
@@ -212,11 +285,7 @@ pub fn run(options: &CountOptions) -> anyhow::Result<()> {
             )?;
         }
     }
-    drop(out);
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 /// Restores every patched function; returns those whose library was unloaded while
