@@ -219,6 +219,46 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
     }
 
     let mut frames = Frames::default();
+    let sample = samples(roots, &mut frames, &mut strings, with_cpu);
+    let (mapping, location, function) = locations(profile, &frames, &mut strings);
+
+    let wall = sample_type[1];
+    let comment = vec![strings.add(&format!(
+        "tendril profile of pid {} ({}), scheme {}, roots: {}; times corrected for \
+         tendril's own cost; one sample per calling context",
+        profile.pid,
+        profile.exe,
+        profile.scheme,
+        profile.roots.join(", ")
+    ))];
+    PprofProfile {
+        sample_type,
+        sample,
+        mapping,
+        location,
+        function,
+        string_table: strings.table,
+        drop_frames: 0,
+        keep_frames: 0,
+        time_nanos: 0,
+        duration_nanos: profile.duration_ns as i64,
+        period_type: Some(wall),
+        period: 1,
+        comment,
+        default_sample_type: wall.r#type,
+        doc_url: String::new(),
+    }
+}
+
+/// One sample per calling context of `roots`: its calls, self time (and self CPU
+/// time), labelled `jit` or `timing=in_caller` where it applies; each context's frames
+/// numbered in `frames`.
+fn samples<'p>(
+    roots: &'p [Node],
+    frames: &mut Frames<'p>,
+    strings: &mut Strings,
+    with_cpu: bool,
+) -> Vec<Sample> {
     let mut sample = Vec::new();
     // A call into JIT code (not measured in an instrumented tree) is labelled `jit`.
     let jit_label = Label {
@@ -232,7 +272,7 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
         str: strings.add("in_caller"),
         ..Label::default()
     };
-    for_each_context(roots, &mut frames, |stack, node| {
+    for_each_context(roots, frames, |stack, node| {
         let mut value = vec![node.calls as i64, node.self_ns as i64];
         if with_cpu {
             value.push(node.self_cpu_ns.unwrap_or(0) as i64);
@@ -250,8 +290,16 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
             .collect(),
         });
     });
+    sample
+}
 
-    // One mapping per module, with its address range when the profile has it.
+/// The mappings (one per module, with its address range when the profile has it), the
+/// locations and the functions of `frames`, in the frames' numbering.
+fn locations(
+    profile: &Profile,
+    frames: &Frames,
+    strings: &mut Strings,
+) -> (Vec<Mapping>, Vec<Location>, Vec<Function>) {
     let mut mapping: Vec<Mapping> = Vec::new();
     let mut mapping_of_module: HashMap<&str, u64> = HashMap::new();
     let mut location = Vec::with_capacity(frames.frames.len());
@@ -295,33 +343,7 @@ pub fn to_pprof(profile: &Profile) -> PprofProfile {
             is_folded: false,
         });
     }
-
-    let wall = sample_type[1];
-    let comment = vec![strings.add(&format!(
-        "tendril profile of pid {} ({}), scheme {}, roots: {}; times corrected for \
-         tendril's own cost; one sample per calling context",
-        profile.pid,
-        profile.exe,
-        profile.scheme,
-        profile.roots.join(", ")
-    ))];
-    PprofProfile {
-        sample_type,
-        sample,
-        mapping,
-        location,
-        function,
-        string_table: strings.table,
-        drop_frames: 0,
-        keep_frames: 0,
-        time_nanos: 0,
-        duration_nanos: profile.duration_ns as i64,
-        period_type: Some(wall),
-        period: 1,
-        comment,
-        default_sample_type: wall.r#type,
-        doc_url: String::new(),
-    }
+    (mapping, location, function)
 }
 
 /// Writes the profile as gzip-compressed `profile.proto`.
