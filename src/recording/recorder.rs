@@ -20,7 +20,10 @@ mod jit_callees;
 mod late_modules;
 mod polling;
 mod snapshot;
+mod starting;
 mod tracing;
+
+use starting::{PatchedRoots, patched_roots};
 
 pub use adaptive::{CALLS_TO_JUDGE, TimingOptions, threshold_ns};
 pub use code_copy::HookedCopy;
@@ -267,77 +270,11 @@ impl Recorder {
             targets::choose(&self.symbols, &matched, &mut self.session)?
                 .into_iter()
                 .partition(|c| refusals::reason(&c.function, true).is_none());
-        let discover = self.scheme == Scheme::B && !self.gross_only;
-        if !self.gross_only && self.indirect.is_none() {
-            self.indirect = Some(IndirectTargets::find(&self.symbols));
-        }
-        let mut no_targets = IndirectTargets::default();
-        let table = match &self.indirect {
-            Some(indirect) => function_table::encode(&self.symbols, &indirect.taken),
-            None => function_table::encode(&self.symbols, &no_targets.taken),
-        };
-        let started = self.session.request_with_payload(
-            &Request::StartRecording {
-                table_bytes: table.len() as u64,
-                discover,
-            },
-            &table,
-        );
-        let cost = match started.map_err(session_error)? {
-            Response::RecordingStarted {
-                inner_ticks,
-                outer_ticks,
-                inner_spread_ticks,
-                outer_spread_ticks,
-                untimed_ticks,
-                untimed_spread_ticks,
-                loader,
-            } => {
-                self.late_modules.started(loader);
-                let ns = |ticks: f64| ticks * 1e9 / self.tsc_hz as f64;
-                Calibration {
-                    tsc_hz: self.tsc_hz,
-                    inner_ns: ns(inner_ticks),
-                    outer_ns: ns(outer_ticks),
-                    inner_spread_ns: ns(inner_spread_ticks),
-                    outer_spread_ns: ns(outer_spread_ticks),
-                    untimed_ns: ns(untimed_ticks),
-                    untimed_spread_ns: ns(untimed_spread_ticks),
-                    ..Default::default()
-                }
-            }
-            other => {
-                return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
-            }
-        };
-        let rings_memory = self.session.take_received_descriptor();
-        self.recording = true;
-        self.stopped_at = None;
-        if self.rings.is_none() {
-            let refused = |message: String| RecordError::Refused { pid, message };
-            let memory = rings_memory
-                .ok_or_else(|| refused("the agent sent no rings with its answer".into()))?;
-            let rings = Rings::from_descriptor(memory)
-                .map_err(|e| refused(format!("cannot map the rings: {e}")))?;
-            self.rings = Some(rings);
-        }
-        self.rings().skip_to_now();
-        let resumed = self.builder.is_some();
-        if !resumed {
-            let builder = CctBuilder::new(cost).map_err(|e| RecordError::Refused {
-                pid,
-                message: format!("the hooks' calibration is unusable: {e}"),
-            })?;
-            self.adaptive.restart(&cost);
-            self.builder = Some(builder);
-            self.watch_off_cpu();
-            let inner_ticks = cost.inner_ns * self.tsc_hz as f64 / 1e9;
-            self.gross = self
-                .gross_only
-                .then(|| GrossTimes::new(self.tsc_hz, inner_ticks));
-        }
+        let cost = self.start_in_agent()?;
+        let resumed = self.start_trees(cost)?;
         self.note_in_situ_start();
 
+        let mut no_targets = IndirectTargets::default();
         let symbols = &self.symbols;
         let indirect_targets = self.indirect.as_mut().unwrap_or(&mut no_targets);
         let mut patched: Vec<(&Function, Hook)> = chosen
@@ -386,48 +323,13 @@ impl Recorder {
             Response::Patched { outcomes } => outcomes,
             other => return Err(session_error(SessionError::Protocol(format!("{other:?}")))),
         };
-        let mut root_names = Vec::new();
-        let mut root_addresses = Vec::new();
-        let mut refusals: Vec<(String, &str)> = refused_roots
-            .iter()
-            .filter_map(|c| {
-                Some((
-                    module_qualified(&c.function),
-                    refusals::reason(&c.function, true)?,
-                ))
-            })
-            .collect();
-        let mut unwinder_refused = None;
-        let recorded = outcomes
-            .iter()
-            .zip(&patched)
-            .filter(|(o, (_, hook))| {
-                o.refused.is_none() && matches!(hook, Hook::RecordRoot | Hook::Record)
-            })
-            .count() as u64;
-        for ((function, hook), outcome) in patched.iter().zip(&outcomes) {
-            match (&outcome.refused, hook) {
-                (None, Hook::RecordRoot) => {
-                    root_names.push(function.name.clone());
-                    root_addresses.push(function.addr);
-                }
-                (Some(reason), Hook::RecordRoot) => {
-                    refusals.push((module_qualified(function), reason.as_str()))
-                }
-                (Some(reason), Hook::UnwinderStarts | Hook::ExceptionCaught | Hook::Backtrace) => {
-                    unwinder_refused = Some(format!(
-                        "cannot hook returns safely: the unwinder function {} ({}) cannot be patched ({reason})",
-                        function.name, function.module
-                    ));
-                }
-                _ => {}
-            }
-        }
-        let failure = unwinder_refused.or_else(|| {
-            root_names
-                .is_empty()
-                .then(|| format!("no root could be instrumented — {}", summarize(&refusals)))
-        });
+        let PatchedRoots {
+            names: root_names,
+            addresses: root_addresses,
+            refusals,
+            recorded,
+            failure,
+        } = patched_roots(&patched, &outcomes, &refused_roots);
         if let Some(message) = failure {
             let _ = self.end();
             return Err(RecordError::Refused { pid, message });

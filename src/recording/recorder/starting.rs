@@ -1,0 +1,160 @@
+//! Starting a recording: the agent's start (its function table sent, the hooks' cost
+//! measured, the rings mapped), the trees, and what the patch made of the roots.
+
+use super::*;
+use tendril_wire::PatchOutcome;
+
+impl Recorder {
+    /// Asks the agent to start recording (its function table sent, the hooks' cost
+    /// measured there) and maps the rings it answers with; the calibration.
+    pub(super) fn start_in_agent(&mut self) -> Result<Calibration, RecordError> {
+        let pid = self.target.pid;
+        let session_error = |source| RecordError::Session { pid, source };
+        let discover = self.scheme == Scheme::B && !self.gross_only;
+        if !self.gross_only && self.indirect.is_none() {
+            self.indirect = Some(IndirectTargets::find(&self.symbols));
+        }
+        let no_targets = IndirectTargets::default();
+        let table = match &self.indirect {
+            Some(indirect) => function_table::encode(&self.symbols, &indirect.taken),
+            None => function_table::encode(&self.symbols, &no_targets.taken),
+        };
+        let started = self.session.request_with_payload(
+            &Request::StartRecording {
+                table_bytes: table.len() as u64,
+                discover,
+            },
+            &table,
+        );
+        let cost = match started.map_err(session_error)? {
+            Response::RecordingStarted {
+                inner_ticks,
+                outer_ticks,
+                inner_spread_ticks,
+                outer_spread_ticks,
+                untimed_ticks,
+                untimed_spread_ticks,
+                loader,
+            } => {
+                self.late_modules.started(loader);
+                let ns = |ticks: f64| ticks * 1e9 / self.tsc_hz as f64;
+                Calibration {
+                    tsc_hz: self.tsc_hz,
+                    inner_ns: ns(inner_ticks),
+                    outer_ns: ns(outer_ticks),
+                    inner_spread_ns: ns(inner_spread_ticks),
+                    outer_spread_ns: ns(outer_spread_ticks),
+                    untimed_ns: ns(untimed_ticks),
+                    untimed_spread_ns: ns(untimed_spread_ticks),
+                    ..Default::default()
+                }
+            }
+            other => {
+                return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
+            }
+        };
+        let rings_memory = self.session.take_received_descriptor();
+        self.recording = true;
+        self.stopped_at = None;
+        if self.rings.is_none() {
+            let refused = |message: String| RecordError::Refused { pid, message };
+            let memory = rings_memory
+                .ok_or_else(|| refused("the agent sent no rings with its answer".into()))?;
+            let rings = Rings::from_descriptor(memory)
+                .map_err(|e| refused(format!("cannot map the rings: {e}")))?;
+            self.rings = Some(rings);
+        }
+        self.rings().skip_to_now();
+        Ok(cost)
+    }
+
+    /// Sets up the trees for calibration `cost`, unless a paused recording resumes
+    /// (returns whether it does).
+    pub(super) fn start_trees(&mut self, cost: Calibration) -> Result<bool, RecordError> {
+        let pid = self.target.pid;
+        let resumed = self.builder.is_some();
+        if !resumed {
+            let builder = CctBuilder::new(cost).map_err(|e| RecordError::Refused {
+                pid,
+                message: format!("the hooks' calibration is unusable: {e}"),
+            })?;
+            self.adaptive.restart(&cost);
+            self.builder = Some(builder);
+            self.watch_off_cpu();
+            let inner_ticks = cost.inner_ns * self.tsc_hz as f64 / 1e9;
+            self.gross = self
+                .gross_only
+                .then(|| GrossTimes::new(self.tsc_hz, inner_ticks));
+        }
+        Ok(resumed)
+    }
+}
+
+/// What the recording's patch made of its roots: the roots instrumented (names and
+/// addresses), those refused with the reason, the functions recorded up front, and
+/// why the recording cannot start, if it cannot.
+pub(super) struct PatchedRoots<'a> {
+    pub names: Vec<String>,
+    pub addresses: Vec<u64>,
+    pub refusals: Vec<(String, &'a str)>,
+    pub recorded: u64,
+    pub failure: Option<String>,
+}
+
+/// Reads the agent's `outcomes` of `patched` (and the roots `refused_roots` refused
+/// before asking).
+pub(super) fn patched_roots<'a>(
+    patched: &[(&Function, Hook)],
+    outcomes: &'a [PatchOutcome],
+    refused_roots: &'a [Chosen],
+) -> PatchedRoots<'a> {
+    let mut root_names = Vec::new();
+    let mut root_addresses = Vec::new();
+    let mut refusals: Vec<(String, &str)> = refused_roots
+        .iter()
+        .filter_map(|c| {
+            Some((
+                module_qualified(&c.function),
+                refusals::reason(&c.function, true)?,
+            ))
+        })
+        .collect();
+    let mut unwinder_refused = None;
+    let recorded = outcomes
+        .iter()
+        .zip(patched)
+        .filter(|(o, (_, hook))| {
+            o.refused.is_none() && matches!(hook, Hook::RecordRoot | Hook::Record)
+        })
+        .count() as u64;
+    for ((function, hook), outcome) in patched.iter().zip(outcomes) {
+        match (&outcome.refused, hook) {
+            (None, Hook::RecordRoot) => {
+                root_names.push(function.name.clone());
+                root_addresses.push(function.addr);
+            }
+            (Some(reason), Hook::RecordRoot) => {
+                refusals.push((module_qualified(function), reason.as_str()))
+            }
+            (Some(reason), Hook::UnwinderStarts | Hook::ExceptionCaught | Hook::Backtrace) => {
+                unwinder_refused = Some(format!(
+                    "cannot hook returns safely: the unwinder function {} ({}) cannot be patched ({reason})",
+                    function.name, function.module
+                ));
+            }
+            _ => {}
+        }
+    }
+    let failure = unwinder_refused.or_else(|| {
+        root_names
+            .is_empty()
+            .then(|| format!("no root could be instrumented — {}", summarize(&refusals)))
+    });
+    PatchedRoots {
+        names: root_names,
+        addresses: root_addresses,
+        refusals,
+        recorded,
+        failure,
+    }
+}
