@@ -29,140 +29,37 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
     let mut line = Vec::new();
     let mut greeted = false;
     loop {
-        line.clear();
-        match read_request_line(&mut reader, &mut line) {
-            Ok(RequestLine::Complete) => {}
-            Ok(RequestLine::Ended) | Err(_) => return,
-            Ok(RequestLine::TooLong) => {
-                // The rest of the line stays unread: the connection is closed on it.
-                let refusal = Response::Error {
-                    message: format!(
-                        "request longer than {} MiB refused; the connection is closed",
-                        tendril_wire::MAX_REQUEST_BYTES >> 20
-                    ),
-                };
-                let _ = writer.write_all(&tendril_wire::encode(&refusal));
-                return;
-            }
-        }
-        let request = tendril_wire::decode::<Request>(&line);
-        // A table follows its request on the connection: take it before anything else,
-        // so the next line is a request again (or end a connection that lies about it).
-        let table = match &request {
-            Ok(
-                Request::StartRecording { table_bytes, .. } | Request::UpdateTable { table_bytes },
-            ) => match read_table(&mut reader, *table_bytes) {
-                Ok(table) => Some(table),
-                Err(error) => {
-                    let refusal = Response::Error {
-                        message: error.to_string(),
-                    };
-                    let _ = writer.write_all(&tendril_wire::encode(&refusal));
-                    return;
-                }
-            },
-            _ => None,
+        let Some((request, table)) = next_request(&mut reader, &mut writer, &mut line) else {
+            return;
         };
-        let mut rings = None;
-        let response = match request {
-            Err(e) => Response::Error {
-                message: format!("malformed request: {e}"),
-            },
-            Ok(Request::Hello { version }) if version != PROTOCOL_VERSION => Response::Error {
-                message: format!(
-                    "the agent resident in this process is version {PROTOCOL_VERSION}, \
-                     this tendril is {version}; use tendril {PROTOCOL_VERSION} or restart the target"
-                ),
-            },
+        let (response, rings) = match request {
+            Err(e) => (
+                Response::Error {
+                    message: format!("malformed request: {e}"),
+                },
+                None,
+            ),
+            Ok(Request::Hello { version }) if version != PROTOCOL_VERSION => (
+                Response::Error {
+                    message: format!(
+                        "the agent resident in this process is version {PROTOCOL_VERSION}, \
+                         this tendril is {version}; use tendril {PROTOCOL_VERSION} or restart the target"
+                    ),
+                },
+                None,
+            ),
             Ok(Request::Hello { .. }) => {
                 greeted = true;
                 mark_greeted(session);
-                ready()
+                (ready(), None)
             }
-            Ok(_) if !greeted => Response::Error {
-                message: "say hello first".into(),
-            },
-            Ok(Request::Detach) => detach(session),
-            Ok(Request::Patch {
-                targets,
-                code_ranges,
-            }) => patch(session, &targets, &code_ranges),
-            Ok(Request::Unpatch { addresses }) => unpatch(session, &addresses),
-            Ok(Request::ReadCounters { ids }) => Response::Counters {
-                threads: counting::read_counters(&ids),
-                loader: loader_counts(),
-            },
-            Ok(Request::ResolveSymbols { names }) => Response::Resolved {
-                addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
-            },
-            Ok(Request::StartRecording { discover, .. }) => {
-                match start_recording(session, table.unwrap_or_default(), discover) {
-                    Ok((response, fd)) => {
-                        rings = Some(fd);
-                        response
-                    }
-                    Err(error) => Response::Error {
-                        message: error.to_string(),
-                    },
-                }
-            }
-            Ok(Request::StopRecording) => stop_recording(session),
-            Ok(Request::SetTiming { addresses, timed }) => Response::TimingSet {
-                refused: crate::patching::timing::set_timing(session, &addresses, timed),
-            },
-            Ok(Request::RingSegment { index }) => {
-                match crate::runtime::ring_segments::segment_descriptor(index as usize) {
-                    Some(fd) => {
-                        rings = Some(fd);
-                        Response::RingSegment { index }
-                    }
-                    None => Response::Error {
-                        message: format!("the rings have no segment {index}"),
-                    },
-                }
-            }
-            Ok(Request::UpdateTable { .. }) => {
-                match discovery::update_table(session, table.unwrap_or_default()) {
-                    Ok(functions) => Response::TableUpdated { functions },
-                    Err(message) => Response::Error { message },
-                }
-            }
-            Ok(Request::CopyWithCounters {
-                address,
-                size,
-                code_ranges,
-                cold_parts,
-                paths,
-            }) => match crate::patching::function_copies::install(
-                session,
-                address,
-                size,
-                &code_ranges,
-                &cold_parts,
-                paths,
-            ) {
-                Ok(layout) => Response::EdgesInstalled { layout },
-                Err(error) => Response::Error {
-                    message: error.to_string(),
+            Ok(_) if !greeted => (
+                Response::Error {
+                    message: "say hello first".into(),
                 },
-            },
-            Ok(Request::CopyBehindRecordingHook {
-                address,
-                size,
-                cold_parts,
-                paths,
-            }) => match crate::patching::function_copies::install_behind_hook(
-                session,
-                address,
-                size,
-                &cold_parts,
-                paths,
-            ) {
-                Ok((layout, code)) => Response::EdgesBehindHook { layout, code },
-                Err(error) => Response::Error {
-                    message: error.to_string(),
-                },
-            },
+                None,
+            ),
+            Ok(request) => answer(session, request, table),
         };
         let answer = tendril_wire::encode(&response);
         let sent = match &rings {
@@ -173,6 +70,135 @@ pub(super) fn run_session(session: u64, stream: UnixStream) {
             return;
         }
     }
+}
+
+/// A request as read: decoded (or why not), and the function table that followed it.
+type RequestRead = (Result<Request, String>, Option<Vec<u8>>);
+
+/// The next request on the connection, and the function table that follows it if it
+/// has one; `None` when the connection ends (closed, or on a request refused for its
+/// size or its table, whose refusal this writes).
+fn next_request(
+    reader: &mut BufReader<UnixStream>,
+    writer: &mut UnixStream,
+    line: &mut Vec<u8>,
+) -> Option<RequestRead> {
+    line.clear();
+    match read_request_line(reader, line) {
+        Ok(RequestLine::Complete) => {}
+        Ok(RequestLine::Ended) | Err(_) => return None,
+        Ok(RequestLine::TooLong) => {
+            // The rest of the line stays unread: the connection is closed on it.
+            let refusal = Response::Error {
+                message: format!(
+                    "request longer than {} MiB refused; the connection is closed",
+                    tendril_wire::MAX_REQUEST_BYTES >> 20
+                ),
+            };
+            let _ = writer.write_all(&tendril_wire::encode(&refusal));
+            return None;
+        }
+    }
+    let request = tendril_wire::decode::<Request>(line).map_err(|e| e.to_string());
+    // A table follows its request on the connection: take it before anything else,
+    // so the next line is a request again (or end a connection that lies about it).
+    let table = match &request {
+        Ok(Request::StartRecording { table_bytes, .. } | Request::UpdateTable { table_bytes }) => {
+            match read_table(reader, *table_bytes) {
+                Ok(table) => Some(table),
+                Err(error) => {
+                    let refusal = Response::Error {
+                        message: error.to_string(),
+                    };
+                    let _ = writer.write_all(&tendril_wire::encode(&refusal));
+                    return None;
+                }
+            }
+        }
+        _ => None,
+    };
+    Some((request, table))
+}
+
+/// The answer to a request of a greeted session (with `table` if one followed it), and
+/// the descriptor sent with it, if any (the rings, or one of their segments).
+fn answer(
+    session: u64,
+    request: Request,
+    table: Option<Vec<u8>>,
+) -> (Response, Option<std::os::fd::OwnedFd>) {
+    let error = |message: String| Response::Error { message };
+    let response = match request {
+        Request::Hello { .. } => ready(),
+        Request::Detach => detach(session),
+        Request::Patch {
+            targets,
+            code_ranges,
+        } => patch(session, &targets, &code_ranges),
+        Request::Unpatch { addresses } => unpatch(session, &addresses),
+        Request::ReadCounters { ids } => Response::Counters {
+            threads: counting::read_counters(&ids),
+            loader: loader_counts(),
+        },
+        Request::ResolveSymbols { names } => Response::Resolved {
+            addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
+        },
+        Request::StartRecording { discover, .. } => {
+            return match start_recording(session, table.unwrap_or_default(), discover) {
+                Ok((response, fd)) => (response, Some(fd)),
+                Err(e) => (error(e.to_string()), None),
+            };
+        }
+        Request::StopRecording => stop_recording(session),
+        Request::SetTiming { addresses, timed } => Response::TimingSet {
+            refused: crate::patching::timing::set_timing(session, &addresses, timed),
+        },
+        Request::RingSegment { index } => {
+            return match crate::runtime::ring_segments::segment_descriptor(index as usize) {
+                Some(fd) => (Response::RingSegment { index }, Some(fd)),
+                None => (error(format!("the rings have no segment {index}")), None),
+            };
+        }
+        Request::UpdateTable { .. } => {
+            match discovery::update_table(session, table.unwrap_or_default()) {
+                Ok(functions) => Response::TableUpdated { functions },
+                Err(message) => error(message),
+            }
+        }
+        Request::CopyWithCounters {
+            address,
+            size,
+            code_ranges,
+            cold_parts,
+            paths,
+        } => match crate::patching::function_copies::install(
+            session,
+            address,
+            size,
+            &code_ranges,
+            &cold_parts,
+            paths,
+        ) {
+            Ok(layout) => Response::EdgesInstalled { layout },
+            Err(e) => error(e.to_string()),
+        },
+        Request::CopyBehindRecordingHook {
+            address,
+            size,
+            cold_parts,
+            paths,
+        } => match crate::patching::function_copies::install_behind_hook(
+            session,
+            address,
+            size,
+            &cold_parts,
+            paths,
+        ) {
+            Ok((layout, code)) => Response::EdgesBehindHook { layout, code },
+            Err(e) => error(e.to_string()),
+        },
+    };
+    (response, None)
 }
 
 /// Ends every other session — their controllers see their connections close — lets
