@@ -94,48 +94,18 @@ impl Counted {
         // Each part's rows and exception tables; a cold part that cannot be read, or
         // whose unwind information does not go with the main part's, stays out (a jump
         // there leaves the copy, as before).
-        let mut cold = Vec::new();
         let mut tables = Vec::new();
         if let Some(exceptions) = unwind.as_ref().and_then(|u| u.exceptions) {
             tables.push(read_table(exceptions.lsda, address)?);
         }
         let main_end = address + code.len() as u64;
-        for &(start, size) in cold_parts {
-            let overlaps = start < main_end && address < start.saturating_add(size);
-            if cold.len() + 1 >= MAX_PARTS || size == 0 || size > function_copy_limit() || overlaps
-            {
-                continue;
-            }
-            let mut bytes = vec![0u8; size as usize];
-            if code_memory::read_code(start, &mut bytes).is_err() {
-                continue;
-            }
-            engine.put_back_originals(start, &mut bytes);
-            let part_unwind = match (&unwind, original_unwind(start)) {
-                (Some(main), Ok(Some(part))) if main.joins(&part) => Some(part),
-                (None, _) => None,
-                _ => continue,
-            };
-            if let Some(part) = part_unwind {
-                // A part whose table cannot be read, or does not agree with the
-                // others', stays out too.
-                if let Some(exceptions) = part.exceptions {
-                    let Ok(table) = read_table(exceptions.lsda, start) else {
-                        continue;
-                    };
-                    let mut with_it = tables.clone();
-                    with_it.push(table.clone());
-                    if Lsda::join(with_it).is_err() {
-                        continue;
-                    }
-                    tables.push(table);
-                }
-                if let Some(main) = unwind.as_mut() {
-                    main.join(part);
-                }
-            }
-            cold.push((start, bytes));
-        }
+        let cold = read_cold_parts(
+            engine,
+            (address, main_end),
+            cold_parts,
+            &mut unwind,
+            &mut tables,
+        );
         let lsda = match tables.is_empty() {
             true => None,
             false => Some(Lsda::join(tables).map_err(|e| AgentError::Refused(e.to_string()))?),
@@ -352,6 +322,57 @@ impl BuiltCopy {
 
 /// Ids for the counters of `paths` paths, after the `first` edge counters: the path
 /// code indexes them from the first, so the itemized ones must be consecutive.
+/// The `.cold` parts `cold_parts` ((start, size)) of the function at `main` (start,
+/// end) that can be copied with it, read with the original bytes under any patch; each
+/// one's unwind rows joined to `unwind` and its exception table added to `tables`. A
+/// part that cannot be read, or whose unwind information or exception table does not
+/// go with the main part's, stays out (a jump there leaves the copy, as before).
+fn read_cold_parts(
+    engine: &mut Engine,
+    (address, main_end): (u64, u64),
+    cold_parts: &[(u64, u64)],
+    unwind: &mut Option<OriginalUnwind>,
+    tables: &mut Vec<Lsda>,
+) -> Vec<(u64, Vec<u8>)> {
+    let mut cold = Vec::new();
+    for &(start, size) in cold_parts {
+        let overlaps = start < main_end && address < start.saturating_add(size);
+        if cold.len() + 1 >= MAX_PARTS || size == 0 || size > function_copy_limit() || overlaps {
+            continue;
+        }
+        let mut bytes = vec![0u8; size as usize];
+        if code_memory::read_code(start, &mut bytes).is_err() {
+            continue;
+        }
+        engine.put_back_originals(start, &mut bytes);
+        let part_unwind = match (&unwind, original_unwind(start)) {
+            (Some(main), Ok(Some(part))) if main.joins(&part) => Some(part),
+            (None, _) => None,
+            _ => continue,
+        };
+        if let Some(part) = part_unwind {
+            // A part whose table cannot be read, or does not agree with the
+            // others', stays out too.
+            if let Some(exceptions) = part.exceptions {
+                let Ok(table) = read_table(exceptions.lsda, start) else {
+                    continue;
+                };
+                let mut with_it = tables.clone();
+                with_it.push(table.clone());
+                if Lsda::join(with_it).is_err() {
+                    continue;
+                }
+                tables.push(table);
+            }
+            if let Some(main) = unwind.as_mut() {
+                main.join(part);
+            }
+        }
+        cold.push((start, bytes));
+    }
+    cold
+}
+
 fn path_counters(
     engine: &mut Engine,
     address: u64,
