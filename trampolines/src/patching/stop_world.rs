@@ -301,27 +301,11 @@ pub fn with_world_stopped_in<R>(
         halted,
         traced: traced_tids,
     } = buffers;
-    threads.clear();
     parked.clear();
     asleep.clear();
     halted.clear();
     traced_tids.clear();
-    let mut overflow = false;
-    tasks::for_each_thread(|tid| {
-        if tid == me {
-        } else if threads.len() < threads.capacity() {
-            threads.push((tid, Plan::Leave));
-        } else {
-            overflow = true;
-        }
-    });
-    if overflow {
-        return Err(AgentError::NotStopped(
-            "threads started faster than tendril could list them; nothing was patched".into(),
-        ));
-    }
-    // By tid, so that each thread that parks is found at once (`wait_for_parks`).
-    threads.sort_unstable_by_key(|&(tid, _)| tid);
+    list_other_threads(threads, me)?;
     let mut last_stop = STATE.stop_lock.lock().unwrap_or_else(|p| p.into_inner());
     let stop = *last_stop + 1;
     *last_stop = stop;
@@ -341,38 +325,11 @@ pub fn with_world_stopped_in<R>(
     }
     let deadline = sys::monotonic_ns() + STOP_TIMEOUT.as_nanos() as u64;
     let ready = wait_for_parks(threads, signal, stop, signalled_at, deadline);
-    // A thread found blocking the signal may have parked after all: then it is not
-    // traced too.
     let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
-    for parked in &STATE.parked_tids[..arrived] {
-        let tid = parked.load(Ordering::Acquire);
-        if let Ok(index) = threads.binary_search_by_key(&tid, |&(tid, _)| tid)
-            && threads[index].1 == Plan::Trace
-        {
-            threads[index].1 = Plan::Parked;
-        }
-    }
+    sort_by_plan(threads, arrived, traced_tids, asleep, halted);
     // A thread counts itself in before it publishes its context: wait for the last
     // arrivals to finish publishing (a few instructions, unless it was preempted).
     let ready = ready && all_published(arrived, deadline);
-    traced_tids.extend(
-        threads
-            .iter()
-            .filter(|&&(_, plan)| plan == Plan::Trace)
-            .map(|&(tid, _)| tid),
-    );
-    asleep.extend(
-        threads
-            .iter()
-            .filter(|&&(_, plan)| matches!(plan, Plan::Leave | Plan::Halted))
-            .map(|&(tid, _)| tid),
-    );
-    halted.extend(
-        threads
-            .iter()
-            .filter(|&&(_, plan)| plan == Plan::Halted)
-            .map(|&(tid, _)| tid),
-    );
     let traced: Result<Option<TracedThreads>, AgentError> = if !ready {
         Err(AgentError::NotStopped(format!(
             "only {arrived} of {} running threads stopped within {} ms; nothing was patched",
@@ -392,23 +349,7 @@ pub fn with_world_stopped_in<R>(
     };
     let result = match traced {
         Ok(mut traced) => {
-            parked.extend(
-                STATE.parked_contexts[..arrived]
-                    .iter()
-                    .zip(&STATE.parked_tids[..arrived])
-                    .map(|(context, tid)| ParkedThread {
-                        held: Held::Signal(context.load(Ordering::Acquire)),
-                        tid: tid.load(Ordering::Acquire),
-                    }),
-            );
-            if let Some(traced) = &traced {
-                parked.extend((0..traced.len()).filter_map(|index| {
-                    traced.thread(index).map(|(tid, _, _)| ParkedThread {
-                        tid,
-                        held: Held::Ptrace(index),
-                    })
-                }));
-            }
+            list_stopped(parked, arrived, traced.as_ref());
             let outcome = work(StoppedWorld {
                 stopped: parked.as_mut_slice(),
                 asleep: asleep.as_slice(),
@@ -426,6 +367,81 @@ pub fn with_world_stopped_in<R>(
     sys::futex_wake_all(&STATE.released);
     drop(last_stop);
     result
+}
+
+/// Lists every thread of the process but `me` in `threads` (by tid, so that each thread
+/// that parks is found at once: `wait_for_parks`), each to be left alone until planned;
+/// refuses when more started meanwhile than `threads` has room for.
+fn list_other_threads(threads: &mut Vec<(i32, Plan)>, me: i32) -> Result<(), AgentError> {
+    threads.clear();
+    let mut overflow = false;
+    tasks::for_each_thread(|tid| {
+        if tid == me {
+        } else if threads.len() < threads.capacity() {
+            threads.push((tid, Plan::Leave));
+        } else {
+            overflow = true;
+        }
+    });
+    if overflow {
+        return Err(AgentError::NotStopped(
+            "threads started faster than tendril could list them; nothing was patched".into(),
+        ));
+    }
+    threads.sort_unstable_by_key(|&(tid, _)| tid);
+    Ok(())
+}
+
+/// Once the signalled threads had their time to park: marks those of the `arrived`
+/// that were to be traced as parked (a thread found blocking the signal may have parked
+/// after all), and lists the threads to trace, those left asleep (halted ones too) and
+/// the halted ones.
+fn sort_by_plan(
+    threads: &mut [(i32, Plan)],
+    arrived: usize,
+    traced: &mut Vec<i32>,
+    asleep: &mut Vec<i32>,
+    halted: &mut Vec<i32>,
+) {
+    for parked in &STATE.parked_tids[..arrived] {
+        let tid = parked.load(Ordering::Acquire);
+        if let Ok(index) = threads.binary_search_by_key(&tid, |&(tid, _)| tid)
+            && threads[index].1 == Plan::Trace
+        {
+            threads[index].1 = Plan::Parked;
+        }
+    }
+    let with = |wanted: fn(Plan) -> bool| {
+        threads
+            .iter()
+            .filter(move |&&(_, plan)| wanted(plan))
+            .map(|&(tid, _)| tid)
+    };
+    traced.extend(with(|plan| plan == Plan::Trace));
+    asleep.extend(with(|plan| matches!(plan, Plan::Leave | Plan::Halted)));
+    halted.extend(with(|plan| plan == Plan::Halted));
+}
+
+/// Lists the stopped threads in `parked`: the `arrived` that parked on the signal,
+/// then those the helper traced.
+fn list_stopped(parked: &mut Vec<ParkedThread>, arrived: usize, traced: Option<&TracedThreads>) {
+    parked.extend(
+        STATE.parked_contexts[..arrived]
+            .iter()
+            .zip(&STATE.parked_tids[..arrived])
+            .map(|(context, tid)| ParkedThread {
+                held: Held::Signal(context.load(Ordering::Acquire)),
+                tid: tid.load(Ordering::Acquire),
+            }),
+    );
+    if let Some(traced) = traced {
+        parked.extend((0..traced.len()).filter_map(|index| {
+            traced.thread(index).map(|(tid, _, _)| ParkedThread {
+                tid,
+                held: Held::Ptrace(index),
+            })
+        }));
+    }
 }
 
 /// How one stop handles thread `tid`, given the park signal (or [`NO_FREE_SIGNAL`]).
