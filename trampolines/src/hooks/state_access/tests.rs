@@ -1,6 +1,7 @@
 //! The state accessors on a region-sized buffer: what the stubs write at their offsets
 //! is what the accessors read, and the owner and another thread can use one region at
-//! once without a data race (run under Miri: see the README's Tests section).
+//! once without a data race (run under Miri: see docs/GUIDE.md, "How long the tests
+//! take, and Miri").
 
 use super::*;
 use crate::hooks::thread_layout::{
