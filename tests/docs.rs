@@ -15,7 +15,9 @@ fn local_links(text: &str) -> Vec<String> {
 
 #[test]
 fn the_readme_the_guide_and_the_design_point_only_inside_the_repository() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).canonicalize().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .unwrap();
     for document in ["README.md", "docs/GUIDE.md", "docs/DESIGN.md"] {
         let path = root.join(document);
         let text = std::fs::read_to_string(&path)

@@ -236,12 +236,11 @@ fn open_pty() -> (OwnedFd, OwnedFd) {
     };
     assert_eq!(opened, 0, "openpty: {}", std::io::Error::last_os_error());
     for fd in [master, slave] {
-        // SAFETY: fcntl on a descriptor just opened; tendril must not inherit the test's
-        // own ends (a master kept open by tendril would never hang up).
-        assert_eq!(
-            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) },
-            0
-        );
+        // Tendril must not inherit the test's own ends (a master kept open by tendril
+        // would never hang up).
+        // SAFETY: fcntl on a descriptor just opened.
+        let set = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        assert_eq!(set, 0);
     }
     // SAFETY: openpty succeeded, so both are open descriptors owned by nobody else.
     unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }

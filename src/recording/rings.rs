@@ -323,10 +323,8 @@ mod tests {
         file.set_len(rings::FILE_BYTES as u64).unwrap();
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
         // SAFETY: F_ADD_SEALS on an open memfd.
-        assert_eq!(
-            unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) },
-            0
-        );
+        let sealed = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+        assert_eq!(sealed, 0);
         {
             // SAFETY: a shared mapping of the sealed memory, written before it is read.
             let mut memory = unsafe { MmapMut::map_mut(&file) }.unwrap();

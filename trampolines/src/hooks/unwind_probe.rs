@@ -48,6 +48,7 @@ pub fn step_through(routine: u64, arguments: [u64; 4]) -> Vec<Step> {
     let _probe = PROBE.lock().unwrap_or_else(|p| p.into_inner());
     STEPS.store(0, Ordering::SeqCst);
     CALLER.store(0, Ordering::SeqCst);
+    // SAFETY: sigaction is plain data; all zeroes is a valid value (no handler, no mask).
     let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: installs an SA_SIGINFO handler with the matching signature for SIGTRAP,
     // which nothing else in the test process uses; the previous action is put back below.

@@ -248,9 +248,9 @@ mod tests {
 
     #[test]
     fn a_saved_pc_in_a_handlers_frame_is_found_and_moved() {
+        let signal = libc::SIGRTMIN() + 2;
         // SAFETY: installs an SA_SIGINFO handler with the matching signature on a
         // signal no other test uses.
-        let signal = libc::SIGRTMIN() + 2;
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = waiting_handler as *const () as usize;

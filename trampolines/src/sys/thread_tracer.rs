@@ -287,7 +287,7 @@ fn spawn_helper(stack_top: u64) -> i64 {
 
 /// The helper: stops every thread, waits for the release, applies the new pcs, detaches.
 extern "C" fn helper_main() -> libc::c_int {
-    // SAFETY (for every syscall4 below): integer arguments, or pointers to locals that
+    // SAFETY: every syscall4 below passes integer arguments, or pointers to locals that
     // outlive the call.
     unsafe {
         syscall4(
