@@ -10,7 +10,7 @@ pub use super::depth_cut::{MAX_STACK_DEPTH, subtrees_cut};
 use super::export;
 pub use super::folded::write_folded;
 use super::hot::hot_spots;
-use super::model::{Node, NotFollowed, Profile, Timing};
+use super::model::{Calibration, Node, NotFollowed, Profile, Timing};
 use super::names::{fit_middle, function_label, printable};
 use notes::ring_pauses_line;
 pub use notes::{library_churn_note, stack_switch_warning};
@@ -191,15 +191,14 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     )?;
     writeln!(
         out,
-        "events: {} ({} lost, {} unmatched exits, {} unwound exits — frames ended by an \
-         exception, longjmp, thread exit or the recording's end, not a return); functions: {} \
-         instrumented, {} invoked; {} (calls through pointers), {} seen entering a \
-         target, {} distinct targets of {} address-taken functions instrumented; pauses \
-         removed: {:.3} ms (tendril's waits in the target, summed over threads)",
-        stats.events,
-        stats.lost_events,
-        stats.unmatched_exits,
-        stats.unwound_exits,
+        "events: {} ({} lost, {} unmatched exits, {} unwound by an exception, longjmp, \
+         thread exit or the end)",
+        stats.events, stats.lost_events, stats.unmatched_exits, stats.unwound_exits,
+    )?;
+    writeln!(
+        out,
+        "functions: {} instrumented, {} invoked\ncalls through pointers: {}, {} seen taken, \
+         reaching {} of the {} address-taken functions instrumented",
         stats.instrumented_functions,
         stats.invoked_functions,
         plural(
@@ -210,6 +209,10 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
         stats.indirect_sites_followed,
         stats.indirect_targets,
         stats.indirect_candidates,
+    )?;
+    writeln!(
+        out,
+        "pauses removed: {:.3} ms (tendril's waits in the target, summed over threads)",
         ms(stats.pause_ns)
     )?;
     if stats.core_wait_ns > 0 {
@@ -236,9 +239,16 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if let Some(trace) = &profile.trace {
         writeln!(out, "{}", trace.summary())?;
     }
+    write_calibration(calibration, out)?;
+    write_clock_line(profile, out)
+}
+
+/// The hooks' cost removed, a line each: per timed call (and its spread, from which each
+/// node's `error_ns` follows), per counted call, and where it was measured.
+fn write_calibration(calibration: &Calibration, out: &mut impl Write) -> io::Result<()> {
     write!(
         out,
-        "calibration: TSC {:.3} GHz, {:.1} ns inner and {:.1} ns outer removed per call",
+        "calibration: TSC {:.3} GHz; removed per call: {:.1} ns inner, {:.1} ns outer",
         calibration.tsc_hz as f64 / 1e9,
         calibration.inner_ns,
         calibration.outer_ns
@@ -246,41 +256,43 @@ fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
     if calibration.inner_spread_ns > 0.0 || calibration.outer_spread_ns > 0.0 {
         write!(
             out,
-            " (give or take {:.1} and {:.1} ns a call: each node's error_ns is that times \
-             its calls, plus a quarter of the cost removed)",
+            ", give or take {:.1} and {:.1} ns",
             calibration.inner_spread_ns, calibration.outer_spread_ns
         )?;
     }
+    writeln!(out)?;
     if calibration.untimed_ns > 0.0 {
-        write!(
+        writeln!(
             out,
-            "; {:.1} ns removed per counted call (give or take {:.1} ns, and half the cost in \
-             error_ns)",
+            "  per counted call: {:.1} ns, give or take {:.1} ns",
             calibration.untimed_ns, calibration.untimed_spread_ns
         )?;
     }
     if calibration.in_situ_batches > 0 {
-        write!(
+        writeln!(
             out,
-            "; measured in situ: the median of {} batches run on the target's threads \
-             (at the start, on tendril's thread: {:.1} and {:.1} ns)",
+            "  measured in situ: the median of {} batches on the target's threads (at the \
+             start, on tendril's: {:.1} and {:.1} ns)",
             calibration.in_situ_batches, calibration.start_inner_ns, calibration.start_outer_ns
         )?;
     }
-    for (name, shape) in [
+    let shapes: Vec<String> = [
         ("pad-jump", calibration.pad_jump),
         ("call-thunk", calibration.call_thunk),
-    ] {
-        if let Some(shape) = shape {
-            write!(
-                out,
-                "; {name} hooks: {:.1} and {:.1} ns ({} batches)",
-                shape.inner_ns, shape.outer_ns, shape.in_situ_batches
-            )?;
-        }
+    ]
+    .into_iter()
+    .filter_map(|(name, shape)| {
+        let shape = shape?;
+        Some(format!(
+            "{name} hooks: {:.1} and {:.1} ns ({} batches)",
+            shape.inner_ns, shape.outer_ns, shape.in_situ_batches
+        ))
+    })
+    .collect();
+    if !shapes.is_empty() {
+        writeln!(out, "  {}", shapes.join("; "))?;
     }
-    writeln!(out)?;
-    write_clock_line(profile, out)
+    Ok(())
 }
 
 /// Which time the report shows, and whether the other is there.

@@ -18,15 +18,17 @@ pub fn policy_line(stats: &Stats) -> Option<String> {
         refused,
     } = stats.timing.as_ref()?;
     let mut line = format!(
-        "adaptive timing: {untimed_functions} function{} counted, not timed (threshold \
-         {threshold_ns:.0} ns a call, callees included); their {untimed_calls} calls are \
-         shown \"{IN_CALLER}\", their time in their callers' self time, counted per calling \
-         function inside each timed call (--time-all times every call)",
+        "adaptive timing: {untimed_functions} function{} counted, not timed: under \
+         {threshold_ns:.0} ns a call, callees included (--time-all times every call)",
         if *untimed_functions == 1 { "" } else { "s" },
     );
     if *refused > 0 {
         line += &format!("; {refused} that qualified could not be switched and stay timed");
     }
+    line += &format!(
+        "\n  their {untimed_calls} calls show \"{IN_CALLER}\": their time is their callers' \
+         self time; counted per caller within each timed call"
+    );
     Some(line)
 }
 
