@@ -43,6 +43,75 @@ fn the_agents_layers_point_down() {
     );
 }
 
+/// The controller's layers, bottom first: each top-level module (a file or a folder of
+/// `src/`) may use its own layer and those below. Every top-level module is in one.
+const CONTROLLER_LAYERS: [(&str, &[&str]); 6] = [
+    (
+        "processes, text and the agent's files",
+        &[
+            "process",
+            "terminal_text",
+            "quantities",
+            "interrupt",
+            "agent_bundle",
+            "session",
+            "demo_workload",
+        ],
+    ),
+    (
+        "symbols and the profile model",
+        &["symbols", "refusals", "profile"],
+    ),
+    (
+        "choosing targets, attaching",
+        &["targets", "inject", "departure"],
+    ),
+    (
+        "recording, sampling, edge analysis",
+        &["recording", "sampling", "edge_analysis"],
+    ),
+    ("the live UI", &["live"]),
+    ("the commands", &["commands"]),
+];
+
+#[test]
+fn the_controllers_layers_point_down() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let rank = |module: &str| {
+        let top = module.split("::").next().unwrap_or_default();
+        CONTROLLER_LAYERS
+            .iter()
+            .position(|(_, modules)| modules.contains(&top))
+    };
+    let mut upward = Vec::new();
+    let mut unplaced = BTreeSet::new();
+    for (module, dependencies) in module_graph(&src) {
+        // The crate root declares the modules; main.rs is the command line.
+        if module.is_empty() {
+            continue;
+        }
+        let Some(own) = rank(&module) else {
+            unplaced.insert(module.split("::").next().unwrap_or_default().to_string());
+            continue;
+        };
+        for dependency in dependencies {
+            match rank(&dependency) {
+                Some(theirs) if theirs > own => upward.push(format!("{module} -> {dependency}")),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        unplaced.is_empty(),
+        "put these modules of src/ in one of CONTROLLER_LAYERS: {unplaced:?}"
+    );
+    assert!(
+        upward.is_empty(),
+        "the controller's layers are, bottom first, {:#?}; these point up: {upward:#?}",
+        CONTROLLER_LAYERS.map(|(name, _)| name)
+    );
+}
+
 #[test]
 fn no_crate_has_an_import_cycle_but_the_known_ones() {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"));
