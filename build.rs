@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn main() {
+    compress_release_debug_info();
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     for watched in [
@@ -87,4 +88,13 @@ fn main() {
         ),
     )
     .unwrap();
+}
+
+/// The release binary keeps its line tables (backtraces and `perf` of tendril need them)
+/// but links them compressed: 63 MB with them as they are, most of it debug sections
+/// (issue 34). The test and dev builds, linked over and over, are left as they are.
+fn compress_release_debug_info() {
+    if env::var("PROFILE").as_deref() == Ok("release") {
+        println!("cargo:rustc-link-arg-bins=-Wl,--compress-debug-sections=zlib");
+    }
 }
