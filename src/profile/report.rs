@@ -317,8 +317,9 @@ fn write_not_followed(profile: &Profile, out: &mut impl Write) -> io::Result<()>
     Ok(())
 }
 
-/// "LABEL: 15 functions — shorter than the 5-byte patch: 15 (a, b, c, …); … (the
-/// profile's "discovery" lists them all)", or nothing for no function.
+/// "LABEL: 15 functions (the profile's "discovery" lists them all)", then a line per
+/// reason, most frequent first: "  shorter than the 5-byte patch: 15 (a, b, c, …)"; or
+/// nothing for no function.
 fn not_followed_line(label: &str, items: &[NotFollowed]) -> Option<String> {
     if items.is_empty() {
         return None;
@@ -333,29 +334,26 @@ fn not_followed_line(label: &str, items: &[NotFollowed]) -> Option<String> {
         }
     }
     by_reason.sort_by_key(|(_, names)| std::cmp::Reverse(names.len()));
-    let reasons: Vec<String> = by_reason
-        .iter()
-        .map(|(reason, names)| {
-            let shown: Vec<&str> = names.iter().take(NOT_FOLLOWED_SHOWN).copied().collect();
-            let more = if names.len() > shown.len() {
-                ", …"
-            } else {
-                ""
-            };
-            format!(
-                "{}: {} ({}{more})",
-                printable(reason),
-                names.len(),
-                printable(&shown.join(", "))
-            )
-        })
-        .collect();
-    Some(format!(
-        "{label}: {} function{} — {} (the profile's \"discovery\" lists them all)",
+    let mut text = format!(
+        "{label}: {} function{} (the profile's \"discovery\" lists them all)",
         items.len(),
         if items.len() == 1 { "" } else { "s" },
-        reasons.join("; ")
-    ))
+    );
+    for (reason, names) in &by_reason {
+        let shown: Vec<&str> = names.iter().take(NOT_FOLLOWED_SHOWN).copied().collect();
+        let more = if names.len() > shown.len() {
+            ", …"
+        } else {
+            ""
+        };
+        text += &format!(
+            "\n  {}: {} ({}{more})",
+            printable(reason),
+            names.len(),
+            printable(&shown.join(", "))
+        );
+    }
+    Some(text)
 }
 
 fn write_clock_line(profile: &Profile, out: &mut impl Write) -> io::Result<()> {

@@ -369,7 +369,7 @@ fn a_call_into_jit_code_shows_the_jit_mark_instead_of_a_count_and_the_title_says
 }
 
 #[test]
-fn what_was_not_followed_is_one_line_by_reason_with_a_few_names() {
+fn what_was_not_followed_is_a_line_then_one_line_by_reason_with_a_few_names() {
     let item = |target: &str, reason: &str| NotFollowed {
         target: target.into(),
         reason: reason.into(),
@@ -384,9 +384,9 @@ fn what_was_not_followed_is_one_line_by_reason_with_a_few_names() {
     let line = not_followed_line("not followed through pointers", &items).unwrap();
     assert_eq!(
         line,
-        "not followed through pointers: 5 functions — shorter than the 5-byte patch: 4 \
-         (a (libc.so.6), b (libc.so.6), c (libc.so.6), …); Go code: 1 (g (app)) \
-         (the profile's \"discovery\" lists them all)"
+        "not followed through pointers: 5 functions (the profile's \"discovery\" lists them \
+         all)\n  shorter than the 5-byte patch: 4 (a (libc.so.6), b (libc.so.6), c (libc.so.6), \
+         …)\n  Go code: 1 (g (app))"
     );
     assert_eq!(not_followed_line("not followed", &[]), None);
 }
