@@ -128,7 +128,10 @@ fn find<'a>(symbols: &'a ProcessSymbols, pattern: &str) -> Result<Vec<&'a Functi
             pattern,
             pid,
             hint: if suggestions.is_empty() {
-                format!("list them with `tendril symbols {pid}`")
+                format!(
+                    "list them with `tendril symbols {pid}` (a library not loaded yet has none \
+                     listed, and tendril does not wait for one)"
+                )
             } else {
                 format!("did you mean: {}?", suggestions.join(", "))
             },

@@ -236,7 +236,10 @@ fn root_error(error: RecordError, program: &str, exe: &Path, default_root: bool)
             let hint = if hint.starts_with("did you mean") {
                 hint
             } else {
-                format!("`nm -C {program}` lists the program's own functions")
+                format!(
+                    "`nm -C {program}` lists the program's own functions (a library it loads \
+                     later, with dlopen, has none yet, and tendril does not wait for one)"
+                )
             };
             anyhow!("no function matches '{pattern}' in {program} or its libraries — {hint}")
         }
