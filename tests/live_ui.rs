@@ -11,7 +11,10 @@ use crate::common;
 #[path = "live_ui/without_terminal.rs"]
 mod without_terminal;
 
-use common::{EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, tendril};
+use common::{
+    EXIT_TIMEOUT, Target, Tmux, calls_of, code_bytes_match_file, tendril,
+    wait_until_no_hook_is_left_in,
+};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tendril::process::StatLine;
@@ -73,6 +76,9 @@ fn assert_target_intact(target: &mut Target, expected: u64) {
         after.iter().all(|&c| c == expected),
         "checksums changed: {expected} then {after:?}"
     );
+    // The unwinder's hooks come out by themselves once no thread is inside one (the
+    // agent's restorer; `status` says `pending_restore` until then).
+    wait_until_no_hook_is_left_in(target.pid(), LINES_TIMEOUT);
     code_bytes_match_file(target.pid()).expect("the target's code equals its files");
     let status = std::fs::read_to_string(format!("/proc/{}/status", target.pid())).unwrap();
     assert!(

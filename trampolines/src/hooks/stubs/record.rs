@@ -174,11 +174,7 @@ pub(super) fn record_hook(
     let mut entry_ring = a.create_label();
     let mut entry_room = a.create_label();
     let mut entry_done = a.create_label();
-    let mut exit = a.create_label();
-    let mut exit_ring = a.create_label();
-    let mut exit_room = a.create_label();
-    let mut exit_done = a.create_label();
-    let mut mismatch = a.create_label();
+    let mut exit = ExitLabels::new(a);
     let mut slow_call = a.create_label();
 
     a.set_label(&mut layout.entry)?;
@@ -196,7 +192,13 @@ pub(super) fn record_hook(
     a.set_label(&mut counted)?;
     check_shadow_top(a, entry_slot, &mut shadow)?;
     let function_word = Word::Data(words.shadow_function);
-    push_shadow_entry(a, entry_slot, function_word, exit, &mut shadow.push_entry)?;
+    push_shadow_entry(
+        a,
+        entry_slot,
+        function_word,
+        exit.exit,
+        &mut shadow.push_entry,
+    )?;
     if after_call {
         a.mov(qword_ptr(rsp + entry_slot), r11)?;
     }
@@ -217,36 +219,7 @@ pub(super) fn record_hook(
         a.call(body)?;
     }
 
-    // Exit: the function returned here; rsp is S + 8.
-    a.set_label(&mut exit)?;
-    a.lea(rsp, qword_ptr(rsp - 8))?;
-    frame.save(a)?;
-    read_tsc(a)?;
-    load_state(a, rcx)?;
-    pop_shadow_entry(a, slot, mismatch)?;
-    a.dec(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
-    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
-    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
-    a.jae(exit_ring)?;
-    a.set_label(&mut exit_room)?;
-    write_event(a, words.exit_event)?;
-    a.set_label(&mut exit_done)?;
-    frame.restore(a)?;
-    return_to_caller(a, after_call)?;
-
-    // Exit slow paths (the timestamp is in rax).
-    a.set_label(&mut mismatch)?;
-    call_slow(a, handlers.record_mismatched_return, slow_call)?;
-    a.jmp(exit_done)?;
-    a.set_label(&mut exit_ring)?;
-    call_slow(a, handlers.ring_space, slow_call)?;
-    a.test(rdx, rdx)?;
-    a.jnz(exit_done)?;
-    // The wait for room (an Adjust event now in the ring) must lie inside the frame it
-    // is removed from: the exit is timed again, after it.
-    read_tsc(a)?;
-    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
-    a.jmp(exit_room)?;
+    exit_path(a, &mut exit, slot, after_call, words.exit_event, slow_call)?;
 
     // Entry slow paths.
     a.set_label(&mut entry_ring)?;
@@ -286,6 +259,74 @@ pub(super) fn record_hook(
         a.dq(&[value])?;
     }
     Ok((layout, words))
+}
+
+/// The labels of the recording hook's exit: where the function returns to, its ring
+/// slow path and the room after it, its end, and a return that does not match the
+/// shadow stack's top.
+struct ExitLabels {
+    exit: CodeLabel,
+    ring: CodeLabel,
+    room: CodeLabel,
+    done: CodeLabel,
+    mismatch: CodeLabel,
+}
+
+impl ExitLabels {
+    fn new(a: &mut CodeAssembler) -> ExitLabels {
+        ExitLabels {
+            exit: a.create_label(),
+            ring: a.create_label(),
+            room: a.create_label(),
+            done: a.create_label(),
+            mismatch: a.create_label(),
+        }
+    }
+}
+
+/// The recording hook's exit, where the function returns (its shadow entry's return
+/// address is `labels.exit`): the timestamp first, the shadow entry popped, the exit
+/// event written; then its slow paths.
+fn exit_path(
+    a: &mut CodeAssembler,
+    labels: &mut ExitLabels,
+    slot: i32,
+    after_call: bool,
+    exit_event: CodeLabel,
+    slow_call: CodeLabel,
+) -> Result<(), IcedError> {
+    let handlers = handlers();
+    // Exit: the function returned here; rsp is S + 8.
+    a.set_label(&mut labels.exit)?;
+    a.lea(rsp, qword_ptr(rsp - 8))?;
+    RECORD_HOOK_FRAME.save(a)?;
+    read_tsc(a)?;
+    load_state(a, rcx)?;
+    pop_shadow_entry(a, slot, labels.mismatch)?;
+    a.dec(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
+    a.jae(labels.ring)?;
+    a.set_label(&mut labels.room)?;
+    write_event(a, exit_event)?;
+    a.set_label(&mut labels.done)?;
+    RECORD_HOOK_FRAME.restore(a)?;
+    return_to_caller(a, after_call)?;
+
+    // Exit slow paths (the timestamp is in rax).
+    a.set_label(&mut labels.mismatch)?;
+    call_slow(a, handlers.record_mismatched_return, slow_call)?;
+    a.jmp(labels.done)?;
+    a.set_label(&mut labels.ring)?;
+    call_slow(a, handlers.ring_space, slow_call)?;
+    a.test(rdx, rdx)?;
+    a.jnz(labels.done)?;
+    // The wait for room (an Adjust event now in the ring) must lie inside the frame it
+    // is removed from: the exit is timed again, after it.
+    read_tsc(a)?;
+    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+    a.jmp(labels.room)?;
+    Ok(())
 }
 
 #[cfg(test)]
