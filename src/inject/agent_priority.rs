@@ -124,8 +124,8 @@ thread_local! {
 /// target waits for this thread: the thread it injects into waits for the injection,
 /// the patches it asks for stop every thread, and a recording's threads wait for it to
 /// read their rings. Among a thousand busy threads on two cores, at the default
-/// priority, `record` took 8–46 s from the agent's first answer to its first patch
-/// (opening a perf event per thread, at 0.2% of a core); 2.6 s at this priority
+/// priority, `record` took 3.5–46 s from the agent's first answer to its first patch
+/// (opening a perf event per thread, at 0.2% of a core); 0.14–0.4 s at this priority
 /// (`BENCHMARKS.md`). The work is short and the thread sleeps
 /// between: it takes from the target only the time the target would wait for it.
 pub fn run_ahead_of_the_target() {
