@@ -129,8 +129,9 @@ fn find<'a>(symbols: &'a ProcessSymbols, pattern: &str) -> Result<Vec<&'a Functi
             pid,
             hint: if suggestions.is_empty() {
                 format!(
-                    "list them with `tendril symbols {pid}` (a library not loaded yet has none \
-                     listed, and tendril does not wait for one)"
+                    "list them with `tendril symbols {pid}` (a function of a library not \
+                     loaded yet: name it with its module, `LIB:FUNC`, and a recording waits \
+                     for the library)"
                 )
             } else {
                 format!("did you mean: {}?", suggestions.join(", "))

@@ -196,3 +196,31 @@ fn commands_ending_in_the_middle_of_a_churn_of_libraries_leave_every_library_its
         code_bytes_match_file(host.pid()).unwrap();
     }
 }
+
+#[test]
+fn a_root_in_a_library_not_loaded_yet_is_recorded_once_it_is_loaded() {
+    let mut host = plug_host();
+    let pid = host.pid().to_string();
+    // plugfn is in no module yet: named with its module, the recording waits for it.
+    let mut record = started(
+        &["record", &pid, "--root", "libplug_a*:plugfn", "-o", "-"],
+        "tendril: recording libplug_a*:plugfn",
+    );
+    load(&mut host, 0);
+    record.wait_for_line("tendril: libplug_a* loaded: recording plugfn", LINE_TIMEOUT);
+    call(&mut host, 1000);
+    record.interrupt();
+    let (status, stdout, stderr) = record.wait();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("tendril: waiting for process"),
+        "it says it waits: {stderr}"
+    );
+    let profile: tendril::profile::Profile = serde_json::from_str(&stdout).unwrap();
+    let plugfn = common::node_at(&profile.merged.roots, &["plugfn"]).expect("plugfn");
+    assert_eq!(plugfn.calls, 1000, "{stdout}");
+    let inner = common::node_at(&profile.merged.roots, &["plugfn", "inner_a"]);
+    assert_eq!(inner.map(|n| n.calls), Some(1000), "{stdout}");
+    code_bytes_match_file(host.pid()).unwrap();
+    call(&mut host, 10);
+}

@@ -47,9 +47,22 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     interrupt::install();
     let mut recorder = Recorder::start(&command.options)?;
     start_trace(&mut recorder, command.trace);
+    if !recorder.waiting_for().is_empty() {
+        say!(
+            "waiting for process {} to load {}: no module of its matches yet; its roots are \
+             recorded from then on",
+            recorder.pid(),
+            recorder.waiting_for().join(", ")
+        );
+    }
+    // Waiting for their module, the roots are only their patterns yet.
+    let roots = match recorder.roots().is_empty() {
+        true => command.options.roots.as_slice(),
+        false => recorder.roots(),
+    };
     say!(
         "recording {} in process {} (scheme {}) {}",
-        names_summary(recorder.roots()),
+        names_summary(roots),
         recorder.pid(),
         match (command.options.gross_only, command.options.scheme) {
             (true, _) => "gross times only".to_string(),

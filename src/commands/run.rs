@@ -126,10 +126,18 @@ fn prepare(command: &RunCommand, program: &str, child: Pid) -> anyhow::Result<Re
             return Err(root_error(error, program, &exe, default_root));
         }
     };
-    say!(
-        "running {program} (pid {pid}) and recording {}",
-        super::record::names_summary(recorder.roots())
-    );
+    if recorder.waiting_for().is_empty() {
+        say!(
+            "running {program} (pid {pid}) and recording {}",
+            super::record::names_summary(recorder.roots())
+        );
+    } else {
+        say!(
+            "running {program} (pid {pid}); recording {} once it loads {}",
+            super::record::names_summary(&command.roots),
+            recorder.waiting_for().join(", ")
+        );
+    }
     drop(held);
     Ok(recorder)
 }
@@ -237,8 +245,9 @@ fn root_error(error: RecordError, program: &str, exe: &Path, default_root: bool)
                 hint
             } else {
                 format!(
-                    "`nm -C {program}` lists the program's own functions (a library it loads \
-                     later, with dlopen, has none yet, and tendril does not wait for one)"
+                    "`nm -C {program}` lists the program's own functions (a root in a \
+                     library it loads later: name it with its module, `LIB:FUNC`, and \
+                     tendril waits for the library)"
                 )
             };
             anyhow!("no function matches '{pattern}' in {program} or its libraries — {hint}")

@@ -23,7 +23,7 @@ mod snapshot;
 mod starting;
 mod tracing;
 
-use starting::{PatchedRoots, patched_roots};
+use starting::{PatchedRoots, modules_not_loaded_yet, patched_roots};
 
 pub use adaptive::{CALLS_TO_JUDGE, TimingOptions, threshold_ns};
 pub use code_copy::HookedCopy;
@@ -99,6 +99,9 @@ pub struct Recorder {
     builder: Option<CctBuilder>,
     tsc_hz: u64,
     root_patterns: Vec<String>,
+    /// The modules the roots name that are not loaded yet: until one is, the recording
+    /// runs with no root (`starting::start_roots_now_loaded`).
+    waiting_for: Vec<String>,
     root_names: Vec<String>,
     /// The function ids of the instrumented roots (every builder is told them).
     root_ids: Vec<u32>,
@@ -183,8 +186,11 @@ impl Recorder {
         let pid = options.pid;
         crate::process::inspect(pid)?;
         let symbols = ProcessSymbols::load(pid)?;
-        let matched = targets::match_patterns(&symbols, &options.roots)?;
-        targets::refuse_if_none_patchable(&symbols, &matched, true)?;
+        let waiting_for = modules_not_loaded_yet(&symbols, &options.roots);
+        if waiting_for.is_empty() {
+            let matched = targets::match_patterns(&symbols, &options.roots)?;
+            targets::refuse_if_none_patchable(&symbols, &matched, true)?;
+        }
         // Before the attach: a pattern that names nothing leaves the target untouched.
         let kept_timed = match options.timing.keep_timed.is_empty() {
             true => Default::default(),
@@ -235,6 +241,7 @@ impl Recorder {
             jit_callees: jit_callees::JitCallees::new(pid),
             call_sites: Default::default(),
             adaptive,
+            waiting_for,
         };
         recorder.begin()?;
         Ok(recorder)
@@ -265,7 +272,11 @@ impl Recorder {
     fn begin_with(&mut self, known: &[u64]) -> Result<(), RecordError> {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
-        let matched = targets::match_patterns(&self.symbols, &self.root_patterns)?;
+        // Roots in a module not loaded yet: none until it is.
+        let matched = match targets::match_patterns(&self.symbols, &self.root_patterns) {
+            Err(_) if !self.waiting_for.is_empty() => Vec::new(),
+            matched => matched?,
+        };
         let (chosen, refused_roots): (Vec<Chosen>, Vec<Chosen>) =
             targets::choose(&self.symbols, &matched, &mut self.session)?
                 .into_iter()
@@ -329,7 +340,12 @@ impl Recorder {
             refusals,
             recorded,
             failure,
-        } = patched_roots(&patched, &outcomes, &refused_roots);
+        } = patched_roots(
+            &patched,
+            &outcomes,
+            &refused_roots,
+            !self.waiting_for.is_empty(),
+        );
         if let Some(message) = failure {
             let _ = self.end();
             return Err(RecordError::Refused { pid, message });
@@ -438,6 +454,12 @@ impl Recorder {
     /// The roots being recorded.
     pub fn roots(&self) -> &[String] {
         &self.root_names
+    }
+
+    /// The modules the roots name that the process has not loaded yet (the recording
+    /// patches the roots once one is).
+    pub fn waiting_for(&self) -> &[String] {
+        &self.waiting_for
     }
 
     pub fn elapsed(&self) -> std::time::Duration {

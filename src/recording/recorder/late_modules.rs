@@ -190,7 +190,10 @@ impl Recorder {
         let new = self.new_modules();
         if !new.is_empty() {
             match self.follow(&new) {
-                Ok(()) => self.late_modules.followed += new.len() as u64,
+                Ok(()) => {
+                    self.late_modules.followed += new.len() as u64;
+                    self.start_roots_now_loaded();
+                }
                 Err(message) => {
                     say!("calls into new modules are not followed: {message}");
                     self.late_modules.given_up.extend(new.iter().cloned());

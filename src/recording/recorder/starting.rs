@@ -2,6 +2,7 @@
 //! measured, the rings mapped), the trees, and what the patch made of the roots.
 
 use super::*;
+use crate::symbols::SymbolError;
 use tendril_wire::PatchOutcome;
 
 impl Recorder {
@@ -107,6 +108,7 @@ pub(super) fn patched_roots<'a>(
     patched: &[(&Function, Hook)],
     outcomes: &'a [PatchOutcome],
     refused_roots: &'a [Chosen],
+    waiting: bool,
 ) -> PatchedRoots<'a> {
     let mut root_names = Vec::new();
     let mut root_addresses = Vec::new();
@@ -146,8 +148,7 @@ pub(super) fn patched_roots<'a>(
         }
     }
     let failure = unwinder_refused.or_else(|| {
-        root_names
-            .is_empty()
+        (root_names.is_empty() && !waiting)
             .then(|| format!("no root could be instrumented — {}", summarize(&refusals)))
     });
     PatchedRoots {
@@ -156,5 +157,49 @@ pub(super) fn patched_roots<'a>(
         refusals,
         recorded,
         failure,
+    }
+}
+
+/// The modules that `patterns` name (`MODULE:FUNCTION`) and the process has not loaded
+/// yet, when every pattern names one; empty otherwise (the patterns are then matched,
+/// and refused, as usual). A root in a library the program loads later (`dlopen`) is
+/// named with its module, and the recording waits for it.
+pub(super) fn modules_not_loaded_yet(symbols: &ProcessSymbols, patterns: &[String]) -> Vec<String> {
+    let mut modules = Vec::new();
+    for pattern in patterns {
+        match targets::match_patterns(symbols, std::slice::from_ref(pattern)) {
+            Err(SelectError::Symbols(SymbolError::NoModule { module, .. })) => {
+                if !modules.contains(&module) {
+                    modules.push(module);
+                }
+            }
+            _ => return Vec::new(),
+        }
+    }
+    modules
+}
+
+impl Recorder {
+    /// Patches the roots once a module they name is loaded (see
+    /// [`Recorder::waiting_for`]); called after new modules were followed.
+    pub(super) fn start_roots_now_loaded(&mut self) {
+        if self.waiting_for.is_empty()
+            || targets::match_patterns(&self.symbols, &self.root_patterns).is_err()
+        {
+            return;
+        }
+        let waited = std::mem::take(&mut self.waiting_for);
+        let patterns = self.root_patterns.clone();
+        match self.set_roots(&patterns) {
+            Ok(()) => say!(
+                "{} loaded: recording {}",
+                waited.join(", "),
+                self.root_names.join(", ")
+            ),
+            Err(error) => say!(
+                "{} loaded, but its roots cannot be recorded: {error}",
+                waited.join(", ")
+            ),
+        }
     }
 }
