@@ -75,6 +75,12 @@ pub fn run(command: &RecordCommand) -> anyhow::Result<()> {
     // Gone for good (a zombie is told apart when the agent's connection closes).
     let gone = move || !std::path::Path::new(&format!("/proc/{pid}")).exists();
     let profile = record_until_done(recorder, command.duration, gone)?;
+    if profile.roots.is_empty() {
+        say!(
+            "no root was recorded: process {pid} loaded no module that {} names",
+            command.options.roots.join(", ")
+        );
+    }
     write_profile(output, &profile)
 }
 
