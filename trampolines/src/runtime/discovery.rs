@@ -5,8 +5,9 @@
 //! agent's discoverer thread when the controller has raised that above the target's
 //! threads (`discoverer`: on a busy machine the target's own thread waits for a core
 //! while every other thread calling the function waits for it), otherwise by itself
-//! (a context switch would only add to the wait). The work: decode the function (bounds from the controller's function
-//! table), collects where it calls and tail-jumps — direct `call`/`jmp`/`jcc` targets
+//! (a context switch would only add to the wait). The work: it decodes the function
+//! (bounds from the controller's function table), collects where it calls and
+//! tail-jumps — direct `call`/`jmp`/`jcc` targets
 //! outside its body, and calls through a GOT slot, read now — follows PLT stubs to the
 //! function they lead to, notes its indirect call sites, and patches the callees not
 //! patched yet, in one batch. Then it marks the function invoked; the time it took is
