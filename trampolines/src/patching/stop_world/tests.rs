@@ -20,22 +20,27 @@ fn wait_until(mut check: impl FnMut() -> bool) -> bool {
 #[test]
 fn without_a_free_signal_running_threads_are_traced_and_sleepers_left_alone() {
     let done = Arc::new(AtomicBool::new(false));
-    let (tids, receive) = std::sync::mpsc::channel();
+    // One channel each: the two threads may start in either order.
+    let (spinner_tid, spinner_started) = std::sync::mpsc::channel();
     let spinning = {
-        let (done, tids) = (done.clone(), tids.clone());
+        let done = done.clone();
         std::thread::spawn(move || {
-            tids.send(sys::gettid()).unwrap();
+            spinner_tid.send(sys::gettid()).unwrap();
             while !done.load(Ordering::Relaxed) {
                 std::hint::spin_loop();
             }
         })
     };
     let (wake, wait) = std::sync::mpsc::channel::<()>();
+    let (sleeper_tid, sleeper_started) = std::sync::mpsc::channel();
     let sleeping = std::thread::spawn(move || {
-        tids.send(sys::gettid()).unwrap();
+        sleeper_tid.send(sys::gettid()).unwrap();
         let _ = wait.recv();
     });
-    let (spinner, sleeper) = (receive.recv().unwrap(), receive.recv().unwrap());
+    let (spinner, sleeper) = (
+        spinner_started.recv().unwrap(),
+        sleeper_started.recv().unwrap(),
+    );
     assert!(wait_until(|| tasks::state(sleeper) == TaskState::Sleeping));
     assert!(wait_until(|| tasks::state(spinner) != TaskState::Sleeping));
     assert_eq!(plan_for(spinner, NO_FREE_SIGNAL), Plan::Trace);
