@@ -77,6 +77,16 @@ impl Recording {
         self.running.wait_for_line(prefix, timeout)
     }
 
+    /// Waits for a line starting with `prefix` that `also` accepts.
+    pub fn wait_for_line_where(
+        &mut self,
+        prefix: &str,
+        also: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> String {
+        self.running.wait_for_line_where(prefix, also, timeout)
+    }
+
     /// Ends the recording with SIGINT and reads the profile, which must be consistent
     /// (`check_profile`).
     pub fn finish(self) -> Recorded {

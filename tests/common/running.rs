@@ -74,7 +74,19 @@ impl RunningTendril {
     /// [`RunningTendril::wait`]); panics if tendril ends first or says nothing of the
     /// kind within `timeout`.
     pub fn wait_for_line(&mut self, prefix: &str, timeout: Duration) -> String {
-        if let Some(line) = self.stderr_seen.iter().find(|l| l.starts_with(prefix)) {
+        self.wait_for_line_where(prefix, |_| true, timeout)
+    }
+
+    /// [`RunningTendril::wait_for_line`], for a line starting with `prefix` that
+    /// `also` accepts.
+    pub fn wait_for_line_where(
+        &mut self,
+        prefix: &str,
+        also: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> String {
+        let wanted = |line: &str| line.starts_with(prefix) && also(line);
+        if let Some(line) = self.stderr_seen.iter().find(|l| wanted(l)) {
             return line.clone();
         }
         let deadline = Instant::now() + timeout;
@@ -82,7 +94,7 @@ impl RunningTendril {
             match self.stderr_lines.recv_timeout(Duration::from_millis(200)) {
                 Ok(line) => {
                     self.stderr_seen.push(line.clone());
-                    if line.starts_with(prefix) {
+                    if wanted(&line) {
                         return line;
                     }
                 }
