@@ -162,6 +162,10 @@ enum Command {
         /// thread ran). pprof carries both and opens on this one.
         #[arg(long, value_enum, default_value_t = ClockArg::Wall)]
         clock: ClockArg,
+        /// The header's details too (tree and hot spots): the pauses' causes, the
+        /// calibration's parts, the functions not followed by reason.
+        #[arg(short, long)]
+        verbose: bool,
     },
     /// Compare two profiles: each call path's change in total and self time, largest
     /// change first.
@@ -545,6 +549,7 @@ fn run_command(command: Command) -> ExitCode {
             depth,
             thread,
             clock,
+            verbose,
         } => {
             let prune = tendril::profile::Prune {
                 thread,
@@ -557,6 +562,7 @@ fn run_command(command: Command) -> ExitCode {
                 output.as_deref(),
                 prune,
                 clock.into(),
+                verbose,
             )
         }
         Command::Diff { a, b, format } => tendril::commands::diff::run(

@@ -117,7 +117,17 @@ fn the_hooks_are_calibrated_on_the_targets_threads_and_leave_no_trace() {
     assert_eq!(root.children.len(), 1);
     assert_eq!(mid.children.len(), 1);
     let mut report = Vec::new();
-    tendril::profile::write_report(&recorded.profile, Default::default(), &mut report).unwrap();
+    let details = tendril::profile::report::TextOptions {
+        columns: None,
+        details: true,
+    };
+    tendril::profile::report::write_report_with(
+        &recorded.profile,
+        Default::default(),
+        details,
+        &mut report,
+    )
+    .unwrap();
     let report = String::from_utf8(report).unwrap();
     assert!(report.contains("measured in situ"), "{report}");
     assert!(report.contains("call-thunk hooks: "), "{report}");

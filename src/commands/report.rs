@@ -1,5 +1,5 @@
 //! `tendril report <FILE> [--format FORMAT] [-o OUT] [--threshold PCT] [--depth N]
-//! [--thread TID] [--clock wall|cpu]`: a saved profile as text, or in a format another
+//! [--thread TID] [--clock wall|cpu] [-v]`: a saved profile as text, or in a format another
 //! tool reads (pprof, speedscope, chrome, svg), cut down as asked (`profile::prune`),
 //! in wall-clock or on-CPU time (`profile::clock`).
 //!
@@ -9,8 +9,8 @@
 //! hot spots' long names are cut in the middle to its width (`profile::names`).
 
 use crate::commands::output::OutputFile;
-use crate::profile::report::{MAX_STACK_DEPTH, subtrees_cut, write_report_fitted};
-use crate::profile::{Clock, Profile, Prune, ReportFormat, write_report};
+use crate::profile::report::{MAX_STACK_DEPTH, TextOptions, subtrees_cut, write_report_with};
+use crate::profile::{Clock, Profile, Prune, ReportFormat};
 use crate::terminal_text::say;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -21,6 +21,7 @@ pub fn run(
     output: Option<&Path>,
     prune: Prune,
     clock: Clock,
+    details: bool,
 ) -> anyhow::Result<()> {
     let destination = output.map(OutputFile::open).transpose()?;
     if destination.is_none() && format.is_binary() && std::io::stdout().is_terminal() {
@@ -77,7 +78,8 @@ pub fn run(
             .flatten()
             .map(|(columns, _)| usize::from(columns));
         let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        let written = write_report_fitted(&profile, format, columns, &mut out);
+        let options = TextOptions { columns, details };
+        let written = write_report_with(&profile, format, options, &mut out);
         return match written.and_then(|()| out.flush()) {
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Err(e.into()),
@@ -85,7 +87,11 @@ pub fn run(
         };
     };
     let mut bytes = Vec::new();
-    write_report(&profile, format, &mut bytes)?;
+    let options = TextOptions {
+        columns: None,
+        details,
+    };
+    write_report_with(&profile, format, options, &mut bytes)?;
     destination.write_bytes(&bytes)
 }
 

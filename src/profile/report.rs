@@ -10,9 +10,8 @@ pub use super::depth_cut::{MAX_STACK_DEPTH, subtrees_cut};
 use super::export;
 pub use super::folded::write_folded;
 use super::hot::hot_spots;
-use super::model::{Calibration, Node, NotFollowed, Profile, Timing};
-use super::names::{fit_middle, function_label, printable};
-use notes::ring_pauses_line;
+use super::model::{Node, Profile, Timing};
+use super::names::{fit_middle, function_label};
 pub use notes::{library_churn_note, stack_switch_warning};
 use std::fmt;
 use std::io::{self, Write};
@@ -100,26 +99,35 @@ impl FromStr for ReportFormat {
     }
 }
 
+/// How the text formats (tree, hot spots) lay themselves out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TextOptions {
+    /// A terminal's width: function names are cut in the middle to fit it (see
+    /// `names`).
+    pub columns: Option<usize>,
+    /// Every header notice's details (`report -v`), not only its summary line.
+    pub details: bool,
+}
+
 /// Writes `profile` in `format`.
 pub fn write_report(
     profile: &Profile,
     format: ReportFormat,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    write_report_fitted(profile, format, None, out)
+    write_report_with(profile, format, TextOptions::default(), out)
 }
 
-/// Writes `profile` in `format`; with `columns` (a terminal's width), the tree's and
-/// the hot spots' function names are cut in the middle to fit it (see `names`).
-pub fn write_report_fitted(
+/// Writes `profile` in `format`, the text formats laid out as `options` say.
+pub fn write_report_with(
     profile: &Profile,
     format: ReportFormat,
-    columns: Option<usize>,
+    options: TextOptions,
     out: &mut impl Write,
 ) -> io::Result<()> {
     match format {
-        ReportFormat::Tree => write_tree(profile, columns, out),
-        ReportFormat::Hot => write_hot(profile, columns, out),
+        ReportFormat::Tree => write_tree(profile, options, out),
+        ReportFormat::Hot => write_hot(profile, options, out),
         ReportFormat::Folded => write_folded(profile, out),
         ReportFormat::Json => profile.write_json(out),
         ReportFormat::Pprof => export::pprof::write_pprof(profile, out),
@@ -175,239 +183,6 @@ fn plural(count: u64, one: &str, many: &str) -> String {
 }
 
 /// Who was profiled, how, and how complete the recording is.
-fn write_header(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
-    if let Some(sampling) = &profile.sampling {
-        return write_sampled_header(profile, sampling, out);
-    }
-    let stats = &profile.stats;
-    let calibration = &profile.calibration;
-    writeln!(
-        out,
-        "tendril profile of pid {} ({}), scheme {}, roots: {}",
-        profile.pid,
-        printable(&profile.exe),
-        printable(&profile.scheme),
-        printable(&profile.roots.join(", "))
-    )?;
-    writeln!(
-        out,
-        "events: {} ({} lost, {} unmatched exits, {} unwound by an exception, longjmp, \
-         thread exit or the end)",
-        stats.events, stats.lost_events, stats.unmatched_exits, stats.unwound_exits,
-    )?;
-    writeln!(
-        out,
-        "functions: {} instrumented, {} invoked\ncalls through pointers: {}, {} seen taken, \
-         reaching {} of the {} address-taken functions instrumented",
-        stats.instrumented_functions,
-        stats.invoked_functions,
-        plural(
-            stats.indirect_call_sites,
-            "indirect call site",
-            "indirect call sites"
-        ),
-        stats.indirect_sites_followed,
-        stats.indirect_targets,
-        stats.indirect_candidates,
-    )?;
-    writeln!(
-        out,
-        "pauses removed: {:.3} ms (tendril's waits in the target, summed over threads)",
-        ms(stats.pause_ns)
-    )?;
-    if stats.core_wait_ns > 0 {
-        writeln!(
-            out,
-            "of those pauses, {:.3} ms were the target's threads waiting for a core that \
-             tendril's draining held",
-            ms(stats.core_wait_ns)
-        )?;
-    }
-    if let Some(line) = ring_pauses_line(stats) {
-        writeln!(out, "{line}")?;
-    }
-    if let Some(note) = library_churn_note(stats) {
-        writeln!(out, "{note}")?;
-    }
-    if let Some(line) = timing_marks::policy_line(stats) {
-        writeln!(out, "{line}")?;
-    }
-    write_not_followed(profile, out)?;
-    if let Some(warning) = stack_switch_warning(profile) {
-        writeln!(out, "{warning}")?;
-    }
-    if let Some(trace) = &profile.trace {
-        writeln!(out, "{}", trace.summary())?;
-    }
-    write_calibration(calibration, out)?;
-    write_clock_line(profile, out)
-}
-
-/// The hooks' cost removed, a line each: per timed call (and its spread, from which each
-/// node's `error_ns` follows), per counted call, and where it was measured.
-fn write_calibration(calibration: &Calibration, out: &mut impl Write) -> io::Result<()> {
-    write!(
-        out,
-        "calibration: TSC {:.3} GHz; removed per call: {:.1} ns inner, {:.1} ns outer",
-        calibration.tsc_hz as f64 / 1e9,
-        calibration.inner_ns,
-        calibration.outer_ns
-    )?;
-    if calibration.inner_spread_ns > 0.0 || calibration.outer_spread_ns > 0.0 {
-        write!(
-            out,
-            ", give or take {:.1} and {:.1} ns",
-            calibration.inner_spread_ns, calibration.outer_spread_ns
-        )?;
-    }
-    writeln!(out)?;
-    if calibration.untimed_ns > 0.0 {
-        writeln!(
-            out,
-            "  per counted call: {:.1} ns, give or take {:.1} ns",
-            calibration.untimed_ns, calibration.untimed_spread_ns
-        )?;
-    }
-    if calibration.in_situ_batches > 0 {
-        writeln!(
-            out,
-            "  measured in situ: the median of {} batches on the target's threads (at the \
-             start, on tendril's: {:.1} and {:.1} ns)",
-            calibration.in_situ_batches, calibration.start_inner_ns, calibration.start_outer_ns
-        )?;
-    }
-    let shapes: Vec<String> = [
-        ("pad-jump", calibration.pad_jump),
-        ("call-thunk", calibration.call_thunk),
-    ]
-    .into_iter()
-    .filter_map(|(name, shape)| {
-        let shape = shape?;
-        Some(format!(
-            "{name} hooks: {:.1} and {:.1} ns ({} batches)",
-            shape.inner_ns, shape.outer_ns, shape.in_situ_batches
-        ))
-    })
-    .collect();
-    if !shapes.is_empty() {
-        writeln!(out, "  {}", shapes.join("; "))?;
-    }
-    Ok(())
-}
-
-/// Which time the report shows, and whether the other is there.
-/// The lines that say what a recording did not follow: targets of calls through
-/// pointers, and callees discovery skipped (Go code), one line each, by reason, with
-/// a few names per reason (the profile's `discovery` lists them all).
-fn write_not_followed(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
-    let Some(discovery) = profile.discovery.as_ref() else {
-        return Ok(());
-    };
-    for (label, items) in [
-        (
-            "not followed through pointers",
-            &discovery.indirect_not_followed,
-        ),
-        ("not followed", &discovery.not_followed),
-    ] {
-        if let Some(line) = not_followed_line(label, items) {
-            writeln!(out, "{line}")?;
-        }
-    }
-    Ok(())
-}
-
-/// "LABEL: 15 functions (the profile's "discovery" lists them all)", then a line per
-/// reason, most frequent first: "  shorter than the 5-byte patch: 15 (a, b, c, …)"; or
-/// nothing for no function.
-fn not_followed_line(label: &str, items: &[NotFollowed]) -> Option<String> {
-    if items.is_empty() {
-        return None;
-    }
-    // By reason, the details in parentheses (byte counts) left out, most frequent first.
-    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
-    for item in items {
-        let reason = item.reason.split(" (").next().unwrap_or(&item.reason);
-        match by_reason.iter_mut().find(|(r, _)| *r == reason) {
-            Some((_, names)) => names.push(&item.target),
-            None => by_reason.push((reason, vec![&item.target])),
-        }
-    }
-    by_reason.sort_by_key(|(_, names)| std::cmp::Reverse(names.len()));
-    let mut text = format!(
-        "{label}: {} function{} (the profile's \"discovery\" lists them all)",
-        items.len(),
-        if items.len() == 1 { "" } else { "s" },
-    );
-    for (reason, names) in &by_reason {
-        let shown: Vec<&str> = names.iter().take(NOT_FOLLOWED_SHOWN).copied().collect();
-        let more = if names.len() > shown.len() {
-            ", …"
-        } else {
-            ""
-        };
-        text += &format!(
-            "\n  {}: {} ({}{more})",
-            printable(reason),
-            names.len(),
-            printable(&shown.join(", "))
-        );
-    }
-    Some(text)
-}
-
-fn write_clock_line(profile: &Profile, out: &mut impl Write) -> io::Result<()> {
-    if profile.stats.off_cpu_lost > 0 {
-        writeln!(
-            out,
-            "{} context-switch records lost (a full ring): those waits count as on-CPU",
-            profile.stats.off_cpu_lost
-        )?;
-    }
-    if profile.stats.shows_cpu_time {
-        return writeln!(
-            out,
-            "times: on-CPU (--clock cpu): waiting in system calls, on locks and for a CPU \
-             left out"
-        );
-    }
-    match &profile.stats.cpu_unmeasured {
-        Some(why) => writeln!(out, "times: wall-clock; {}", printable(why)),
-        None if profile.has_cpu_time() => writeln!(
-            out,
-            "times: wall-clock, waiting included (--clock cpu shows on-CPU time)"
-        ),
-        None => Ok(()),
-    }
-}
-
-/// The header of a sampled profile (`tendril sample`): how it was sampled, and that
-/// its times are estimates.
-fn write_sampled_header(
-    profile: &Profile,
-    sampling: &super::model::SamplingInfo,
-    out: &mut impl Write,
-) -> io::Result<()> {
-    writeln!(
-        out,
-        "tendril profile of pid {} ({}), sampled: {} samples at {} Hz of {} time over {:.3} s",
-        profile.pid,
-        printable(&profile.exe),
-        sampling.samples,
-        sampling.rate_hz,
-        printable(&sampling.clock),
-        profile.duration_ns as f64 / 1e9
-    )?;
-    writeln!(
-        out,
-        "{} lost (the buffer was full), {} stacks truncated (under [truncated stack]); times are \
-         estimates: samples × {:.3} ms",
-        sampling.lost_samples,
-        sampling.truncated_stacks,
-        1e3 / sampling.rate_hz.max(1) as f64
-    )
-}
-
 /// The count column of a tree or hot-spot row: calls, or samples in a sampled profile.
 fn count_column(profile: &Profile) -> (&'static str, fn(&Node) -> u64) {
     if profile.sampling.is_some() {
@@ -430,12 +205,9 @@ const TREE_COLUMNS: usize = 44;
 const HOT_COLUMNS: usize = 32;
 
 /// The merged calling context tree, one row per context.
-pub fn write_tree(
-    profile: &Profile,
-    columns: Option<usize>,
-    out: &mut impl Write,
-) -> io::Result<()> {
-    write_header(profile, out)?;
+pub fn write_tree(profile: &Profile, options: TextOptions, out: &mut impl Write) -> io::Result<()> {
+    let columns = options.columns;
+    header::write_header(profile, options.details, out)?;
     writeln!(
         out,
         "merged call tree of {}; children by total time; % of all roots' total{}{}{}",
@@ -491,13 +263,10 @@ pub fn write_tree(
 }
 
 /// Self time per function summed over every context it ran in.
-pub fn write_hot(
-    profile: &Profile,
-    columns: Option<usize>,
-    out: &mut impl Write,
-) -> io::Result<()> {
+pub fn write_hot(profile: &Profile, options: TextOptions, out: &mut impl Write) -> io::Result<()> {
+    let columns = options.columns;
     let rows = hot_spots(&profile.merged.roots);
-    write_header(profile, out)?;
+    header::write_header(profile, options.details, out)?;
     writeln!(
         out,
         "hot spots: self time per function over all its contexts (all threads); % of all \
@@ -570,6 +339,7 @@ fn below_resolution_note(roots: &[Node]) -> &'static str {
     }
 }
 
+mod header;
 mod notes;
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::profile::model::tests::chain;
-use crate::profile::model::{Calibration, MergedProfile, Stats, ThreadProfile};
+use crate::profile::model::{Calibration, MergedProfile, NotFollowed, Stats, ThreadProfile};
 
 fn node(name: &str, module: &str, calls: u64, total: u64, self_ns: u64) -> Node {
     Node::leaf(name, module, calls, total, self_ns)
@@ -81,6 +81,17 @@ fn tree_rows(text: &str) -> Vec<&str> {
 fn report(profile: &Profile, format: ReportFormat) -> String {
     let mut out = Vec::new();
     write_report(profile, format, &mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// The tree report with the header's details (`report -v`).
+fn verbose_tree(profile: &Profile) -> String {
+    let mut out = Vec::new();
+    let options = TextOptions {
+        columns: None,
+        details: true,
+    };
+    write_report_with(profile, ReportFormat::Tree, options, &mut out).unwrap();
     String::from_utf8(out).unwrap()
 }
 
@@ -176,7 +187,11 @@ fn stripped_names_show_their_module_once_and_below_resolution_is_said() {
     // At 64 columns, each row fits and the three offsets stay apart.
     for format in [ReportFormat::Tree, ReportFormat::Hot] {
         let mut out = Vec::new();
-        write_report_fitted(&stripped, format, Some(64), &mut out).unwrap();
+        let options = TextOptions {
+            columns: Some(64),
+            details: false,
+        };
+        write_report_with(&stripped, format, options, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         let rows: Vec<&str> = text.lines().filter(|l| l.contains("+0x")).collect();
         assert_eq!(rows.len(), 3, "{text}");
@@ -310,7 +325,7 @@ fn folded_stacks_at_the_cap_are_whole_and_one_level_more_is_cut() {
 fn waits_for_a_core_tendrils_draining_held_are_said_under_the_pauses() {
     let mut waited = profile();
     waited.stats.core_wait_ns = 400_000;
-    let text = report(&waited, ReportFormat::Tree);
+    let text = verbose_tree(&waited);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[4],
@@ -318,7 +333,7 @@ fn waits_for_a_core_tendrils_draining_held_are_said_under_the_pauses() {
     );
     assert_eq!(
         lines[5],
-        "of those pauses, 0.400 ms were the target's threads waiting for a core that tendril's draining held"
+        "  of those pauses, 0.400 ms were the target's threads waiting for a core that tendril's draining held"
     );
     assert!(!report(&profile(), ReportFormat::Tree).contains("waiting for a core"));
 }
@@ -327,12 +342,12 @@ fn waits_for_a_core_tendrils_draining_held_are_said_under_the_pauses() {
 fn waits_for_room_in_a_full_ring_and_ring_faults_are_said_under_the_pauses() {
     let mut waited = profile();
     waited.stats.ring_wait_ns = 1_000_000;
-    let text = report(&waited, ReportFormat::Tree);
+    let text = verbose_tree(&waited);
     assert!(text.lines().any(|line| line
-        == "of those pauses, threads spent 1.000 ms waiting for room in a full ring \
+        == "  of those pauses, threads spent 1.000 ms waiting for room in a full ring \
             (tendril's reading fell behind)"));
     waited.stats.ring_fault_ns = 250_000;
-    let text = report(&waited, ReportFormat::Tree);
+    let text = verbose_tree(&waited);
     assert!(
         text.lines().any(
             |line| line.ends_with("fell behind), and 0.250 ms faulting their ring's memory in")
@@ -369,24 +384,57 @@ fn a_call_into_jit_code_shows_the_jit_mark_instead_of_a_count_and_the_title_says
 }
 
 #[test]
-fn what_was_not_followed_is_a_line_then_one_line_by_reason_with_a_few_names() {
+fn each_notice_is_one_line_and_its_details_come_with_verbose() {
     let item = |target: &str, reason: &str| NotFollowed {
         target: target.into(),
         reason: reason.into(),
     };
-    let items = [
-        item("a (libc.so.6)", "shorter than the 5-byte patch (1 bytes)"),
-        item("b (libc.so.6)", "shorter than the 5-byte patch (3 bytes)"),
-        item("c (libc.so.6)", "shorter than the 5-byte patch (1 bytes)"),
-        item("d (libc.so.6)", "shorter than the 5-byte patch (2 bytes)"),
-        item("g (app)", "Go code"),
-    ];
-    let line = not_followed_line("not followed through pointers", &items).unwrap();
-    assert_eq!(
-        line,
-        "not followed through pointers: 5 functions (the profile's \"discovery\" lists them \
-         all)\n  shorter than the 5-byte patch: 4 (a (libc.so.6), b (libc.so.6), c (libc.so.6), \
-         …)\n  Go code: 1 (g (app))"
+    let mut profile = profile();
+    profile.discovery = Some(crate::profile::model::DiscoveryStats {
+        indirect_not_followed: vec![
+            item("a (libc.so.6)", "shorter than the 5-byte patch (1 bytes)"),
+            item("b (libc.so.6)", "shorter than the 5-byte patch (3 bytes)"),
+            item("c (libc.so.6)", "shorter than the 5-byte patch (1 bytes)"),
+            item("d (libc.so.6)", "shorter than the 5-byte patch (2 bytes)"),
+            item("g (app)", "Go code"),
+        ],
+        ..Default::default()
+    });
+    profile.stats.ring_wait_ns = 500_000;
+    profile.calibration.untimed_ns = 2.5;
+    let text = |details: bool| {
+        let mut out = Vec::new();
+        let options = TextOptions {
+            columns: None,
+            details,
+        };
+        write_report_with(&profile, ReportFormat::Tree, options, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    };
+    let notice = "not followed through pointers: 5 functions, for 2 reasons (the profile's \
+                  \"discovery\" lists them all)\n";
+    let (short, long) = (text(false), text(true));
+    assert!(short.contains(notice), "{short}");
+    assert!(
+        short.contains("(4 lines of details left out: `tendril report -v` shows them)\n"),
+        "{short}"
     );
-    assert_eq!(not_followed_line("not followed", &[]), None);
+    assert!(!short.contains("  shorter than"), "{short}");
+    let details = [
+        "pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)\n  of \
+         those pauses, threads spent 0.500 ms waiting for room in a full ring (tendril's \
+         reading fell behind)\n",
+        "\n  shorter than the 5-byte patch: 4 (a (libc.so.6), b (libc.so.6), c (libc.so.6), \
+         …)\n  Go code: 1 (g (app))\n",
+        "ns outer\n  per counted call: 2.5 ns, give or take 0.0 ns\n",
+    ];
+    for detail in details {
+        assert!(long.contains(detail), "{detail} in {long}");
+    }
+    assert!(
+        long.contains(notice) && !long.contains("left out"),
+        "{long}"
+    );
+    // The header without notices has nothing to leave out.
+    assert!(!report(&self::profile(), ReportFormat::Tree).contains("left out"));
 }

@@ -9,27 +9,34 @@ pub const IN_CALLER: &str = "in caller";
 /// Marks a total whose estimated error is larger than itself.
 pub const UNCERTAIN: char = '?';
 
-/// The header line on adaptive timing, if the recording used it.
-pub fn policy_line(stats: &Stats) -> Option<String> {
+/// The header's lines on adaptive timing: what was counted and not timed, and (a
+/// detail) how its rows read.
+pub struct PolicyLines {
+    pub summary: String,
+    pub detail: String,
+}
+
+/// The header's lines on adaptive timing, if the recording used it.
+pub fn policy_line(stats: &Stats) -> Option<PolicyLines> {
     let TimingPolicy {
         threshold_ns,
         untimed_functions,
         untimed_calls,
         refused,
     } = stats.timing.as_ref()?;
-    let mut line = format!(
+    let mut summary = format!(
         "adaptive timing: {untimed_functions} function{} counted, not timed: under \
          {threshold_ns:.0} ns a call, callees included (--time-all times every call)",
         if *untimed_functions == 1 { "" } else { "s" },
     );
     if *refused > 0 {
-        line += &format!("; {refused} that qualified could not be switched and stay timed");
+        summary += &format!("; {refused} that qualified could not be switched and stay timed");
     }
-    line += &format!(
-        "\n  their {untimed_calls} calls show \"{IN_CALLER}\": their time is their callers' \
-         self time; counted per caller within each timed call"
+    let detail = format!(
+        "their {untimed_calls} calls show \"{IN_CALLER}\": their time is their callers' self \
+         time; counted per caller within each timed call"
     );
-    Some(line)
+    Some(PolicyLines { summary, detail })
 }
 
 /// A total column, `width` wide: milliseconds, [`IN_CALLER`], or milliseconds marked
