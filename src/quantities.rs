@@ -5,18 +5,9 @@
 
 use std::time::Duration;
 
-/// `1234567` as `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
-}
+/// `1234567` as `1,234,567`: the live UI's own grouping, so a number reads the same in
+/// a command's line and on the screen.
+pub use tendril_tui::grouped as thousands;
 
 /// `1 call`, `1,500 calls`.
 pub fn amount(count: u64, one: &str, many: &str) -> String {

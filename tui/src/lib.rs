@@ -58,6 +58,7 @@ mod tree_view;
 pub use action::Action;
 pub use app::{App, Screen, ScreenKind};
 pub use code_view::{CodeLine, CodeSnapshot};
+pub use format::grouped;
 pub use live::{LiveTab, TreeSource};
 pub use model::{
     FunctionEntry, ProcessEntry, ProfileSnapshot, SamplingStatus, Status, ThreadSummary, TreeNode,
