@@ -224,3 +224,25 @@ fn a_root_in_a_library_not_loaded_yet_is_recorded_once_it_is_loaded() {
     code_bytes_match_file(host.pid()).unwrap();
     call(&mut host, 10);
 }
+
+#[test]
+fn the_live_view_says_it_waits_for_a_roots_library_then_shows_its_tree() {
+    let mut host = plug_host();
+    let pid = host.pid().to_string();
+    let ui = common::Tmux::tendril(
+        "waits_for_its_library",
+        &["attach", &pid, "--root", "libplug_a*:plugfn"],
+    );
+    // The status bar and the message line both say what it waits for.
+    ui.wait_for_all(&["(waiting for libplug_a*)", "to load libplug_a*"]);
+    load(&mut host, 0);
+    ui.wait_for_text("libplug_a* loaded: recording plugfn");
+    call(&mut host, 1000);
+    ui.wait_for("plugfn with its 1000 calls", |screen| {
+        (common::calls_of(screen, "plugfn")? >= 1000.0).then_some(())
+    });
+    ui.press("q");
+    assert_eq!(ui.wait_exit(), 0, "the screen:\n{}", ui.screen());
+    code_bytes_match_file(host.pid()).unwrap();
+    call(&mut host, 10);
+}

@@ -3,10 +3,12 @@
 //! The one idea: everything that can be checked without touching the target (the pid,
 //! permissions, the executable, the root patterns) is checked before the UI appears —
 //! and before asking for a terminal, so a bad pid is reported as such even in a script;
-//! attaching itself happens when the roots are chosen.
+//! attaching itself happens when the roots are chosen. A root named with a module the
+//! process has not loaded yet (`libplug*:plugfn`) is waited for, as `record` waits.
 
 use crate::live::{self, Start};
 use crate::recording::TimingOptions;
+use crate::recording::recorder::modules_not_loaded_yet;
 use crate::symbols::ProcessSymbols;
 use crate::terminal_text::say;
 
@@ -14,8 +16,11 @@ pub fn run(pid: i32, roots: Vec<String>, timing: TimingOptions) -> anyhow::Resul
     let target = crate::process::inspect(pid)?;
     if !roots.is_empty() {
         let symbols = ProcessSymbols::load(pid)?;
-        let matched = crate::targets::match_patterns(&symbols, &roots)?;
-        crate::targets::refuse_if_none_patchable(&symbols, &matched, true)?;
+        // Roots in a library not loaded yet are waited for, as `record` waits.
+        if modules_not_loaded_yet(&symbols, &roots).is_empty() {
+            let matched = crate::targets::match_patterns(&symbols, &roots)?;
+            crate::targets::refuse_if_none_patchable(&symbols, &matched, true)?;
+        }
     }
     let root_arguments = if roots.is_empty() {
         " --root SYM".to_string()

@@ -285,11 +285,19 @@ impl Session {
         let error = match job.poll() {
             JobState::Running => return Ok(()),
             JobState::Done(Ok(recorder)) => {
-                app.set_message(format!(
-                    "profiling {} in {} — ? shows the keys",
-                    recorder.roots().join(", "),
-                    self.target
-                ));
+                app.set_message(match recorder.waiting_for() {
+                    [] => format!(
+                        "profiling {} in {} — ? shows the keys",
+                        recorder.roots().join(", "),
+                        self.target
+                    ),
+                    modules => format!(
+                        "waiting for {} to load {}: its roots are profiled from then on — ? \
+                         shows the keys",
+                        self.target,
+                        modules.join(", ")
+                    ),
+                });
                 self.recording = Recording::Live(Box::new(recorder));
                 // Its last tree stays, to compare with; hooks would only perturb it.
                 self.stop_sampling();
@@ -473,9 +481,18 @@ impl Session {
             return;
         };
         let profile = recorder.snapshot();
+        // While the roots' module is not loaded yet, the status bar says so.
+        let roots = match recorder.roots() {
+            [] => recorder
+                .waiting_for()
+                .iter()
+                .map(|module| format!("(waiting for {module})"))
+                .collect(),
+            roots => roots.to_vec(),
+        };
         let mut status = Status {
             target: self.target.clone(),
-            roots: recorder.roots().to_vec(),
+            roots,
             elapsed: recorder.elapsed(),
             events_per_second: self.rate.sample(Instant::now(), recorder.events()),
             paused: !recorder.is_recording(),

@@ -23,7 +23,8 @@ mod snapshot;
 mod starting;
 mod tracing;
 
-use starting::{PatchedRoots, modules_not_loaded_yet, patched_roots};
+pub use starting::modules_not_loaded_yet;
+use starting::{PatchedRoots, patched_roots};
 
 pub use adaptive::{CALLS_TO_JUDGE, TimingOptions, threshold_ns};
 pub use code_copy::HookedCopy;

@@ -164,7 +164,7 @@ pub(super) fn patched_roots<'a>(
 /// yet, when every pattern names one; empty otherwise (the patterns are then matched,
 /// and refused, as usual). A root in a library the program loads later (`dlopen`) is
 /// named with its module, and the recording waits for it.
-pub(super) fn modules_not_loaded_yet(symbols: &ProcessSymbols, patterns: &[String]) -> Vec<String> {
+pub fn modules_not_loaded_yet(symbols: &ProcessSymbols, patterns: &[String]) -> Vec<String> {
     let mut modules = Vec::new();
     for pattern in patterns {
         match targets::match_patterns(symbols, std::slice::from_ref(pattern)) {
