@@ -7,11 +7,13 @@
 //! instrumented tree compare below the instrumented tree's roots unless `--root` says
 //! otherwise.
 
-use crate::profile::Profile;
 use crate::profile::names::printable;
 use crate::profile::overlap::{
-    HOT_THRESHOLD, agreement, on_common_clock, path_weights, root_names,
+    HOT_THRESHOLD, PathWeights, agreement, on_common_clock, path_weights, path_weights_as_sampled,
+    root_names,
 };
+use crate::profile::{NotFollowed, Profile};
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
@@ -42,9 +44,11 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
             );
         }
     }
-    let weights_a = path_weights(&profile_a, &roots);
-    let weights_b = path_weights(&profile_b, &roots);
+    let (weights_a, moved_a) = weights_to_compare(&profile_a, &profile_b, &roots);
+    let (weights_b, moved_b) = weights_to_compare(&profile_b, &profile_a, &roots);
     let result = agreement(&weights_a, &weights_b);
+    let why_a = not_followed_by_name(&profile_a);
+    let why_b = not_followed_by_name(&profile_b);
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let written = (|| -> std::io::Result<()> {
         writeln!(
@@ -73,6 +77,14 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
             result.hot_paths,
             HOT_THRESHOLD * 100.0
         )?;
+        if moved_a + moved_b > 0 {
+            writeln!(
+                out,
+                "tail calls: {} recorded calling contexts reached by a tail jump are compared \
+                 as a sampled stack shows them, in their caller's place (its frame is gone)",
+                moved_a + moved_b
+            )?;
+        }
         if on_cpu {
             writeln!(
                 out,
@@ -86,13 +98,25 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
             "A self", "B self", "B−A"
         )?;
         for (path, share_a, share_b) in result.differences.iter().take(rows) {
+            // A path only the other profile has may end in a function this one did
+            // not follow: say why.
+            let function = path.rsplit(';').next().unwrap_or(path);
+            let why = match (share_a, share_b) {
+                (a, _) if *a == 0.0 => why_a.get(function),
+                (_, b) if *b == 0.0 => why_b.get(function),
+                _ => None,
+            };
             writeln!(
                 out,
-                "{:>6.1}% {:>6.1}% {:>+6.1}%  {}",
+                "{:>6.1}% {:>6.1}% {:>+6.1}%  {}{}",
                 share_a * 100.0,
                 share_b * 100.0,
                 (share_b - share_a) * 100.0,
-                printable(path)
+                printable(path),
+                why.map_or(String::new(), |why| format!(
+                    "  (not followed there: {})",
+                    printable(why)
+                ))
             )?;
         }
         out.flush()
@@ -101,6 +125,41 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
+}
+
+/// `profile`'s path weights for comparing with `other`: a recording compared with
+/// samples is read as a sampled stack shows it (tail calls in their caller's place);
+/// also the number of contexts so moved.
+fn weights_to_compare(
+    profile: &Profile,
+    other: &Profile,
+    roots: &[String],
+) -> (PathWeights, usize) {
+    if !is_sampled(profile) && is_sampled(other) {
+        path_weights_as_sampled(profile, roots)
+    } else {
+        (path_weights(profile, roots), 0)
+    }
+}
+
+/// The functions a recording did not follow (`discovery`), by name, with the reason.
+fn not_followed_by_name(profile: &Profile) -> HashMap<&str, &str> {
+    let Some(discovery) = &profile.discovery else {
+        return HashMap::new();
+    };
+    let lists: [&[NotFollowed]; 2] = [&discovery.indirect_not_followed, &discovery.not_followed];
+    lists
+        .into_iter()
+        .flatten()
+        .map(|item| {
+            // "name (module)"
+            let name = item
+                .target
+                .rsplit_once(" (")
+                .map_or(&*item.target, |(n, _)| n);
+            (name, item.reason.as_str())
+        })
+        .collect()
 }
 
 /// The roots the comparison starts at: `--root`, else the instrumented profile's roots

@@ -324,6 +324,7 @@ impl CallArena {
                 address,
                 samples: None,
                 jit: false,
+                tail_call: false,
                 timing: Timing::Timed,
                 children,
             });

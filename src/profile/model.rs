@@ -349,6 +349,12 @@ pub struct Node {
     /// (`calls` and times 0; its time is in its caller's self time).
     #[serde(default, skip_serializing_if = "is_false")]
     pub jit: bool,
+    /// Reached by a tail jump in its parent's code (a `jmp`, never a `call`): while it
+    /// runs, its parent's frame is gone, so a sampled stack shows it right under its
+    /// grandparent. `tendril compare` matches the two (`overlap`). Set by a recording,
+    /// only where the parent's code reaches this function by tail jumps alone.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub tail_call: bool,
     /// `in_caller`: the function's calls here were too short to time and were counted
     /// only (adaptive timing); its time is part of its caller's self time, and its
     /// `total_ns`, `self_ns` and `cpu_ns` are 0.
@@ -410,6 +416,7 @@ impl Node {
             address: None,
             samples: None,
             jit: false,
+            tail_call: false,
             timing: Timing::Timed,
             children: Vec::new(),
         }
@@ -431,6 +438,7 @@ impl Node {
         node.address = self.address;
         node.samples = self.samples;
         node.jit = self.jit;
+        node.tail_call = self.tail_call;
         node.timing = self.timing;
         node
     }
@@ -448,6 +456,7 @@ impl Node {
             && self.address == other.address
             && self.samples == other.samples
             && self.jit == other.jit
+            && self.tail_call == other.tail_call
             && self.timing == other.timing
             && self.children.len() == other.children.len()
     }

@@ -9,7 +9,9 @@
 //! is the share of A's hot call edges (a path whose total time, callees included, is at
 //! least T of the tree's) that B has too. With `root`, only the subtrees below the
 //! outermost calls of those functions count, each path starting at the root, so a
-//! sampled whole-process tree compares with an instrumented tree of one root.
+//! sampled whole-process tree compares with an instrumented tree of one root. A
+//! recording compared with samples is read as a sampled stack shows it: a function
+//! reached by a tail jump stands in its parent's place, whose frame was gone.
 
 use std::collections::HashMap;
 
@@ -66,8 +68,23 @@ pub fn is_sampled_on_the_cpu_clock(profile: &Profile) -> bool {
 /// The relative weights of `profile`'s merged tree, or of the subtrees below the
 /// outermost calls of any of `roots` (all of the tree when `roots` is empty).
 pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
+    weights(profile, roots, false).0
+}
+
+/// [`path_weights`] of a recording as a sampled stack shows it: a function reached by
+/// a tail jump (`Node::tail_call`) takes its parent's place in the path, since the
+/// parent's frame is gone while it runs (the root a comparison starts at stays).
+/// Also returns how many contexts were so moved.
+pub fn path_weights_as_sampled(profile: &Profile, roots: &[String]) -> (PathWeights, usize) {
+    weights(profile, roots, true)
+}
+
+fn weights(profile: &Profile, roots: &[String], across_tail_calls: bool) -> (PathWeights, usize) {
     let mut raw: HashMap<String, (u64, u64)> = HashMap::new();
     let mut path: Vec<&str> = Vec::new();
+    // Per node entered inside a root: the parent's name it took the place of.
+    let mut replaced: Vec<Option<&str>> = Vec::new();
+    let mut moved = 0;
     // Depth of the outermost root the walk is inside, if any.
     let mut inside: Option<usize> = None;
     let _ = walk(&profile.merged.roots, |step| -> Result<(), ()> {
@@ -76,8 +93,12 @@ pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
                 if inside.is_none() && (roots.is_empty() || roots.contains(&node.name)) {
                     inside = Some(depth);
                     path.clear();
+                    replaced.clear();
                 }
                 if inside.is_some() {
+                    let takes_parents_place = across_tail_calls && node.tail_call && path.len() > 1;
+                    replaced.push(takes_parents_place.then(|| path.pop()).flatten());
+                    moved += usize::from(takes_parents_place);
                     path.push(&node.name);
                     let weights = raw.entry(path.join(";")).or_default();
                     weights.0 += node.self_ns;
@@ -87,6 +108,9 @@ pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
             Visit::Leave { depth, .. } => {
                 if inside.is_some() {
                     path.pop();
+                    if let Some(parent) = replaced.pop().flatten() {
+                        path.push(parent);
+                    }
                 }
                 if inside == Some(depth) {
                     inside = None;
@@ -96,7 +120,8 @@ pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
         Ok(())
     });
     let whole: u64 = raw.values().map(|&(self_ns, _)| self_ns).sum();
-    raw.into_iter()
+    let weights = raw
+        .into_iter()
         .map(|(path, (self_ns, total_ns))| {
             let share = |ns: u64| {
                 if whole == 0 {
@@ -113,7 +138,8 @@ pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
                 },
             )
         })
-        .collect()
+        .collect();
+    (weights, moved)
 }
 
 /// Compares two trees' path weights (A is the reference for hot edges).
@@ -211,6 +237,31 @@ mod tests {
         let below = path_weights(&tree(&[("x", 1)]), &["work".to_string()]);
         assert!(below.contains_key("work;x"));
         assert!(!below.contains_key("main"));
+    }
+
+    #[test]
+    fn a_tail_called_function_takes_its_parents_place_as_a_sampled_stack_shows_it() {
+        // main → work → x, where work reaches x by a tail jump: a sampled stack in x
+        // is main;x.
+        let mut recorded = tree(&[("x", 60), ("y", 40)]);
+        recorded.merged.roots[0].children[0].children[0].tail_call = true;
+        let (weights, moved) = path_weights_as_sampled(&recorded, &[]);
+        assert_eq!(moved, 1);
+        assert!(weights.contains_key("main;x"), "{weights:?}");
+        assert!(weights.contains_key("main;work;y"), "{weights:?}");
+        assert!(!weights.contains_key("main;work;x"));
+        let sampled = tree(&[("y", 40)]);
+        let mut sampled_x = Node::leaf("x", "app", 0, 60, 60);
+        sampled_x.samples = Some(6);
+        let mut sampled = sampled;
+        sampled.merged.roots[0].children.push(sampled_x);
+        sampled.merged.roots[0].total_ns += 60;
+        let result = agreement(&weights, &path_weights(&sampled, &[]));
+        assert!((result.overlap - 1.0).abs() < 1e-9, "{}", result.overlap);
+        // As recorded, the paths stay; below a root, the root is never replaced.
+        assert!(path_weights(&recorded, &[]).contains_key("main;work;x"));
+        let below_work = path_weights_as_sampled(&recorded, &["work".to_string()]).0;
+        assert!(below_work.contains_key("work;x"), "{below_work:?}");
     }
 
     #[test]
