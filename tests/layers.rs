@@ -54,7 +54,7 @@ const CONTROLLER_LAYERS: [(&str, &[&str]); 6] = [
             "quantities",
             "interrupt",
             "agent_bundle",
-            "session",
+            "agent_connection",
             "demo_workload",
         ],
     ),
