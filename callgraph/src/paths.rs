@@ -19,7 +19,8 @@
 //! Blocks are the graph's blocks; ENTRY and EXIT are virtual nodes. The graph comes as
 //! successor lists (block 0 is the entry), so the agent, numbering the function it
 //! copies, and the controller, decoding the counted numbers from the copy's layout
-//! (`EdgeLayout::path_successors`), run this same code on the same lists.
+//! (`tendril_wire::edges::EdgeLayout::path_successors`), run this same code on the same
+//! lists.
 
 use std::fmt;
 
