@@ -20,6 +20,8 @@ fn main() {
     for watched in [
         "trampolines/src",
         "trampolines/Cargo.toml",
+        "callgraph/src",
+        "callgraph/Cargo.toml",
         "wire/src",
         "wire/Cargo.toml",
     ] {

@@ -15,7 +15,7 @@ mod common;
 
 use common::Target;
 use std::time::{Duration, Instant};
-use tendril::session::AgentSession;
+use tendril::agent_connection::AgentConnection;
 use tendril::symbols::ProcessSymbols;
 use tendril::targets;
 use tendril_wire::{Hook, Request, Response};
@@ -45,7 +45,7 @@ fn ns_per_call(target: &mut Target) -> f64 {
     median(samples)
 }
 
-fn patch(session: &mut AgentSession, request: Request) -> Vec<u64> {
+fn patch(session: &mut AgentConnection, request: Request) -> Vec<u64> {
     match session.request(&request).unwrap() {
         Response::Patched { outcomes } => outcomes
             .iter()
@@ -58,7 +58,7 @@ fn patch(session: &mut AgentSession, request: Request) -> Vec<u64> {
     }
 }
 
-fn unpatch(session: &mut AgentSession, addresses: Vec<u64>) {
+fn unpatch(session: &mut AgentConnection, addresses: Vec<u64>) {
     match session.request(&Request::Unpatch { addresses }).unwrap() {
         Response::Unpatched { .. } => {}
         other => panic!("{other:?}"),

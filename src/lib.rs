@@ -1,11 +1,12 @@
 //! tendril: a dynamic instrumentation profiler for running native x86-64 Linux processes.
 //!
 //! This crate is the controller: it inspects and attaches to a target process, loads the
-//! agent into it (`inject`), talks to the agent (`session`), and reads the target's
-//! symbols (`symbols`). The agent itself lives in the `tendril-agent` crate
+//! agent into it (`inject`), talks to the agent (`agent_connection`), and reads the
+//! target's symbols (`symbols`). The agent itself lives in the `tendril-agent` crate
 //! (`trampolines/`), embedded in this binary by `build.rs`.
 
 pub mod agent_bundle;
+pub mod agent_connection;
 pub mod commands;
 pub mod demo_workload;
 pub mod departure;
@@ -19,7 +20,6 @@ pub mod quantities;
 pub mod recording;
 pub mod refusals;
 pub mod sampling;
-pub mod session;
 pub mod symbols;
 pub mod targets;
 pub mod terminal_text;

@@ -8,8 +8,8 @@
 //! unwinder entry points that return hooks depend on.
 
 use crate::agent_bundle::is_agent_module;
+use crate::agent_connection::{AgentConnection, AgentConnectionError};
 use crate::refusals;
-use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols, SymbolError};
 use tendril_wire::{Hook, PatchTarget, Request, Response};
 
@@ -38,7 +38,10 @@ pub enum SelectError {
         hint: String,
     },
     #[error("process {pid}: {source}")]
-    Session { pid: i32, source: SessionError },
+    Session {
+        pid: i32,
+        source: AgentConnectionError,
+    },
     #[error("nothing that matches can be patched in pid {pid}: {reasons}{hint}")]
     AllRefused {
         pid: i32,
@@ -146,7 +149,7 @@ fn find<'a>(symbols: &'a ProcessSymbols, pattern: &str) -> Result<Vec<&'a Functi
 pub fn choose(
     symbols: &ProcessSymbols,
     matched: &[&Function],
-    session: &mut AgentSession,
+    session: &mut AgentConnection,
 ) -> Result<Vec<Chosen>, SelectError> {
     let pid = symbols.pid();
     let ifunc_names: Vec<String> = matched
@@ -191,7 +194,7 @@ pub fn choose(
 }
 
 fn resolve(
-    session: &mut AgentSession,
+    session: &mut AgentConnection,
     pid: i32,
     names: Vec<String>,
 ) -> Result<Vec<Option<u64>>, SelectError> {
@@ -201,7 +204,9 @@ fn resolve(
         .map_err(session_error)?
     {
         Response::Resolved { addresses } => Ok(addresses),
-        other => Err(session_error(SessionError::Protocol(format!("{other:?}")))),
+        other => Err(session_error(AgentConnectionError::Protocol(format!(
+            "{other:?}"
+        )))),
     }
 }
 

@@ -9,7 +9,7 @@ use crate::common;
 use common::{Target, code_bytes_match_file, edge_counts};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tendril::session::AgentSession;
+use tendril::agent_connection::AgentConnection;
 use tendril::symbols::ProcessSymbols;
 use tendril::targets;
 use tendril_wire::edges::{EdgeExit, EdgeLayout};
@@ -41,7 +41,7 @@ fn copy_request(symbols: &ProcessSymbols, name: &str) -> (u64, Request) {
     (function.addr, request)
 }
 
-fn install(session: &mut AgentSession, symbols: &ProcessSymbols, name: &str) -> EdgeLayout {
+fn install(session: &mut AgentConnection, symbols: &ProcessSymbols, name: &str) -> EdgeLayout {
     let (_, request) = copy_request(symbols, name);
     match session.request(&request).unwrap() {
         Response::EdgesInstalled { layout } => layout,
@@ -49,7 +49,7 @@ fn install(session: &mut AgentSession, symbols: &ProcessSymbols, name: &str) -> 
     }
 }
 
-fn unpatch(session: &mut AgentSession, addresses: Vec<u64>) {
+fn unpatch(session: &mut AgentConnection, addresses: Vec<u64>) {
     let count = addresses.len();
     match session.request(&Request::Unpatch { addresses }).unwrap() {
         Response::Unpatched { restored, .. } => assert_eq!(restored, count),

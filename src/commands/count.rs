@@ -9,11 +9,11 @@
 //! ends the wait — the duration, Ctrl-C, the target exiting — the code is restored
 //! first (`commands::counters`, shared with `edges`).
 
+use crate::agent_connection::AgentConnection;
 use crate::commands::counters::{self, CounterWait};
 use crate::commands::duration::format_elapsed;
 use crate::commands::progress::{amount, thousands};
 use crate::refusals;
-use crate::session::AgentSession;
 use crate::symbols::ProcessSymbols;
 use crate::targets::{self, Chosen};
 use crate::terminal_text::{self, printable, say};
@@ -167,7 +167,7 @@ struct Patched<'c> {
 /// unwinder's functions so that returns are hooked safely); refuses with the reason
 /// when the unwinder or every chosen function cannot be patched, with nothing left in.
 fn patch_for_counting<'c>(
-    session: &mut AgentSession,
+    session: &mut AgentConnection,
     symbols: &ProcessSymbols,
     chosen: &'c [Chosen],
     refused_by_name: &'c [Chosen],
@@ -291,7 +291,7 @@ fn print_counts(options: &CountOptions, counts: &Counts) -> anyhow::Result<()> {
 /// Restores every patched function; returns those whose library was unloaded while
 /// they were patched (nothing was written where they had been).
 fn unpatch_all(
-    session: &mut AgentSession,
+    session: &mut AgentConnection,
     outcomes: &[PatchOutcome],
     pid: i32,
 ) -> anyhow::Result<Vec<u64>> {

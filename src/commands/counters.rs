@@ -7,10 +7,10 @@
 //! another tendril's detach), the code is restored first and the report comes after;
 //! the readings taken while waiting are what a target that went away leaves behind.
 
+use crate::agent_connection::{AgentConnection, AgentConnectionError};
 use crate::commands::duration::how_long;
 use crate::commands::progress::Progress;
 use crate::departure::Departure;
-use crate::session::{AgentSession, SessionError};
 use crate::terminal_text::say;
 use crate::{inject, interrupt};
 use anyhow::bail;
@@ -57,11 +57,11 @@ pub struct Waited {
 /// connection is lost meanwhile, says why on stderr and waits for the agent to have
 /// restored the code.
 pub fn wait_then_restore(
-    session: &mut AgentSession,
+    session: &mut AgentConnection,
     wait: CounterWait,
     mut latest: Vec<ThreadCounters>,
     mut describe: impl FnMut(&[ThreadCounters]) -> String,
-    restore: impl FnOnce(&mut AgentSession) -> anyhow::Result<()>,
+    restore: impl FnOnce(&mut AgentConnection) -> anyhow::Result<()>,
 ) -> anyhow::Result<Waited> {
     let started = Instant::now();
     say!(
@@ -70,7 +70,7 @@ pub fn wait_then_restore(
         wait.pid,
         how_long(wait.duration)
     );
-    let mut lost: Option<SessionError> = None;
+    let mut lost: Option<AgentConnectionError> = None;
     let mut progress = Progress::new();
     interrupt::wait(
         wait.duration.map(|d| started + d),
@@ -108,14 +108,14 @@ pub fn wait_then_restore(
 /// error the command ends with, if it must end with one.
 fn explain_loss(
     wait: &CounterWait,
-    error: SessionError,
+    error: AgentConnectionError,
     elapsed: Duration,
 ) -> Option<anyhow::Error> {
     use crate::commands::duration::format_elapsed;
     let pid = wait.pid;
     match crate::departure::agent_departure(pid, EXIT_GRACE, || false) {
         // The agent ended the connection: another tendril's detach did.
-        Departure::Detached if matches!(error, SessionError::Io(_)) => {
+        Departure::Detached if matches!(error, AgentConnectionError::Io(_)) => {
             say!(
                 "another tendril detached process {pid} after {:.1} s; counts are from the last reading before that",
                 elapsed.as_secs_f64()
@@ -180,11 +180,11 @@ fn restored_after_losing(wait: &CounterWait) -> anyhow::Result<()> {
 
 /// The counters `ids`, per thread.
 pub fn read_counters(
-    session: &mut AgentSession,
+    session: &mut AgentConnection,
     ids: &[u32],
-) -> Result<Vec<ThreadCounters>, SessionError> {
+) -> Result<Vec<ThreadCounters>, AgentConnectionError> {
     match session.request(&Request::ReadCounters { ids: ids.to_vec() })? {
         Response::Counters { threads, .. } => Ok(threads),
-        other => Err(SessionError::Protocol(format!("{other:?}"))),
+        other => Err(AgentConnectionError::Protocol(format!("{other:?}"))),
     }
 }

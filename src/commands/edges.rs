@@ -12,13 +12,13 @@
 //! decode into their blocks (`edge_analysis`, which the live UI's annotated code uses
 //! too).
 
+use crate::agent_connection::{AgentConnection, AgentConnectionError};
 use crate::commands::counters::{self, CounterWait};
 use crate::commands::output::ProfileOutput;
 use crate::commands::progress::{amount, thousands};
 use crate::edge_analysis::derived::{About, EdgeProfile};
 use crate::edge_analysis::listing::{self, Listing};
 use crate::edge_analysis::{cold_bytes, name_of, returns_twice_callee, summed};
-use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
 use crate::terminal_text::{say, write_json};
 use crate::{inject, interrupt, refusals, targets};
@@ -224,7 +224,7 @@ fn refuse_before_attaching(function: &Function, name: &str) -> anyhow::Result<()
 /// Has the agent copy `function` with counters (and the path register if `paths`) and
 /// point its entry at the copy.
 fn install(
-    session: &mut AgentSession,
+    session: &mut AgentConnection,
     symbols: &ProcessSymbols,
     function: &Function,
     name: &str,
@@ -246,14 +246,16 @@ fn install(
     match session.request(&request) {
         Ok(Response::EdgesInstalled { layout }) => Ok(layout),
         Ok(other) => bail!("unexpected answer from the agent: {other:?}"),
-        Err(SessionError::Refused(reason)) => bail!("cannot profile {name}'s edges: {reason}"),
+        Err(AgentConnectionError::Refused(reason)) => {
+            bail!("cannot profile {name}'s edges: {reason}")
+        }
         Err(error) => bail!("cannot profile {name}'s edges: {error}"),
     }
 }
 
 /// Points the entry back at the original code; says whether the function had been
 /// unloaded with its library instead (its code gone, nothing to restore).
-fn restore(session: &mut AgentSession, address: u64) -> anyhow::Result<bool> {
+fn restore(session: &mut AgentConnection, address: u64) -> anyhow::Result<bool> {
     match session
         .request(&Request::Unpatch {
             addresses: vec![address],

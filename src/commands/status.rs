@@ -4,7 +4,7 @@ use crate::inject;
 use crate::terminal_text::printable;
 
 /// The one-line report `status` prints for a target.
-pub fn status_line(pid: i32, status: &crate::session::AgentStatus) -> String {
+pub fn status_line(pid: i32, status: &crate::agent_connection::AgentStatus) -> String {
     let mut line = format!(
         "agent ready: pid={pid} version={} threads={} patched={}",
         status.version, status.threads, status.patched

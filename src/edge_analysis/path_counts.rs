@@ -2,7 +2,7 @@
 //! the blocks each path runs through, most frequent first.
 //!
 //! The one idea: the agent numbered the paths of the graph its layout describes, with
-//! `tendril_wire::paths`; this side numbers the same successor lists
+//! `tendril_callgraph::paths`; this side numbers the same successor lists
 //! (`EdgeLayout::path_successors`) with the same code, so path `n` decodes to the very
 //! blocks the agent's number meant. A path starts at the entry, at a loop head after
 //! a back edge, or at a landing pad where an exception landed (the path it cut short is
@@ -12,8 +12,8 @@
 
 use crate::quantities::{amount, thousands};
 use std::io::{self, Write};
+use tendril_callgraph::paths::PathNumbering;
 use tendril_wire::edges::EdgeLayout;
-use tendril_wire::paths::PathNumbering;
 
 /// Paths the text output lists; `--json` has them all.
 const PATHS_SHOWN: usize = 10;

@@ -16,8 +16,8 @@
 //! name threads of their own so, and would get no more than that many, for as long as
 //! the session lasts.
 
+use crate::agent_connection::AgentConnection;
 use crate::process;
-use crate::session::AgentSession;
 use std::cell::Cell;
 
 /// The nice value of the agent's threads during a session (lower runs first; -20 is
@@ -34,7 +34,7 @@ const AGENT_THREAD_PREFIX: &str = "tendril-";
 /// back the nice value each had (threads the agent started meanwhile, and threads a
 /// killed controller left raised, get the main thread's). Does nothing where it may
 /// not.
-pub fn raise_for(pid: i32, session: &mut AgentSession) {
+pub fn raise_for(pid: i32, session: &mut AgentConnection) {
     if controller_nice() != Some(0) {
         return;
     }

@@ -30,8 +30,8 @@ pub mod tracee;
 pub use tracee::Tracee;
 
 use crate::agent_bundle;
+use crate::agent_connection::{AgentConnection, AgentConnectionError};
 use crate::process::{self, AttachError, TargetProcess};
-use crate::session::{AgentSession, SessionError};
 use crate::symbols::maps::{self, Mapping};
 use remote_call::RemoteFrame;
 use std::path::{Path, PathBuf};
@@ -50,7 +50,10 @@ pub enum InjectError {
     #[error(transparent)]
     Attach(#[from] AttachError),
     #[error("process {pid}: {source}")]
-    Session { pid: i32, source: SessionError },
+    Session {
+        pid: i32,
+        source: AgentConnectionError,
+    },
 }
 
 /// The agent's control socket for `target`, as a path tendril can connect to.
@@ -62,7 +65,7 @@ pub fn control_socket(target: &TargetProcess) -> PathBuf {
 }
 
 /// Connects to the agent resident in `pid`, if there is one; never injects.
-pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
+pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentConnection)>, InjectError> {
     agent_priority::run_ahead_of_the_target();
     let mut found = connect_existing_inner(pid)?;
     if let Some((_, session)) = found.as_mut() {
@@ -71,17 +74,19 @@ pub fn connect_existing(pid: i32) -> Result<Option<(TargetProcess, AgentSession)
     Ok(found)
 }
 
-fn connect_existing_inner(pid: i32) -> Result<Option<(TargetProcess, AgentSession)>, InjectError> {
+fn connect_existing_inner(
+    pid: i32,
+) -> Result<Option<(TargetProcess, AgentConnection)>, InjectError> {
     let target = process::inspect(pid)?;
     refuse_stopped(pid)?;
     let socket = control_socket(&target);
-    match AgentSession::open(&socket, target.pid) {
+    match AgentConnection::open(&socket, target.pid) {
         Ok(session) => Ok(Some((target, session))),
-        Err(SessionError::Io(_)) if control_thread_runs(pid) => {
+        Err(AgentConnectionError::Io(_)) if control_thread_runs(pid) => {
             let session = wait_for_agent(&target, &socket, AgentState::Resident)?;
             Ok(Some((target, session)))
         }
-        Err(SessionError::Io(_)) => Ok(None),
+        Err(AgentConnectionError::Io(_)) => Ok(None),
         Err(source) => Err(InjectError::Session { pid, source }),
     }
 }
@@ -96,7 +101,7 @@ fn control_thread_runs(pid: i32) -> bool {
 }
 
 /// Returns a session with the agent in `pid`, loading the agent first if needed.
-pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
+pub fn attach(pid: i32) -> Result<(TargetProcess, AgentConnection), InjectError> {
     agent_priority::run_ahead_of_the_target();
     let (target, mut session) = attach_inner(pid).map_err(|error| match error {
         // Whatever step failed, a process that is gone or exiting explains it best.
@@ -111,20 +116,20 @@ pub fn attach(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
     Ok((target, session))
 }
 
-fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentSession), InjectError> {
+fn attach_inner(pid: i32) -> Result<(TargetProcess, AgentConnection), InjectError> {
     let target = process::inspect(pid)?;
     refuse_stopped(pid)?;
     stale_files::sweep(&target);
     let socket = control_socket(&target);
-    match AgentSession::open(&socket, target.pid) {
+    match AgentConnection::open(&socket, target.pid) {
         Ok(session) => return Ok((target, session)),
-        Err(SessionError::Io(_)) if control_thread_runs(pid) => {
+        Err(AgentConnectionError::Io(_)) if control_thread_runs(pid) => {
             // The agent binds a new socket (and makes the runtime directory again if it
             // went with it).
             let session = wait_for_agent(&target, &socket, AgentState::Resident)?;
             return Ok((target, session));
         }
-        Err(SessionError::Io(_)) => {}
+        Err(AgentConnectionError::Io(_)) => {}
         Err(source) => return Err(InjectError::Session { pid, source }),
     }
     load_agent(&target)?;
@@ -351,7 +356,7 @@ fn wait_for_agent(
     target: &TargetProcess,
     socket: &Path,
     state: AgentState,
-) -> Result<AgentSession, InjectError> {
+) -> Result<AgentConnection, InjectError> {
     let pid = target.pid;
     // The agent's own account of why it cannot listen, read without following links.
     let startup_error = || {
@@ -365,10 +370,10 @@ fn wait_for_agent(
     };
     let deadline = Instant::now() + SOCKET_TIMEOUT;
     loop {
-        match AgentSession::open(socket, pid) {
+        match AgentConnection::open(socket, pid) {
             Ok(session) => return Ok(session),
-            Err(SessionError::Io(_)) if Instant::now() < deadline => {}
-            Err(SessionError::Io(e)) => {
+            Err(AgentConnectionError::Io(_)) if Instant::now() < deadline => {}
+            Err(AgentConnectionError::Io(e)) => {
                 let reason = startup_error();
                 return Err(unreachable(reason, e));
             }

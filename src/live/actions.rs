@@ -2,20 +2,20 @@
 //!
 //! The one idea: an action never ends the program by failing — whatever goes wrong is
 //! reported in the UI's message line and the session stays usable; only `Quit` leaves
-//! the loop (and [`Session::shutdown`] then detaches). Actions that wait for the agent
+//! the loop (and [`ProfilingState::shutdown`] then detaches). Actions that wait for the agent
 //! (pause, resume, new roots, detach) run in the background (`busy.rs`).
 
 use super::job::Job;
+use super::profiling_state::{DETACHING_NOTE, Flow, ProfilingState, Symbols, WhenLoaded};
 use super::roots::{function_entries, pattern_for};
 use super::save_path::{FreshFileError, create_first_free, snapshot_paths};
-use super::session::{DETACHING_NOTE, Flow, Session, Symbols, WhenLoaded};
 use super::stage::Recording;
 use crate::process;
 use crate::profile::trace::{DEFAULT_TRACE_SECONDS, MAX_TRACE_EVENTS};
 use crate::recording::Recorder;
 use tendril_tui::{Action, App, FunctionEntry};
 
-impl Session {
+impl ProfilingState {
     /// A note to show (and draw) before an action that blocks the UI: quitting waits
     /// for the target to be detached.
     pub fn progress_note(&self, action: &Action) -> Option<&'static str> {

@@ -9,12 +9,12 @@
 //! it: its connection closes, and the agent restores the code by itself.
 
 use super::job::{Job, JobState};
-use super::session::Session;
+use super::profiling_state::ProfilingState;
 use super::stage::{BusyJob, Recording};
 use crate::recording::Recorder;
 use tendril_tui::App;
 
-impl Session {
+impl ProfilingState {
     /// Runs `operation` on the live recorder in the background, showing `note`
     /// meanwhile; `operation` returns the line to show when it is done. Without a live
     /// recorder, says why nothing happens.

@@ -6,12 +6,12 @@
 //! takes the recorder away from the rings, and the event loop only ever picks up the
 //! newest counts the thread has sent.
 
+use crate::agent_connection::AgentConnectionError;
 use crate::edge_analysis::derived::{About, EdgeProfile};
 use crate::edge_analysis::listing::{self, Listing};
 use crate::edge_analysis::summed;
 use crate::quantities::amount;
 use crate::recording::HookedCopy;
-use crate::session::SessionError;
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -85,7 +85,7 @@ pub fn read_counts(opened: Opened, pid: i32) -> OpenCode {
         loop {
             let update = match session.request(&request) {
                 Ok(Response::Counters { threads, .. }) => Ok(threads),
-                Ok(other) => Err(SessionError::Protocol(format!("{other:?}")).to_string()),
+                Ok(other) => Err(AgentConnectionError::Protocol(format!("{other:?}")).to_string()),
                 Err(error) => Err(format!("cannot read counts: {error}")),
             };
             let failed = update.is_err();

@@ -11,7 +11,7 @@
 //! nanosecond per edge) and goes out with the hook: at a pause, a root change, the end.
 
 use super::code_counts::{CodeWatch, Opened, read_counts};
-use super::session::Session;
+use super::profiling_state::ProfilingState;
 use super::stage::Recording;
 use crate::edge_analysis::{cold_bytes, name_of, returns_twice_callee};
 use crate::recording::Recorder;
@@ -19,7 +19,7 @@ use std::sync::mpsc::TryRecvError;
 use std::sync::{Arc, Mutex};
 use tendril_tui::App;
 
-impl Session {
+impl ProfilingState {
     /// `e`: copies the function the node names (by its address, when the node has one)
     /// behind its hook, in the background.
     pub(super) fn show_code(

@@ -7,7 +7,7 @@
 //! whether or not anybody presses a key.
 
 use super::input::Input;
-use super::session::{Flow, Session};
+use super::profiling_state::{Flow, ProfilingState};
 use super::stderr::StderrCapture;
 use crate::interrupt;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ const SNAPSHOT_INTERVAL: Duration = Duration::from_millis(100);
 pub fn event_loop(
     guard: &mut TerminalGuard,
     app: &mut App,
-    session: &mut Session,
+    session: &mut ProfilingState,
     capture: Option<&StderrCapture>,
     captured: &mut Vec<String>,
 ) -> anyhow::Result<()> {

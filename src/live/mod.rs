@@ -2,8 +2,9 @@
 //! context tree grow, dig in, detach — and browse saved profiles the same way.
 //!
 //! The `tendril-tui` crate draws; this module owns the terminal, the event loop
-//! ([`controller`]), the target ([`session`], carrying out the UI's actions in `actions`),
-//! and the conversion of profiles into the UI's view-model ([`convert`]).
+//! ([`controller`]), the target and its recording ([`profiling_state`], carrying out the
+//! UI's actions in `actions`), and the conversion of profiles into the UI's view-model
+//! ([`convert`]).
 //!
 //! The one idea: whatever ends the UI — `q`, Ctrl-C, SIGTERM or SIGHUP, an error, a
 //! panic — the target is detached first (its code restored, the process left running;
@@ -19,11 +20,11 @@ pub mod convert;
 mod input;
 pub mod job;
 pub mod processes;
+pub mod profiling_state;
 pub mod roots;
 mod sampled;
 mod sampler_thread;
 pub mod save_path;
-pub mod session;
 mod stage;
 pub mod stderr;
 
@@ -31,7 +32,7 @@ use crate::process::TargetProcess;
 use crate::profile::Profile;
 use crate::recording::TimingOptions;
 use anyhow::bail;
-use session::Session;
+use profiling_state::ProfilingState;
 use std::io::IsTerminal;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -148,10 +149,10 @@ fn discard_output(stderr_was_terminal: bool) {
 /// The session and the UI's first screen for `start`. Slow steps start in the
 /// background here (the terminal is the UI's by then); a bad pid has been refused by
 /// the command before the UI appeared.
-fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
+fn prepare(start: Start) -> anyhow::Result<(ProfilingState, App)> {
     match start {
         Start::ProcessPicker => Ok((
-            Session::for_process_picker(),
+            ProfilingState::for_process_picker(),
             App::new(Screen::ProcessPicker(processes::list_processes())),
         )),
         Start::Attach {
@@ -159,8 +160,8 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
             roots,
             timing,
         } if roots.is_empty() => {
-            let mut session = Session::for_target(target, timing);
-            session.load_symbols(session::WhenLoaded::ShowSampled)?;
+            let mut session = ProfilingState::for_target(target, timing);
+            session.load_symbols(profiling_state::WhenLoaded::ShowSampled)?;
             // The process picker, narrowed to this process, says what is happening
             // until the Sampled view (or the root picker) can open (reading the symbols
             // takes a moment).
@@ -183,7 +184,7 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
             roots,
             timing,
         } => {
-            let mut session = Session::for_target(target, timing);
+            let mut session = ProfilingState::for_target(target, timing);
             let mut app = App::new(Screen::Live(ProfileSnapshot {
                 status: Status {
                     target: session.target.clone(),
@@ -196,7 +197,7 @@ fn prepare(start: Start) -> anyhow::Result<(Session, App)> {
             Ok((session, app))
         }
         Start::View { profile, path } => Ok((
-            Session::for_saved_profile(),
+            ProfilingState::for_saved_profile(),
             App::new(Screen::ReadOnly(convert::saved_snapshot(profile, path))),
         )),
     }

@@ -9,9 +9,9 @@
 //! computes it). Where perf events are refused, the root picker opens as before, with
 //! the reason in one line.
 
+use super::profiling_state::{ProfilingState, Symbols, WhenLoaded};
 use super::roots::function_entries;
 use super::sampler_thread::{SampledTree, Sampling, SamplingJob, SamplingUpdate};
-use super::session::{Session, Symbols, WhenLoaded};
 use super::stage::Recording;
 use crate::profile::Profile;
 use crate::profile::overlap::{
@@ -25,7 +25,7 @@ use tendril_tui::{App, FunctionEntry};
 /// walks the whole instrumented tree).
 const OVERLAP_INTERVAL: Duration = Duration::from_secs(1);
 
-impl Session {
+impl ProfilingState {
     /// Starts sampling the chosen process with its `symbols`; the Sampled view opens
     /// with the first tree. If no thread can be had, the root picker opens instead.
     pub(super) fn start_sampling(&mut self, symbols: &ProcessSymbols, app: &mut App) {

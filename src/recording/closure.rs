@@ -13,7 +13,7 @@ use crate::refusals;
 use crate::symbols::{Function, ProcessSymbols, SymbolSource};
 use std::collections::{HashSet, VecDeque};
 use std::os::unix::fs::FileExt;
-use tendril_wire::callees;
+use tendril_callgraph::callees;
 
 /// The closure is cut off at this many functions.
 const MAX_FUNCTIONS: usize = 100_000;

@@ -37,11 +37,11 @@ use super::indirect::{self, IndirectTargets};
 use super::off_cpu::OffCpuWatch;
 use super::rings::{AgentCounters, Rings};
 use super::tsc;
+use crate::agent_connection::{AgentConnection, AgentConnectionError};
 use crate::inject;
 use crate::process::{AttachError, TargetProcess};
 use crate::profile::{Calibration, CctBuilder, FunctionName, Profile, RecordingInfo};
 use crate::refusals;
-use crate::session::{AgentSession, SessionError};
 use crate::symbols::{Function, ProcessSymbols};
 use crate::targets::{self, Chosen, SelectError};
 use crate::terminal_text::say;
@@ -84,7 +84,10 @@ pub enum RecordError {
     #[error(transparent)]
     Symbols(#[from] crate::symbols::SymbolError),
     #[error("process {pid}: {source}")]
-    Session { pid: i32, source: SessionError },
+    Session {
+        pid: i32,
+        source: AgentConnectionError,
+    },
     #[error("process {pid}: {message}")]
     Refused { pid: i32, message: String },
 }
@@ -92,7 +95,7 @@ pub enum RecordError {
 /// A recording in progress.
 pub struct Recorder {
     target: TargetProcess,
-    session: AgentSession,
+    session: AgentConnection,
     symbols: ProcessSymbols,
     /// Mapped at the first recording (the agent keeps one file for its lifetime).
     rings: Option<Rings>,
@@ -333,7 +336,11 @@ impl Recorder {
             .map_err(session_error)?
         {
             Response::Patched { outcomes } => outcomes,
-            other => return Err(session_error(SessionError::Protocol(format!("{other:?}")))),
+            other => {
+                return Err(session_error(AgentConnectionError::Protocol(format!(
+                    "{other:?}"
+                ))));
+            }
         };
         let PatchedRoots {
             names: root_names,

@@ -55,7 +55,7 @@ pub fn tendril() -> Command {
 
 /// Every counter of the copy `layout` describes, summed over the threads.
 pub fn edge_counts(
-    session: &mut tendril::session::AgentSession,
+    session: &mut tendril::agent_connection::AgentConnection,
     layout: &tendril_wire::edges::EdgeLayout,
 ) -> std::collections::BTreeMap<u32, u64> {
     let ids = layout.counters();

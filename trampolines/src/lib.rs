@@ -1,4 +1,5 @@
-//! The tendril agent: the shared library tendril loads into a target process.
+//! The tendril agent: the shared library tendril loads into a target process. Its
+//! package is `tendril-agent`, in the folder `trampolines/`.
 //!
 //! Loading it (a remote `dlopen` made by the controller) runs [`agent_init`] from
 //! `.init_array`, which starts the agent's control thread and returns at once, so the

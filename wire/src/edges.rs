@@ -9,9 +9,9 @@
 //! threads. A conditional branch's not-taken count is its block's count minus the
 //! taken count. All addresses are the original function's, never the copy's.
 //!
-//! Paths (Ball–Larus, [`crate::paths`]): when the copy also counts paths, its
+//! Paths (Ball–Larus, `tendril_callgraph::paths`): when the copy also counts paths, its
 //! [`PathLayout`] says which counters hold which path numbers; the controller decodes
-//! a number into its blocks with a [`crate::paths::PathNumbering`] of
+//! a number into its blocks with a `tendril_callgraph::paths::PathNumbering` of
 //! [`EdgeLayout::path_successors`], the very lists the agent numbered.
 
 use serde::{Deserialize, Serialize};
@@ -97,9 +97,9 @@ pub struct TableEntry {
 }
 
 impl EdgeLayout {
-    /// Every block's edges, as [`crate::paths::PathNumbering::new`] takes them: in
-    /// [`EdgeExit`] order (taken before not taken; a table's targets in entry order,
-    /// without repeats), `Some(block index)` inside the function, `None` out of it.
+    /// Every block's edges, as `tendril_callgraph::paths::PathNumbering::new` takes
+    /// them: in [`EdgeExit`] order (taken before not taken; a table's targets in entry
+    /// order, without repeats), `Some(block index)` inside the function, `None` out of it.
     pub fn path_successors(&self) -> Vec<Vec<Option<usize>>> {
         let index_of = |address: u64| self.blocks.iter().position(|b| b.start == address);
         self.blocks

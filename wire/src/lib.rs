@@ -4,7 +4,9 @@
 //! runtime-directory conventions are written exactly once. The control channel is a Unix
 //! stream socket carrying one JSON message per line: the controller sends a [`Request`],
 //! the agent answers with exactly one [`Response`]. Control traffic is rare and small;
-//! the hot event path goes through shared-memory rings, not through here.
+//! the hot event path goes through shared-memory rings, whose layout is here too. This
+//! crate holds only what crosses the socket and the rings; what both sides read off a
+//! function's machine code (its callees, its path numbers) is `tendril-callgraph`.
 //!
 //! Three requests carry more than their line: [`Request::StartRecording`] and
 //! [`Request::UpdateTable`] are followed by the function table's bytes (`table_bytes` of
@@ -14,11 +16,9 @@
 //! controls. Neither side trusts the other's sizes: a request line is at most
 //! [`MAX_REQUEST_BYTES`], a table at most [`MAX_TABLE_BYTES`].
 
-pub mod callees;
 pub mod edges;
 pub mod events;
 pub mod function_table;
-pub mod paths;
 pub mod rings;
 
 use serde::{Deserialize, Serialize};

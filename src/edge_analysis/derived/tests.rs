@@ -46,7 +46,7 @@ impl Counted {
     /// run's path is found by decoding every number.
     pub fn with_paths(mut self, runs: &[Run], beyond: u64, lost: u64) -> Counted {
         let numbering =
-            tendril_wire::paths::PathNumbering::new(&self.layout.path_successors()).unwrap();
+            tendril_callgraph::paths::PathNumbering::new(&self.layout.path_successors()).unwrap();
         self.layout.paths = Ok(tendril_wire::edges::PathLayout {
             paths: numbering.paths,
             first_counter: 100,

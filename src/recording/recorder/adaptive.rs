@@ -19,10 +19,10 @@
 //! (`--trace`) runs, nothing is switched: its timeline shows every call.
 
 use super::Recorder;
+use crate::agent_connection::AgentConnectionError;
 use crate::profile::per_function::FunctionSums;
 use crate::profile::{Calibration, TimingPolicy};
 use crate::recording::{RecordError, tsc};
-use crate::session::SessionError;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 use tendril_wire::{Request, Response};
@@ -279,7 +279,7 @@ impl Recorder {
 
     /// Switches `chosen` to their untimed hooks; what the agent refuses stays timed,
     /// and so does every chosen function above it.
-    fn untime(&mut self, chosen: Vec<u32>) -> Result<(), SessionError> {
+    fn untime(&mut self, chosen: Vec<u32>) -> Result<(), AgentConnectionError> {
         let switched = self.set_timing(&chosen, false)?;
         let mut now_untimed: HashSet<u32> = HashSet::new();
         for (id, refused) in chosen.iter().zip(switched) {
@@ -357,7 +357,7 @@ impl Recorder {
 
     /// Asks the agent to switch `ids` to their (un)timed hooks; per id, whether it
     /// refused.
-    fn set_timing(&mut self, ids: &[u32], timed: bool) -> Result<Vec<bool>, SessionError> {
+    fn set_timing(&mut self, ids: &[u32], timed: bool) -> Result<Vec<bool>, AgentConnectionError> {
         let rings = self.rings.as_ref().expect("a recording has begun");
         let addresses: Vec<u64> = ids
             .iter()
@@ -370,7 +370,7 @@ impl Recorder {
             Response::TimingSet { refused } => {
                 Ok(refused.iter().map(|reason| reason.is_some()).collect())
             }
-            other => Err(SessionError::Protocol(format!("{other:?}"))),
+            other => Err(AgentConnectionError::Protocol(format!("{other:?}"))),
         }
     }
 

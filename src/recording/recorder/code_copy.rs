@@ -8,8 +8,8 @@
 //! not need it.
 
 use super::Recorder;
+use crate::agent_connection::AgentConnectionError;
 use crate::recording::RecordError;
-use crate::session::SessionError;
 use crate::symbols::Function;
 use tendril_wire::edges::EdgeLayout;
 use tendril_wire::{Request, Response};
@@ -69,9 +69,9 @@ impl Recorder {
             }),
             Ok(other) => Err(RecordError::Session {
                 pid,
-                source: SessionError::Protocol(format!("{other:?}")),
+                source: AgentConnectionError::Protocol(format!("{other:?}")),
             }),
-            Err(SessionError::Refused(reason)) => Err(RecordError::Refused {
+            Err(AgentConnectionError::Refused(reason)) => Err(RecordError::Refused {
                 pid,
                 message: format!("cannot count {}'s edges: {reason}", function.name),
             }),

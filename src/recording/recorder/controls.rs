@@ -4,12 +4,12 @@
 //! are ended where the agent stopped, so nothing recorded later nests under them.
 
 use super::Recorder;
+use crate::agent_connection::AgentConnectionError;
 use crate::profile::CctBuilder;
 use crate::recording::RecordError;
 use crate::recording::gross::GrossTimes;
 use crate::recording::rings::Rings;
 use crate::recording::tsc;
-use crate::session::SessionError;
 use crate::targets;
 use std::time::Instant;
 use tendril_wire::{Request, Response};
@@ -53,7 +53,7 @@ impl Recorder {
             other => {
                 return Err(RecordError::Session {
                     pid,
-                    source: SessionError::Protocol(format!("{other:?}")),
+                    source: AgentConnectionError::Protocol(format!("{other:?}")),
                 });
             }
         };

@@ -11,7 +11,7 @@
 use super::*;
 use crate::profile::NotFollowed;
 use std::collections::{BTreeSet, HashSet};
-use tendril_wire::callees;
+use tendril_callgraph::callees;
 
 /// Longest body decoded.
 const MAX_BODY: u64 = 1 << 20;

@@ -21,7 +21,7 @@ use crate::profile::{Node, NotFollowed};
 use crate::symbols::jit::{JIT_MODULE, JitSymbols};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
-use tendril_wire::callees;
+use tendril_callgraph::callees;
 
 /// Longest body decoded.
 const MAX_BODY: u64 = 1 << 20;

@@ -51,7 +51,9 @@ impl Recorder {
                 }
             }
             other => {
-                return Err(session_error(SessionError::Protocol(format!("{other:?}"))));
+                return Err(session_error(AgentConnectionError::Protocol(format!(
+                    "{other:?}"
+                ))));
             }
         };
         let rings_memory = self.session.take_received_descriptor();

@@ -251,7 +251,7 @@ enum BlockExitAt {
 impl ControlFlowGraph {
     /// Every block's edges, in [`BlockExit::successors`] order: `Some(block)` inside
     /// the function, `None` out of it (empty for a block with none), as
-    /// `tendril_wire::paths::PathNumbering` takes them. An edge's index in the
+    /// `tendril_callgraph::paths::PathNumbering` takes them. An edge's index in the
     /// numbering is its position here, counting a block with none as having one.
     pub fn edge_lists(&self) -> Vec<Vec<Option<usize>>> {
         self.blocks

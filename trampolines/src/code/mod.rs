@@ -6,7 +6,7 @@
 //! and control-flow graph (`control_flow`, with `jump_table` for `switch` dispatch),
 //! where its status flags are live (`flags_liveness`), its copy with counters inserted
 //! (`function_copy`, which places the Ball–Larus path register's code, numbered by
-//! `tendril_wire::paths`) and the copy's unwind rows (`copy_unwind`).
+//! `tendril_callgraph::paths`) and the copy's unwind rows (`copy_unwind`).
 //! Nothing here reads or writes the process: callers hand in the bytes, so every
 //! decision is unit-tested without a target.
 

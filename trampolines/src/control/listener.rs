@@ -25,7 +25,7 @@ impl ControlListener {
     /// Binds the control socket of this process (uid and pid as the agent sees them),
     /// replacing whatever file has its name: a socket left there by an earlier process
     /// that had this pid is stale, nothing listens on it.
-    /// `uid` names the directory (see `sessions::name_uid`); the directory must be
+    /// `uid` names the directory (see `connections::name_uid`); the directory must be
     /// this process's own (owned by its uid as it sees it). The runtime directory is
     /// made here if it is missing: the agent runs as the target's user, in the target's
     /// mount namespace, so it can make only what that user can (tendril, often root,

@@ -15,23 +15,23 @@
 //! saying so; a connection that does not say hello within [`HELLO_TIMEOUT`] is closed.
 //! If the socket file is deleted, the control thread binds a new one (`listener`).
 //! What a session asks and how it is answered is `requests` (reading capped lines and
-//! passing descriptors: `line_io`); who is connected is `sessions`; what happens around a
-//! `fork()` is `fork`. The layer's statics are `state`.
+//! passing descriptors: `line_io`); who is connected is `connections`; what happens
+//! around a `fork()` is `fork`. The layer's statics are `state`.
 
+mod connections;
 mod fork;
 mod line_io;
 mod listener;
 mod requests;
 mod session_threads;
-mod sessions;
 mod state;
 
+use crate::control::connections::{
+    OpenSession, forget_inherited_sessions, identity, mark_ending, name_uid, open_sessions,
+};
 use crate::control::listener::ControlListener;
 use crate::control::requests::{run_session, stop_recording};
 use crate::control::session_threads::SessionThreads;
-use crate::control::sessions::{
-    OpenSession, forget_inherited_sessions, identity, mark_ending, name_uid, open_sessions,
-};
 use crate::control::state::STATE;
 use crate::patching::patcher;
 use crate::runtime::{self, lingering, threads};

@@ -4,8 +4,8 @@
 //! response line; a `StartRecording` (and an `UpdateTable`) brings its function table
 //! after the line, and a `StartRecording` gets the rings' descriptor back with its answer.
 
+use super::connections::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
 use super::line_io::{RequestLine, read_request_line, read_table, send_with_descriptor};
-use super::sessions::{SESSION_END_TIMEOUT, identity, mark_greeted, open_sessions};
 use super::state::STATE;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::sys::error::AgentError;

@@ -1,7 +1,7 @@
 //! The Ball–Larus path register inside a function copied for `tendril edges`: which
 //! acyclic path each call took, counted per thread.
 //!
-//! The one idea: the numbering (`tendril_wire::paths`) gives every edge an action on
+//! The one idea: the numbering (`tendril_callgraph::paths`) gives every edge an action on
 //! one register `r`: add a constant, or count path `r + k` (at a way out, or at a back
 //! edge, which then restarts `r`). A native function has no register to spare and may
 //! recurse, so `r` lives in the thread's state, on a small stack with one entry per
@@ -42,7 +42,7 @@ use crate::hooks::thread_layout::{
 };
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 use prologue::{Check, KeySource, PathCode, Plan};
-use tendril_wire::paths::EdgeAction;
+use tendril_callgraph::paths::EdgeAction;
 
 /// The largest number an action adds or counts: it is an `imm32`.
 pub const MAX_PATH_NUMBER: u64 = i32::MAX as u64;

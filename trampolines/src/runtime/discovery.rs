@@ -38,8 +38,8 @@ use crate::sys::code_memory;
 use crate::sys::error::AgentError;
 use crate::sys::loaded_modules::{self, LoadedCode};
 use std::collections::HashSet;
+use tendril_callgraph::callees;
 use tendril_wire::Hook;
-use tendril_wire::callees;
 use tendril_wire::events::{Event, EventKind};
 use tendril_wire::function_table::{
     FLAG_ADDRESS_TAKEN, FLAG_EXCLUDED, FLAG_PLT, FunctionEntry, FunctionTable,

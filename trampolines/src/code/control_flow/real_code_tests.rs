@@ -6,7 +6,7 @@ use goblin::elf::{Elf, program_header::PT_LOAD, sym::STT_FUNC};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tendril_wire::paths::{EdgeAction, PathNumbering};
+use tendril_callgraph::paths::{EdgeAction, PathNumbering};
 
 /// An ELF file's image, read by link-time address.
 struct Image {

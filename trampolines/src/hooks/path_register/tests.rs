@@ -14,7 +14,7 @@ use crate::hooks::thread_layout::{
 use iced_x86::code_asm::*;
 use iced_x86::{Decoder, DecoderOptions};
 use std::collections::BTreeMap;
-use tendril_wire::paths::PathNumbering;
+use tendril_callgraph::paths::PathNumbering;
 
 /// A thread state for this test's thread, installed in its slot while it lives.
 struct OwnState {

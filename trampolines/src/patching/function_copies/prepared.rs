@@ -17,10 +17,10 @@ use crate::patching::sites::Engine;
 use crate::patching::state::runtime;
 use crate::sys::error::AgentError;
 use crate::sys::{code_memory, frame_registry};
+use tendril_callgraph::paths::{EdgeAction, PathNumbering};
 use tendril_wire::Hook;
 use tendril_wire::edges::{EdgeBlock, EdgeExit, EdgeLayout, PathLayout, TableEntry};
 use tendril_wire::events::HookShape;
-use tendril_wire::paths::{EdgeAction, PathNumbering};
 
 /// Room for the hook in front of the copy (a recording hook's is the largest), and for
 /// an entry adapter after it.

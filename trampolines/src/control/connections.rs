@@ -1,5 +1,6 @@
-//! The sessions the agent serves now: who is connected, since when, whether they said
-//! hello, and whether they are ending.
+//! The connections the agent serves now, one session each: who is connected, since when,
+//! whether they said hello, and whether they are ending; and who this process is (its
+//! uid and pid, and the uid that names its runtime directory).
 
 pub(super) use super::state::OpenSession;
 use super::state::STATE;

@@ -29,7 +29,7 @@ const PER_FUNCTION: Duration = Duration::from_millis(5);
 pub const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
 #[derive(Debug, Error)]
-pub enum SessionError {
+pub enum AgentConnectionError {
     #[error("lost the connection to the agent: {0}")]
     Io(#[from] std::io::Error),
     #[error("the agent sent a message this tendril does not understand: {0}")]
@@ -53,7 +53,7 @@ pub enum SessionError {
     },
 }
 
-/// What the agent reported when the session opened.
+/// What the agent reported when the connection opened.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentStatus {
     pub version: String,
@@ -69,7 +69,7 @@ pub struct AgentStatus {
 /// A request that fails on the connection (no answer in time, a broken socket) closes
 /// it for good: a late answer would otherwise be read as the next request's. The agent
 /// takes a closed connection as the controller gone and restores everything it patched.
-pub struct AgentSession {
+pub struct AgentConnection {
     stream: UnixStream,
     /// Bytes received after the last answer line (none, from a well-behaved agent).
     pending: Vec<u8>,
@@ -77,14 +77,14 @@ pub struct AgentSession {
     received: Vec<OwnedFd>,
     closed: bool,
     /// The failure that closed it was the agent's end going away (a broken pipe, a
-    /// reset, the end of the stream): [`AgentSession::closed_by_agent`] says so.
+    /// reset, the end of the stream): [`AgentConnection::closed_by_agent`] says so.
     peer_went_away: bool,
     pub status: AgentStatus,
-    /// What to undo when the session ends ([`AgentSession::when_closed`]).
+    /// What to undo when the connection ends ([`AgentConnection::when_closed`]).
     on_close: Vec<Box<dyn FnOnce() + Send>>,
 }
 
-impl Drop for AgentSession {
+impl Drop for AgentConnection {
     fn drop(&mut self) {
         for action in self.on_close.drain(..) {
             action();
@@ -92,23 +92,23 @@ impl Drop for AgentSession {
     }
 }
 
-impl AgentSession {
+impl AgentConnection {
     /// Connects to the socket at `path`, checks that process `pid` (as tendril sees it)
     /// listens on it, and performs the version handshake.
-    pub fn open(path: &Path, pid: i32) -> Result<AgentSession, SessionError> {
+    pub fn open(path: &Path, pid: i32) -> Result<AgentConnection, AgentConnectionError> {
         let stream = UnixStream::connect(path)?;
         let listener =
             nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
                 .map_err(std::io::Error::from)?
                 .pid();
         if listener != pid {
-            return Err(SessionError::WrongPeer {
+            return Err(AgentConnectionError::WrongPeer {
                 path: path.display().to_string(),
                 expected: pid,
                 found: listener,
             });
         }
-        let mut session = AgentSession {
+        let mut connection = AgentConnection {
             stream,
             pending: Vec::new(),
             received: Vec::new(),
@@ -123,7 +123,7 @@ impl AgentSession {
                 pending_reason: None,
             },
         };
-        match session.request(&Request::Hello {
+        match connection.request(&Request::Hello {
             version: PROTOCOL_VERSION.into(),
         })? {
             Response::Ready {
@@ -134,29 +134,29 @@ impl AgentSession {
                 pending_reason,
                 ..
             } => {
-                session.status = AgentStatus {
+                connection.status = AgentStatus {
                     version,
                     threads,
                     patched,
                     pending_restore,
                     pending_reason,
                 };
-                Ok(session)
+                Ok(connection)
             }
-            other => Err(SessionError::Protocol(format!("{other:?}"))),
+            other => Err(AgentConnectionError::Protocol(format!("{other:?}"))),
         }
     }
 
     /// Sends one request and waits for its response; an agent's refusal is an error.
-    pub fn request(&mut self, request: &Request) -> Result<Response, SessionError> {
+    pub fn request(&mut self, request: &Request) -> Result<Response, AgentConnectionError> {
         self.request_with_payload(request, &[])
     }
 
     /// The dynamic loader's counts of libraries added and removed so far in the target.
-    pub fn loader_counts(&mut self) -> Result<tendril_wire::LoaderCounts, SessionError> {
+    pub fn loader_counts(&mut self) -> Result<tendril_wire::LoaderCounts, AgentConnectionError> {
         match self.request(&Request::ReadCounters { ids: Vec::new() })? {
             Response::Counters { loader, .. } => Ok(loader),
-            other => Err(SessionError::Protocol(format!("{other:?}"))),
+            other => Err(AgentConnectionError::Protocol(format!("{other:?}"))),
         }
     }
 
@@ -166,16 +166,16 @@ impl AgentSession {
         &mut self,
         request: &Request,
         payload: &[u8],
-    ) -> Result<Response, SessionError> {
+    ) -> Result<Response, AgentConnectionError> {
         if self.closed {
-            return Err(SessionError::Closed);
+            return Err(AgentConnectionError::Closed);
         }
         self.received.clear();
         let line = self.exchange(request, payload).inspect_err(|error| {
             self.closed = true;
             self.peer_went_away = matches!(
                 error,
-                SessionError::Io(io) if matches!(
+                AgentConnectionError::Io(io) if matches!(
                     io.kind(),
                     std::io::ErrorKind::BrokenPipe
                         | std::io::ErrorKind::ConnectionReset
@@ -185,9 +185,9 @@ impl AgentSession {
             let _ = self.stream.shutdown(std::net::Shutdown::Both);
         })?;
         match tendril_wire::decode::<Response>(&line) {
-            Ok(Response::Error { message }) => Err(SessionError::Refused(message)),
+            Ok(Response::Error { message }) => Err(AgentConnectionError::Refused(message)),
             Ok(response) => Ok(response),
-            Err(e) => Err(SessionError::Protocol(e.to_string())),
+            Err(e) => Err(AgentConnectionError::Protocol(e.to_string())),
         }
     }
 
@@ -196,8 +196,7 @@ impl AgentSession {
         self.received.pop()
     }
 
-    /// Runs `action` when the session ends (it is dropped), after the connection's
-    /// last request.
+    /// Runs `action` when the connection ends (it is dropped), after its last request.
     pub fn when_closed(&mut self, action: impl FnOnce() + Send + 'static) {
         self.on_close.push(Box::new(action));
     }
@@ -224,7 +223,11 @@ impl AgentSession {
     }
 
     /// Writes `request` and its payload and reads one line of answer.
-    fn exchange(&mut self, request: &Request, payload: &[u8]) -> Result<Vec<u8>, SessionError> {
+    fn exchange(
+        &mut self,
+        request: &Request,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, AgentConnectionError> {
         let timeout = reply_timeout(request);
         self.stream.set_read_timeout(Some(timeout))?;
         let mut message = tendril_wire::encode(request);
@@ -238,7 +241,7 @@ impl AgentSession {
                 return Ok(std::mem::replace(&mut self.pending, rest));
             }
             if self.pending.len() > MAX_RESPONSE_BYTES {
-                return Err(SessionError::Protocol(format!(
+                return Err(AgentConnectionError::Protocol(format!(
                     "an answer longer than {} MiB",
                     MAX_RESPONSE_BYTES >> 20
                 )));
@@ -252,10 +255,10 @@ impl AgentSession {
                 return Err(error.into());
             }
             match received {
-                Ok(0) => return Err(SessionError::Io(ErrorKind::UnexpectedEof.into())),
+                Ok(0) => return Err(AgentConnectionError::Io(ErrorKind::UnexpectedEof.into())),
                 Ok(_) => {}
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return Err(SessionError::NoAnswer(timeout));
+                    return Err(AgentConnectionError::NoAnswer(timeout));
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e.into()),

@@ -19,7 +19,8 @@
 //! Blocks are the graph's blocks; ENTRY and EXIT are virtual nodes. The graph comes as
 //! successor lists (block 0 is the entry), so the agent, numbering the function it
 //! copies, and the controller, decoding the counted numbers from the copy's layout
-//! (`EdgeLayout::path_successors`), run this same code on the same lists.
+//! (`tendril_wire::edges::EdgeLayout::path_successors`), run this same code on the same
+//! lists.
 
 use std::fmt;
 
@@ -106,124 +107,44 @@ impl PathNumbering {
     ) -> Result<PathNumbering, TooManyPaths> {
         let blocks = successors.len();
         if blocks == 0 {
-            // No code: no path (and nothing for the walks below to start from).
-            return Ok(PathNumbering {
-                paths: 0,
-                edges: Vec::new(),
-                dag: vec![Vec::new(), Vec::new()],
-                first_edge: Vec::new(),
-                heads: 0,
-                landing_pads: Vec::new(),
-            });
+            return Ok(PathNumbering::without_code());
         }
         let pads: Vec<usize> = pads.iter().copied().filter(|&pad| pad < blocks).collect();
-        let (entry, exit) = (blocks, blocks + 1);
-        let successors: Vec<Vec<Option<usize>>> = successors
-            .iter()
-            .map(|edges| {
-                if edges.is_empty() {
-                    vec![None]
-                } else {
-                    edges.clone()
-                }
-            })
-            .collect();
+        let entry = blocks;
+        let successors = with_exits(successors);
         let back = back_edges(&successors, &pads);
-        // The acyclic graph: forward edges, block → EXIT for each exit and back edge,
-        // ENTRY → block 0, and ENTRY → each loop head (once, however many back edges
-        // lead to it).
-        let mut dag_edges: Vec<Vec<usize>> = vec![Vec::new(); blocks + 2];
-        let mut heads = Vec::new();
-        for (from, targets) in successors.iter().enumerate() {
-            for (position, target) in targets.iter().enumerate() {
-                let to = match target {
-                    Some(to) if back[from][position] => {
-                        if !heads.contains(to) {
-                            heads.push(*to);
-                        }
-                        exit
-                    }
-                    Some(to) => *to,
-                    None => exit,
-                };
-                dag_edges[from].push(to);
-            }
-        }
-        dag_edges[entry].push(0);
-        dag_edges[entry].extend(&heads);
-        let mut pad_edges: Vec<usize> = Vec::new();
-        for &pad in &pads {
-            if pad != 0 && !heads.contains(&pad) && !pad_edges.contains(&pad) {
-                pad_edges.push(pad);
-            }
-        }
-        dag_edges[entry].extend(&pad_edges);
-        // Number of paths from each node to EXIT, in reverse topological order.
-        let mut count = vec![0u64; blocks + 2];
-        count[exit] = 1;
-        let mut values: Vec<Vec<u64>> = vec![Vec::new(); blocks + 2];
-        for node in topological_order(&dag_edges, entry).into_iter().rev() {
-            if node == exit {
-                continue;
-            }
-            let mut total = 0u64;
-            for &to in &dag_edges[node] {
-                values[node].push(total);
-                total = total.checked_add(count[to]).ok_or(TooManyPaths)?;
-            }
-            count[node] = total;
-        }
-        // The instrumentation per real edge. ENTRY's values: block 0 first (0), then one
-        // per loop head, in `heads` order.
-        let mut edges = Vec::new();
-        for (from, targets) in successors.iter().enumerate() {
-            for (position, &to) in targets.iter().enumerate() {
-                // A block no path reaches (never, in a graph built from its entry)
-                // keeps 0 on its edges: they never run.
-                let value = values[from].get(position).copied().unwrap_or(0);
-                let action = if back[from][position] {
-                    let head = heads.iter().position(|&head| Some(head) == to);
-                    let restart = values[entry][1 + head.expect("a back edge's head is listed")];
-                    EdgeAction::Back {
-                        end: value,
-                        restart,
-                    }
-                } else if to.is_none() {
-                    EdgeAction::Exit { increment: value }
-                } else {
-                    EdgeAction::Add { increment: value }
-                };
-                edges.push(PathEdge { from, to, action });
-            }
-        }
-        let dag: Vec<Vec<(usize, u64)>> = dag_edges
+        let acyclic = AcyclicGraph::new(&successors, &back, &pads);
+        let (count, values) = path_counts(&acyclic.edges, entry)?;
+        let edges = edge_actions(&successors, &back, &acyclic.heads, &values);
+        let dag: Vec<Vec<(usize, u64)>> = acyclic
+            .edges
             .into_iter()
             .zip(values)
             .map(|(targets, values)| targets.into_iter().zip(values).collect())
             .collect();
-        let mut first_edge = vec![0; blocks];
-        for (index, edge) in edges.iter().enumerate().rev() {
-            first_edge[edge.from] = index;
-        }
-        // ENTRY's edge to a pad: its own, or the loop head's it is.
-        let landing_pads = pads
-            .iter()
-            .map(|&pad| {
-                let at = dag[entry]
-                    .iter()
-                    .position(|&(to, _): &(usize, u64)| to == pad)
-                    .expect("every landing pad has an edge from ENTRY");
-                (pad, dag[entry][at].1)
-            })
-            .collect();
+        let first_edge = first_edges(&edges, blocks);
+        let landing_pads = landing_pad_values(&dag[entry], &pads);
         Ok(PathNumbering {
             paths: count[entry],
             edges,
             dag,
             first_edge,
-            heads: heads.len(),
+            heads: acyclic.heads.len(),
             landing_pads,
         })
+    }
+
+    /// The numbering of a function with no code: no path (and nothing for the walks of
+    /// [`PathNumbering::with_landing_pads`] to start from).
+    fn without_code() -> PathNumbering {
+        PathNumbering {
+            paths: 0,
+            edges: Vec::new(),
+            dag: vec![Vec::new(), Vec::new()],
+            first_edge: Vec::new(),
+            heads: 0,
+            landing_pads: Vec::new(),
+        }
     }
 
     /// The blocks path `number` runs through; `None` if there is no such path.
@@ -266,6 +187,148 @@ impl PathNumbering {
         }
         Some(path)
     }
+}
+
+/// The successor lists with every block that has no edge (a return, a jump through a
+/// pointer) given one, out of the function.
+fn with_exits(successors: &[Vec<Option<usize>>]) -> Vec<Vec<Option<usize>>> {
+    successors
+        .iter()
+        .map(|edges| {
+            if edges.is_empty() {
+                vec![None]
+            } else {
+                edges.clone()
+            }
+        })
+        .collect()
+}
+
+/// The acyclic graph the paths are numbered on: forward edges, block → EXIT for each
+/// exit and back edge, ENTRY → block 0, ENTRY → each loop head (once, however many back
+/// edges lead to it), then ENTRY → each landing pad that is neither block 0 nor a loop
+/// head. Nodes `0..blocks` are the blocks, then ENTRY, then EXIT.
+struct AcyclicGraph {
+    /// Each node's edges out, by the node they enter, in the order they are numbered.
+    edges: Vec<Vec<usize>>,
+    /// The loop heads, in the order of ENTRY's edges to them (after the one to block 0).
+    heads: Vec<usize>,
+}
+
+impl AcyclicGraph {
+    fn new(successors: &[Vec<Option<usize>>], back: &[Vec<bool>], pads: &[usize]) -> Self {
+        let blocks = successors.len();
+        let (entry, exit) = (blocks, blocks + 1);
+        let mut edges: Vec<Vec<usize>> = vec![Vec::new(); blocks + 2];
+        let mut heads = Vec::new();
+        for (from, targets) in successors.iter().enumerate() {
+            for (position, target) in targets.iter().enumerate() {
+                let to = match target {
+                    Some(to) if back[from][position] => {
+                        if !heads.contains(to) {
+                            heads.push(*to);
+                        }
+                        exit
+                    }
+                    Some(to) => *to,
+                    None => exit,
+                };
+                edges[from].push(to);
+            }
+        }
+        edges[entry].push(0);
+        edges[entry].extend(&heads);
+        let mut pad_edges: Vec<usize> = Vec::new();
+        for &pad in pads {
+            if pad != 0 && !heads.contains(&pad) && !pad_edges.contains(&pad) {
+                pad_edges.push(pad);
+            }
+        }
+        edges[entry].extend(&pad_edges);
+        AcyclicGraph { edges, heads }
+    }
+}
+
+/// The number of paths from each node of the acyclic graph `edges` (EXIT last) to EXIT,
+/// and each edge's value: the paths counted by the node's edges before it. Computed in
+/// reverse topological order from `entry`.
+fn path_counts(
+    edges: &[Vec<usize>],
+    entry: usize,
+) -> Result<(Vec<u64>, Vec<Vec<u64>>), TooManyPaths> {
+    let exit = edges.len() - 1;
+    let mut count = vec![0u64; edges.len()];
+    count[exit] = 1;
+    let mut values: Vec<Vec<u64>> = vec![Vec::new(); edges.len()];
+    for node in topological_order(edges, entry).into_iter().rev() {
+        if node == exit {
+            continue;
+        }
+        let mut total = 0u64;
+        for &to in &edges[node] {
+            values[node].push(total);
+            total = total.checked_add(count[to]).ok_or(TooManyPaths)?;
+        }
+        count[node] = total;
+    }
+    Ok((count, values))
+}
+
+/// The instrumentation per real edge, in block order, then successor order, from the
+/// acyclic graph's edge `values`. ENTRY's values (node `successors.len()`): block 0
+/// first (0), then one per loop head, in `heads` order.
+fn edge_actions(
+    successors: &[Vec<Option<usize>>],
+    back: &[Vec<bool>],
+    heads: &[usize],
+    values: &[Vec<u64>],
+) -> Vec<PathEdge> {
+    let entry = successors.len();
+    let mut edges = Vec::new();
+    for (from, targets) in successors.iter().enumerate() {
+        for (position, &to) in targets.iter().enumerate() {
+            // A block no path reaches (never, in a graph built from its entry)
+            // keeps 0 on its edges: they never run.
+            let value = values[from].get(position).copied().unwrap_or(0);
+            let action = if back[from][position] {
+                let head = heads.iter().position(|&head| Some(head) == to);
+                let restart = values[entry][1 + head.expect("a back edge's head is listed")];
+                EdgeAction::Back {
+                    end: value,
+                    restart,
+                }
+            } else if to.is_none() {
+                EdgeAction::Exit { increment: value }
+            } else {
+                EdgeAction::Add { increment: value }
+            };
+            edges.push(PathEdge { from, to, action });
+        }
+    }
+    edges
+}
+
+/// Block → index of its first edge in `edges` (which are in block order).
+fn first_edges(edges: &[PathEdge], blocks: usize) -> Vec<usize> {
+    let mut first_edge = vec![0; blocks];
+    for (index, edge) in edges.iter().enumerate().rev() {
+        first_edge[edge.from] = index;
+    }
+    first_edge
+}
+
+/// Each landing pad's block and the value of ENTRY's edge to it (`entry_edges`, with
+/// their values): the pad's own edge, or the loop head's it is.
+fn landing_pad_values(entry_edges: &[(usize, u64)], pads: &[usize]) -> Vec<(usize, u64)> {
+    pads.iter()
+        .map(|&pad| {
+            let at = entry_edges
+                .iter()
+                .position(|&(to, _)| to == pad)
+                .expect("every landing pad has an edge from ENTRY");
+            (pad, entry_edges[at].1)
+        })
+        .collect()
 }
 
 /// Which edges (by block, then position) are back edges of a depth-first search from

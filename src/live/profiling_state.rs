@@ -69,8 +69,8 @@ pub enum Flow {
     Quit,
 }
 
-/// A session: see the module comment.
-pub struct Session {
+/// One profiling session's state: see the module comment.
+pub struct ProfilingState {
     /// Attach errors end the program (`tendril attach`, `tendril demo`) rather than
     /// becoming a message (the process picker, where another process can be chosen).
     pub(super) errors_are_fatal: bool,
@@ -98,9 +98,9 @@ pub struct Session {
     timing: TimingOptions,
 }
 
-impl Session {
-    fn new(errors_are_fatal: bool, recording: Recording) -> Session {
-        Session {
+impl ProfilingState {
+    fn new(errors_are_fatal: bool, recording: Recording) -> ProfilingState {
+        ProfilingState {
             errors_are_fatal,
             pid: None,
             target: String::new(),
@@ -120,21 +120,21 @@ impl Session {
     }
 
     /// A session that starts at the process picker.
-    pub fn for_process_picker() -> Session {
-        Session::new(false, Recording::NotStarted)
+    pub fn for_process_picker() -> ProfilingState {
+        ProfilingState::new(false, Recording::NotStarted)
     }
 
     /// A session on a target already checked with [`process::inspect`].
-    pub fn for_target(target: &TargetProcess, timing: TimingOptions) -> Session {
-        let mut session = Session::new(true, Recording::NotStarted);
+    pub fn for_target(target: &TargetProcess, timing: TimingOptions) -> ProfilingState {
+        let mut session = ProfilingState::new(true, Recording::NotStarted);
         session.timing = timing;
         session.choose_target(target);
         session
     }
 
     /// A session browsing a saved profile.
-    pub fn for_saved_profile() -> Session {
-        Session::new(false, Recording::Saved)
+    pub fn for_saved_profile() -> ProfilingState {
+        ProfilingState::new(false, Recording::Saved)
     }
 
     pub(super) fn choose_target(&mut self, target: &TargetProcess) {
@@ -216,7 +216,7 @@ impl Session {
     }
 
     /// Picks up finished background jobs and notices a target that exited. An error is
-    /// fatal: the caller ends the UI (after [`Session::shutdown`]) and reports it.
+    /// fatal: the caller ends the UI (after [`ProfilingState::shutdown`]) and reports it.
     pub fn tick(&mut self, app: &mut App, now: Instant) -> anyhow::Result<()> {
         self.check_symbols(app)?;
         self.check_sampling(app);
@@ -532,7 +532,7 @@ impl Session {
                 Ok(recorder) => recorder,
                 Err(note) => return Ok(Some(note)),
             },
-            Recording::Busy(busy) => match Session::wait_for_recorder(busy, progress) {
+            Recording::Busy(busy) => match ProfilingState::wait_for_recorder(busy, progress) {
                 Some(recorder) => *recorder,
                 None => return Ok(None),
             },
@@ -603,7 +603,7 @@ fn save_message((path, saved): (PathBuf, Result<(), ProfileError>)) -> String {
     }
 }
 
-impl Drop for Session {
+impl Drop for ProfilingState {
     /// The last resort (a panic unwinding through the UI, or an early return): wait for
     /// an attach in progress and detach all the same. The terminal is given back by
     /// then, so the first note goes to stderr.
