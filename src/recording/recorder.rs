@@ -13,6 +13,7 @@
 mod adaptive;
 mod call_sites;
 mod code_copy;
+mod code_reading;
 mod controls;
 mod go_callees;
 mod in_situ;

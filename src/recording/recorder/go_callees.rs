@@ -8,13 +8,10 @@
 //! direct callees (and calls through GOT slots), and lists those that are Go code in
 //! the profile's `discovery.not_followed`. A process without Go code costs nothing.
 
+use super::code_reading::{all_targets, callees_of};
 use super::*;
 use crate::profile::NotFollowed;
 use std::collections::{BTreeSet, HashSet};
-use tendril_callgraph::callees;
-
-/// Longest body decoded.
-const MAX_BODY: u64 = 1 << 20;
 
 /// The Go functions found called from the recorded functions so far.
 #[derive(Debug, Default)]
@@ -35,28 +32,14 @@ impl GoCallees {
 
     /// Decodes the functions at `addresses` not decoded yet.
     fn scan(&mut self, symbols: &ProcessSymbols, addresses: impl Iterator<Item = u64>) {
-        let pid = symbols.pid();
-        let word = |address: u64| {
-            let bytes = crate::symbols::maps::read_memory(pid, address, address + 8).ok()?;
-            Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
-        };
         for address in addresses {
             if !self.scanned.insert(address) {
                 continue;
             }
-            let Some(function) = symbols.lookup(address).filter(|f| f.addr == address) else {
+            let Some(found) = callees_of(symbols, address) else {
                 continue;
             };
-            let end = address.saturating_add(function.size.min(MAX_BODY));
-            let Ok(code) = crate::symbols::maps::read_memory(pid, address, end) else {
-                continue;
-            };
-            let found = callees::scan(&code, address);
-            let targets = found
-                .direct
-                .into_iter()
-                .chain(found.through_pointers.into_iter().filter_map(word));
-            for target in targets {
+            for target in all_targets(symbols.pid(), found) {
                 if symbols
                     .lookup(target)
                     .is_some_and(|callee| callee.addr == target && callee.go_code)

@@ -16,15 +16,13 @@
 //! trampolines are such code, and a patched entry jumps into one), and calls whose
 //! target is only in a register computed at run time (an interpreter's dispatch).
 
+use super::code_reading::{all_targets, callees_of};
 use super::*;
 use crate::profile::{Node, NotFollowed};
 use crate::symbols::jit::{JIT_MODULE, JitSymbols};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
-use tendril_callgraph::callees;
 
-/// Longest body decoded.
-const MAX_BODY: u64 = 1 << 20;
 /// How often the JIT names are read again.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// Why a call into JIT code is not followed.
@@ -62,28 +60,14 @@ impl JitCallees {
         if self.jit.is_empty() {
             return;
         }
-        let pid = symbols.pid();
-        let word = |address: u64| {
-            let bytes = crate::symbols::maps::read_memory(pid, address, address + 8).ok()?;
-            Some(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?))
-        };
         for address in addresses {
             if !self.scanned.insert(address) {
                 continue;
             }
-            let Some(function) = symbols.lookup(address).filter(|f| f.addr == address) else {
+            let Some(found) = callees_of(symbols, address) else {
                 continue;
             };
-            let end = address.saturating_add(function.size.min(MAX_BODY));
-            let Ok(code) = crate::symbols::maps::read_memory(pid, address, end) else {
-                continue;
-            };
-            let found = callees::scan(&code, address);
-            let targets = found
-                .direct
-                .into_iter()
-                .chain(found.through_pointers.into_iter().filter_map(word));
-            for target in targets {
+            for target in all_targets(symbols.pid(), found) {
                 let in_module =
                     symbols.lookup(target).is_some() || symbols.module_at(target).is_some();
                 // Named code only: the agent's trampolines are anonymous code too,
