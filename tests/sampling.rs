@@ -469,3 +469,66 @@ fn stack_marking_gives_the_trees_a_full_walk_of_every_sample_gives() {
         assert_eq!(plain.marks.frames_reused, 0);
     }
 }
+
+#[test]
+fn compare_reads_a_recording_as_a_sampled_stack_shows_its_tail_calls() {
+    // calltree's compute_block() and format_digest() end in a tail call of mix(), and
+    // mix() in one of scramble(): a sampled stack in mix or scramble lacks their
+    // caller. work_round() both calls mix() and tail-calls it: not marked.
+    let target = Target::spawn("calltree", &["1"]);
+    let pid = target.pid();
+    let recorded_file = scratch_file("tail-recorded.json");
+    let record = tendril()
+        .args(["record", &pid.to_string(), "--root", "work_round"])
+        .args(["--duration", "1", "-o"])
+        .arg(&recorded_file)
+        .output()
+        .unwrap();
+    assert!(
+        record.status.success(),
+        "{}",
+        String::from_utf8_lossy(&record.stderr)
+    );
+    let recorded = Profile::load(&recorded_file).unwrap();
+    let tail_calls = [
+        ("compute_block", "mix"),
+        ("format_digest", "mix"),
+        ("mix", "scramble"),
+    ];
+    let mut scramble_under_mix = 0;
+    let _ = walk(&recorded.merged.roots, |step| -> Result<(), ()> {
+        if let Visit::Enter { node, .. } = step {
+            for child in &node.children {
+                let tail = tail_calls.contains(&(node.name.as_str(), child.name.as_str()));
+                scramble_under_mix += usize::from(node.name == "mix" && child.name == "scramble");
+                assert_eq!(child.tail_call, tail, "{} under {}", child.name, node.name);
+            }
+        }
+        Ok(())
+    });
+    assert!(scramble_under_mix > 0, "scramble under mix was recorded");
+    let sampled = sample_until(pid, SamplerOptions::default(), |p| {
+        p.sampling.as_ref().is_some_and(|s| s.samples >= 200)
+    });
+    let sampled_file = scratch_file("tail-sampled.json");
+    std::fs::write(&sampled_file, serde_json::to_vec(&sampled).unwrap()).unwrap();
+    let compare = tendril()
+        .arg("compare")
+        .arg(&sampled_file)
+        .arg(&recorded_file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&sampled_file);
+    let _ = std::fs::remove_file(&recorded_file);
+    let text = String::from_utf8_lossy(&compare.stdout);
+    assert!(
+        compare.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compare.stderr)
+    );
+    let moved = text
+        .lines()
+        .find_map(|line| line.strip_prefix("tail calls: "))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<usize>().ok());
+    assert!(moved.is_some_and(|n| n >= scramble_under_mix), "{text}");
+}

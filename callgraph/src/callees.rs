@@ -29,11 +29,49 @@ pub struct Callees {
     pub indirect_call_sites: u64,
     /// Where those sites are (the address of each call or jump instruction).
     pub indirect_sites: Vec<u64>,
+    /// The part of `direct` reached only by jumps (tail calls), never by a `call`.
+    pub tail_only: Vec<u64>,
+    /// The part of `through_pointers` only jumped through, never called through.
+    pub tail_only_pointers: Vec<u64>,
+}
+
+/// A callee found, and whether a `call` or a jump (a tail call) reaches it.
+#[derive(Debug, Default)]
+struct Reached {
+    called: Vec<u64>,
+    jumped: Vec<u64>,
+}
+
+impl Reached {
+    fn add(&mut self, instruction: &Instruction, target: u64) {
+        match instruction.flow_control() {
+            FlowControl::Call | FlowControl::IndirectCall => self.called.push(target),
+            _ => self.jumped.push(target),
+        }
+    }
+
+    /// Every target, and those only jumped to; both sorted, without repeats.
+    fn into_sets(mut self) -> (Vec<u64>, Vec<u64>) {
+        for list in [&mut self.called, &mut self.jumped] {
+            list.sort_unstable();
+            list.dedup();
+        }
+        let only_jumped: Vec<u64> = (self.jumped.iter())
+            .filter(|target| self.called.binary_search(target).is_err())
+            .copied()
+            .collect();
+        let mut all = self.called;
+        all.extend(self.jumped);
+        all.sort_unstable();
+        all.dedup();
+        (all, only_jumped)
+    }
 }
 
 /// Scans the body `code` of the function at `start`.
 pub fn scan(code: &[u8], start: u64) -> Callees {
     let mut callees = Callees::default();
+    let (mut direct, mut through_pointers) = (Reached::default(), Reached::default());
     let body = start..start + code.len() as u64;
     let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
     let mut instruction = Instruction::default();
@@ -49,8 +87,8 @@ pub fn scan(code: &[u8], start: u64) -> Callees {
         let just_computed = std::mem::replace(&mut computed, computed_register(&instruction));
         if let Some(known) = loaded.branch_through_register(&instruction) {
             match known {
-                Loaded::Pointer(slot) => callees.through_pointers.push(slot),
-                Loaded::Address(target) => callees.direct.push(target),
+                Loaded::Pointer(slot) => through_pointers.add(&instruction, slot),
+                Loaded::Address(target) => direct.add(&instruction, target),
             }
             loaded.after(&instruction);
             continue;
@@ -58,20 +96,18 @@ pub fn scan(code: &[u8], start: u64) -> Callees {
         loaded.after(&instruction);
         match instruction.flow_control() {
             FlowControl::Call if instruction.op0_kind() == OpKind::NearBranch64 => {
-                callees.direct.push(instruction.near_branch_target());
+                direct.add(&instruction, instruction.near_branch_target());
             }
             FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
                 if instruction.op0_kind() == OpKind::NearBranch64
                     && !body.contains(&instruction.near_branch_target()) =>
             {
-                callees.direct.push(instruction.near_branch_target());
+                direct.add(&instruction, instruction.near_branch_target());
             }
             FlowControl::IndirectCall | FlowControl::IndirectBranch
                 if instruction.is_ip_rel_memory_operand() =>
             {
-                callees
-                    .through_pointers
-                    .push(instruction.ip_rel_memory_address());
+                through_pointers.add(&instruction, instruction.ip_rel_memory_address());
             }
             FlowControl::IndirectCall => callees.indirect_sites.push(instruction.ip()),
             FlowControl::IndirectBranch if is_tail_jump(&instruction, just_computed) => {
@@ -81,10 +117,8 @@ pub fn scan(code: &[u8], start: u64) -> Callees {
         }
     }
     callees.indirect_call_sites = callees.indirect_sites.len() as u64;
-    callees.direct.sort_unstable();
-    callees.direct.dedup();
-    callees.through_pointers.sort_unstable();
-    callees.through_pointers.dedup();
+    (callees.direct, callees.tail_only) = direct.into_sets();
+    (callees.through_pointers, callees.tail_only_pointers) = through_pointers.into_sets();
     callees
 }
 
@@ -277,11 +311,29 @@ mod tests {
         assert_eq!(callees.through_pointers, [0x120b]);
         assert_eq!(callees.indirect_sites, [0x100b]);
         assert_eq!(callees.indirect_call_sites, 1);
+        // Only the jmp's target is reached by tail calls alone.
+        assert_eq!(callees.tail_only, [0x1404]);
+        assert!(callees.tail_only_pointers.is_empty());
         // endbr64; bnd jmp [rip+0x2ff2]
         let stub = [
             0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, 0xf2, 0x2f, 0x00, 0x00,
         ];
         assert_eq!(plt_slot(&stub, 0x5000), Some(0x5000 + 11 + 0x2ff2));
+    }
+
+    #[test]
+    fn a_callee_both_called_and_jumped_to_is_not_tail_only() {
+        let start = 0x1000;
+        let code = [
+            0xe8, 0xfb, 0x00, 0x00, 0x00, // call 0x1100
+            0xff, 0x25, 0x00, 0x02, 0x00, 0x00, // jmp [rip+0x200] -> [0x120b]
+            0xe9, 0xf0, 0x00, 0x00, 0x00, // jmp 0x1100
+            0x75, 0x10, // jne 0x1022 (outside the 18 bytes)
+        ];
+        let callees = scan(&code, start);
+        assert_eq!(callees.direct, [0x1022, 0x1100]);
+        assert_eq!(callees.tail_only, [0x1022]);
+        assert_eq!(callees.tail_only_pointers, [0x120b]);
     }
 
     #[test]

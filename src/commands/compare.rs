@@ -9,8 +9,8 @@
 
 use crate::profile::names::printable;
 use crate::profile::overlap::{
-    HOT_THRESHOLD, PathWeights, agreement, on_common_clock, path_weights, path_weights_as_sampled,
-    root_names,
+    HOT_THRESHOLD, PathWeights, agreement, at_timed_callers, on_common_clock, path_weights,
+    path_weights_as_sampled, root_names,
 };
 use crate::profile::{NotFollowed, Profile};
 use std::collections::HashMap;
@@ -44,8 +44,7 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
             );
         }
     }
-    let (weights_a, moved_a) = weights_to_compare(&profile_a, &profile_b, &roots);
-    let (weights_b, moved_b) = weights_to_compare(&profile_b, &profile_a, &roots);
+    let (weights_a, weights_b, moved) = weights_to_compare(&profile_a, &profile_b, &roots);
     let result = agreement(&weights_a, &weights_b);
     let why_a = not_followed_by_name(&profile_a);
     let why_b = not_followed_by_name(&profile_b);
@@ -77,12 +76,21 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
             result.hot_paths,
             HOT_THRESHOLD * 100.0
         )?;
-        if moved_a + moved_b > 0 {
+        if moved.tail_calls > 0 {
             writeln!(
                 out,
                 "tail calls: {} recorded calling contexts reached by a tail jump are compared \
                  as a sampled stack shows them, in their caller's place (its frame is gone)",
-                moved_a + moved_b
+                moved.tail_calls
+            )?;
+        }
+        if moved.to_timed_callers > 0 {
+            writeln!(
+                out,
+                "counted, not timed: {} sampled call paths at or below a function the \
+                 recording counted in its caller are compared at that caller, where the \
+                 recording puts their time",
+                moved.to_timed_callers
             )?;
         }
         if on_cpu {
@@ -127,18 +135,44 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
     }
 }
 
-/// `profile`'s path weights for comparing with `other`: a recording compared with
-/// samples is read as a sampled stack shows it (tail calls in their caller's place);
-/// also the number of contexts so moved.
+/// What was moved to compare a recording with samples: contexts reached by a tail
+/// jump, and sampled paths below functions the recording counted in their caller.
+#[derive(Debug, Default, Clone, Copy)]
+struct Moved {
+    tail_calls: usize,
+    to_timed_callers: usize,
+}
+
+/// The two profiles' path weights, each read as the other can show it: a recording
+/// compared with samples as a sampled stack shows it (tail calls in their caller's
+/// place), and the samples as the recording shows them (time below a function it
+/// counted but did not time, at its timed caller).
 fn weights_to_compare(
-    profile: &Profile,
-    other: &Profile,
+    a: &Profile,
+    b: &Profile,
     roots: &[String],
-) -> (PathWeights, usize) {
-    if !is_sampled(profile) && is_sampled(other) {
-        path_weights_as_sampled(profile, roots)
-    } else {
-        (path_weights(profile, roots), 0)
+) -> (PathWeights, PathWeights, Moved) {
+    let (recorded, sampled, a_is_sampled) = match (is_sampled(a), is_sampled(b)) {
+        (false, true) => (a, b, false),
+        (true, false) => (b, a, true),
+        _ => {
+            return (
+                path_weights(a, roots),
+                path_weights(b, roots),
+                Moved::default(),
+            );
+        }
+    };
+    let recorded = path_weights_as_sampled(recorded, roots);
+    let (sampled, to_timed_callers) =
+        at_timed_callers(&path_weights(sampled, roots), &recorded.in_caller);
+    let moved = Moved {
+        tail_calls: recorded.moved,
+        to_timed_callers,
+    };
+    match a_is_sampled {
+        true => (sampled, recorded.weights, moved),
+        false => (recorded.weights, sampled, moved),
     }
 }
 

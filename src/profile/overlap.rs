@@ -13,9 +13,9 @@
 //! recording compared with samples is read as a sampled stack shows it: a function
 //! reached by a tail jump stands in its parent's place, whose frame was gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use super::model::{Node, Profile, Visit, walk};
+use super::model::{Node, Profile, Timing, Visit, walk};
 
 /// The hotness threshold of [`Agreement::hotcover`].
 pub const HOT_THRESHOLD: f64 = 0.1;
@@ -68,18 +68,29 @@ pub fn is_sampled_on_the_cpu_clock(profile: &Profile) -> bool {
 /// The relative weights of `profile`'s merged tree, or of the subtrees below the
 /// outermost calls of any of `roots` (all of the tree when `roots` is empty).
 pub fn path_weights(profile: &Profile, roots: &[String]) -> PathWeights {
-    weights(profile, roots, false).0
+    weights(profile, roots, false).weights
 }
 
 /// [`path_weights`] of a recording as a sampled stack shows it: a function reached by
 /// a tail jump (`Node::tail_call`) takes its parent's place in the path, since the
 /// parent's frame is gone while it runs (the root a comparison starts at stays).
-/// Also returns how many contexts were so moved.
-pub fn path_weights_as_sampled(profile: &Profile, roots: &[String]) -> (PathWeights, usize) {
+pub fn path_weights_as_sampled(profile: &Profile, roots: &[String]) -> RecordedWeights {
     weights(profile, roots, true)
 }
 
-fn weights(profile: &Profile, roots: &[String], across_tail_calls: bool) -> (PathWeights, usize) {
+/// A recording's path weights as a sampled stack shows them.
+#[derive(Debug, Clone, Default)]
+pub struct RecordedWeights {
+    pub weights: PathWeights,
+    /// Contexts reached by a tail jump, moved to their caller's place.
+    pub moved: usize,
+    /// The paths of functions counted but not timed (`Timing::InCaller`): their time
+    /// is their timed caller's.
+    pub in_caller: HashSet<String>,
+}
+
+fn weights(profile: &Profile, roots: &[String], across_tail_calls: bool) -> RecordedWeights {
+    let mut in_caller = HashSet::new();
     let mut raw: HashMap<String, (u64, u64)> = HashMap::new();
     let mut path: Vec<&str> = Vec::new();
     // Per node entered inside a root: the parent's name it took the place of.
@@ -100,7 +111,11 @@ fn weights(profile: &Profile, roots: &[String], across_tail_calls: bool) -> (Pat
                     replaced.push(takes_parents_place.then(|| path.pop()).flatten());
                     moved += usize::from(takes_parents_place);
                     path.push(&node.name);
-                    let weights = raw.entry(path.join(";")).or_default();
+                    let joined = path.join(";");
+                    if node.timing == Timing::InCaller {
+                        in_caller.insert(joined.clone());
+                    }
+                    let weights = raw.entry(joined).or_default();
                     weights.0 += node.self_ns;
                     weights.1 += node.total_ns;
                 }
@@ -139,7 +154,43 @@ fn weights(profile: &Profile, roots: &[String], across_tail_calls: bool) -> (Pat
             )
         })
         .collect();
-    (weights, moved)
+    RecordedWeights {
+        weights,
+        moved,
+        in_caller,
+    }
+}
+
+/// Sampled path weights as a recording shows them: the time of a path at or below a
+/// function the recording counted but did not time (`in_caller`) goes to its timed
+/// caller's path, where the recording put it. Also returns how many paths moved.
+pub fn at_timed_callers(
+    sampled: &PathWeights,
+    in_caller: &HashSet<String>,
+) -> (PathWeights, usize) {
+    let mut folded = PathWeights::new();
+    let mut moved = 0;
+    for (path, weight) in sampled {
+        // The shortest prefix of `path` the recording counted in its caller.
+        let untimed = path
+            .match_indices(';')
+            .map(|(at, _)| &path[..at])
+            .chain(std::iter::once(path.as_str()))
+            .find(|prefix| in_caller.contains(*prefix));
+        let at = match untimed.and_then(|prefix| prefix.rsplit_once(';')) {
+            Some((caller, _)) => {
+                moved += 1;
+                caller
+            }
+            None => path,
+        };
+        let entry = folded.entry(at.to_owned()).or_default();
+        entry.self_share += weight.self_share;
+        if at == path {
+            entry.total_share += weight.total_share;
+        }
+    }
+    (folded, moved)
 }
 
 /// Compares two trees' path weights (A is the reference for hot edges).
@@ -245,7 +296,7 @@ mod tests {
         // is main;x.
         let mut recorded = tree(&[("x", 60), ("y", 40)]);
         recorded.merged.roots[0].children[0].children[0].tail_call = true;
-        let (weights, moved) = path_weights_as_sampled(&recorded, &[]);
+        let RecordedWeights { weights, moved, .. } = path_weights_as_sampled(&recorded, &[]);
         assert_eq!(moved, 1);
         assert!(weights.contains_key("main;x"), "{weights:?}");
         assert!(weights.contains_key("main;work;y"), "{weights:?}");
@@ -260,8 +311,37 @@ mod tests {
         assert!((result.overlap - 1.0).abs() < 1e-9, "{}", result.overlap);
         // As recorded, the paths stay; below a root, the root is never replaced.
         assert!(path_weights(&recorded, &[]).contains_key("main;work;x"));
-        let below_work = path_weights_as_sampled(&recorded, &["work".to_string()]).0;
+        let below_work = path_weights_as_sampled(&recorded, &["work".to_string()]).weights;
         assert!(below_work.contains_key("work;x"), "{below_work:?}");
+    }
+
+    #[test]
+    fn sampled_time_below_a_function_counted_in_its_caller_goes_to_that_caller() {
+        // Recorded: main → work (timed) → x (counted in its caller) → z; y timed.
+        let mut recorded = tree(&[("x", 0), ("y", 40)]);
+        let x = &mut recorded.merged.roots[0].children[0].children[0];
+        x.timing = Timing::InCaller;
+        x.children.push(Node::leaf("z", "app", 0, 0, 0));
+        let in_caller = path_weights_as_sampled(&recorded, &[]).in_caller;
+        assert_eq!(in_caller.len(), 1, "{in_caller:?}");
+        let sampled = path_weights(&tree(&[("x", 30), ("y", 40)]), &[]);
+        let mut sampled = sampled;
+        sampled.insert(
+            "main;work;x;z".into(),
+            PathWeight {
+                self_share: 0.3,
+                total_share: 0.3,
+            },
+        );
+        let (folded, moved) = at_timed_callers(&sampled, &in_caller);
+        assert_eq!(moved, 2);
+        assert!(!folded.contains_key("main;work;x") && !folded.contains_key("main;work;x;z"));
+        let work = folded["main;work"];
+        assert!(
+            (work.self_share - (30.0 / 70.0 + 0.3)).abs() < 1e-9,
+            "{work:?}"
+        );
+        assert!(folded.contains_key("main;work;y"));
     }
 
     #[test]

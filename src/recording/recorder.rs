@@ -22,6 +22,7 @@ mod late_modules;
 mod polling;
 mod snapshot;
 mod starting;
+mod tail_calls;
 mod tracing;
 
 pub use starting::modules_not_loaded_yet;
@@ -158,6 +159,8 @@ pub struct Recorder {
     go_callees: go_callees::GoCallees,
     /// The JIT code the recorded code calls (never patched).
     jit_callees: jit_callees::JitCallees,
+    /// The tail calls of the recorded functions, marked on the profile's nodes.
+    tail_calls: tail_calls::TailCalls,
     /// The callers of untimed calls, by return address.
     call_sites: call_sites::CallSites,
     /// Which functions are untimed, and the judge that chooses them.
@@ -244,6 +247,7 @@ impl Recorder {
             in_situ: Default::default(),
             go_callees,
             jit_callees: jit_callees::JitCallees::new(pid),
+            tail_calls: tail_calls::TailCalls::default(),
             call_sites: Default::default(),
             adaptive,
             waiting_for,

@@ -17,6 +17,7 @@ impl Recorder {
         let mut profile = builder.snapshot(&info, self.names.as_slice());
         self.add_extras(&mut profile, &counters);
         self.add_jit_callees(&mut profile);
+        self.mark_tail_calls(&mut profile);
         self.add_trace(&mut profile);
         profile
     }
