@@ -13,7 +13,7 @@
 //! (`terminal_text::printable`): the listing is for a terminal, here and in the live
 //! view's `e`, and a name's newline must not start a line of its own.
 
-use super::derived::{About, EdgeProfile, LoopCount};
+use super::derived::{About, BlockCount, EdgeProfile, LoopCount};
 use super::path_counts;
 use crate::quantities::format_elapsed;
 use crate::quantities::{amount, thousands};
@@ -112,81 +112,133 @@ pub fn lines(listing: &Listing, profile: &EdgeProfile) -> Vec<(bool, String)> {
 fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
     let start = profile.address;
     let end = start + listing.code.len() as u64;
-    let cold_part = |address: u64| cold_part_of(listing, address);
-    let offset = |address: u64| offset_text(listing, start, address);
     let decoded: Vec<Vec<Instruction>> = profile
         .blocks
         .iter()
-        .map(|block| match cold_part(block.start) {
+        .map(|block| match cold_part_of(listing, block.start) {
             Some((at, bytes)) => decode(bytes, *at, block.start, block.end),
             None => decode(listing.code, start, block.start, block.end),
         })
         .collect();
+    let names = branch_names(listing, start, &decoded);
+    let mut rows = Rows {
+        listing,
+        profile,
+        start,
+        end,
+        formatter: intel_formatter(names.clone()),
+        names,
+        hottest: profile.hottest(),
+        rows: Vec::new(),
+        reached: start,
+        cold_shown: false,
+    };
+    for (block, instructions) in profile.blocks.iter().zip(&decoded) {
+        rows.before_block(block);
+        rows.block(block, instructions);
+    }
+    if end > rows.reached {
+        rows.rows.push(extra(format!(
+            "… {} bytes no path reaches (padding)",
+            end - rows.reached
+        )));
+    }
+    rows.rows
+}
+
+/// The names branch targets read as: an offset inside the function (or a `.cold`
+/// part), the name of an address outside it when known.
+fn branch_names(
+    listing: &Listing,
+    start: u64,
+    decoded: &[Vec<Instruction>],
+) -> HashMap<u64, String> {
+    let end = start + listing.code.len() as u64;
     let mut names: HashMap<u64, String> = HashMap::new();
     for instruction in decoded.iter().flatten() {
         let target = instruction.near_branch_target();
         if target == 0 || names.contains_key(&target) {
             continue;
         }
-        if (start..end).contains(&target) || cold_part(target).is_some() {
-            names.insert(target, offset(target));
+        if (start..end).contains(&target) || cold_part_of(listing, target).is_some() {
+            names.insert(target, offset_text(listing, start, target));
         } else if let Some(name) = (listing.name_of)(target) {
             names.insert(target, printable(&name).into_owned());
         }
     }
-    let mut formatter = intel_formatter(names.clone());
-    let hottest = profile.hottest();
-    let share = |count: u64| match profile.calls {
-        0 => String::new(),
-        calls => format!("{:.1}%", count as f64 * 100.0 / calls as f64),
-    };
-    let mut rows = Vec::new();
-    let mut reached = start;
-    let mut cold_shown = false;
-    for (block, instructions) in profile.blocks.iter().zip(&decoded) {
-        let in_cold = !(start..end).contains(&block.start);
-        if in_cold && !cold_shown {
-            cold_shown = true;
-            if end > reached {
-                rows.push(extra(format!(
+    names
+}
+
+/// The rows as they are written, block by block: the function's code is `start..end`,
+/// and the rows so far cover it up to `reached`.
+struct Rows<'a, 'l> {
+    listing: &'a Listing<'l>,
+    profile: &'a EdgeProfile,
+    start: u64,
+    end: u64,
+    formatter: IntelFormatter,
+    names: HashMap<u64, String>,
+    hottest: u64,
+    rows: Vec<Row>,
+    reached: u64,
+    /// Whether the `.cold` part's heading is written.
+    cold_shown: bool,
+}
+
+impl Rows<'_, '_> {
+    /// The lines before `block`'s code: the `.cold` part's heading, padding before it,
+    /// a loop head's count, a landing pad's mark.
+    fn before_block(&mut self, block: &BlockCount) {
+        let (end, profile) = (self.end, self.profile);
+        let in_cold = !(self.start..end).contains(&block.start);
+        if in_cold && !self.cold_shown {
+            self.cold_shown = true;
+            if end > self.reached {
+                self.rows.push(extra(format!(
                     "… {} bytes no path reaches (padding)",
-                    end - reached
+                    end - self.reached
                 )));
             }
-            reached = end;
-            rows.push(extra(format!(
+            self.reached = end;
+            self.rows.push(extra(format!(
                 "── its .cold part at {:#x}, the rarely run code the compiler moved out ──",
                 block.start
             )));
         }
-        if !in_cold && block.start > reached {
-            rows.push(extra(format!(
+        if !in_cold && block.start > self.reached {
+            self.rows.push(extra(format!(
                 "… {} bytes no path reaches (padding)",
-                block.start - reached
+                block.start - self.reached
             )));
         }
         if !in_cold {
-            reached = reached.max(block.end);
+            self.reached = self.reached.max(block.end);
         }
         if let Some(head) = profile.loops.iter().find(|l| l.head == block.start) {
-            rows.push(extra(loop_line(head)));
+            self.rows.push(extra(loop_line(head)));
         }
         if profile.landing_pads.contains(&block.start) {
-            rows.push(extra(
+            self.rows.push(extra(
                 "⤷ landing pad: exceptions thrown in the calls above land here".into(),
             ));
         }
+    }
+
+    /// `block`'s instructions, the first with the block's count, a branch with its
+    /// edges' and a table jump followed by its targets'.
+    fn block(&mut self, block: &BlockCount, instructions: &[Instruction]) {
+        let profile = self.profile;
         for (i, instruction) in instructions.iter().enumerate() {
             let mut text = String::new();
-            formatter.format(instruction, &mut text);
+            self.formatter.format(instruction, &mut text);
             let mut row = Row {
-                offset: offset(instruction.ip()),
+                offset: offset_text(self.listing, self.start, instruction.ip()),
                 text,
                 ..Row::default()
             };
             if i == 0 {
-                row.hot = block.count > 0 && block.count * HOT_SHARE >= hottest;
-                row.count = Some((thousands(block.count), share(block.count)));
+                row.hot = block.count > 0 && block.count * HOT_SHARE >= self.hottest;
+                row.count = Some((thousands(block.count), self.share(block.count)));
             }
             let at = instruction.ip();
             if let Some(branch) = profile.branches.iter().find(|b| b.at == at) {
@@ -198,29 +250,30 @@ fn rows(listing: &Listing, profile: &EdgeProfile) -> Vec<Row> {
                     thousands(branch.not_taken)
                 ));
             }
-            rows.push(row);
+            self.rows.push(row);
             if let Some(table) = profile.tables.iter().find(|t| t.at == at) {
-                rows.extend(
-                    table_lines(&table.entries, &names, start)
+                self.rows.extend(
+                    table_lines(&table.entries, &self.names, self.start)
                         .into_iter()
                         .map(extra),
                 );
             }
         }
         if instructions.is_empty() {
-            rows.push(extra(format!(
+            self.rows.push(extra(format!(
                 "… {} bytes that do not decode",
                 block.end - block.start
             )));
         }
     }
-    if end > reached {
-        rows.push(extra(format!(
-            "… {} bytes no path reaches (padding)",
-            end - reached
-        )));
+
+    /// A count's share of the calls (nothing without calls).
+    fn share(&self, count: u64) -> String {
+        match self.profile.calls {
+            0 => String::new(),
+            calls => format!("{:.1}%", count as f64 * 100.0 / calls as f64),
+        }
     }
-    rows
 }
 
 /// The `.cold` part of `listing` that holds `address`: (start, bytes).

@@ -390,7 +390,6 @@ impl CctBuilder {
     /// The profile as of now. Frames still open count their time up to their thread's
     /// latest event; the builder is not changed.
     pub fn snapshot(&self, info: &RecordingInfo, names: &(impl FunctionNames + ?Sized)) -> Profile {
-        let correction = &self.correction;
         let describe = |function| {
             (
                 names.name(function).into_owned(),
@@ -402,55 +401,9 @@ impl CctBuilder {
         // Merged nodes some thread's part of which was below resolution.
         let mut merged_below: Vec<bool> = vec![false];
         let mut threads = Vec::with_capacity(self.threads.len());
-        let untimed = |function| self.is_untimed(function);
         for thread in &self.threads {
-            let in_caller = thread.arena().in_caller(untimed);
-            let counted_only = |mut raw: Vec<f64>| {
-                for (total, &counted) in raw.iter_mut().zip(&in_caller) {
-                    if counted {
-                        *total = 0.0;
-                    }
-                }
-                raw
-            };
-            let settled = thread
-                .arena()
-                .settle(&counted_only(thread.totals_now(correction)));
-            let matching = merged.merge(thread.arena(), &settled.totals);
-            merged_below.resize(merged.len(), false);
-            for (mine, below) in matching.iter().zip(&settled.below) {
-                merged_below[*mine as usize] |= below;
-            }
-            let cpu = self.measures_cpu.then(|| {
-                let cpu = thread
-                    .arena()
-                    .settle(&counted_only(thread.cpu_totals_now(correction)))
-                    .totals;
-                merged.add_cpu(&matching, &cpu);
-                cpu
-            });
-            let counters = thread.counters();
-            threads.push(ThreadProfile {
-                tid: thread.tid,
-                name: thread.name.clone(),
-                roots: thread.arena().to_nodes_with_cpu(
-                    &settled.totals,
-                    &settled.below,
-                    &in_caller,
-                    cpu.as_deref(),
-                    correction,
-                    describe,
-                ),
-                stack_switches: counters.stack_switches,
-                dropped_frames: counters.dropped_frames,
-            });
+            threads.push(self.thread_profile(thread, &mut merged, &mut merged_below, describe));
         }
-        // Sums of consistent trees are consistent: nothing to settle.
-        let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
-        let merged_cpu: Option<Vec<f64>> = self
-            .measures_cpu
-            .then(|| merged.nodes().iter().map(|n| n.cpu_ticks).collect());
-        let counters = self.counters();
         Profile {
             duration_ns: 0,
             discovery: None,
@@ -465,35 +418,110 @@ impl CctBuilder {
             roots: info.roots.clone(),
             scheme: info.scheme.clone(),
             calibration: self.calibration,
-            stats: Stats {
-                instrumented_functions: info.instrumented_functions,
-                invoked_functions: info.invoked_functions,
-                events: counters.events,
-                lost_events: info.lost_events,
-                indirect_call_sites: info.indirect_call_sites,
-                pause_ns: correction.ticks_to_ns(counters.pause_ticks as f64),
-                core_wait_ns: correction.ticks_to_ns(counters.core_wait_ticks as f64),
-                unwound_exits: counters.unwound_exits,
-                unmatched_exits: counters.unmatched_exits,
-                stack_switches: counters.stack_switches,
-                dropped_frames: counters.dropped_frames,
-                timing: info.timing.clone().map(|policy| TimingPolicy {
-                    untimed_calls: counters.untimed_calls,
-                    ..policy
-                }),
-                ..Stats::default()
-            },
+            stats: self.stats(info),
             threads,
-            merged: MergedProfile {
-                roots: merged.to_nodes_with_cpu(
-                    &merged_totals,
-                    &merged_below,
-                    &merged.in_caller(untimed),
-                    merged_cpu.as_deref(),
-                    correction,
-                    describe,
-                ),
-            },
+            merged: self.merged_profile(&merged, &merged_below, describe),
+        }
+    }
+
+    /// `thread`'s tree as of now, added to the `merged` tree (and `merged_below`).
+    fn thread_profile(
+        &self,
+        thread: &ThreadTree,
+        merged: &mut CallArena,
+        merged_below: &mut Vec<bool>,
+        describe: impl FnMut(u32) -> (String, String, Option<u64>),
+    ) -> ThreadProfile {
+        let correction = &self.correction;
+        let untimed = |function| self.is_untimed(function);
+        let in_caller = thread.arena().in_caller(untimed);
+        let counted_only = |mut raw: Vec<f64>| {
+            for (total, &counted) in raw.iter_mut().zip(&in_caller) {
+                if counted {
+                    *total = 0.0;
+                }
+            }
+            raw
+        };
+        let settled = thread
+            .arena()
+            .settle(&counted_only(thread.totals_now(correction)));
+        let matching = merged.merge(thread.arena(), &settled.totals);
+        merged_below.resize(merged.len(), false);
+        for (mine, below) in matching.iter().zip(&settled.below) {
+            merged_below[*mine as usize] |= below;
+        }
+        let cpu = self.measures_cpu.then(|| {
+            let cpu = thread
+                .arena()
+                .settle(&counted_only(thread.cpu_totals_now(correction)))
+                .totals;
+            merged.add_cpu(&matching, &cpu);
+            cpu
+        });
+        let counters = thread.counters();
+        ThreadProfile {
+            tid: thread.tid,
+            name: thread.name.clone(),
+            roots: thread.arena().to_nodes_with_cpu(
+                &settled.totals,
+                &settled.below,
+                &in_caller,
+                cpu.as_deref(),
+                correction,
+                describe,
+            ),
+            stack_switches: counters.stack_switches,
+            dropped_frames: counters.dropped_frames,
+        }
+    }
+
+    /// The tree of every thread's trees, `merged`.
+    fn merged_profile(
+        &self,
+        merged: &CallArena,
+        merged_below: &[bool],
+        describe: impl FnMut(u32) -> (String, String, Option<u64>),
+    ) -> MergedProfile {
+        let untimed = |function| self.is_untimed(function);
+        // Sums of consistent trees are consistent: nothing to settle.
+        let merged_totals: Vec<f64> = merged.nodes().iter().map(|n| n.total_ticks).collect();
+        let merged_cpu: Option<Vec<f64>> = self
+            .measures_cpu
+            .then(|| merged.nodes().iter().map(|n| n.cpu_ticks).collect());
+        MergedProfile {
+            roots: merged.to_nodes_with_cpu(
+                &merged_totals,
+                merged_below,
+                &merged.in_caller(untimed),
+                merged_cpu.as_deref(),
+                &self.correction,
+                describe,
+            ),
+        }
+    }
+
+    /// The profile's statistics: the recording's, and the builder's counters.
+    fn stats(&self, info: &RecordingInfo) -> Stats {
+        let correction = &self.correction;
+        let counters = self.counters();
+        Stats {
+            instrumented_functions: info.instrumented_functions,
+            invoked_functions: info.invoked_functions,
+            events: counters.events,
+            lost_events: info.lost_events,
+            indirect_call_sites: info.indirect_call_sites,
+            pause_ns: correction.ticks_to_ns(counters.pause_ticks as f64),
+            core_wait_ns: correction.ticks_to_ns(counters.core_wait_ticks as f64),
+            unwound_exits: counters.unwound_exits,
+            unmatched_exits: counters.unmatched_exits,
+            stack_switches: counters.stack_switches,
+            dropped_frames: counters.dropped_frames,
+            timing: info.timing.clone().map(|policy| TimingPolicy {
+                untimed_calls: counters.untimed_calls,
+                ..policy
+            }),
+            ..Stats::default()
         }
     }
 }

@@ -26,7 +26,7 @@ mod tail_calls;
 mod tracing;
 
 pub use starting::modules_not_loaded_yet;
-use starting::{PatchedRoots, patched_roots};
+use starting::{PatchedRoots, functions_to_patch, patched_roots, static_graph};
 
 pub use adaptive::{CALLS_TO_JUDGE, TimingOptions, threshold_ns};
 pub use code_copy::HookedCopy;
@@ -281,15 +281,7 @@ impl Recorder {
     fn begin_with(&mut self, known: &[u64]) -> Result<(), RecordError> {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
-        // Roots in a module not loaded yet: none until it is.
-        let matched = match targets::match_patterns(&self.symbols, &self.root_patterns) {
-            Err(_) if !self.waiting_for.is_empty() => Vec::new(),
-            matched => matched?,
-        };
-        let (chosen, refused_roots): (Vec<Chosen>, Vec<Chosen>) =
-            targets::choose(&self.symbols, &matched, &mut self.session)?
-                .into_iter()
-                .partition(|c| refusals::reason(&c.function, true).is_none());
+        let (chosen, refused_roots) = self.choose_roots()?;
         let cost = self.start_in_agent()?;
         let resumed = self.start_trees(cost)?;
         self.note_in_situ_start();
@@ -297,39 +289,13 @@ impl Recorder {
         let mut no_targets = IndirectTargets::default();
         let symbols = &self.symbols;
         let indirect_targets = self.indirect.as_mut().unwrap_or(&mut no_targets);
-        let mut patched: Vec<(&Function, Hook)> = chosen
-            .iter()
-            .map(|c| (&c.function, Hook::RecordRoot))
-            .collect();
         let exe = (self.target.exe.file_name())
             .and_then(|n| n.to_str())
             .unwrap_or("");
-        let closure = if self.scheme == Scheme::A && !self.gross_only {
-            let roots: Vec<&Function> = chosen.iter().map(|c| &c.function).collect();
-            // The same cap as the candidates patched up front (the executable's first);
-            // the rest are noted as not followed below.
-            let mut candidates = indirect::functions_at(symbols, &indirect_targets.taken.addresses);
-            candidates.sort_by_key(|f| f.module != exe);
-            candidates.truncate(indirect::MAX_UP_FRONT);
-            closure::static_closure(symbols, &roots, &candidates)
-        } else {
-            closure::Closure::default()
-        };
-        patched.extend(
-            closure
-                .functions
-                .iter()
-                .filter(|f| !chosen.iter().any(|c| c.function.addr == f.addr))
-                .map(|&f| (f, Hook::Record)),
-        );
-        let again: Vec<&Function> = known
-            .iter()
-            .filter_map(|&address| symbols.lookup(address).filter(|f| f.addr == address))
-            .filter(|f| !patched.iter().any(|(p, _)| p.addr == f.addr))
-            .collect();
-        patched.extend(again.into_iter().map(|f| (f, Hook::Record)));
-        let candidates = indirect_targets.to_patch(symbols, &patched, exe);
-        patched.extend(candidates.into_iter().map(|f| (f, Hook::Record)));
+        let follow_static_graph = self.scheme == Scheme::A && !self.gross_only;
+        let closure = static_graph(symbols, indirect_targets, &chosen, exe, follow_static_graph);
+        let mut patched =
+            functions_to_patch(symbols, indirect_targets, &chosen, &closure, known, exe);
         let unwinders: Vec<(Function, Hook)> = targets::unwinder_targets(symbols)
             .into_iter()
             .filter(|(f, _)| !patched.iter().any(|(p, _)| p.addr == f.addr))

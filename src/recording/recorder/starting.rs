@@ -1,11 +1,25 @@
-//! Starting a recording: the agent's start (its function table sent, the hooks' cost
-//! measured, the rings mapped), the trees, and what the patch made of the roots.
+//! Starting a recording: the roots chosen, the agent's start (its function table sent,
+//! the hooks' cost measured, the rings mapped), the trees, the functions patched, and
+//! what the patch made of the roots.
 
 use super::*;
 use crate::symbols::SymbolError;
 use tendril_wire::PatchOutcome;
 
 impl Recorder {
+    /// The functions the root patterns match, chosen for patching: those that can be
+    /// patched, and those refused (with a reason, see `refusals::reason`).
+    pub(super) fn choose_roots(&mut self) -> Result<(Vec<Chosen>, Vec<Chosen>), RecordError> {
+        // Roots in a module not loaded yet: none until it is.
+        let matched = match targets::match_patterns(&self.symbols, &self.root_patterns) {
+            Err(_) if !self.waiting_for.is_empty() => Vec::new(),
+            matched => matched?,
+        };
+        Ok(targets::choose(&self.symbols, &matched, &mut self.session)?
+            .into_iter()
+            .partition(|c| refusals::reason(&c.function, true).is_none()))
+    }
+
     /// Asks the agent to start recording (its function table sent, the hooks' cost
     /// measured there) and maps the rings it answers with; the calibration.
     pub(super) fn start_in_agent(&mut self) -> Result<Calibration, RecordError> {
@@ -91,6 +105,61 @@ impl Recorder {
         }
         Ok(resumed)
     }
+}
+
+/// Scheme A's static call graph below the `chosen` roots, when `follow` (empty
+/// otherwise), with the candidate targets of calls through pointers in it.
+pub(super) fn static_graph<'a>(
+    symbols: &'a ProcessSymbols,
+    indirect_targets: &IndirectTargets,
+    chosen: &[Chosen],
+    exe: &str,
+    follow: bool,
+) -> closure::Closure<'a> {
+    if follow {
+        let roots: Vec<&Function> = chosen.iter().map(|c| &c.function).collect();
+        // The same cap as the candidates patched up front (the executable's first);
+        // the rest are noted as not followed below.
+        let mut candidates = indirect::functions_at(symbols, &indirect_targets.taken.addresses);
+        candidates.sort_by_key(|f| f.module != exe);
+        candidates.truncate(indirect::MAX_UP_FRONT);
+        closure::static_closure(symbols, &roots, &candidates)
+    } else {
+        closure::Closure::default()
+    }
+}
+
+/// What the recording patches, unwinders aside: the `chosen` roots, the functions of
+/// their static graph (`closure`), those at `known` (addresses) and the candidate
+/// targets of calls through pointers.
+pub(super) fn functions_to_patch<'a>(
+    symbols: &'a ProcessSymbols,
+    indirect_targets: &mut IndirectTargets,
+    chosen: &'a [Chosen],
+    closure: &closure::Closure<'a>,
+    known: &[u64],
+    exe: &str,
+) -> Vec<(&'a Function, Hook)> {
+    let mut patched: Vec<(&Function, Hook)> = chosen
+        .iter()
+        .map(|c| (&c.function, Hook::RecordRoot))
+        .collect();
+    patched.extend(
+        closure
+            .functions
+            .iter()
+            .filter(|f| !chosen.iter().any(|c| c.function.addr == f.addr))
+            .map(|&f| (f, Hook::Record)),
+    );
+    let again: Vec<&Function> = known
+        .iter()
+        .filter_map(|&address| symbols.lookup(address).filter(|f| f.addr == address))
+        .filter(|f| !patched.iter().any(|(p, _)| p.addr == f.addr))
+        .collect();
+    patched.extend(again.into_iter().map(|f| (f, Hook::Record)));
+    let candidates = indirect_targets.to_patch(symbols, &patched, exe);
+    patched.extend(candidates.into_iter().map(|f| (f, Hook::Record)));
+    patched
 }
 
 /// What the recording's patch made of its roots: the roots instrumented (names and

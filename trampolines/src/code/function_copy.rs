@@ -21,15 +21,13 @@
 //! instruction's unwind row applies and how far inserted code has moved the stack
 //! pointer, so the copy's unwind information can be written (`copy_unwind`).
 
-use super::control_flow::{BlockExit, ControlFlowGraph, FunctionBytes, Successor};
-use super::flags_liveness;
+use super::control_flow::{BlockExit, ControlFlowGraph, FunctionBytes};
 use super::jump_table::EntryKind;
-use iced_x86::{
-    BlockEncoder, BlockEncoderOptions, Code, Decoder, DecoderOptions, Instruction, InstructionBlock,
-};
-use std::collections::BTreeMap;
+use assembly::Plan;
+use iced_x86::{BlockEncoder, BlockEncoderOptions, Instruction, InstructionBlock};
 use std::fmt;
 
+mod assembly;
 mod counter_code;
 pub use counter_code::CounterCode;
 
@@ -211,223 +209,15 @@ pub fn build(
     address: u64,
     counters: &mut dyn CounterCode,
 ) -> Result<FunctionCopy, CopyRefusal> {
-    let sites = counter_sites(graph);
-    let site_index: BTreeMap<CounterSite, usize> =
-        sites.iter().enumerate().map(|(i, &s)| (s, i)).collect();
-    let live = flags_liveness::live_at_block_starts(graph, code);
-    // The path numbering's index of each block's first edge.
-    let edge_lists = graph.edge_lists();
-    let first_edge: Vec<usize> = edge_lists
-        .iter()
-        .scan(0, |next, edges| {
-            let first = *next;
-            *next += edges.len().max(1);
-            Some(first)
-        })
-        .collect();
     let mut labels = Labels::new();
-    let block_labels: Vec<u64> = graph.blocks.iter().map(|_| labels.create()).collect();
-    // Landing pads with code of their own get an entry before their label.
-    let pad_labels: Vec<Option<u64>> = (0..graph.blocks.len())
-        .map(|index| counters.is_landing_pad(index).then(|| labels.create()))
-        .collect();
-    let target = |successor: Successor| match successor {
-        Successor::Block(index) => block_labels[index],
-        Successor::Leaves(address) => address,
-    };
-    // Rows for code that runs "between" instructions: the row of where control goes.
-    let row_at = |successor: Successor, otherwise: u64| match successor {
-        Successor::Block(index) => graph.blocks[index].start,
-        Successor::Leaves(_) => otherwise,
-    };
-    let tables = plan_tables(graph, &mut labels)?;
-    let table_base = |tables_at: u64, original: u64| {
-        tables
-            .iter()
-            .find(|t| t.original == original)
-            .map(|t| tables_at + t.offset)
-    };
-    let references: BTreeMap<u64, u64> = graph
-        .blocks
-        .iter()
-        .filter_map(|block| match &block.exit {
-            BlockExit::Table {
-                table, references, ..
-            } => Some(references.iter().map(move |&at| (at, *table))),
-            _ => None,
-        })
-        .flatten()
-        .collect();
-
-    let assemble = |tables_at: u64, labels: &mut Labels, counters: &mut dyn CounterCode| {
-        let mut pending: Vec<Pending> = Vec::new();
-        // Inserted code; its first instruction takes `first_label` when there is one.
-        let emit = |pending: &mut Vec<Pending>,
-                    inserted: Inserted,
-                    first_label: Option<u64>,
-                    row_of: u64,
-                    labels: &mut Labels| {
-            for (k, (mut instruction, extra)) in inserted
-                .instructions
-                .into_iter()
-                .zip(inserted.extra_stack)
-                .enumerate()
-            {
-                match first_label {
-                    Some(label) if k == 0 => instruction.set_ip(label),
-                    _ if instruction.ip() == 0 => instruction.set_ip(labels.create()),
-                    _ => {}
-                }
-                pending.push(Pending {
-                    instruction,
-                    original: None,
-                    row_of,
-                    extra_stack: extra,
-                });
-            }
-        };
-        let jump = |to: u64, row_of: u64, labels: &mut Labels| -> Result<Pending, CopyRefusal> {
-            let mut instruction =
-                Instruction::with_branch(Code::Jmp_rel32_64, to).map_err(encoding)?;
-            instruction.set_ip(labels.create());
-            Ok(Pending {
-                instruction,
-                original: None,
-                row_of,
-                extra_stack: 0,
-            })
-        };
-        let mut taken_stubs: Vec<(usize, u64, Successor, u64)> = Vec::new();
-        // Each call's first code, before block 0's label (which loops may jump to).
-        let entry = counters.entry(labels);
-        emit(&mut pending, entry, None, graph.start, labels);
-        for (index, block) in graph.blocks.iter().enumerate() {
-            if let Some(pad_label) = pad_labels[index] {
-                let pad = counters.landing_pad(index, live[index], block.start, labels);
-                emit(&mut pending, pad, Some(pad_label), block.start, labels);
-            }
-            let counter =
-                counters.counter(site_index[&CounterSite::Block(index)], live[index], labels);
-            emit(
-                &mut pending,
-                counter,
-                Some(block_labels[index]),
-                block.start,
-                labels,
-            );
-            let bytes = code.slice(block.start, block.end);
-            let decoder = Decoder::with_ip(64, bytes, block.start, DecoderOptions::NONE);
-            let mut last = block.start;
-            for mut instruction in decoder {
-                let original = instruction.ip();
-                last = original;
-                if let Some(&table) = references.get(&original) {
-                    let copy = table_base(tables_at, table).expect("every table is planned");
-                    let named = instruction.memory_displacement64();
-                    let moved = named.wrapping_add(copy).wrapping_sub(table);
-                    if !instruction.is_ip_rel_memory_operand()
-                        && i32::try_from(moved as i64).is_err()
-                    {
-                        return Err(CopyRefusal::TableOutOfReach { table });
-                    }
-                    instruction.set_memory_displacement64(moved);
-                }
-                if original == last_instruction(block) {
-                    // The edge code of a jump or a way out runs before it.
-                    let edge_before = match &block.exit {
-                        BlockExit::Jump(to) => Some(taken_live(*to, &live)),
-                        BlockExit::Return | BlockExit::ThroughPointer { .. } => Some(false),
-                        _ => None,
-                    };
-                    if let Some(flags_live) = edge_before {
-                        let code = counters.edge(first_edge[index], flags_live, original, labels);
-                        emit(&mut pending, code, None, original, labels);
-                    }
-                    match &block.exit {
-                        BlockExit::Jump(to) => instruction.set_near_branch64(target(*to)),
-                        BlockExit::Conditional { taken, .. } => {
-                            let stub = labels.create();
-                            instruction.set_near_branch64(stub);
-                            taken_stubs.push((index, stub, *taken, original));
-                        }
-                        _ => {}
-                    }
-                }
-                instruction.set_ip(labels.create());
-                pending.push(Pending {
-                    instruction,
-                    original: Some(original),
-                    row_of: original,
-                    extra_stack: 0,
-                });
-            }
-            // A fall-through edge (or a not-taken one, the second of its block's) runs
-            // its code before the next block's label.
-            let runs_on_to = match &block.exit {
-                BlockExit::FallThrough(next) => Some((*next, first_edge[index])),
-                BlockExit::Conditional { not_taken, .. } => {
-                    Some((*not_taken, first_edge[index] + 1))
-                }
-                _ => None,
-            };
-            if let Some((next, edge)) = runs_on_to {
-                let row_of = row_at(next, last);
-                let code = counters.edge(edge, taken_live(next, &live), row_of, labels);
-                emit(&mut pending, code, None, row_of, labels);
-                // Into the next block over its landing-pad code, or elsewhere: a jump.
-                let over_pad = pad_labels.get(index + 1).is_some_and(Option::is_some);
-                if next != Successor::Block(index + 1) || over_pad {
-                    pending.push(jump(target(next), row_of, labels)?);
-                }
-            }
-        }
-        for (index, stub, taken, branch) in taken_stubs {
-            let row_of = row_at(taken, branch);
-            let flags_live = taken_live(taken, &live);
-            let counter =
-                counters.counter(site_index[&CounterSite::Taken(index)], flags_live, labels);
-            emit(&mut pending, counter, Some(stub), row_of, labels);
-            let code = counters.edge(first_edge[index], flags_live, row_of, labels);
-            emit(&mut pending, code, None, row_of, labels);
-            pending.push(jump(target(taken), row_of, labels)?);
-        }
-        for (index, block) in graph.blocks.iter().enumerate() {
-            let BlockExit::Table { table, targets, .. } = &block.exit else {
-                continue;
-            };
-            let stubs = &tables
-                .iter()
-                .find(|t| t.original == *table)
-                .expect("every table is planned")
-                .stubs;
-            let distinct = &edge_lists[index];
-            for (entry, (&to, &stub)) in targets.iter().zip(stubs).enumerate() {
-                let row_of = graph.blocks[to].start;
-                let site = CounterSite::TableEntry {
-                    block: index,
-                    entry,
-                };
-                let counter = counters.counter(site_index[&site], live[to], labels);
-                emit(&mut pending, counter, Some(stub), row_of, labels);
-                let position = distinct
-                    .iter()
-                    .position(|&target| target == Some(to))
-                    .expect("every table target is one of its block's edges");
-                let code = counters.edge(first_edge[index] + position, live[to], row_of, labels);
-                emit(&mut pending, code, None, row_of, labels);
-                pending.push(jump(block_labels[to], row_of, labels)?);
-            }
-        }
-        Ok(pending)
-    };
-
+    let plan = Plan::new(graph, code, &mut labels, counters)?;
     // The tables follow the code, whose length depends on nothing the tables' place
     // changes (RIP-relative displacements are always 32 bits): encode once to learn
     // it, then again with the tables' real place.
-    let first = assemble(address, &mut labels, counters)?;
+    let first = plan.assemble(address, &mut labels, counters)?;
     let first_len = encode(&first, address)?.code_buffer.len() as u64;
     let tables_at = (address + first_len + 7) & !7;
-    let pending = assemble(tables_at, &mut labels, counters)?;
+    let pending = plan.assemble(tables_at, &mut labels, counters)?;
     let encoded = encode(&pending, address)?;
     let code_len = encoded.code_buffer.len() as u64;
     if code_len != first_len {
@@ -435,117 +225,105 @@ pub fn build(
             "its length changed from {first_len} to {code_len} bytes between passes"
         )));
     }
-    let copy_at = |label: u64| -> u64 {
-        let index = pending
-            .iter()
-            .position(|p| p.instruction.ip() == label)
-            .expect("a stub label names an instruction");
-        address + u64::from(encoded.new_instruction_offsets[index])
+    let placed = Placed {
+        pending: &pending,
+        offsets: &encoded.new_instruction_offsets,
+        address,
     };
-    let mut bytes = encoded.code_buffer.clone();
-    bytes.resize((tables_at - address) as usize, 0xcc);
-    for table in &tables {
-        let base = tables_at + table.offset;
-        bytes.resize((base - address) as usize, 0);
-        for &stub in &table.stubs {
-            let stub = copy_at(stub);
-            match table.entries {
-                EntryKind::Relative32 => {
-                    let relative = i32::try_from(stub as i64 - base as i64)
-                        .map_err(|_| CopyRefusal::Encoding("a table entry out of reach".into()))?;
-                    bytes.extend_from_slice(&relative.to_le_bytes());
-                }
-                EntryKind::Absolute64 => bytes.extend_from_slice(&stub.to_le_bytes()),
-            }
-        }
-    }
-    let instructions = pending
-        .iter()
-        .zip(&encoded.new_instruction_offsets)
-        // An instruction iced rewrote into several (a far branch) keeps no offset; its
-        // bytes belong to the instruction before it, which has the same row.
-        .filter(|(_, offset)| **offset != u32::MAX)
-        .map(|(p, &offset)| PlacedInstruction {
-            copy: address + u64::from(offset),
-            original: p.original,
-            row_of: p.row_of,
-            extra_stack: p.extra_stack,
-        })
-        .collect();
-    // A block's label is its counter's first instruction (or, with no counter code,
-    // its own first instruction's).
-    let block_starts = block_labels
-        .iter()
-        .zip(&pad_labels)
-        .map(|(&label, pad)| pad.unwrap_or(label))
-        .zip(&graph.blocks)
-        .map(|(label, block)| {
-            let first = pending
-                .iter()
-                .position(|p| p.instruction.ip() == label)
-                .or_else(|| pending.iter().position(|p| p.original == Some(block.start)))
-                .expect("every block is copied");
-            address + u64::from(encoded.new_instruction_offsets[first])
-        })
-        .collect();
+    let bytes = placed.with_tables(&encoded.code_buffer, &plan.tables, tables_at)?;
     Ok(FunctionCopy {
         address,
         bytes,
         code_len,
-        instructions,
-        block_starts,
+        instructions: placed.instructions(),
+        block_starts: placed.block_starts(&plan, graph),
     })
 }
 
-/// Whether the flags are live where a taken edge lands.
-fn taken_live(taken: Successor, live: &[bool]) -> bool {
-    match taken {
-        Successor::Block(index) => live[index],
-        Successor::Leaves(_) => false,
+/// The copy's instructions, encoded: each at `address` plus its offset.
+struct Placed<'a> {
+    pending: &'a [Pending],
+    offsets: &'a [u32],
+    address: u64,
+}
+
+impl Placed<'_> {
+    /// Where the instruction named `label` is in the copy.
+    fn copy_at(&self, label: u64) -> u64 {
+        let index = self
+            .pending
+            .iter()
+            .position(|p| p.instruction.ip() == label)
+            .expect("a stub label names an instruction");
+        self.address + u64::from(self.offsets[index])
     }
-}
 
-fn last_instruction(block: &crate::code::control_flow::Block) -> u64 {
-    *block
-        .instructions
-        .last()
-        .expect("a block has an instruction")
-}
-
-/// Where each table's copy goes, relative to the start of the tables, and the labels of
-/// its entries' stubs.
-fn plan_tables(
-    graph: &ControlFlowGraph,
-    labels: &mut Labels,
-) -> Result<Vec<TableCopy>, CopyRefusal> {
-    let mut tables: Vec<TableCopy> = Vec::new();
-    let mut offset = 0;
-    for block in &graph.blocks {
-        let BlockExit::Table {
-            table,
-            targets,
-            entries,
-            ..
-        } = &block.exit
-        else {
-            continue;
-        };
-        if tables.iter().any(|t| t.original == *table) {
-            return Err(CopyRefusal::SharedTable { table: *table });
+    /// The copy's bytes: its `code`, then from `tables_at` on the copied tables, their
+    /// entries naming their stubs.
+    fn with_tables(
+        &self,
+        code: &[u8],
+        tables: &[TableCopy],
+        tables_at: u64,
+    ) -> Result<Vec<u8>, CopyRefusal> {
+        let address = self.address;
+        let mut bytes = code.to_vec();
+        bytes.resize((tables_at - address) as usize, 0xcc);
+        for table in tables {
+            let base = tables_at + table.offset;
+            bytes.resize((base - address) as usize, 0);
+            for &stub in &table.stubs {
+                let stub = self.copy_at(stub);
+                match table.entries {
+                    EntryKind::Relative32 => {
+                        let relative = i32::try_from(stub as i64 - base as i64).map_err(|_| {
+                            CopyRefusal::Encoding("a table entry out of reach".into())
+                        })?;
+                        bytes.extend_from_slice(&relative.to_le_bytes());
+                    }
+                    EntryKind::Absolute64 => bytes.extend_from_slice(&stub.to_le_bytes()),
+                }
+            }
         }
-        let size = match entries {
-            EntryKind::Relative32 => 4,
-            EntryKind::Absolute64 => 8,
-        };
-        tables.push(TableCopy {
-            original: *table,
-            entries: *entries,
-            offset,
-            stubs: targets.iter().map(|_| labels.create()).collect(),
-        });
-        offset = (offset + size * targets.len() as u64 + 7) & !7;
+        Ok(bytes)
     }
-    Ok(tables)
+
+    fn instructions(&self) -> Vec<PlacedInstruction> {
+        self.pending
+            .iter()
+            .zip(self.offsets)
+            // An instruction iced rewrote into several (a far branch) keeps no offset; its
+            // bytes belong to the instruction before it, which has the same row.
+            .filter(|(_, offset)| **offset != u32::MAX)
+            .map(|(p, &offset)| PlacedInstruction {
+                copy: self.address + u64::from(offset),
+                original: p.original,
+                row_of: p.row_of,
+                extra_stack: p.extra_stack,
+            })
+            .collect()
+    }
+
+    /// Where each block of `graph` starts in the copy.
+    fn block_starts(&self, plan: &Plan, graph: &ControlFlowGraph) -> Vec<u64> {
+        let pending = self.pending;
+        // A block's label is its counter's first instruction (or, with no counter code,
+        // its own first instruction's).
+        plan.block_labels
+            .iter()
+            .zip(&plan.pad_labels)
+            .map(|(&label, pad)| pad.unwrap_or(label))
+            .zip(&graph.blocks)
+            .map(|(label, block)| {
+                let first = pending
+                    .iter()
+                    .position(|p| p.instruction.ip() == label)
+                    .or_else(|| pending.iter().position(|p| p.original == Some(block.start)))
+                    .expect("every block is copied");
+                self.address + u64::from(self.offsets[first])
+            })
+            .collect()
+    }
 }
 
 fn encode(pending: &[Pending], address: u64) -> Result<iced_x86::BlockEncoderResult, CopyRefusal> {

@@ -4,7 +4,7 @@
 use super::*;
 use crate::code::executable_memory::Mapped;
 use iced_x86::code_asm::*;
-use iced_x86::{MemoryOperand, Register};
+use iced_x86::{Code, MemoryOperand, Register};
 
 /// Where the originals are assembled (never run there: only their copies run).
 const BASE: u64 = 0x40_1000;

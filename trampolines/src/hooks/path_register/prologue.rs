@@ -54,6 +54,26 @@ fn memory(base: Register, displacement: i64) -> MemoryOperand {
     MemoryOperand::with_base_displ(base, displacement)
 }
 
+/// `rsi` = the call's key, `!(entry rsp)`, from `source`, with `depth` bytes pushed so far.
+fn push_key(code: &mut Sequence, source: KeySource, depth: u32) {
+    let (base, displacement) = match source {
+        KeySource::StackPointer(offset) => (Register::RSP, offset + i64::from(depth)),
+        KeySource::Register(register, offset) => (register, offset),
+    };
+    code.push(
+        fixed(Instruction::with2(
+            Code::Lea_r64_m,
+            Register::RSI,
+            memory(base, displacement),
+        )),
+        depth,
+    );
+    code.push(
+        fixed(Instruction::with1(Code::Not_rm64, Register::RSI)),
+        depth,
+    );
+}
+
 /// One piece of path code being written: after `begin`, `rcx` holds the thread's
 /// state, `rdx` the call's entry, and `rsi` the call's key when the plan asked for it.
 pub struct PathCode {
@@ -84,22 +104,7 @@ impl PathCode {
         let mut depth = code.save(&saved);
         // The key first, while every register but `rsp` holds the function's value.
         if let Some(source) = plan.key {
-            let (base, displacement) = match source {
-                KeySource::StackPointer(offset) => (Register::RSP, offset + i64::from(depth)),
-                KeySource::Register(register, offset) => (register, offset),
-            };
-            code.push(
-                fixed(Instruction::with2(
-                    Code::Lea_r64_m,
-                    Register::RSI,
-                    memory(base, displacement),
-                )),
-                depth,
-            );
-            code.push(
-                fixed(Instruction::with1(Code::Not_rm64, Register::RSI)),
-                depth,
-            );
+            push_key(&mut code, source, depth);
         }
         if flags_live {
             code.save_flags(&mut depth);
@@ -112,14 +117,24 @@ impl PathCode {
             done: labels.create(),
             next_label: None,
         };
-        path.code.load_thread_state(depth, path.done);
+        path.load_top_entry();
+        match plan.check {
+            Check::NewCall => path.drop_gone_calls(labels),
+            Check::Exact { lost_id } => path.find_exact(plan.key.is_some(), lost_id, labels),
+        }
+        path
+    }
+
+    /// Finds the thread's state (`rcx`) and the top entry of its path stack (`rdx`).
+    fn load_top_entry(&mut self) {
+        self.code.load_thread_state(self.depth, self.done);
         let stack_depth = memory(Register::RCX, i64::from(STATE_PATH_DEPTH));
-        path.push(Instruction::with2(
+        self.push(Instruction::with2(
             Code::Mov_r64_rm64,
             Register::RDX,
             stack_depth,
         ));
-        path.push(Instruction::with2(
+        self.push(Instruction::with2(
             Code::Lea_r64_m,
             Register::RDX,
             MemoryOperand::with_base_index_scale_displ_size(
@@ -130,53 +145,56 @@ impl PathCode {
                 1,
             ),
         ));
-        match plan.check {
-            Check::NewCall => {
-                // An entry whose key is at least this call's (`rsp` at or below it)
-                // is of a call that is gone.
-                let check = labels.create();
-                let keep = labels.create();
-                path.label_next(check);
-                path.push(Instruction::with2(
-                    Code::Cmp_rm64_r64,
-                    memory(Register::RDX, 0),
-                    Register::RSI,
-                ));
-                path.push(Instruction::with_branch(Code::Jb_rel32_64, keep));
-                path.drop_top(check);
-                path.label_next(keep);
-            }
-            Check::Exact { lost_id } => {
-                let check = labels.create();
-                let mine = labels.create();
-                let deeper = labels.create();
-                if plan.key.is_some() {
-                    path.label_next(check);
-                    path.push(Instruction::with2(
-                        Code::Cmp_rm64_r64,
-                        memory(Register::RDX, 0),
-                        Register::RSI,
-                    ));
-                    path.push(Instruction::with_branch(Code::Je_rel32_64, mine));
-                    path.push(Instruction::with_branch(Code::Ja_rel32_64, deeper));
-                }
-                // Not found: an outer call's entry is on top (or the sentinel).
-                if let Some(lost_id) = lost_id {
-                    let lost = memory(
-                        Register::RCX,
-                        i64::from(thread_state::calls_displacement(lost_id)),
-                    );
-                    path.push(Instruction::with1(Code::Inc_rm64, lost));
-                }
-                path.push(Instruction::with_branch(Code::Jmp_rel32_64, path.done));
-                if plan.key.is_some() {
-                    path.label_next(deeper);
-                    path.drop_top(check);
-                    path.label_next(mine);
-                }
-            }
+    }
+
+    /// [`Check::NewCall`]: drops the entries of calls that are gone.
+    fn drop_gone_calls(&mut self, labels: &mut super::Labels) {
+        // An entry whose key is at least this call's (`rsp` at or below it)
+        // is of a call that is gone.
+        let check = labels.create();
+        let keep = labels.create();
+        self.label_next(check);
+        self.push(Instruction::with2(
+            Code::Cmp_rm64_r64,
+            memory(Register::RDX, 0),
+            Register::RSI,
+        ));
+        self.push(Instruction::with_branch(Code::Jb_rel32_64, keep));
+        self.drop_top(check);
+        self.label_next(keep);
+    }
+
+    /// [`Check::Exact`]: finds the entry whose key is the call's (`has_key`: the key is
+    /// in `rsi`), dropping deeper ones; without one, counts `lost_id` and goes to the
+    /// epilogue.
+    fn find_exact(&mut self, has_key: bool, lost_id: Option<u32>, labels: &mut super::Labels) {
+        let check = labels.create();
+        let mine = labels.create();
+        let deeper = labels.create();
+        if has_key {
+            self.label_next(check);
+            self.push(Instruction::with2(
+                Code::Cmp_rm64_r64,
+                memory(Register::RDX, 0),
+                Register::RSI,
+            ));
+            self.push(Instruction::with_branch(Code::Je_rel32_64, mine));
+            self.push(Instruction::with_branch(Code::Ja_rel32_64, deeper));
         }
-        path
+        // Not found: an outer call's entry is on top (or the sentinel).
+        if let Some(lost_id) = lost_id {
+            let lost = memory(
+                Register::RCX,
+                i64::from(thread_state::calls_displacement(lost_id)),
+            );
+            self.push(Instruction::with1(Code::Inc_rm64, lost));
+        }
+        self.push(Instruction::with_branch(Code::Jmp_rel32_64, self.done));
+        if has_key {
+            self.label_next(deeper);
+            self.drop_top(check);
+            self.label_next(mine);
+        }
     }
 
     /// Pops the top entry (a call that is gone) and goes back to `check`.

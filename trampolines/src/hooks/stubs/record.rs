@@ -144,7 +144,6 @@ pub(super) fn record_hook(
     after_call: bool,
     values: RecordValues,
 ) -> Result<(Layout, RecordWords), IcedError> {
-    let frame = RECORD_HOOK_FRAME;
     let (slot, entry_slot) = return_slots(RECORD_HOOK_PUSHES, after_call);
     let handlers = handlers();
     let before_push: Handler = if after_call {
@@ -160,94 +159,21 @@ pub(super) fn record_hook(
         shadow_function: a.create_label(),
         id: a.create_label(),
     };
-    let mut entry = EntryLabels::new(a);
-    let mut activation = a.create_label();
-    let mut counted = a.create_label();
-    let mut discover = a.create_label();
-    let mut same_slot = a.create_label();
-    let mut shadow = ShadowLabels {
-        overflow: a.create_label(),
-        prune: a.create_label(),
-        same_slot: Some(same_slot),
-        push_entry: a.create_label(),
-    };
-    let mut entry_ring = a.create_label();
-    let mut entry_room = a.create_label();
-    let mut entry_done = a.create_label();
+    let mut entry = RecordEntryLabels::new(a);
     let mut exit = ExitLabels::new(a);
     let mut slow_call = a.create_label();
+    let hook = RecordHook {
+        root,
+        after_call,
+        entry_slot,
+        before_push,
+        body,
+    };
 
     a.set_label(&mut layout.entry)?;
-    enter_with_state(a, frame, &mut entry)?;
-    a.set_label(&mut activation)?;
-    if !root {
-        // Outside the call graph a function records nothing.
-        a.cmp(qword_ptr(rcx + STATE_GRAPH_DEPTH), 0)?;
-        a.je(entry.passthrough)?;
-    }
-    a.mov(r11, (handlers.invoked_table)())?;
-    a.add(r11, qword_ptr(words.id))?;
-    a.cmp(byte_ptr(r11), 0)?;
-    a.je(discover)?;
-    a.set_label(&mut counted)?;
-    check_shadow_top(a, entry_slot, &mut shadow)?;
-    let function_word = Word::Data(words.shadow_function);
-    push_shadow_entry(
-        a,
-        entry_slot,
-        function_word,
-        exit.exit,
-        &mut shadow.push_entry,
-    )?;
-    if after_call {
-        a.mov(qword_ptr(rsp + entry_slot), r11)?;
-    }
-    a.inc(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
-    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
-    a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
-    a.jae(entry_ring)?;
-    a.set_label(&mut entry_room)?;
-    read_tsc(a)?;
-    write_event(a, words.entry_event)?;
-    a.set_label(&mut entry_done)?;
-    frame.restore(a)?;
-    if after_call {
-        a.jmp(body)?;
-    } else {
-        // The return address lives in the shadow entry; `call` puts the exit in its slot.
-        a.lea(rsp, qword_ptr(rsp + 8))?;
-        a.call(body)?;
-    }
-
+    hook.entry_path(a, &mut entry, &words, exit.exit)?;
     exit_path(a, &mut exit, slot, after_call, words.exit_event, slow_call)?;
-
-    // Entry slow paths.
-    a.set_label(&mut entry_ring)?;
-    call_slow(a, handlers.ring_space, slow_call)?;
-    a.test(rdx, rdx)?;
-    a.jnz(entry_done)?;
-    a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
-    a.jmp(entry_room)?;
-    a.set_label(&mut discover)?;
-    a.mov(edx, dword_ptr(words.id))?;
-    call_slow(a, handlers.discover, slow_call)?;
-    a.jmp(counted)?;
-    special_path(a, &mut entry, before_push, slow_call, activation)?;
-    // The top frame's slot is ours: a tail call from it if the slot holds its exit.
-    a.set_label(&mut same_slot)?;
-    a.mov(rax, qword_ptr(r11))?;
-    a.cmp(rax, qword_ptr(rdx + (ENTRY_EXIT - ENTRY_SIZE)))?;
-    a.je(shadow.push_entry)?;
-    entry_slow_paths(
-        a,
-        frame,
-        &mut entry,
-        &mut shadow,
-        before_push,
-        entry_slot,
-        body,
-        &mut slow_call,
-    )?;
+    hook.entry_slow_paths(a, &mut entry, &words, &mut slow_call)?;
     // The per-function data words (see `RecordTemplate`).
     for (label, value) in [
         (&mut words.entry_event, values.entry_event),
@@ -259,6 +185,160 @@ pub(super) fn record_hook(
         a.dq(&[value])?;
     }
     Ok((layout, words))
+}
+
+/// What shapes a recording hook's entry: whether it is a root, whether it runs after
+/// a call thunk, its shadow entry's slot, its handler before the push, and the body.
+struct RecordHook {
+    root: bool,
+    after_call: bool,
+    entry_slot: i32,
+    before_push: Handler,
+    body: CodeLabel,
+}
+
+/// The labels of the recording hook's entry: the shared entry's, where its activation
+/// starts, the first call's discovery and where the counted call goes on, the shadow
+/// stack's (with the same slot's check), and the ring's slow path, the room after it
+/// and the entry's end.
+struct RecordEntryLabels {
+    entry: EntryLabels,
+    activation: CodeLabel,
+    counted: CodeLabel,
+    discover: CodeLabel,
+    same_slot: CodeLabel,
+    shadow: ShadowLabels,
+    ring: CodeLabel,
+    room: CodeLabel,
+    done: CodeLabel,
+}
+
+impl RecordEntryLabels {
+    fn new(a: &mut CodeAssembler) -> RecordEntryLabels {
+        let entry = EntryLabels::new(a);
+        let activation = a.create_label();
+        let counted = a.create_label();
+        let discover = a.create_label();
+        let same_slot = a.create_label();
+        let shadow = ShadowLabels {
+            overflow: a.create_label(),
+            prune: a.create_label(),
+            same_slot: Some(same_slot),
+            push_entry: a.create_label(),
+        };
+        RecordEntryLabels {
+            entry,
+            activation,
+            counted,
+            discover,
+            same_slot,
+            shadow,
+            ring: a.create_label(),
+            room: a.create_label(),
+            done: a.create_label(),
+        }
+    }
+}
+
+impl RecordHook {
+    /// The entry: the call counted in the shadow stack and the graph's depth, the
+    /// entry event timed last, then the body run with the exit as its return address.
+    fn entry_path(
+        &self,
+        a: &mut CodeAssembler,
+        labels: &mut RecordEntryLabels,
+        words: &RecordWords,
+        exit: CodeLabel,
+    ) -> Result<(), IcedError> {
+        let frame = RECORD_HOOK_FRAME;
+        let entry_slot = self.entry_slot;
+        enter_with_state(a, frame, &mut labels.entry)?;
+        a.set_label(&mut labels.activation)?;
+        if !self.root {
+            // Outside the call graph a function records nothing.
+            a.cmp(qword_ptr(rcx + STATE_GRAPH_DEPTH), 0)?;
+            a.je(labels.entry.passthrough)?;
+        }
+        a.mov(r11, (handlers().invoked_table)())?;
+        a.add(r11, qword_ptr(words.id))?;
+        a.cmp(byte_ptr(r11), 0)?;
+        a.je(labels.discover)?;
+        a.set_label(&mut labels.counted)?;
+        check_shadow_top(a, entry_slot, &mut labels.shadow)?;
+        let function_word = Word::Data(words.shadow_function);
+        push_shadow_entry(
+            a,
+            entry_slot,
+            function_word,
+            exit,
+            &mut labels.shadow.push_entry,
+        )?;
+        if self.after_call {
+            a.mov(qword_ptr(rsp + entry_slot), r11)?;
+        }
+        a.inc(qword_ptr(rcx + STATE_GRAPH_DEPTH))?;
+        a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+        a.cmp(r11, qword_ptr(rcx + STATE_RING_LIMIT))?;
+        a.jae(labels.ring)?;
+        a.set_label(&mut labels.room)?;
+        read_tsc(a)?;
+        write_event(a, words.entry_event)?;
+        a.set_label(&mut labels.done)?;
+        frame.restore(a)?;
+        if self.after_call {
+            a.jmp(self.body)?;
+        } else {
+            // The return address lives in the shadow entry; `call` puts the exit in its
+            // slot.
+            a.lea(rsp, qword_ptr(rsp + 8))?;
+            a.call(self.body)?;
+        }
+        Ok(())
+    }
+
+    /// The entry's slow paths: the ring's, the first call's discovery, the special
+    /// path, the same slot's check and the shared ones (which place `slow_call`).
+    fn entry_slow_paths(
+        &self,
+        a: &mut CodeAssembler,
+        labels: &mut RecordEntryLabels,
+        words: &RecordWords,
+        slow_call: &mut CodeLabel,
+    ) -> Result<(), IcedError> {
+        let handlers = handlers();
+        a.set_label(&mut labels.ring)?;
+        call_slow(a, handlers.ring_space, *slow_call)?;
+        a.test(rdx, rdx)?;
+        a.jnz(labels.done)?;
+        a.mov(r11, qword_ptr(rcx + STATE_RING_HEAD))?;
+        a.jmp(labels.room)?;
+        a.set_label(&mut labels.discover)?;
+        a.mov(edx, dword_ptr(words.id))?;
+        call_slow(a, handlers.discover, *slow_call)?;
+        a.jmp(labels.counted)?;
+        special_path(
+            a,
+            &mut labels.entry,
+            self.before_push,
+            *slow_call,
+            labels.activation,
+        )?;
+        // The top frame's slot is ours: a tail call from it if the slot holds its exit.
+        a.set_label(&mut labels.same_slot)?;
+        a.mov(rax, qword_ptr(r11))?;
+        a.cmp(rax, qword_ptr(rdx + (ENTRY_EXIT - ENTRY_SIZE)))?;
+        a.je(labels.shadow.push_entry)?;
+        entry_slow_paths(
+            a,
+            RECORD_HOOK_FRAME,
+            &mut labels.entry,
+            &mut labels.shadow,
+            self.before_push,
+            self.entry_slot,
+            self.body,
+            slow_call,
+        )
+    }
 }
 
 /// The labels of the recording hook's exit: where the function returns to, its ring
