@@ -9,8 +9,8 @@
 
 use crate::profile::names::printable;
 use crate::profile::overlap::{
-    HOT_THRESHOLD, PathWeights, agreement, at_timed_callers, on_common_clock, path_weights,
-    path_weights_as_sampled, root_names,
+    Agreement, HOT_THRESHOLD, PathWeights, agreement, at_timed_callers, on_common_clock,
+    path_weights, path_weights_as_sampled, root_names,
 };
 use crate::profile::{NotFollowed, Profile};
 use std::collections::HashMap;
@@ -25,25 +25,7 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
     let mut profile_b = Profile::load(b)?;
     let on_cpu = on_common_clock(&mut profile_a, &mut profile_b);
     let roots = comparison_roots(&profile_a, &profile_b, root);
-    for (path, profile) in [(a, &profile_a), (b, &profile_b)] {
-        let weights = path_weights(profile, &roots);
-        if weights.is_empty() || weights.values().all(|w| w.total_share == 0.0) {
-            let below = if roots.is_empty() {
-                String::new()
-            } else {
-                format!(" below {}", roots.join(", "))
-            };
-            anyhow::bail!(
-                "{} has no time{below} to compare{}",
-                path.display(),
-                if roots.is_empty() {
-                    ""
-                } else {
-                    " (is the name spelled as in `tendril report`?)"
-                }
-            );
-        }
-    }
+    refuse_without_time(&[(a, &profile_a), (b, &profile_b)], &roots)?;
     let (weights_a, weights_b, moved) = weights_to_compare(&profile_a, &profile_b, &roots);
     let result = agreement(&weights_a, &weights_b);
     let why_a = not_followed_by_name(&profile_a);
@@ -105,34 +87,70 @@ pub fn run(a: &Path, b: &Path, root: Option<&str>, rows: usize) -> anyhow::Resul
             "{:>7} {:>7} {:>7}  call path",
             "A self", "B self", "B−A"
         )?;
-        for (path, share_a, share_b) in result.differences.iter().take(rows) {
-            // A path only the other profile has may end in a function this one did
-            // not follow: say why.
-            let function = path.rsplit(';').next().unwrap_or(path);
-            let why = match (share_a, share_b) {
-                (a, _) if *a == 0.0 => why_a.get(function),
-                (_, b) if *b == 0.0 => why_b.get(function),
-                _ => None,
-            };
-            writeln!(
-                out,
-                "{:>6.1}% {:>6.1}% {:>+6.1}%  {}{}",
-                share_a * 100.0,
-                share_b * 100.0,
-                (share_b - share_a) * 100.0,
-                printable(path),
-                why.map_or(String::new(), |why| format!(
-                    "  (not followed there: {})",
-                    printable(why)
-                ))
-            )?;
-        }
+        write_rows(&mut out, &result, [&why_a, &why_b], rows)?;
         out.flush()
     })();
     match written {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
+}
+
+/// Fails when a profile has no time to compare (below `roots`, if given).
+fn refuse_without_time(profiles: &[(&Path, &Profile)], roots: &[String]) -> anyhow::Result<()> {
+    for &(path, profile) in profiles {
+        let weights = path_weights(profile, roots);
+        if weights.is_empty() || weights.values().all(|w| w.total_share == 0.0) {
+            let below = if roots.is_empty() {
+                String::new()
+            } else {
+                format!(" below {}", roots.join(", "))
+            };
+            anyhow::bail!(
+                "{} has no time{below} to compare{}",
+                path.display(),
+                if roots.is_empty() {
+                    ""
+                } else {
+                    " (is the name spelled as in `tendril report`?)"
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The `rows` call paths whose shares differ most; a path only one side has that ends
+/// in a function the other did not follow says why (`why` is each side's reasons).
+fn write_rows(
+    out: &mut impl Write,
+    result: &Agreement,
+    [why_a, why_b]: [&HashMap<&str, &str>; 2],
+    rows: usize,
+) -> std::io::Result<()> {
+    for (path, share_a, share_b) in result.differences.iter().take(rows) {
+        // A path only the other profile has may end in a function this one did
+        // not follow: say why.
+        let function = path.rsplit(';').next().unwrap_or(path);
+        let why = match (share_a, share_b) {
+            (a, _) if *a == 0.0 => why_a.get(function),
+            (_, b) if *b == 0.0 => why_b.get(function),
+            _ => None,
+        };
+        writeln!(
+            out,
+            "{:>6.1}% {:>6.1}% {:>+6.1}%  {}{}",
+            share_a * 100.0,
+            share_b * 100.0,
+            (share_b - share_a) * 100.0,
+            printable(path),
+            why.map_or(String::new(), |why| format!(
+                "  (not followed there: {})",
+                printable(why)
+            ))
+        )?;
+    }
+    Ok(())
 }
 
 /// What was moved to compare a recording with samples: contexts reached by a tail
