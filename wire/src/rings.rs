@@ -181,6 +181,11 @@ pub mod ring {
     /// in: the agent faults it in ahead of the producer, a part at a time, and past one
     /// lap all of it is (`u64::MAX`). The agent's alone; the controller never reads it.
     pub const POPULATED: usize = 8;
+    /// How far (`u64`, as `POPULATED`) the producer wants its memory faulted in, asked
+    /// of the agent's discoverer thread ahead of need; and who faults a part in now
+    /// (`u32`: 0 no one, 1 the producer, 2 the agent). The agent's alone.
+    pub const POPULATE_WANTED: usize = 32;
+    pub const POPULATE_LOCK: usize = 40;
     /// The head (`u64`) at which the ring's thread next runs an in-situ calibration
     /// batch (0: not set yet). The agent's alone.
     pub const IN_SITU_NEXT: usize = 16;

@@ -20,6 +20,7 @@
 //! last one closes: an agent that serves nobody leaves only its control thread.
 
 use crate::runtime::recording;
+use crate::runtime::ring_memory;
 pub use crate::runtime::state::DiscoveryJob as Job;
 use crate::runtime::state::STATE;
 use crate::sys;
@@ -114,6 +115,8 @@ pub fn serve(make: fn(Job)) {
         STATE
             .discoverer_raised
             .store(runs_raised(), Ordering::Release);
+        // Rings' memory first: a producer that asked must not reach the part it wants.
+        ring_memory::fault_in_what_rings_want();
         let job = jobs().pop();
         match job {
             Some(job) => {

@@ -16,6 +16,7 @@ pub mod in_situ;
 pub mod lingering;
 pub mod recording;
 pub mod retire;
+pub mod ring_memory;
 pub mod ring_segments;
 pub mod shadow;
 mod state;

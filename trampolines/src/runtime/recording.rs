@@ -14,9 +14,10 @@
 //! reaches `ring_limit` does it read the consumer's `tail` again, and if the ring is
 //! really full it waits — the wait is tendril's pause, reported as an Adjust event.
 //! The limit also stops at the end of the ring memory faulted in so far, which the same
-//! slow path extends ahead of the producer (`populate_ahead`), so the hooks never take
-//! a page fault.
+//! slow path (or the agent's discoverer thread, `ring_memory`) extends ahead of the
+//! producer, so the hooks never take a page fault.
 
+use crate::runtime::ring_memory;
 use crate::runtime::ring_segments;
 use crate::runtime::state::STATE;
 use crate::runtime::thread_state::{StatePtr, current_state};
@@ -404,7 +405,12 @@ pub fn make_room(state: StatePtr) -> bool {
         add_to_header(header::RING_WAIT_TICKS, waited);
         write_event(state, Event::new(EventKind::Adjust, 0, waited));
     }
-    populate_ahead(state);
+    let faulting = ring_memory::fault_in_ahead(state);
+    if faulting != 0 {
+        add_to_header(header::PAUSE_TICKS, faulting);
+        add_to_header(header::RING_FAULT_TICKS, faulting);
+        write_event(state, Event::new(EventKind::Adjust, 0, faulting));
+    }
     update_limit(state);
     true
 }
@@ -439,57 +445,6 @@ fn wait_for_the_drain(ring_header: u64, wanted_tail: u64) {
     waiting.store(0, Ordering::Relaxed);
 }
 
-/// Events faulted in at a time ahead of the producer, at most: 256 KiB, 64 pages.
-const POPULATE_EVENTS: u64 = 1 << 14;
-
-/// Events faulted in first, when a thread takes a ring: one page. Each part after is
-/// as large as all before it, up to [`POPULATE_EVENTS`]. A thousand threads entering a
-/// root at once each faulted 256 KiB in at their first call (256 MB, queued on the
-/// memory map's lock), which held that call for up to 0.2 s; a root call writes tens
-/// of events.
-const FIRST_POPULATE_EVENTS: u64 = 1 << 8;
-
-/// Faults in the next part of the calling thread's ring when its head has reached the
-/// end of what is in memory, and lowers the ring limit to the end of what is, so the
-/// stubs come back here when they reach it. Without this, each 4 KiB of a ring's first
-/// lap (256 events) costs its writer a page fault, microseconds on a VM: tens of ns
-/// per hooked call, which no calibration removes. Faulting in a part at a time keeps a
-/// ring's memory what its thread's events need, as before. The time it takes is a wait
-/// tendril causes, written as an Adjust event.
-fn populate_ahead(state: StatePtr) {
-    let populated = word_at(state.ring_header().load(Relaxed) + ring::POPULATED as u64);
-    let head = state.ring_head().load(Relaxed);
-    let capacity = ring_capacity(state);
-    let mut until = populated.load(Relaxed);
-    if head + 2 > until {
-        let started = sys::rdtsc();
-        // Slot by slot from where the memory stops; the whole ring once a lap is in.
-        let step = until.clamp(FIRST_POPULATE_EVENTS, POPULATE_EVENTS);
-        let from = until.max(head - head % step);
-        let to = (from + step).max(head + 2);
-        let first = from.min(capacity);
-        let last = to.min(capacity);
-        if first < last {
-            let events = state.ring_events().load(Relaxed);
-            // SAFETY: slots [first, last) of the ring are inside its mapped, writable,
-            // 16-byte aligned events, and only this thread, the ring's producer, writes
-            // them; faulting them in changes no slot.
-            unsafe {
-                sys::populate_for_writing(
-                    events + first * Event::SIZE as u64,
-                    (last - first) * Event::SIZE as u64,
-                )
-            };
-        }
-        until = if to >= capacity { u64::MAX } else { to };
-        populated.store(until, Relaxed);
-        let waited = sys::rdtsc().saturating_sub(started);
-        add_to_header(header::PAUSE_TICKS, waited);
-        add_to_header(header::RING_FAULT_TICKS, waited);
-        write_event(state, Event::new(EventKind::Adjust, 0, waited));
-    }
-}
-
 /// Where the calling thread's ring stops having room for its producer: its free slots
 /// that are in memory end at `end`; the next in-situ calibration batch is due at the
 /// head `in_situ_next` holds.
@@ -501,9 +456,9 @@ pub struct RingRoom {
 pub fn ring_room(state: StatePtr) -> RingRoom {
     let ring_header = state.ring_header().load(Relaxed);
     let tail = word_at(ring_header + ring::TAIL as u64).load(Ordering::Acquire);
-    let populated = word_at(ring_header + ring::POPULATED as u64).load(Relaxed);
+    let capacity = ring_capacity(state);
     RingRoom {
-        end: (tail + ring_capacity(state)).min(populated),
+        end: (tail + capacity).min(ring_memory::room_end(ring_header, capacity)),
         in_situ_next: word_at(ring_header + ring::IN_SITU_NEXT as u64),
     }
 }

@@ -221,6 +221,12 @@ pub fn release_ring_memory() -> u64 {
                         as *const std::sync::atomic::AtomicU64)
                 };
                 populated.store(0, Ordering::Release);
+                // SAFETY: as above, the ring's populate request word.
+                let wanted = unsafe {
+                    &*((ring + tendril_wire::rings::ring::POPULATE_WANTED as u64)
+                        as *const std::sync::atomic::AtomicU64)
+                };
+                wanted.store(0, Ordering::Release);
             }
         }
     }
