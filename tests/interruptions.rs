@@ -114,6 +114,19 @@ fn check(profile: &Profile, truth: f64, what: &str) {
     }
     let now = per_call(profile);
     println!("{what}: on-CPU per call {now:.0?} ns; the fixture measured {truth:.0} ns on a CPU");
+    // What a failure needs to tell a cause: lost switch records count as on-CPU time,
+    // and the pauses removed.
+    let stats = &profile.stats;
+    println!(
+        "{what}: {} context-switch records lost; pauses {} ns ({} ns waiting for a core, \
+         {} ns for ring room, {} ns faulting rings); {} events lost",
+        stats.off_cpu_lost,
+        stats.pause_ns,
+        stats.core_wait_ns,
+        stats.ring_wait_ns,
+        stats.ring_fault_ns,
+        stats.lost_events
+    );
     // A request is descend(8) and nothing else: both carry its time.
     for (i, name) in [ROOT, "descend"].iter().enumerate() {
         assert!(

@@ -8,14 +8,14 @@
 # time, its lost events, how many threads have a tree, and the pauses tendril caused
 # summed over the threads (`pause_ns`), with three of their causes.
 #
-# Usage: benches/scripts/many_threads.sh [RUNS] [THREADS] [RATE]   (from the repository,
+# Usage: [TENDRIL=path] benches/scripts/many_threads.sh [RUNS] [THREADS] [RATE]   (from the repository,
 #        after cargo build --release; needs gcc)
 set -euo pipefail
 runs=${1:-3}
 threads=${2:-1000}
 rate=${3:-250}
 here=$(cd "$(dirname "$0")/../.." && pwd)
-tendril="$here/target/release/tendril"
+tendril="${TENDRIL:-$here/target/release/tendril}"
 work=$(mktemp -d)
 target_pid=
 cleanup() {
