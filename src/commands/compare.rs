@@ -5,7 +5,9 @@
 //! `profile::overlap` for the definitions), so scripts read it; the table below it
 //! lists each call path's self share in A and in B. A sampled whole-process tree and an
 //! instrumented tree compare below the instrumented tree's roots unless `--root` says
-//! otherwise.
+//! otherwise, each read as the other can show it (`weights_to_compare`: tail calls in
+//! their caller's place, time counted in a caller at that caller), and a path only one
+//! side has that ends in a function that side did not follow says why.
 
 use crate::profile::names::printable;
 use crate::profile::overlap::{
