@@ -1,11 +1,14 @@
 //! Reading a recorded function's code from the target, for what the agent does not
-//! report: its Go callees, its calls into JIT code, its tail calls.
+//! report: its Go callees, its calls into JIT code, its tail calls; and the recorded
+//! functions and trees those readings apply to.
 //!
 //! The one idea: the controller decodes each function at most once, from the target's
 //! memory as it is now (a patched entry's first bytes are the hook's jump, which
 //! `callees::scan` reads as one more callee at most), and each user keeps the answers
 //! it needs.
 
+use super::Recorder;
+use crate::profile::{Node, Profile};
 use crate::symbols::ProcessSymbols;
 use tendril_callgraph::callees::{self, Callees};
 
@@ -35,4 +38,22 @@ pub(super) fn all_targets(pid: i32, found: Callees) -> impl Iterator<Item = u64>
             .into_iter()
             .filter_map(move |slot| read_pointer(pid, slot)),
     )
+}
+
+impl Recorder {
+    /// The entries of the functions the recording has seen run so far; `None` before
+    /// it has begun.
+    pub(super) fn recorded_functions(&self) -> Option<Vec<u64>> {
+        let (builder, rings) = (self.builder.as_ref()?, self.rings.as_ref()?);
+        let seen = builder.functions_seen().into_iter();
+        Some(seen.filter_map(|id| rings.function_address(id)).collect())
+    }
+}
+
+/// Calls `change` on the merged tree's roots and on every thread's.
+pub(super) fn for_each_tree(profile: &mut Profile, mut change: impl FnMut(&mut [Node])) {
+    change(&mut profile.merged.roots);
+    for thread in &mut profile.threads {
+        change(&mut thread.roots);
+    }
 }

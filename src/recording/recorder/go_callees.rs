@@ -58,14 +58,9 @@ impl Recorder {
         if !self.go_callees.has_go {
             return Vec::new();
         }
-        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+        let Some(seen) = self.recorded_functions() else {
             return Vec::new();
         };
-        let seen: Vec<u64> = builder
-            .functions_seen()
-            .into_iter()
-            .filter_map(|id| rings.function_address(id))
-            .collect();
         self.go_callees.scan(&self.symbols, seen.into_iter());
         self.go_callees
             .found

@@ -16,7 +16,7 @@
 //! trampolines are such code, and a patched entry jumps into one), and calls whose
 //! target is only in a register computed at run time (an interpreter's dispatch).
 
-use super::code_reading::{all_targets, callees_of};
+use super::code_reading::{all_targets, callees_of, for_each_tree};
 use super::*;
 use crate::profile::{Node, NotFollowed};
 use crate::symbols::jit::{JIT_MODULE, JitSymbols};
@@ -124,22 +124,14 @@ impl Recorder {
     /// Adds to `profile` the calls its functions make into JIT code: leaves under their
     /// callers, and entries of `discovery.not_followed`.
     pub(super) fn add_jit_callees(&mut self, profile: &mut Profile) {
-        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+        let Some(seen) = self.recorded_functions() else {
             return;
         };
-        let seen: Vec<u64> = builder
-            .functions_seen()
-            .into_iter()
-            .filter_map(|id| rings.function_address(id))
-            .collect();
         self.jit_callees.scan(&self.symbols, seen.into_iter());
         if self.jit_callees.found.is_empty() {
             return;
         }
-        self.jit_callees.add_leaves(&mut profile.merged.roots);
-        for thread in &mut profile.threads {
-            self.jit_callees.add_leaves(&mut thread.roots);
-        }
+        for_each_tree(profile, |roots| self.jit_callees.add_leaves(roots));
         if let Some(discovery) = profile.discovery.as_mut() {
             discovery
                 .not_followed

@@ -9,7 +9,7 @@
 //! jumps alone. A callee the same parent both calls and jumps to stays unmarked: which
 //! of the two a context saw cannot be told.
 
-use super::code_reading::{callees_of, read_pointer};
+use super::code_reading::{callees_of, for_each_tree, read_pointer};
 use super::*;
 use crate::profile::Node;
 use std::collections::{BTreeSet, HashSet};
@@ -83,21 +83,13 @@ fn function_reached(symbols: &ProcessSymbols, target: u64) -> u64 {
 impl Recorder {
     /// Marks the nodes of `profile` its functions reach by tail jumps.
     pub(super) fn mark_tail_calls(&mut self, profile: &mut Profile) {
-        let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
+        let Some(seen) = self.recorded_functions() else {
             return;
         };
-        let seen: Vec<u64> = builder
-            .functions_seen()
-            .into_iter()
-            .filter_map(|id| rings.function_address(id))
-            .collect();
         self.tail_calls.scan(&self.symbols, seen.into_iter());
         if self.tail_calls.tail_only.is_empty() {
             return;
         }
-        self.tail_calls.mark(&mut profile.merged.roots);
-        for thread in &mut profile.threads {
-            self.tail_calls.mark(&mut thread.roots);
-        }
+        for_each_tree(profile, |roots| self.tail_calls.mark(roots));
     }
 }
