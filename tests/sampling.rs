@@ -11,7 +11,7 @@ use crate::common;
 
 use common::{Target, code_bytes_match_file, tendril};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tendril::profile::{Node, Profile, Visit, walk};
 use tendril::sampling::{Sampler, SamplerOptions};
@@ -79,6 +79,24 @@ fn parts_samples(profile: &Profile) -> u64 {
         .iter()
         .map(|name| counts.get(*name).copied().unwrap_or(0))
         .sum()
+}
+
+/// `tendril compare SAMPLED RECORDED`'s output, the two files removed after.
+fn compare_and_remove(sampled: &Path, recorded: &Path) -> String {
+    let compare = tendril()
+        .arg("compare")
+        .arg(sampled)
+        .arg(recorded)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(sampled);
+    let _ = std::fs::remove_file(recorded);
+    assert!(
+        compare.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compare.stderr)
+    );
+    String::from_utf8_lossy(&compare.stdout).into_owned()
 }
 
 fn scratch_file(name: &str) -> PathBuf {
@@ -334,20 +352,7 @@ fn compare_of_a_sampled_and_an_instrumented_profile_overlaps_by_at_least_0_85() 
         "record: {}",
         String::from_utf8_lossy(&record.stderr)
     );
-    let compare = tendril()
-        .arg("compare")
-        .arg(&sampled_file)
-        .arg(&recorded_file)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&sampled_file);
-    let _ = std::fs::remove_file(&recorded_file);
-    let text = String::from_utf8_lossy(&compare.stdout);
-    assert!(
-        compare.status.success(),
-        "{}",
-        String::from_utf8_lossy(&compare.stderr)
-    );
+    let text = compare_and_remove(&sampled_file, &recorded_file);
     let first = text.lines().next().unwrap_or_default();
     let words: Vec<&str> = first.split_whitespace().collect();
     assert!(
@@ -512,20 +517,7 @@ fn compare_reads_a_recording_as_a_sampled_stack_shows_its_tail_calls() {
     });
     let sampled_file = scratch_file("tail-sampled.json");
     std::fs::write(&sampled_file, serde_json::to_vec(&sampled).unwrap()).unwrap();
-    let compare = tendril()
-        .arg("compare")
-        .arg(&sampled_file)
-        .arg(&recorded_file)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&sampled_file);
-    let _ = std::fs::remove_file(&recorded_file);
-    let text = String::from_utf8_lossy(&compare.stdout);
-    assert!(
-        compare.status.success(),
-        "{}",
-        String::from_utf8_lossy(&compare.stderr)
-    );
+    let text = compare_and_remove(&sampled_file, &recorded_file);
     let moved = text
         .lines()
         .find_map(|line| line.strip_prefix("tail calls: "))
