@@ -260,51 +260,55 @@ fn a_jump_table_is_copied_and_counts_each_entry() {
     pic_switch_runs(5);
 }
 
+/// A position-independent switch over `cases` cases (`case k` returns `rsi + 10k + 1`,
+/// anything else 100), its table holding `entries`; its bytes, the table's address
+/// and the cases' addresses.
+fn assemble_pic_switch(cases: usize, entries: &[i32]) -> (Vec<u8>, u64, Vec<u64>) {
+    let mut a = CodeAssembler::new(64).unwrap();
+    let mut default = a.create_label();
+    let mut table_label = a.create_label();
+    let mut case_labels: Vec<CodeLabel> = (0..cases).map(|_| a.create_label()).collect();
+    a.cmp(edi, (cases - 1) as i32).unwrap();
+    a.ja(default).unwrap();
+    a.lea(rdx, qword_ptr(table_label)).unwrap();
+    a.mov(edi, edi).unwrap();
+    a.movsxd(rax, dword_ptr(rdx + rdi * 4)).unwrap();
+    a.add(rax, rdx).unwrap();
+    a.jmp(rax).unwrap();
+    for (k, label) in case_labels.iter_mut().enumerate() {
+        a.set_label(label).unwrap();
+        a.lea(rax, qword_ptr(rsi + k as i32 * 10 + 1)).unwrap();
+        a.ret().unwrap();
+    }
+    a.set_label(&mut default).unwrap();
+    a.mov(eax, 100).unwrap();
+    a.ret().unwrap();
+    a.set_label(&mut table_label).unwrap();
+    for &entry in entries {
+        a.dd(&[entry as u32]).unwrap();
+    }
+    let result = a
+        .assemble_options(
+            BASE,
+            iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+        )
+        .unwrap();
+    let address = |label: &CodeLabel| result.label_ip(label).unwrap();
+    let table = address(&table_label);
+    let cases: Vec<u64> = case_labels.iter().map(address).collect();
+    (result.inner.code_buffer.clone(), table, cases)
+}
+
 /// `switch (op) { case 0..cases: x + 10 op + 1; default: 100 }` in GCC's
 /// position-independent shape, assembled twice (the cases' addresses first, then the
 /// table's entries), copied and run three rounds.
 fn pic_switch_runs(cases: usize) {
-    let assemble = |entries: &[i32]| {
-        let mut a = CodeAssembler::new(64).unwrap();
-        let mut default = a.create_label();
-        let mut table_label = a.create_label();
-        let mut case_labels: Vec<CodeLabel> = (0..cases).map(|_| a.create_label()).collect();
-        a.cmp(edi, (cases - 1) as i32).unwrap();
-        a.ja(default).unwrap();
-        a.lea(rdx, qword_ptr(table_label)).unwrap();
-        a.mov(edi, edi).unwrap();
-        a.movsxd(rax, dword_ptr(rdx + rdi * 4)).unwrap();
-        a.add(rax, rdx).unwrap();
-        a.jmp(rax).unwrap();
-        for (k, label) in case_labels.iter_mut().enumerate() {
-            a.set_label(label).unwrap();
-            a.lea(rax, qword_ptr(rsi + k as i32 * 10 + 1)).unwrap();
-            a.ret().unwrap();
-        }
-        a.set_label(&mut default).unwrap();
-        a.mov(eax, 100).unwrap();
-        a.ret().unwrap();
-        a.set_label(&mut table_label).unwrap();
-        for &entry in entries {
-            a.dd(&[entry as u32]).unwrap();
-        }
-        let result = a
-            .assemble_options(
-                BASE,
-                iced_x86::BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
-            )
-            .unwrap();
-        let address = |label: &CodeLabel| result.label_ip(label).unwrap();
-        let table = address(&table_label);
-        let cases: Vec<u64> = case_labels.iter().map(address).collect();
-        (result.inner.code_buffer.clone(), table, cases)
-    };
-    let (_, table, case_addresses) = assemble(&vec![0; cases]);
+    let (_, table, case_addresses) = assemble_pic_switch(cases, &vec![0; cases]);
     let entries: Vec<i32> = case_addresses
         .iter()
         .map(|&case| (case as i64 - table as i64) as i32)
         .collect();
-    let (bytes, table, _) = assemble(&entries);
+    let (bytes, table, _) = assemble_pic_switch(cases, &entries);
     let code_len = (table - BASE) as usize;
     let read = |at: u64, buffer: &mut [u8]| {
         let offset = (at - BASE) as usize;
