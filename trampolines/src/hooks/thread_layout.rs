@@ -115,8 +115,9 @@ pub struct ThreadState {
     pub path_stack: [PathEntry; PATH_STACK_ENTRIES],
     /// Adaptive timing: the untimed calls made since the thread's last timed event,
     /// counted per (function, return address) in a small table the untimed hook
-    /// updates (`runtime::untimed_table`). `untimed_used` slots are taken, in the order
-    /// `untimed_order` lists them; the recording they belong to is `untimed_generation`.
+    /// updates (`runtime::untimed_table`). `untimed_used` slots have counts, in the
+    /// order `untimed_order` lists them (a slot whose count is 0 keeps its pair for the
+    /// next timed frame); the recording they belong to is `untimed_generation`.
     pub untimed_used: u64,
     pub untimed_generation: u64,
     pub untimed_order: [u64; UNTIMED_SLOTS],
@@ -172,6 +173,8 @@ pub const STATE_RING_HEADER: i32 = 88;
 pub const STATE_PATH_DEPTH: i32 = std::mem::offset_of!(ThreadState, path_depth) as i32;
 pub const STATE_PATH_STACK: i32 = std::mem::offset_of!(ThreadState, path_stack) as i32;
 pub const STATE_UNTIMED_SLOTS: i32 = std::mem::offset_of!(ThreadState, untimed_slots) as i32;
+pub const STATE_UNTIMED_USED: i32 = std::mem::offset_of!(ThreadState, untimed_used) as i32;
+pub const STATE_UNTIMED_ORDER: i32 = std::mem::offset_of!(ThreadState, untimed_order) as i32;
 // Every offset a stub uses, checked against the layout the runtime accesses.
 const _: () = {
     use std::mem::offset_of;

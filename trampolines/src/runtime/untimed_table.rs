@@ -3,7 +3,11 @@
 //! The one idea: the untimed hook writes nothing to the ring. It counts its call in a
 //! small table in the thread's state, one slot per (function, return address) — the
 //! return address says which function made the call — and only a pair it does not
-//! find there takes the slow path ([`untimed_miss`]), which inserts it. The counts
+//! find there takes the slow path ([`untimed_miss`]), which inserts it. A flush keeps
+//! the pairs with their counts at 0, so a timed frame that calls what the one before
+//! called counts it in place: the hook lists a pair again when its count leaves 0 (on
+//! CPython's json encoder, a slow call per pair and timed frame made the target 45×
+//! slower; BENCHMARKS.md). The counts
 //! become `Call` events, one per pair in the order the pairs were first seen, just
 //! before the thread's next timed event (its entry, exit or unwind), when the table is
 //! full, when a pair's slot is taken, or every 2^16 calls of a pair (so a root that
@@ -87,8 +91,9 @@ pub fn flush(state: StatePtr) {
         let return_address = state.untimed_slot(slot, 0).load(Relaxed);
         let function = state.untimed_slot(slot, 1).load(Relaxed) as u32;
         let mut count = state.untimed_slot(slot, 2).load(Relaxed);
+        // The pair stays: the next timed frame that calls it counts it without a slow
+        // call (the hook lists it again when its count leaves 0).
         state.untimed_slot(slot, 2).store(0, Relaxed);
-        state.untimed_slot(slot, 0).store(0, Relaxed);
         while current && count > 0 {
             let calls = count.min(MAX_CALLS_PER_EVENT);
             count -= calls;

@@ -23,8 +23,9 @@ use super::{load_state, new_layout, slow_call_pointer};
 use crate::hooks::state::STATE;
 use crate::hooks::thread_layout::UNTIMED_FLUSH_EVERY as FLUSH_EVERY;
 use crate::hooks::thread_layout::{
-    FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_UNTIMED_SLOTS, UNTIMED_SLOT_COUNT,
-    UNTIMED_SLOT_FUNCTION, UNTIMED_SLOT_RETURN_ADDRESS, UNTIMED_SLOT_SIZE, UNTIMED_SLOTS,
+    FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_RING_LIMIT, STATE_UNTIMED_ORDER,
+    STATE_UNTIMED_SLOTS, STATE_UNTIMED_USED, UNTIMED_SLOT_COUNT, UNTIMED_SLOT_FUNCTION,
+    UNTIMED_SLOT_RETURN_ADDRESS, UNTIMED_SLOT_SIZE, UNTIMED_SLOTS,
 };
 use crate::sys::error::AgentError;
 use iced_x86::code_asm::*;
@@ -118,6 +119,7 @@ pub(super) fn untimed_hook(
     let mut discover = a.create_label();
     let mut counted = a.create_label();
     let mut miss = a.create_label();
+    let mut again = a.create_label();
     let mut done = a.create_label();
     let mut slow_call = a.create_label();
     let mut outside = a.create_label();
@@ -135,6 +137,19 @@ pub(super) fn untimed_hook(
     a.set_label(&mut miss)?;
     a.mov(rdx, qword_ptr(words.id))?;
     call_slow(a, handlers.untimed_miss, slow_call)?;
+    a.jmp(done)?;
+    // A pair the table kept from an earlier timed frame, counted again (its count went
+    // from 0 to 1): listed for the next flush, and the ring limit lowered so that the
+    // next recording hook flushes (as `untimed_table::insert` does, without a slow
+    // call). rdx is its slot's address.
+    a.set_label(&mut again)?;
+    a.lea(r11, qword_ptr(rcx + STATE_UNTIMED_SLOTS))?;
+    a.sub(rdx, r11)?;
+    a.shr(rdx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
+    a.mov(rax, qword_ptr(rcx + STATE_UNTIMED_USED))?;
+    a.mov(qword_ptr(rcx + rax * 8 + STATE_UNTIMED_ORDER), rdx)?;
+    a.inc(qword_ptr(rcx + STATE_UNTIMED_USED))?;
+    a.mov(qword_ptr(rcx + STATE_RING_LIMIT), 0)?;
     a.jmp(done)?;
     a.set_label(&mut outside)?;
     if outermost {
@@ -182,6 +197,8 @@ pub(super) fn untimed_hook(
     a.cmp(qword_ptr(rdx + UNTIMED_SLOT_FUNCTION), r11)?;
     a.jne(miss)?;
     a.inc(qword_ptr(rdx + UNTIMED_SLOT_COUNT))?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_COUNT), 1)?;
+    a.je(again)?;
     // Every 2^16 calls of a pair the slow path writes the table out: a root that never
     // returns still shows its callees' counts, and an event's count never overflows.
     a.test(
