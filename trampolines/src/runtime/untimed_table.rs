@@ -46,7 +46,15 @@ pub extern "C" fn untimed_miss(registers: &mut SavedRegisters) {
             && state.untimed_slot(slot, 1).load(Relaxed) == function
             && state.untimed_slot(slot, 2).load(Relaxed) != 0;
         match counted {
-            true => flush(state),
+            true => {
+                flush(state);
+                // A pair the flush did not take (not listed: the list was full, which
+                // only a signal handler's hook interleaved with the hook's can make
+                // it) is listed now, so its counts are written with the next flush.
+                if state.untimed_slot(slot, 2).load(Relaxed) != 0 {
+                    list(state, slot);
+                }
+            }
             false => insert(state, function, return_address),
         }
     });
@@ -67,7 +75,16 @@ pub fn insert(state: StatePtr, function: u64, return_address: u64) {
     state.untimed_slot(slot, 0).store(return_address, Relaxed);
     state.untimed_slot(slot, 1).store(function, Relaxed);
     state.untimed_slot(slot, 2).store(1, Relaxed);
+    list(state, slot);
+}
+
+/// Lists `slot` for the next flush (the untimed hook does the same in assembly when a
+/// kept pair's count leaves 0).
+fn list(state: StatePtr, slot: usize) {
     let used = state.untimed_used().load(Relaxed);
+    if used as usize >= UNTIMED_SLOTS {
+        return;
+    }
     state
         .untimed_order(used as usize)
         .store(slot as u64, Relaxed);

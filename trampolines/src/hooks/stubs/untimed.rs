@@ -120,6 +120,7 @@ pub(super) fn untimed_hook(
     let mut counted = a.create_label();
     let mut miss = a.create_label();
     let mut again = a.create_label();
+    let mut listed_full = a.create_label();
     let mut done = a.create_label();
     let mut slow_call = a.create_label();
     let mut outside = a.create_label();
@@ -134,6 +135,8 @@ pub(super) fn untimed_hook(
     a.jmp(counted)?;
     // A pair not in the table: the slow path inserts it (rax holds the return address);
     // or its count reached a multiple of FLUSH_EVERY.
+    a.set_label(&mut listed_full)?;
+    a.mov(rax, qword_ptr(rsp + return_address))?;
     a.set_label(&mut miss)?;
     a.mov(rdx, qword_ptr(words.id))?;
     call_slow(a, handlers.untimed_miss, slow_call)?;
@@ -147,6 +150,10 @@ pub(super) fn untimed_hook(
     a.sub(rdx, r11)?;
     a.shr(rdx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
     a.mov(rax, qword_ptr(rcx + STATE_UNTIMED_USED))?;
+    // A list already full (only a signal handler's hook interleaved with this one can
+    // make it so): the slow path flushes instead of writing past the list.
+    a.cmp(rax, UNTIMED_SLOTS as i32)?;
+    a.jae(listed_full)?;
     a.mov(qword_ptr(rcx + rax * 8 + STATE_UNTIMED_ORDER), rdx)?;
     a.inc(qword_ptr(rcx + STATE_UNTIMED_USED))?;
     a.mov(qword_ptr(rcx + STATE_RING_LIMIT), 0)?;
