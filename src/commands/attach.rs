@@ -8,19 +8,15 @@
 
 use crate::live::{self, Start};
 use crate::recording::TimingOptions;
-use crate::recording::recorder::modules_not_loaded_yet;
+use crate::recording::recorder::check_roots;
 use crate::symbols::ProcessSymbols;
 use crate::terminal_text::say;
 
 pub fn run(pid: i32, roots: Vec<String>, timing: TimingOptions) -> anyhow::Result<()> {
     let target = crate::process::inspect(pid)?;
     if !roots.is_empty() {
-        let symbols = ProcessSymbols::load(pid)?;
         // Roots in a library not loaded yet are waited for, as `record` waits.
-        if modules_not_loaded_yet(&symbols, &roots).is_empty() {
-            let matched = crate::targets::match_patterns(&symbols, &roots)?;
-            crate::targets::refuse_if_none_patchable(&symbols, &matched, true)?;
-        }
+        check_roots(&ProcessSymbols::load(pid)?, &roots)?;
     }
     let root_arguments = if roots.is_empty() {
         " --root SYM".to_string()

@@ -25,7 +25,7 @@ mod starting;
 mod tail_calls;
 mod tracing;
 
-pub use starting::modules_not_loaded_yet;
+pub use starting::check_roots;
 use starting::{PatchedRoots, functions_to_patch, patched_roots, static_graph};
 
 pub use adaptive::{CALLS_TO_JUDGE, TimingOptions, threshold_ns};
@@ -194,11 +194,7 @@ impl Recorder {
         let pid = options.pid;
         crate::process::inspect(pid)?;
         let symbols = ProcessSymbols::load(pid)?;
-        let waiting_for = modules_not_loaded_yet(&symbols, &options.roots);
-        if waiting_for.is_empty() {
-            let matched = targets::match_patterns(&symbols, &options.roots)?;
-            targets::refuse_if_none_patchable(&symbols, &matched, true)?;
-        }
+        let waiting_for = check_roots(&symbols, &options.roots)?;
         // Before the attach: a pattern that names nothing leaves the target untouched.
         let kept_timed = match options.timing.keep_timed.is_empty() {
             true => Default::default(),

@@ -231,11 +231,30 @@ pub(super) fn patched_roots<'a>(
     }
 }
 
+/// Checks the root `patterns` before anything in the process is touched: `Ok` with no
+/// module when they match functions that can be patched; `Ok` with the modules they
+/// name when the process has loaded none of those yet (a root in a library the program
+/// loads later, `dlopen`, is named with its module, and the recording waits for it);
+/// the matching's or the refusal's error otherwise.
+pub fn check_roots(
+    symbols: &ProcessSymbols,
+    patterns: &[String],
+) -> Result<Vec<String>, SelectError> {
+    match targets::match_patterns(symbols, patterns) {
+        Ok(matched) => {
+            targets::refuse_if_none_patchable(symbols, &matched, true)?;
+            Ok(Vec::new())
+        }
+        Err(error) => match modules_not_loaded_yet(symbols, patterns) {
+            modules if modules.is_empty() => Err(error),
+            modules => Ok(modules),
+        },
+    }
+}
+
 /// The modules that `patterns` name (`MODULE:FUNCTION`) and the process has not loaded
-/// yet, when every pattern names one; empty otherwise (the patterns are then matched,
-/// and refused, as usual). A root in a library the program loads later (`dlopen`) is
-/// named with its module, and the recording waits for it.
-pub fn modules_not_loaded_yet(symbols: &ProcessSymbols, patterns: &[String]) -> Vec<String> {
+/// yet, when every pattern names one; empty otherwise.
+fn modules_not_loaded_yet(symbols: &ProcessSymbols, patterns: &[String]) -> Vec<String> {
     let mut modules = Vec::new();
     for pattern in patterns {
         match targets::match_patterns(symbols, std::slice::from_ref(pattern)) {
