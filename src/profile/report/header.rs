@@ -60,7 +60,7 @@ pub(super) fn write_header(
     let mut lines = HeaderLines { lines: Vec::new() };
     recording_lines(profile, &mut lines);
     pause_lines(profile, &mut lines);
-    if let Some(policy) = timing_marks::policy_line(&profile.stats) {
+    if let Some(policy) = timing_marks::policy_lines(&profile.stats) {
         lines.summary(policy.summary);
         lines.detail(policy.detail);
     }

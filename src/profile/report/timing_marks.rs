@@ -1,4 +1,4 @@
-//! What the text report says about adaptive timing: the policy line of the header, the
+//! What the text report says about adaptive timing: the header's policy lines, the
 //! columns of a node counted in its caller, and totals whose error exceeds them.
 
 use crate::profile::model::{Node, Stats, Timing, TimingPolicy, Visit, walk};
@@ -17,7 +17,7 @@ pub struct PolicyLines {
 }
 
 /// The header's lines on adaptive timing, if the recording used it.
-pub fn policy_line(stats: &Stats) -> Option<PolicyLines> {
+pub fn policy_lines(stats: &Stats) -> Option<PolicyLines> {
     let TimingPolicy {
         threshold_ns,
         untimed_functions,
