@@ -28,12 +28,12 @@ now_ms() { date +%s%3N; }
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg); $threads threads × $rate calls/s"
 printf '%-4s %-7s %10s %10s %8s   %s\n' run phase calls/s behind_ms call_ms "recording"
 for run in $(seq "$runs"); do
-    # Each tick line gets the time it was read, to split the ticks into phases.
-    "$work/many_threads" "$threads" "$rate" \
-        | while IFS= read -r line; do echo "$(now_ms) $line"; done > "$work/ticks" &
+    # Each tick line carries its own wall-clock time (at_ms), to split the ticks into
+    # phases; the target's stderr gets what tendril's agent may print there.
+    "$work/many_threads" "$threads" "$rate" > "$work/ticks" 2> "$work/target.err" &
     sleep 0.5
     target_pid=$(pgrep -n -f "$work/many_threads")
-    until grep -q ' tick 20 ' "$work/ticks"; do sleep 0.1; done
+    until grep -q '^tick 20 ' "$work/ticks"; do sleep 0.1; done
     rm -f "$work/p.json"
     began=$(now_ms)
     "$tendril" record "$target_pid" --root thread_root --duration 3 -o "$work/p.json" \
@@ -59,11 +59,11 @@ pauses = (f"paused {paused:.0f} s: ring full {full:.0f} s, ring faults {faults:.
 print(f"lost {lost}, {trees} threads with a tree; {pauses}")
 ' "$work/p.json")"
     awk -v run="$run" -v began="$began" -v ended="$ended" -v summary="$summary" '
-        $2 == "tick" && $3 > 5 {
-            phase = $1 < began ? "before" : ($1 <= ended + 100 ? "during" : "after")
-            calls[phase] += $5; ticks[phase]++
-            if ($9 > longest[phase]) longest[phase] = $9
-            if ($11 > call[phase]) call[phase] = $11
+        $1 == "tick" && $2 > 5 {
+            phase = $12 < began ? "before" : ($12 <= ended + 100 ? "during" : "after")
+            calls[phase] += $4; ticks[phase]++
+            if ($8 > longest[phase]) longest[phase] = $8
+            if ($10 > call[phase]) call[phase] = $10
         }
         END {
             split("before during after", order, " ")
