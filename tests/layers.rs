@@ -194,8 +194,22 @@ const STATIC_OWNERS: [&str; 6] = [
     "lib.rs",
 ];
 /// Modules compiled for tests only (`#[cfg(test)] mod …` in their parent): their
-/// statics are the tests' own.
+/// statics are the tests' own. Every `tests.rs` whose parent declares it so is one too
+/// ([`is_test_module_file`]).
 const TEST_ONLY_MODULES: [&str; 1] = ["hooks/unwind_probe.rs"];
+
+/// Whether `file` is a `tests.rs` its parent module compiles for tests only: the parent
+/// (`dir.rs` beside the folder `dir/` that holds it) says `#[cfg(test)]` then `mod tests;`.
+fn is_test_module_file(file: &Path) -> bool {
+    if file.file_name().is_none_or(|name| name != "tests.rs") {
+        return false;
+    }
+    let Some(folder) = file.parent() else {
+        return false;
+    };
+    let parent = folder.with_extension("rs");
+    std::fs::read_to_string(parent).is_ok_and(|text| text.contains("#[cfg(test)]\nmod tests;"))
+}
 
 #[test]
 fn every_static_of_the_agent_has_its_layers_state_as_owner() {
@@ -209,6 +223,7 @@ fn every_static_of_the_agent_has_its_layers_state_as_owner() {
             .into_owned();
         if STATIC_OWNERS.contains(&relative.as_str())
             || TEST_ONLY_MODULES.contains(&relative.as_str())
+            || is_test_module_file(&file)
         {
             continue;
         }

@@ -196,8 +196,9 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
 /// jump, or for a short patch its pad's jump, now leads there (a copy behind a
 /// recording hook). Either is one instruction before and after, so no thread is ever
 /// between two of its instructions: a thread arriving meanwhile waits at the guard, and
-/// one already on a pad (it took the short jump just before the guard) is stopped and
-/// sent to the old hook, where it would have gone. A thread inside the old trampoline
+/// one already on a pad (it took the short jump just before the guard) is sent to the
+/// old hook, where it would have gone, by a peek (`stop_world`: no thread is held
+/// while the others look). A thread inside the old trampoline
 /// finishes there. The site's original bytes do not change. On an error the site still
 /// leads to its old trampoline.
 ///
@@ -233,7 +234,9 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
             let on_pad =
                 |pc: u64| (pc >= pad.address && pc < pad.address + PAD_LEN).then_some(old_hook);
             let jump = rel32_jump(pad.address, hook);
-            let written = stop_world::with_world_stopped_in(buffers, |world| {
+            // The guard keeps threads off the pad from now on: each only looks once.
+            let moves = [(pad.address, pad.address + PAD_LEN, old_hook)];
+            let written = stop_world::with_every_thread_peeked_in(buffers, &moves, |world| {
                 move_threads(world, &on_pad);
                 let written = code_memory::write_code(pad.address, &jump);
                 stop_world::serialize_all_cores();
@@ -404,7 +407,13 @@ pub fn restore(sites: &[Site]) {
     }
     let pads: &[PendingPad] = &pending;
     signal_frames::learn_restorers(stop_world::park_signal());
-    let restored = stop_world::with_world_stopped(|world| {
+    // The entries no longer lead to the pads: a thread that is not on one now never
+    // will be, so each thread only looks once, and none waits for the others.
+    let moves: Vec<(u64, u64, u64)> = pads
+        .iter()
+        .map(|p| (p.pad.address, p.pad.address + PAD_LEN, p.hook))
+        .collect();
+    let restored = stop_world::with_every_thread_peeked(&moves, |world| {
         move_threads(world, &|pc| resume_point_off_pad(pc, pads));
         for pending in pads {
             let _ = code_memory::write_code(pending.pad.address, &pending.pad.original);

@@ -16,6 +16,8 @@ pub const MAX_PARKED: usize = 4096;
 pub const MAX_RESTORERS: usize = 8;
 /// How far above a stack pointer signal frames are looked for.
 pub const SCAN_WINDOW: usize = 64 * 1024;
+/// Most moves one peek carries (`stop_world::peek`): pads restored or retargeted at once.
+pub const MAX_PEEK_MOVES: usize = 1024;
 /// Slots of the lock-free record of the bytes patched now.
 pub const PATCHED_NOW_CAPACITY: usize = 1 << 16;
 
@@ -39,6 +41,14 @@ pub struct PatchingState {
     pub parked_tids: [AtomicI32; MAX_PARKED],
     /// The signal chosen for parking, once installed.
     pub park_signal: AtomicI32,
+    /// The stop in progress when it is a peek (0 otherwise): its handlers move their own
+    /// thread by `peek_moves` and return at once instead of parking.
+    pub peek_stop: AtomicU32,
+    /// A peek's moves, each (start, end, to): a pc in `start..end` goes on at `to`.
+    /// Written only between stops, while no handler is inside (`in_handler` is 0).
+    pub peek_moves: [[AtomicU64; 3]; MAX_PEEK_MOVES],
+    /// How many of `peek_moves` the peek in progress uses.
+    pub peek_move_count: AtomicUsize,
     /// One stop at a time; holds the number of the last stop.
     pub stop_lock: Mutex<u32>,
     /// The runtime's `stop_world::ParkObserver`, as an address (0: none); stored once
@@ -52,7 +62,8 @@ pub struct PatchingState {
     pub restorers: [AtomicU64; MAX_RESTORERS],
     pub restorer_count: AtomicUsize,
     /// The scan's buffer; scans run one at a time, from the stopper (which holds the
-    /// stop lock), so no parked thread ever holds this one.
+    /// stop lock) or a peeked thread's handler (which parks for no one), so no parked
+    /// thread ever holds this one.
     pub scan_window: Mutex<[u64; SCAN_WINDOW / 8]>,
 
     // --- patch_protocol ---
@@ -89,6 +100,9 @@ pub static STATE: PatchingState = PatchingState {
     arrival_signal: AtomicU32::new(0),
     parked_tids: [const { AtomicI32::new(0) }; MAX_PARKED],
     park_signal: AtomicI32::new(0),
+    peek_stop: AtomicU32::new(0),
+    peek_moves: [const { [const { AtomicU64::new(0) }; 3] }; MAX_PEEK_MOVES],
+    peek_move_count: AtomicUsize::new(0),
     stop_lock: Mutex::new(0),
     park_observer: AtomicUsize::new(0),
     membarrier_registered: Once::new(),

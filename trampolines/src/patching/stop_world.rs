@@ -25,6 +25,7 @@
 //! late never counts as a thread parked for a later stop. Nothing here allocates once
 //! the first signal is sent: a parked thread may hold the allocator's lock.
 
+use crate::patching::signal_frames;
 use crate::patching::state::{MAX_PARKED, STATE};
 use crate::sys;
 use crate::sys::error::AgentError;
@@ -189,15 +190,26 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     if stop == 0 || STATE.stop_in_progress.load(Ordering::Acquire) != stop {
         return; // A late signal of a stop that has ended.
     }
+    let peek = STATE.peek_stop.load(Ordering::Acquire) == stop;
+    if peek {
+        // Moved before it counts itself in: once every thread has, the stopper may
+        // rewrite the bytes it was on.
+        peek::move_own(context.cast());
+    }
     let parked_at = sys::rdtsc();
     let slot = STATE.arrived.fetch_add(1, Ordering::AcqRel);
     if slot < MAX_PARKED {
-        // The context first: a published tid says its context is there.
+        // The context first: a published tid says its context is there (none for a
+        // peek, which leaves at once).
+        let context = if peek { std::ptr::null_mut() } else { context };
         STATE.parked_contexts[slot].store(context.cast(), Ordering::Release);
         STATE.parked_tids[slot].store(sys::gettid(), Ordering::Release);
     }
     STATE.arrival_signal.fetch_add(1, Ordering::AcqRel);
     sys::futex_wake_all(&STATE.arrival_signal);
+    if peek {
+        return;
+    }
     loop {
         let released = STATE.released.load(Ordering::Acquire);
         if released >= stop {
@@ -279,6 +291,41 @@ pub fn with_world_stopped_in<R>(
     buffers: &mut StopBuffers,
     work: impl FnOnce(StoppedWorld<'_>) -> R,
 ) -> Result<R, AgentError> {
+    stop_threads(buffers, None, work)
+}
+
+/// Runs `work` once every thread of the process that runs user code has *peeked*
+/// (`peek`): taken the stop signal and moved its own pc by `moves` — each (start, end,
+/// to): a pc in `start..end` goes on at `to` — then gone on at once. `work` gets only
+/// the threads held with ptrace (they block the signal), to move the same way, and the
+/// threads left asleep. For bytes no thread can reach any more, only be on: unlike a
+/// stop, a peek holds no thread while it waits for the others. Falls back to a stop
+/// with more moves than a peek carries. As [`with_world_stopped`] otherwise.
+pub fn with_every_thread_peeked<R>(
+    moves: &[(u64, u64, u64)],
+    work: impl FnOnce(StoppedWorld<'_>) -> R,
+) -> Result<R, AgentError> {
+    install()?;
+    thread_tracer::prepare()?;
+    with_every_thread_peeked_in(&mut StopBuffers::new(), moves, work)
+}
+
+/// [`with_every_thread_peeked`] with buffers allocated beforehand (as
+/// [`with_world_stopped_in`]).
+pub fn with_every_thread_peeked_in<R>(
+    buffers: &mut StopBuffers,
+    moves: &[(u64, u64, u64)],
+    work: impl FnOnce(StoppedWorld<'_>) -> R,
+) -> Result<R, AgentError> {
+    stop_threads(buffers, Some(moves), work)
+}
+
+/// A stop (`peek_moves` `None`) or a peek with those moves.
+fn stop_threads<R>(
+    buffers: &mut StopBuffers,
+    peek_moves: Option<&[(u64, u64, u64)]>,
+    work: impl FnOnce(StoppedWorld<'_>) -> R,
+) -> Result<R, AgentError> {
     let signal = match STATE.park_signal.load(Ordering::Acquire) {
         0 => {
             return Err(AgentError::NotStopped(
@@ -313,6 +360,12 @@ pub fn with_world_stopped_in<R>(
     for parked in &STATE.parked_tids[..previous] {
         parked.store(0, Ordering::Release);
     }
+    // Between stops, with no handler inside: the moves are the handlers' to read once
+    // the stop's number is published.
+    let peek = peek_moves.is_some_and(peek::set_moves);
+    STATE
+        .peek_stop
+        .store(if peek { stop } else { 0 }, Ordering::Release);
     STATE.stop_in_progress.store(stop, Ordering::Release);
 
     // From here until release: no allocation. Each running thread is signalled as soon
@@ -324,7 +377,11 @@ pub fn with_world_stopped_in<R>(
         send_park(*tid, plan, signal, stop);
     }
     let deadline = sys::monotonic_ns() + STOP_TIMEOUT.as_nanos() as u64;
-    let ready = wait_for_parks(threads, signal, stop, signalled_at, deadline);
+    // A peek need not chase a thread that was asleep: it cannot reach the bytes a peek
+    // is for, unless a handler of the program's own, which it may be running since it
+    // woke, returns onto them (so with handlers, it looks at its stack itself).
+    let chase_woken = !peek || signal_frames::any_restorers();
+    let ready = wait_for_parks(threads, signal, stop, (signalled_at, deadline), chase_woken);
     let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
     sort_by_plan(threads, arrived, traced_tids, asleep, halted);
     // A thread counts itself in before it publishes its context: wait for the last
@@ -349,7 +406,7 @@ pub fn with_world_stopped_in<R>(
     };
     let result = match traced {
         Ok(mut traced) => {
-            list_stopped(parked, arrived, traced.as_ref());
+            list_stopped(parked, if peek { 0 } else { arrived }, traced.as_ref());
             let outcome = work(StoppedWorld {
                 stopped: parked.as_mut_slice(),
                 asleep: asleep.as_slice(),
@@ -363,6 +420,7 @@ pub fn with_world_stopped_in<R>(
         Err(error) => Err(error),
     };
     STATE.stop_in_progress.store(0, Ordering::Release);
+    STATE.peek_stop.store(0, Ordering::Release);
     STATE.released.store(stop, Ordering::Release);
     sys::futex_wake_all(&STATE.released);
     drop(last_stop);
@@ -484,15 +542,16 @@ fn send_park(tid: i32, plan: &mut Plan, signal: i32, stop: u32) {
 /// exited, or turns out to block the signal (then `Plan::Trace`); false if the deadline
 /// passes first or more threads parked than there are slots. Each arrival is found by
 /// its tid in `threads` once, so a thousand threads cost a thousand searches, not a
-/// million comparisons; the threads' files are read only now and then. A thread left
-/// asleep that has woken since (it would spin at a guard, taking a core from the
-/// threads this stop waits for) is planned again and signalled then.
+/// million comparisons; the threads' files are read only now and then. With
+/// `chase_woken`, a thread left asleep that has woken since (it would spin at a guard,
+/// taking a core from the threads this stop waits for) is planned again and signalled
+/// then.
 fn wait_for_parks(
     threads: &mut [(i32, Plan)],
     signal: i32,
     stop: u32,
-    signalled_at: u64,
-    deadline: u64,
+    (signalled_at, deadline): (u64, u64),
+    chase_woken: bool,
 ) -> bool {
     let mut pending = threads
         .iter()
@@ -539,7 +598,9 @@ fn wait_for_parks(
                         *plan = Plan::Trace;
                         pending -= 1;
                     }
-                    Plan::Leave | Plan::Halted if tasks::state(*tid) == TaskState::Running => {
+                    Plan::Leave | Plan::Halted
+                        if chase_woken && tasks::state(*tid) == TaskState::Running =>
+                    {
                         *plan = plan_for(*tid, signal);
                         send_park(*tid, plan, signal, stop);
                         pending += usize::from(*plan == Plan::Park);
@@ -596,5 +657,6 @@ pub fn serialize_all_cores() {
     }
 }
 
+mod peek;
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,13 @@
 //! The stop's plan for each thread, without a stop: which threads a stop parks, holds
-//! with ptrace or leaves asleep.
+//! with ptrace or leaves asleep; and a peek, for real, in the test's own process.
 
 use super::*;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+
+/// Held by each test here: a peek signals (or traces) the other tests' threads, whose
+/// states the plan test reads.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Waits (up to 10 s) until `check` holds.
 fn wait_until(mut check: impl FnMut() -> bool) -> bool {
@@ -19,6 +23,7 @@ fn wait_until(mut check: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn without_a_free_signal_running_threads_are_traced_and_sleepers_left_alone() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let done = Arc::new(AtomicBool::new(false));
     // One channel each: the two threads may start in either order.
     let (spinner_tid, spinner_started) = std::sync::mpsc::channel();
@@ -51,4 +56,95 @@ fn without_a_free_signal_running_threads_are_traced_and_sleepers_left_alone() {
     drop(wake);
     spinning.join().unwrap();
     sleeping.join().unwrap();
+}
+
+/// Code a thread can be caught in: `jmp $` (spins where it is), then `ret`.
+struct SpinThenReturn {
+    page: *mut libc::c_void,
+}
+
+impl SpinThenReturn {
+    const SPIN_LEN: u64 = 2;
+    const PAGE: usize = 4096;
+
+    fn new() -> SpinThenReturn {
+        // SAFETY: a fresh anonymous mapping, owned by the value; nothing else refers to it.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::PAGE,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        // SAFETY: the mapping is writable and at least three bytes long.
+        unsafe {
+            std::ptr::copy_nonoverlapping([0xeb_u8, 0xfe, 0xc3].as_ptr(), page.cast::<u8>(), 3)
+        };
+        SpinThenReturn { page }
+    }
+
+    fn start(&self) -> u64 {
+        self.page as u64
+    }
+}
+
+impl Drop for SpinThenReturn {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is this value's, and no thread runs in it any more (the
+        // test joins the thread that did first).
+        unsafe { libc::munmap(self.page, Self::PAGE) };
+    }
+}
+
+#[test]
+fn a_peek_moves_a_thread_off_the_bytes_it_names_and_parks_no_one() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    install().unwrap();
+    let code = SpinThenReturn::new();
+    let start = code.start();
+    let (tid_sender, tid) = std::sync::mpsc::channel();
+    let returned = Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let returned = returned.clone();
+        std::thread::spawn(move || {
+            tid_sender.send(sys::gettid()).unwrap();
+            // SAFETY: the page holds `jmp $; ret`, a function with no arguments that
+            // returns once something moves the thread past its loop.
+            let spin: extern "C" fn() = unsafe { std::mem::transmute(start as *const ()) };
+            spin();
+            returned.store(true, Ordering::Release);
+        })
+    };
+    let spinner_tid = tid.recv().unwrap();
+    // The thread may not have reached its loop by the first peek: peek until it has
+    // been moved past it, each time checking that nobody was left parked.
+    let mut peeks = 0;
+    while !returned.load(Ordering::Acquire) && peeks < 1000 {
+        let parked_spinner = with_every_thread_peeked(
+            &[(
+                start,
+                start + SpinThenReturn::SPIN_LEN,
+                start + SpinThenReturn::SPIN_LEN,
+            )],
+            |world| world.stopped.iter().any(|t| t.tid() == spinner_tid),
+        )
+        .unwrap();
+        assert!(
+            !parked_spinner,
+            "a peek holds no thread that takes its signal"
+        );
+        peeks += 1;
+        wait_until(|| {
+            returned.load(Ordering::Acquire) || tasks::state(spinner_tid) == TaskState::Running
+        });
+    }
+    assert!(
+        wait_until(|| returned.load(Ordering::Acquire)),
+        "moved past its loop"
+    );
+    spinner.join().unwrap();
 }
