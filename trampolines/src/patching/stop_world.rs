@@ -590,11 +590,15 @@ fn wait_for_parks(
                     // A signalled thread that blocked signals before the signal came (it
                     // began a discovery, say, and now waits for the lock this stop's
                     // caller holds) will not park until it unblocks them: ptrace holds it.
+                    // One that took the signal and is in the handler (whose mask blocks
+                    // every signal) is on its way: held with ptrace there, a peeking one
+                    // could be stopped holding the signal-frame scan's lock, which this
+                    // stop's work then waits for.
                     Plan::Park if !sys::thread_exists(*tid) => {
                         *plan = Plan::Halted;
                         pending -= 1;
                     }
-                    Plan::Park if tasks::blocks_signal(*tid, signal) => {
+                    Plan::Park if tasks::holds_back_signal(*tid, signal) => {
                         *plan = Plan::Trace;
                         pending -= 1;
                     }

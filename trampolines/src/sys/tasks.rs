@@ -105,11 +105,6 @@ pub fn state(tid: i32) -> TaskState {
     }
 }
 
-/// Whether thread `tid` currently blocks `signal` (its `SigBlk` mask has the bit).
-pub fn blocks_signal(tid: i32, signal: i32) -> bool {
-    state_and_blocking(tid, signal).1
-}
-
 /// Thread `tid`'s state, and whether it blocks `signal`, from one read of one file:
 /// what a stop asks of every thread before it signals it. Signals 1–31 are read from
 /// the `blocked` field of `stat` (a shorter file), real-time ones from `status`.
@@ -134,17 +129,38 @@ pub fn state_and_blocking(tid: i32, signal: i32) -> (TaskState, bool) {
             .map(<[u8]>::trim_ascii)
     };
     let state = field(b"State:").map_or(TaskState::Other, |text| state_of_letter(text.first()));
-    let mask = field(b"SigBlk:").and_then(|hex| {
-        hex.iter().try_fold(0u64, |mask, &b| {
-            (b as char)
-                .to_digit(16)
-                .map(|digit| (mask << 4) | digit as u64)
-        })
-    });
+    let mask = field(b"SigBlk:").and_then(signal_mask);
     (
         state,
         mask.is_some_and(|mask| mask & (1 << (signal - 1)) != 0),
     )
+}
+
+/// Whether thread `tid` blocks `signal` and has it pending, sent to it and not yet
+/// taken: it will not take it until it unblocks it. A thread that took it and runs its
+/// handler (whose mask blocks every signal) blocks it too, but has it no longer pending.
+pub fn holds_back_signal(tid: i32, signal: i32) -> bool {
+    let mut buffer = [0u8; 2048];
+    let Some(status) = read_task_file(tid, "status", &mut buffer) else {
+        return false;
+    };
+    let has = |name: &[u8]| {
+        status
+            .split(|&b| b == b'\n')
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|hex| signal_mask(hex.trim_ascii()))
+            .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+    };
+    has(b"SigBlk:") && has(b"SigPnd:")
+}
+
+/// A signal mask as `/proc/PID/status` writes it (hexadecimal, bit n − 1 for signal n).
+fn signal_mask(hex: &[u8]) -> Option<u64> {
+    hex.iter().try_fold(0u64, |mask, &b| {
+        (b as char)
+            .to_digit(16)
+            .map(|digit| (mask << 4) | digit as u64)
+    })
 }
 
 /// The state in a `stat` line: "tid (comm) S ..."; the comm may contain spaces and
@@ -276,11 +292,16 @@ mod tests {
             (TaskState::Sleeping, false)
         );
         assert_eq!(state_and_blocking(i32::MAX, rt), (TaskState::Gone, false));
-        assert!(blocks_signal(tid, libc::SIGUSR2));
-        assert!(!blocks_signal(tid, libc::SIGUSR1));
+        assert!(state_and_blocking(tid, libc::SIGUSR2).1);
+        assert!(!state_and_blocking(tid, libc::SIGUSR1).1);
         // Real-time signals are read from `status`, the others from `stat`.
-        assert!(blocks_signal(tid, libc::SIGRTMIN() + 1));
-        assert!(!blocks_signal(tid, libc::SIGRTMIN() + 2));
+        assert!(state_and_blocking(tid, libc::SIGRTMIN() + 1).1);
+        assert!(!state_and_blocking(tid, libc::SIGRTMIN() + 2).1);
+        // Blocked, but none sent: not held back. Sent while blocked: held back.
+        assert!(!holds_back_signal(tid, rt));
+        assert!(crate::sys::signal_thread_with_value(tid, rt, 7));
+        assert!(holds_back_signal(tid, rt));
+        assert!(!holds_back_signal(tid, libc::SIGRTMIN() + 2));
         let (pc, sp) = user_position(tid).expect("a sleeping thread's position");
         assert!(pc != 0 && sp != 0);
         // Asleep in a futex wait: a system call, whose return address follows `syscall`.
