@@ -70,6 +70,9 @@ pub struct Handlers {
     pub discover: Handler,
     /// Address of the recording's invoked bytes (one per function id), or 0.
     pub invoked_table: fn() -> u64,
+    /// Address of the word that numbers recordings (the untimed-call table's counts
+    /// belong to one).
+    pub generation_word: fn() -> u64,
     /// [`Hook::UnwinderStarts`]: the real return addresses go back on the stack.
     pub unwinder_starts: Handler,
     /// [`Hook::ExceptionCaught`]: the surviving frames' return hooks go back in.

@@ -127,6 +127,8 @@ impl StatePtr {
         untimed_used;
         /// The recording the untimed-call table's counts belong to.
         untimed_generation;
+        /// How far the ring has room, as the slow path last found (0: not known).
+        ring_room_limit;
     }
 
     /// Word `index` of the untimed-call table's order (`< UNTIMED_SLOTS`).

@@ -123,10 +123,21 @@ pub struct ThreadState {
     pub untimed_order: [u64; UNTIMED_SLOTS],
     /// Slot `i` is words `4i..4i + 4`: return address, function id, count, unused.
     pub untimed_slots: [u64; UNTIMED_SLOTS * 4],
+    /// The ring limit the slow path last set (`runtime::recording::update_limit`): how
+    /// far the ring has room. `ring_limit` is lowered to 0 to bring the next recording
+    /// hook to its untimed calls, and that hook writes them out itself, up to this
+    /// (0: not known, the slow path does it).
+    pub ring_room_limit: u64,
 }
 
 /// Slots of a thread's untimed-call table (a power of two).
-pub const UNTIMED_SLOTS: usize = 32;
+pub const UNTIMED_SLOTS: usize = 512;
+/// Slots a pair may take, from its home slot on: pairs that share a home slot and
+/// alternate would otherwise evict each other at every call, each time a slow call.
+pub const UNTIMED_PROBES: usize = 8;
+/// The multiplier of the pair's hash (Fibonacci hashing: the top bits of the product
+/// of (function << 32 ^ return address) and 2^64/φ).
+pub const UNTIMED_HASH_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
 /// A pair's count at which the untimed hook writes the table out (a power of two, the
 /// most calls one `Call` event carries).
 pub const UNTIMED_FLUSH_EVERY: u64 = 1 << 16;
@@ -175,6 +186,9 @@ pub const STATE_PATH_STACK: i32 = std::mem::offset_of!(ThreadState, path_stack) 
 pub const STATE_UNTIMED_SLOTS: i32 = std::mem::offset_of!(ThreadState, untimed_slots) as i32;
 pub const STATE_UNTIMED_USED: i32 = std::mem::offset_of!(ThreadState, untimed_used) as i32;
 pub const STATE_UNTIMED_ORDER: i32 = std::mem::offset_of!(ThreadState, untimed_order) as i32;
+pub const STATE_UNTIMED_GENERATION: i32 =
+    std::mem::offset_of!(ThreadState, untimed_generation) as i32;
+pub const STATE_RING_ROOM_LIMIT: i32 = std::mem::offset_of!(ThreadState, ring_room_limit) as i32;
 // Every offset a stub uses, checked against the layout the runtime accesses.
 const _: () = {
     use std::mem::offset_of;
@@ -199,7 +213,7 @@ const _: () = {
 };
 
 /// Region layout: header page, shadow stack, call counters, return counters.
-pub const HEADER_BYTES: usize = 8192;
+pub const HEADER_BYTES: usize = 32768;
 pub const SHADOW_OFFSET: usize = HEADER_BYTES;
 pub const CALLS_OFFSET: usize = SHADOW_OFFSET + SHADOW_ENTRIES * ENTRY_SIZE as usize + 0x840;
 pub const RETURNS_OFFSET: usize = CALLS_OFFSET + MAX_FUNCTION_IDS * 8;

@@ -45,6 +45,7 @@ pub fn install() {
         untimed_miss: untimed_table::untimed_miss,
         discover: discovery::discover,
         invoked_table: recording::invoked_table,
+        generation_word: recording::generation_word,
         unwinder_starts: shadow::unwinder_starts,
         exception_caught: shadow::exception_caught,
         backtrace: BacktraceStandIn {

@@ -172,6 +172,11 @@ pub fn generation() -> u64 {
     STATE.recording_generation.load(Ordering::Acquire)
 }
 
+/// Address of the word [`generation`] reads (the recording hooks read it in place).
+pub fn generation_word() -> u64 {
+    &STATE.recording_generation as *const AtomicU64 as u64
+}
+
 /// Ends a recording: marks where it ends (before any code is restored), and threads
 /// without a ring no longer claim one.
 pub fn stop() {
@@ -191,6 +196,7 @@ pub fn forget_in_forked_child() {
         state.ring_events().store(0, Relaxed);
         state.ring_head().store(0, Relaxed);
         state.ring_limit().store(0, Relaxed);
+        state.ring_room_limit().store(0, Relaxed);
     }
     STATE.rings.store(std::ptr::null_mut(), Ordering::Release);
 }
@@ -469,6 +475,7 @@ pub fn update_limit(state: StatePtr) {
     let room = ring_room(state);
     let limit = room.end.min(room.in_situ_next.load(Relaxed));
     state.ring_limit().store(limit, Relaxed);
+    state.ring_room_limit().store(limit, Relaxed);
 }
 
 fn word_at(address: u64) -> &'static AtomicU64 {

@@ -232,6 +232,8 @@ pub fn release_ring_memory() -> u64 {
     }
     drop(held);
     for state in crate::runtime::thread_state::registered_threads() {
+        // Nothing is written past the head without the slow path now: it has no memory.
+        state.ring_room_limit().store(0, Ordering::Relaxed);
         state
             .ring_limit()
             .store(state.ring_head().load(Ordering::Relaxed), Ordering::Relaxed);

@@ -1,27 +1,30 @@
 //! Adaptive timing's per-thread table of untimed calls (issue 32).
 //!
 //! The one idea: the untimed hook writes nothing to the ring. It counts its call in a
-//! small table in the thread's state, one slot per (function, return address) — the
-//! return address says which function made the call — and only a pair it does not
-//! find there takes the slow path ([`untimed_miss`]), which inserts it. A flush keeps
-//! the pairs with their counts at 0, so a timed frame that calls what the one before
-//! called counts it in place: the hook lists a pair again when its count leaves 0 (on
-//! CPython's json encoder, a slow call per pair and timed frame made the target 45×
-//! slower; BENCHMARKS.md). The counts
-//! become `Call` events, one per pair in the order the pairs were first seen, just
-//! before the thread's next timed event (its entry, exit or unwind), when the table is
-//! full, when a pair's slot is taken, or every 2^16 calls of a pair (so a root that
-//! runs on shows its callees' counts live): inserting sets the ring's limit to 0, so the
-//! next recording hook takes its ring-space slow path, which writes them ([`flush`]).
+//! table in the thread's state, one slot per (function, return address) — the return
+//! address says which function made the call; a pair's slot is found by a hash of the
+//! pair and a few slots probed from there ([`slot_of`], [`find`]) — and only a pair it
+//! does not find there takes the slow path ([`untimed_miss`]), which inserts it. A
+//! flush keeps the pairs with their counts at 0, so a timed frame that calls what the
+//! one before called counts it in place: the hook lists a pair again when its count
+//! leaves 0 (on CPython's json encoder, a slow call per pair and timed frame made the
+//! target 45× slower; BENCHMARKS.md). The counts become `Call` events, one per pair in
+//! the order the pairs were first seen, just before the thread's next timed event (its
+//! entry, exit or unwind), when the table is full, when all of a pair's slots count
+//! others, or every 2^16 calls of a pair (so a root that runs on shows its callees'
+//! counts live): inserting sets the ring's limit to 0, so the next recording hook comes
+//! to its ring path, where it writes them itself (`hooks::stubs::untimed_flush`) or,
+//! when it cannot, its ring-space slow path does ([`flush`]).
 //! Between two timed events of a thread, untimed calls then cost a table increment,
 //! and the controller still places each pair under its caller, inside the right timed
-//! frame. The time a flush takes is tendril's: an Adjust event removes it.
+//! frame. The time a flush through the slow path takes is tendril's: an Adjust event
+//! removes it (the hook's own write-out, a few ns a pair, stays in the caller's time).
 
 use super::recording;
 use super::thread_state::with_own_state;
 use crate::hooks::handler_abi::SavedRegisters;
 use crate::hooks::state_access::StatePtr;
-use crate::hooks::thread_layout::UNTIMED_SLOTS;
+use crate::hooks::thread_layout::{UNTIMED_HASH_MULTIPLIER, UNTIMED_PROBES, UNTIMED_SLOTS};
 use crate::sys;
 use std::sync::atomic::Ordering::Relaxed;
 use tendril_wire::events::{CALL_ADDRESS_BITS, CALL_ADDRESS_MASK, Event, EventKind};
@@ -30,9 +33,12 @@ use tendril_wire::events::{CALL_ADDRESS_BITS, CALL_ADDRESS_MASK, Event, EventKin
 const MAX_CALLS_PER_EVENT: u64 = 1 << (64 - CALL_ADDRESS_BITS);
 const _: () = assert!(crate::hooks::thread_layout::UNTIMED_FLUSH_EVERY <= MAX_CALLS_PER_EVENT);
 
-/// The slot of a return address; the untimed hook computes the same.
-pub fn slot_of(return_address: u64) -> usize {
-    ((return_address ^ (return_address >> 5)) as usize) & (UNTIMED_SLOTS - 1)
+/// The slot of a pair; the untimed hook computes the same. The function is part of the
+/// key: one call site that calls several functions through a pointer (an interpreter's
+/// type slots) would otherwise evict its own pairs, each time a slow call.
+pub fn slot_of(function: u64, return_address: u64) -> usize {
+    let key = (function << 32) ^ return_address;
+    (key.wrapping_mul(UNTIMED_HASH_MULTIPLIER) >> (64 - UNTIMED_SLOTS.trailing_zeros())) as usize
 }
 
 /// The untimed hook's slow path: function id in `rdx`, return address in `rax`. The
@@ -41,12 +47,9 @@ pub fn slot_of(return_address: u64) -> usize {
 pub extern "C" fn untimed_miss(registers: &mut SavedRegisters) {
     let (function, return_address) = (registers.rdx, registers.rax);
     with_own_state(|state| {
-        let slot = slot_of(return_address);
-        let counted = state.untimed_slot(slot, 0).load(Relaxed) == return_address
-            && state.untimed_slot(slot, 1).load(Relaxed) == function
-            && state.untimed_slot(slot, 2).load(Relaxed) != 0;
-        match counted {
-            true => {
+        let found = find(state, function, return_address);
+        match found.filter(|&slot| state.untimed_slot(slot, 2).load(Relaxed) != 0) {
+            Some(slot) => {
                 flush(state);
                 // A pair the flush did not take (not listed: the list was full, which
                 // only a signal handler's hook interleaved with the hook's can make
@@ -55,9 +58,23 @@ pub extern "C" fn untimed_miss(registers: &mut SavedRegisters) {
                     list(state, slot);
                 }
             }
-            false => insert(state, function, return_address),
+            None => insert(state, function, return_address),
         }
     });
+}
+
+/// The slots a pair may take, its home slot first (the untimed hook probes the same).
+fn probes(function: u64, return_address: u64) -> impl Iterator<Item = usize> {
+    let home = slot_of(function, return_address);
+    (0..UNTIMED_PROBES).map(move |k| (home + k) % UNTIMED_SLOTS)
+}
+
+/// The slot that holds (`function`, `return_address`), if one does.
+fn find(state: StatePtr, function: u64, return_address: u64) -> Option<usize> {
+    probes(function, return_address).find(|&slot| {
+        state.untimed_slot(slot, 0).load(Relaxed) == return_address
+            && state.untimed_slot(slot, 1).load(Relaxed) == function
+    })
 }
 
 /// Counts a first call of `function` from `return_address` on the thread of `state`.
@@ -68,10 +85,19 @@ pub fn insert(state: StatePtr, function: u64, return_address: u64) {
         forget(state);
         state.untimed_generation().store(generation, Relaxed);
     }
-    let slot = slot_of(return_address);
-    if state.untimed_slot(slot, 2).load(Relaxed) != 0 {
-        flush(state);
-    }
+    // A free slot among the pair's, else one whose pair has no count now (kept from an
+    // earlier timed frame); else the counts are written out and the home slot taken.
+    let count = |slot: usize| state.untimed_slot(slot, 2).load(Relaxed);
+    let slot = probes(function, return_address)
+        .find(|&slot| state.untimed_slot(slot, 0).load(Relaxed) == 0)
+        .or_else(|| probes(function, return_address).find(|&slot| count(slot) == 0));
+    let slot = match slot {
+        Some(slot) => slot,
+        None => {
+            flush(state);
+            slot_of(function, return_address)
+        }
+    };
     state.untimed_slot(slot, 0).store(return_address, Relaxed);
     state.untimed_slot(slot, 1).store(function, Relaxed);
     state.untimed_slot(slot, 2).store(1, Relaxed);
@@ -146,4 +172,50 @@ pub fn forget(state: StatePtr) {
         state.untimed_slot(slot, 0).store(0, Relaxed);
     }
     state.untimed_used().store(0, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pairs shaped like an interpreter's: a few dozen functions, each called from a few
+    /// call sites close together in one library, some sites calling several functions.
+    fn interpreter_like_pairs() -> Vec<(u64, u64)> {
+        let library = 0x7f3c_7900_0000u64;
+        (0..240u64)
+            .map(|i| (i % 43, library + 0x1_2345 + i * 0x6c + (i % 7) * 0x1000))
+            .collect()
+    }
+
+    #[test]
+    fn every_pair_of_a_busy_table_finds_a_slot_among_its_probes() {
+        let mut taken = [false; UNTIMED_SLOTS];
+        for (function, return_address) in interpreter_like_pairs() {
+            let free = probes(function, return_address).find(|&slot| !taken[slot]);
+            let slot = free.expect("a free slot within the probes");
+            taken[slot] = true;
+        }
+    }
+
+    #[test]
+    fn probes_start_at_the_home_slot_and_wrap_around_the_table() {
+        let (function, return_address) = (5, 0x7f00_0000_4321);
+        let home = slot_of(function, return_address);
+        let slots: Vec<usize> = probes(function, return_address).collect();
+        assert_eq!(slots.len(), UNTIMED_PROBES);
+        assert_eq!(slots[0], home);
+        for pair in slots.windows(2) {
+            assert_eq!(pair[1], (pair[0] + 1) % UNTIMED_SLOTS);
+        }
+        assert!(slots.iter().all(|&slot| slot < UNTIMED_SLOTS));
+    }
+
+    #[test]
+    fn the_function_is_part_of_the_key() {
+        let return_address = 0x7f00_0000_4321;
+        let homes: std::collections::HashSet<usize> = (0..16)
+            .map(|function| slot_of(function, return_address))
+            .collect();
+        assert!(homes.len() > 8, "one call site's targets spread: {homes:?}");
+    }
 }

@@ -31,6 +31,7 @@ mod record;
 mod returns;
 pub(in crate::hooks) mod template;
 mod untimed;
+mod untimed_flush;
 
 use crate::hooks::handler_abi::Handler;
 pub use crate::hooks::handler_abi::{BacktraceStandIn, Handlers};

@@ -8,6 +8,7 @@ use super::returns::{
     entry_slow_paths, pop_shadow_entry, push_shadow_entry, return_slots, special_path,
 };
 use super::template::{HookCode, RecordTemplate};
+use super::untimed_flush::{routine_word, write_untimed_calls};
 use super::{
     ASSEMBLY_BASE, Layout, RECORD_HOOK_PUSHES, call_slow, finish_hook, handlers, load_state,
     new_layout, return_to_caller,
@@ -162,6 +163,7 @@ pub(super) fn record_hook(
     let mut entry = RecordEntryLabels::new(a);
     let mut exit = ExitLabels::new(a);
     let mut slow_call = a.create_label();
+    let mut untimed_routine = a.create_label();
     let hook = RecordHook {
         root,
         after_call,
@@ -172,8 +174,13 @@ pub(super) fn record_hook(
 
     a.set_label(&mut layout.entry)?;
     hook.entry_path(a, &mut entry, &words, exit.exit)?;
-    exit_path(a, &mut exit, slot, after_call, words.exit_event, slow_call)?;
-    hook.entry_slow_paths(a, &mut entry, &words, &mut slow_call)?;
+    let routines = SlowRoutines {
+        slow_call,
+        untimed_routine,
+    };
+    exit_path(a, &mut exit, slot, after_call, words.exit_event, routines)?;
+    hook.entry_slow_paths(a, &mut entry, &words, &mut slow_call, untimed_routine)?;
+    routine_word(a, &mut untimed_routine)?;
     // The per-function data words (see `RecordTemplate`).
     for (label, value) in [
         (&mut words.entry_event, values.entry_event),
@@ -304,9 +311,11 @@ impl RecordHook {
         labels: &mut RecordEntryLabels,
         words: &RecordWords,
         slow_call: &mut CodeLabel,
+        untimed_routine: CodeLabel,
     ) -> Result<(), IcedError> {
         let handlers = handlers();
         a.set_label(&mut labels.ring)?;
+        write_untimed_calls(a, untimed_routine, labels.room)?;
         call_slow(a, handlers.ring_space, *slow_call)?;
         a.test(rdx, rdx)?;
         a.jnz(labels.done)?;
@@ -344,6 +353,14 @@ impl RecordHook {
 /// The labels of the recording hook's exit: where the function returns to, its ring
 /// slow path and the room after it, its end, and a return that does not match the
 /// shadow stack's top.
+/// The data words of the routines the hook's slow paths call: `tendril_slow_call`'s,
+/// and `tendril_write_untimed_calls`'s (`untimed_flush`).
+#[derive(Clone, Copy)]
+struct SlowRoutines {
+    slow_call: CodeLabel,
+    untimed_routine: CodeLabel,
+}
+
 struct ExitLabels {
     exit: CodeLabel,
     ring: CodeLabel,
@@ -373,8 +390,12 @@ fn exit_path(
     slot: i32,
     after_call: bool,
     exit_event: CodeLabel,
-    slow_call: CodeLabel,
+    routines: SlowRoutines,
 ) -> Result<(), IcedError> {
+    let SlowRoutines {
+        slow_call,
+        untimed_routine,
+    } = routines;
     let handlers = handlers();
     // Exit: the function returned here; rsp is S + 8.
     a.set_label(&mut labels.exit)?;
@@ -398,6 +419,7 @@ fn exit_path(
     call_slow(a, handlers.record_mismatched_return, slow_call)?;
     a.jmp(labels.done)?;
     a.set_label(&mut labels.ring)?;
+    write_untimed_calls(a, untimed_routine, labels.room)?;
     call_slow(a, handlers.ring_space, slow_call)?;
     a.test(rdx, rdx)?;
     a.jnz(labels.done)?;

@@ -24,8 +24,9 @@ use crate::hooks::state::STATE;
 use crate::hooks::thread_layout::UNTIMED_FLUSH_EVERY as FLUSH_EVERY;
 use crate::hooks::thread_layout::{
     FLAG_PASSTHROUGH, STATE_FLAGS, STATE_GRAPH_DEPTH, STATE_RING_LIMIT, STATE_UNTIMED_ORDER,
-    STATE_UNTIMED_SLOTS, STATE_UNTIMED_USED, UNTIMED_SLOT_COUNT, UNTIMED_SLOT_FUNCTION,
-    UNTIMED_SLOT_RETURN_ADDRESS, UNTIMED_SLOT_SIZE, UNTIMED_SLOTS,
+    STATE_UNTIMED_SLOTS, STATE_UNTIMED_USED, UNTIMED_HASH_MULTIPLIER, UNTIMED_PROBES,
+    UNTIMED_SLOT_COUNT, UNTIMED_SLOT_FUNCTION, UNTIMED_SLOT_RETURN_ADDRESS, UNTIMED_SLOT_SIZE,
+    UNTIMED_SLOTS,
 };
 use crate::sys::error::AgentError;
 use iced_x86::code_asm::*;
@@ -119,6 +120,8 @@ pub(super) fn untimed_hook(
     let mut discover = a.create_label();
     let mut counted = a.create_label();
     let mut miss = a.create_label();
+    let mut probe = a.create_label();
+    let mut found = a.create_label();
     let mut again = a.create_label();
     let mut listed_full = a.create_label();
     let mut done = a.create_label();
@@ -158,6 +161,36 @@ pub(super) fn untimed_hook(
     a.inc(qword_ptr(rcx + STATE_UNTIMED_USED))?;
     a.mov(qword_ptr(rcx + STATE_RING_LIMIT), 0)?;
     a.jmp(done)?;
+    // The pair is not in its home slot: the next ones, as `untimed_table::find` looks.
+    // A count of the probes left is kept on the stack (no register is free).
+    let (mut each_probe, mut in_table, mut next, mut found_probing) = (
+        a.create_label(),
+        a.create_label(),
+        a.create_label(),
+        a.create_label(),
+    );
+    a.set_label(&mut probe)?;
+    a.push((UNTIMED_PROBES - 1) as i32)?;
+    a.set_label(&mut each_probe)?;
+    a.add(rdx, UNTIMED_SLOT_SIZE)?;
+    a.lea(r11, qword_ptr(rcx + SLOTS_END))?;
+    a.cmp(rdx, r11)?;
+    a.jb(in_table)?;
+    a.sub(rdx, SLOTS_BYTES)?;
+    a.set_label(&mut in_table)?;
+    a.mov(r11, qword_ptr(words.id))?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_RETURN_ADDRESS), rax)?;
+    a.jne(next)?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_FUNCTION), r11)?;
+    a.je(found_probing)?;
+    a.set_label(&mut next)?;
+    a.dec(qword_ptr(rsp))?;
+    a.jnz(each_probe)?;
+    a.lea(rsp, qword_ptr(rsp + 8))?;
+    a.jmp(miss)?;
+    a.set_label(&mut found_probing)?;
+    a.lea(rsp, qword_ptr(rsp + 8))?;
+    a.jmp(found)?;
     a.set_label(&mut outside)?;
     if outermost {
         // The outermost call of a root: its timed hook, as if this one were not here.
@@ -192,17 +225,20 @@ pub(super) fn untimed_hook(
     // The slot of (function, return address) in the thread's table
     // (`runtime::untimed_table::slot_of`): counted there if it is this pair's.
     a.mov(rax, qword_ptr(rsp + return_address))?;
-    a.mov(rdx, rax)?;
-    a.shr(rdx, 5)?;
+    a.mov(rdx, qword_ptr(words.id))?;
+    a.shl(rdx, 32)?;
     a.xor(rdx, rax)?;
-    a.and(edx, (UNTIMED_SLOTS - 1) as u32)?;
+    a.mov(r11, UNTIMED_HASH_MULTIPLIER)?;
+    a.imul_2(rdx, r11)?;
+    a.shr(rdx, 64 - UNTIMED_SLOTS.trailing_zeros())?;
     a.shl(edx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
     a.lea(rdx, qword_ptr(rcx + rdx + STATE_UNTIMED_SLOTS))?;
-    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_RETURN_ADDRESS), rax)?;
-    a.jne(miss)?;
     a.mov(r11, qword_ptr(words.id))?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_RETURN_ADDRESS), rax)?;
+    a.jne(probe)?;
     a.cmp(qword_ptr(rdx + UNTIMED_SLOT_FUNCTION), r11)?;
-    a.jne(miss)?;
+    a.jne(probe)?;
+    a.set_label(&mut found)?;
     a.inc(qword_ptr(rdx + UNTIMED_SLOT_COUNT))?;
     a.cmp(qword_ptr(rdx + UNTIMED_SLOT_COUNT), 1)?;
     a.je(again)?;
@@ -217,6 +253,10 @@ pub(super) fn untimed_hook(
     frame.restore(a)?;
     Ok((layout, words))
 }
+
+/// Bytes of the untimed-call table's slots, and where they end in the thread's state.
+const SLOTS_BYTES: i32 = UNTIMED_SLOTS as i32 * UNTIMED_SLOT_SIZE;
+const SLOTS_END: i32 = STATE_UNTIMED_SLOTS + SLOTS_BYTES;
 
 #[cfg(test)]
 mod tests {
