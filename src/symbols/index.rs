@@ -11,8 +11,10 @@
 //! stub records holding offsets into a string table, and the string table.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use super::module::{ModuleSymbols, PltStub};
+use super::text::StringTable;
 use super::{Function, SymbolSource};
 
 const MAGIC: &[u8; 8] = b"TNDRSYM\0";
@@ -78,68 +80,97 @@ pub fn encode(symbols: &ModuleSymbols) -> Vec<u8> {
 
 /// The module stored in `bytes`, relocated by `load_bias` and named `path`; `None`
 /// unless the file is whole, of this version, and for the module named as `path` is.
-pub fn decode(bytes: &[u8], path: &Path, load_bias: u64) -> Option<ModuleSymbols> {
-    let header = bytes.get(..HEADER)?;
-    if &header[..8] != MAGIC || u32_at(header, 8)? != VERSION {
+/// The bytes are kept, not copied: every name of the module is a range of them
+/// ([`StringTable`]).
+pub fn decode(bytes: Vec<u8>, path: &Path, load_bias: u64) -> Option<ModuleSymbols> {
+    let layout = Layout::check(&bytes)?;
+    let strings = HEADER + layout.strings_at;
+    let table = StringTable::new(bytes, strings..strings + layout.strings_len)?;
+    let module = table.text(0, layout.name_len)?;
+    if super::module::module_name(path) != module.as_str() {
         return None;
     }
-    let payload = &bytes[HEADER..];
-    if u64_at(header, 16)? != payload.len() as u64
-        || u32_at(header, 12)? != crc32fast::hash(payload)
-    {
-        return None;
-    }
-    let functions = u32_at(payload, 0)? as usize;
-    let stubs = u32_at(payload, 4)? as usize;
-    let strings_len = u32_at(payload, 8)? as usize;
-    let name_len = u32_at(payload, 12)? as usize;
-    let records = 16usize;
-    let strings_at = records
-        .checked_add(functions.checked_mul(FUNCTION)?)?
-        .checked_add(stubs.checked_mul(STUB)?)?;
-    if strings_at.checked_add(strings_len)? != payload.len() {
-        return None;
-    }
-    let strings = std::str::from_utf8(&payload[strings_at..]).ok()?;
-    let text =
-        |at: u32, len: u32| strings.get(at as usize..(at as usize).checked_add(len as usize)?);
-    let name = text(0, name_len as u32)?.to_string();
-    if super::module::module_name(path) != name {
-        return None;
-    }
-    let mut out = ModuleSymbols {
-        name,
-        path: path.to_path_buf(),
-        load_bias,
-        functions: Vec::with_capacity(functions),
-        plt_stubs: Vec::with_capacity(stubs),
-    };
-    for i in 0..functions {
-        let r = &payload[records + i * FUNCTION..][..FUNCTION];
+    let module_path: Arc<Path> = Arc::from(path);
+    let payload = &table.bytes()[HEADER..];
+    let mut functions = Vec::with_capacity(layout.functions);
+    for i in 0..layout.functions {
+        let r = &payload[RECORDS + i * FUNCTION..][..FUNCTION];
         let (flags, source) = (r[33], source_from(r[32])?);
-        out.functions.push(Function {
+        functions.push(Function {
             addr: u64_at(r, 0)?.wrapping_add(load_bias),
             size: u64_at(r, 8)?,
-            module: out.name.clone(),
-            module_path: out.path.clone(),
-            name: text(u32_at(r, 16)?, u32_at(r, 20)?)?.to_string(),
-            raw_name: text(u32_at(r, 24)?, u32_at(r, 28)?)?.to_string(),
+            module: module.clone(),
+            module_path: module_path.clone(),
+            name: table.text(u32_at(r, 16)?, u32_at(r, 20)?)?,
+            raw_name: table.text(u32_at(r, 24)?, u32_at(r, 28)?)?,
             source,
             ifunc: flags & 1 != 0,
             go_code: flags & 2 != 0,
         });
     }
-    let stubs_at = records + functions * FUNCTION;
-    for i in 0..stubs {
+    let stubs_at = RECORDS + layout.functions * FUNCTION;
+    let mut plt_stubs = Vec::with_capacity(layout.stubs);
+    for i in 0..layout.stubs {
         let r = &payload[stubs_at + i * STUB..][..STUB];
-        out.plt_stubs.push(PltStub {
+        plt_stubs.push(PltStub {
             addr: u64_at(r, 0)?.wrapping_add(load_bias),
             size: u64_at(r, 8)?,
             got_slot: u64_at(r, 16)?.wrapping_add(load_bias),
-            target: text(u32_at(r, 24)?, u32_at(r, 28)?)?.to_string(),
+            target: table.text(u32_at(r, 24)?, u32_at(r, 28)?)?.to_string(),
         });
     }
-    Some(out)
+    Some(ModuleSymbols {
+        name: module.to_string(),
+        path: path.to_path_buf(),
+        load_bias,
+        functions,
+        plt_stubs,
+    })
+}
+
+/// Where the parts of a checked index lie (offsets into its payload).
+struct Layout {
+    functions: usize,
+    stubs: usize,
+    strings_at: usize,
+    strings_len: usize,
+    name_len: u32,
+}
+
+/// The payload starts with four counts; the records follow.
+const RECORDS: usize = 16;
+
+impl Layout {
+    /// The layout of `bytes`, if its header, length and checksum hold and its records
+    /// and string table exactly fill its payload.
+    fn check(bytes: &[u8]) -> Option<Layout> {
+        let header = bytes.get(..HEADER)?;
+        if &header[..8] != MAGIC || u32_at(header, 8)? != VERSION {
+            return None;
+        }
+        let payload = &bytes[HEADER..];
+        if u64_at(header, 16)? != payload.len() as u64
+            || u32_at(header, 12)? != crc32fast::hash(payload)
+        {
+            return None;
+        }
+        let functions = u32_at(payload, 0)? as usize;
+        let stubs = u32_at(payload, 4)? as usize;
+        let strings_len = u32_at(payload, 8)? as usize;
+        let strings_at = RECORDS
+            .checked_add(functions.checked_mul(FUNCTION)?)?
+            .checked_add(stubs.checked_mul(STUB)?)?;
+        if strings_at.checked_add(strings_len)? != payload.len() {
+            return None;
+        }
+        Some(Layout {
+            functions,
+            stubs,
+            strings_at,
+            strings_len,
+            name_len: u32_at(payload, 12)?,
+        })
+    }
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
@@ -186,10 +217,10 @@ mod tests {
     fn a_module_round_trips_at_another_bias() {
         let symbols = own_module();
         let bytes = encode(&symbols);
-        let back = decode(&bytes, &symbols.path, 0x1000).expect("a whole index");
+        let back = decode(bytes.clone(), &symbols.path, 0x1000).expect("a whole index");
         assert_eq!(back.functions, symbols.functions);
         assert_eq!(back.plt_stubs, symbols.plt_stubs);
-        let moved = decode(&bytes, &symbols.path, 0x2000).unwrap();
+        let moved = decode(bytes, &symbols.path, 0x2000).unwrap();
         assert_eq!(moved.functions[0].addr, symbols.functions[0].addr + 0x1000);
     }
 
@@ -197,15 +228,15 @@ mod tests {
     fn a_damaged_index_is_refused() {
         let symbols = own_module();
         let bytes = encode(&symbols);
-        assert!(decode(&bytes[..bytes.len() - 1], &symbols.path, 0).is_none());
+        assert!(decode(bytes[..bytes.len() - 1].to_vec(), &symbols.path, 0).is_none());
         let mut flipped = bytes.clone();
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
-        assert!(decode(&flipped, &symbols.path, 0).is_none());
+        assert!(decode(flipped, &symbols.path, 0).is_none());
         let mut newer = bytes.clone();
         newer[8] = newer[8].wrapping_add(1);
-        assert!(decode(&newer, &symbols.path, 0).is_none());
-        assert!(decode(&bytes, Path::new("/other/name.so"), 0).is_none());
-        assert!(decode(b"", &symbols.path, 0).is_none());
+        assert!(decode(newer, &symbols.path, 0).is_none());
+        assert!(decode(bytes, Path::new("/other/name.so"), 0).is_none());
+        assert!(decode(Vec::new(), &symbols.path, 0).is_none());
     }
 }

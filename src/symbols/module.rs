@@ -13,6 +13,7 @@
 use foldhash::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use goblin::elf::Elf;
 use goblin::elf::header::EM_X86_64;
@@ -24,7 +25,7 @@ use memmap2::Mmap;
 
 use super::demangle::Demangler;
 use super::error::SymbolError;
-use super::{Function, SymbolSource, fde, go_pclntab, plt};
+use super::{Function, SymbolSource, SymbolText, fde, go_pclntab, plt};
 
 /// A PLT stub and the GOT slot it jumps through (both runtime addresses).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,8 +77,8 @@ impl ModuleSymbols {
         let go_table =
             go_pclntab::from_elf(elf, image.len(), |range| &image[range]).and_then(Result::ok);
         let mut builder = Builder {
-            name: &name,
-            path,
+            module: SymbolText::from(name.as_str()),
+            module_path: Arc::from(path),
             bias: load_bias,
             functions: Vec::new(),
             demangler: Demangler::default(),
@@ -172,9 +173,9 @@ pub(super) fn module_name(path: &Path) -> String {
     }
 }
 
-struct Builder<'a> {
-    name: &'a str,
-    path: &'a Path,
+struct Builder {
+    module: SymbolText,
+    module_path: Arc<Path>,
     bias: u64,
     functions: Vec<Function>,
     demangler: Demangler,
@@ -182,15 +183,22 @@ struct Builder<'a> {
     go_text: std::ops::Range<u64>,
 }
 
-impl Builder<'_> {
+impl Builder {
     /// Adds a function at ELF virtual address `vaddr`.
     fn push(&mut self, vaddr: u64, size: u64, raw_name: String, source: SymbolSource, ifunc: bool) {
+        let name = self.demangler.demangle(&raw_name);
+        let raw_name = SymbolText::from(raw_name);
+        let name = if name == *raw_name {
+            raw_name.clone()
+        } else {
+            SymbolText::from(name)
+        };
         self.functions.push(Function {
             addr: vaddr.wrapping_add(self.bias),
             size,
-            module: self.name.to_string(),
-            module_path: self.path.to_path_buf(),
-            name: self.demangler.demangle(&raw_name),
+            module: self.module.clone(),
+            module_path: self.module_path.clone(),
+            name,
             raw_name,
             source,
             ifunc,
@@ -232,11 +240,12 @@ impl Builder<'_> {
             let before_end = known.partition_point(|&(s, _)| s < end);
             let covered = before_end > 0 && max_end[before_end - 1] > start;
             if !covered {
+                let raw = SymbolText::from(raw);
                 self.functions.push(Function {
                     addr: start.wrapping_add(self.bias),
                     size: len,
-                    module: self.name.to_string(),
-                    module_path: self.path.to_path_buf(),
+                    module: self.module.clone(),
+                    module_path: self.module_path.clone(),
                     name: raw.clone(),
                     raw_name: raw,
                     source,
@@ -248,9 +257,6 @@ impl Builder<'_> {
     }
 }
 
-/// Address order. At one address: symbol-table names before synthetic ones, then the
-/// plainest name first (fewest leading underscores: `malloc` before `__libc_malloc`),
-/// so that the first row at an address is the best name for it.
 /// Where distributions install separate debug files (`.build-id/xx/yyyy.debug`).
 pub(super) const DEBUG_ROOT: &str = "/usr/lib/debug";
 
@@ -294,15 +300,16 @@ pub(super) fn build_id_path(root: &Path, id: &[u8]) -> Option<PathBuf> {
     )
 }
 
+/// Address order. At one address: symbol-table names before synthetic ones, then the
+/// plainest name first (fewest leading underscores: `malloc` before `__libc_malloc`),
+/// so that the first row at an address is the best name for it. A stable sort: a process's table is its modules' sorted tables one after another, runs which
+/// it merges rather than sorting afresh; names are compared only at a shared address.
 pub(super) fn sort_functions(functions: &mut [Function]) {
     let underscores = |f: &Function| f.raw_name.bytes().take_while(|&b| b == b'_').count();
-    functions.sort_unstable_by(|a, b| {
-        (a.addr, a.source, underscores(a), &a.raw_name).cmp(&(
-            b.addr,
-            b.source,
-            underscores(b),
-            &b.raw_name,
-        ))
+    functions.sort_by(|a, b| {
+        a.addr.cmp(&b.addr).then_with(|| {
+            (a.source, underscores(a), &a.raw_name).cmp(&(b.source, underscores(b), &b.raw_name))
+        })
     });
 }
 
