@@ -61,7 +61,7 @@ pub(super) fn load_module(
     let symbols = ModuleSymbols::from_elf(&elf, image, path, bias);
     if let Some((cache, key)) = key {
         // A cache that cannot be written (disk full, read-only home) costs only speed.
-        let _ = cache.write(&key, &index::encode(&symbols));
+        let _ = cache.write_with(&key, |file| index::write(&symbols, file));
     }
     Ok(symbols)
 }

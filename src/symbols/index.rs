@@ -10,6 +10,9 @@
 //! payload, payload length u64), then the payload: counts, fixed-size function and PLT
 //! stub records holding offsets into a string table, and the string table.
 
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -25,16 +28,102 @@ const FUNCTION: usize = 40;
 const STUB: usize = 32;
 
 /// The index of `symbols` (loaded at `symbols.load_bias`), addresses made ELF virtual.
+#[cfg(test)]
 pub fn encode(symbols: &ModuleSymbols) -> Vec<u8> {
+    let mut payload = HashingWriter::new(Vec::new());
+    write_payload(symbols, &mut payload).expect("writing to memory");
+    let mut out = header(&payload).to_vec();
+    out.extend_from_slice(&payload.inner);
+    out
+}
+
+/// Writes the index of `symbols` to `file` (at its start), streamed: no copy of it is
+/// made in memory (a big library's index is tens of MB).
+pub fn write(symbols: &ModuleSymbols, file: &mut File) -> io::Result<()> {
+    file.write_all(&[0; HEADER])?;
+    let mut payload = HashingWriter::new(BufWriter::with_capacity(1 << 20, &mut *file));
+    write_payload(symbols, &mut payload)?;
+    payload.inner.flush()?;
+    let header = header(&payload);
+    drop(payload);
+    file.write_all_at(&header, 0)
+}
+
+/// The header of an index whose payload went through `payload`.
+fn header<W>(payload: &HashingWriter<W>) -> [u8; HEADER] {
+    let mut header = [0; HEADER];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    header[12..16].copy_from_slice(&payload.hasher.clone().finalize().to_le_bytes());
+    header[16..].copy_from_slice(&payload.len.to_le_bytes());
+    header
+}
+
+/// Counts and checksums what is written through it.
+struct HashingWriter<W> {
+    inner: W,
+    hasher: crc32fast::Hasher,
+    len: u64,
+}
+
+impl<W: Write> HashingWriter<W> {
+    fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: crc32fast::Hasher::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(bytes)?;
+        self.hasher.update(&bytes[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The texts of `symbols` in the order the string table holds them (the module's
+/// name, then per function its raw name and, when it differs, its display name, then
+/// each stub's target).
+fn texts(symbols: &ModuleSymbols) -> impl Iterator<Item = &str> {
+    let functions = symbols.functions.iter().flat_map(|f| {
+        let name = (f.name != f.raw_name).then_some(f.name.as_str());
+        std::iter::once(f.raw_name.as_str()).chain(name)
+    });
+    let stubs = symbols.plt_stubs.iter().map(|s| s.target.as_str());
+    std::iter::once(symbols.name.as_str())
+        .chain(functions)
+        .chain(stubs)
+}
+
+/// The payload: counts, function records, stub records, string table.
+fn write_payload(symbols: &ModuleSymbols, out: &mut impl Write) -> io::Result<()> {
+    let too_big = || io::Error::other("the index would pass 4 GiB");
+    let count = |n: usize| u32::try_from(n).map_err(|_| too_big());
+    let strings_len = texts(symbols).map(str::len).sum::<usize>();
+    for n in [
+        symbols.functions.len(),
+        symbols.plt_stubs.len(),
+        strings_len,
+        symbols.name.len(),
+    ] {
+        out.write_all(&count(n)?.to_le_bytes())?;
+    }
     let bias = symbols.load_bias;
-    let mut strings: Vec<u8> = symbols.name.as_bytes().to_vec();
+    // Offsets are handed out in the order of `texts`.
+    let mut next = symbols.name.len() as u32;
     let mut add = |s: &str| {
-        let at = strings.len() as u32;
-        strings.extend_from_slice(s.as_bytes());
-        (at, s.len() as u32)
+        let at = next;
+        next += s.len() as u32;
+        [at, s.len() as u32]
     };
-    let mut records =
-        Vec::with_capacity(symbols.functions.len() * FUNCTION + symbols.plt_stubs.len() * STUB);
     for f in &symbols.functions {
         let raw = add(&f.raw_name);
         let name = if f.name == f.raw_name {
@@ -42,40 +131,30 @@ pub fn encode(symbols: &ModuleSymbols) -> Vec<u8> {
         } else {
             add(&f.name)
         };
-        records.extend_from_slice(&f.addr.wrapping_sub(bias).to_le_bytes());
-        records.extend_from_slice(&f.size.to_le_bytes());
-        for part in [name.0, name.1, raw.0, raw.1] {
-            records.extend_from_slice(&part.to_le_bytes());
+        let mut record = [0u8; FUNCTION];
+        record[..8].copy_from_slice(&f.addr.wrapping_sub(bias).to_le_bytes());
+        record[8..16].copy_from_slice(&f.size.to_le_bytes());
+        for (i, part) in [name[0], name[1], raw[0], raw[1]].into_iter().enumerate() {
+            record[16 + 4 * i..20 + 4 * i].copy_from_slice(&part.to_le_bytes());
         }
-        let flags = u8::from(f.ifunc) | (u8::from(f.go_code) << 1);
-        records.extend_from_slice(&[source_code(f.source), flags, 0, 0, 0, 0, 0, 0]);
+        record[32] = source_code(f.source);
+        record[33] = u8::from(f.ifunc) | (u8::from(f.go_code) << 1);
+        out.write_all(&record)?;
     }
     for s in &symbols.plt_stubs {
         let target = add(&s.target);
-        records.extend_from_slice(&s.addr.wrapping_sub(bias).to_le_bytes());
-        records.extend_from_slice(&s.size.to_le_bytes());
-        records.extend_from_slice(&s.got_slot.wrapping_sub(bias).to_le_bytes());
-        records.extend_from_slice(&target.0.to_le_bytes());
-        records.extend_from_slice(&target.1.to_le_bytes());
+        let mut record = [0u8; STUB];
+        record[..8].copy_from_slice(&s.addr.wrapping_sub(bias).to_le_bytes());
+        record[8..16].copy_from_slice(&s.size.to_le_bytes());
+        record[16..24].copy_from_slice(&s.got_slot.wrapping_sub(bias).to_le_bytes());
+        record[24..28].copy_from_slice(&target[0].to_le_bytes());
+        record[28..32].copy_from_slice(&target[1].to_le_bytes());
+        out.write_all(&record)?;
     }
-    let mut payload = Vec::with_capacity(16 + records.len() + strings.len());
-    for count in [
-        symbols.functions.len() as u32,
-        symbols.plt_stubs.len() as u32,
-        strings.len() as u32,
-        symbols.name.len() as u32,
-    ] {
-        payload.extend_from_slice(&count.to_le_bytes());
+    for text in texts(symbols) {
+        out.write_all(text.as_bytes())?;
     }
-    payload.extend_from_slice(&records);
-    payload.extend_from_slice(&strings);
-    let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    out.extend_from_slice(&payload);
-    out
+    Ok(())
 }
 
 /// The module stored in `bytes`, relocated by `load_bias` and named `path`; `None`

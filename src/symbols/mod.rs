@@ -15,6 +15,7 @@
 //! * [`jit`] names code generated at run time, from the perf maps and jitdumps runtimes
 //!   write for profilers.
 
+mod builder;
 mod cache;
 mod cache_dir;
 mod command;

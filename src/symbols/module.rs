@@ -13,7 +13,6 @@
 use foldhash::HashSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use goblin::elf::Elf;
 use goblin::elf::header::EM_X86_64;
@@ -23,9 +22,9 @@ use goblin::elf::sym::{STT_FUNC, STT_GNU_IFUNC};
 use goblin::options::ParseOptions;
 use memmap2::Mmap;
 
-use super::demangle::Demangler;
+use super::builder::Builder;
 use super::error::SymbolError;
-use super::{Function, SymbolSource, SymbolText, fde, go_pclntab, plt};
+use super::{Function, SymbolSource, fde, go_pclntab, plt};
 
 /// A PLT stub and the GOT slot it jumps through (both runtime addresses).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,17 +75,12 @@ impl ModuleSymbols {
         let name = module_name(path);
         let go_table =
             go_pclntab::from_elf(elf, image.len(), |range| &image[range]).and_then(Result::ok);
-        let mut builder = Builder {
-            module: SymbolText::from(name.as_str()),
-            module_path: Arc::from(path),
-            bias: load_bias,
-            functions: Vec::new(),
-            demangler: Demangler::default(),
-            go_text: go_table
-                .as_ref()
-                .and_then(|table| table.text_range())
-                .unwrap_or(0..0),
-        };
+        let go_text = go_table
+            .as_ref()
+            .and_then(|table| table.text_range())
+            .unwrap_or(0..0);
+        let expected = elf.syms.len() + elf.dynsyms.len();
+        let mut builder = Builder::new(&name, load_bias, go_text, expected);
         let debug_image = if elf.syms.is_empty() {
             separate_debug_file(elf, image, Path::new(DEBUG_ROOT))
         } else {
@@ -115,7 +109,7 @@ impl ModuleSymbols {
                 };
                 if seen.insert((sym.st_value, raw)) {
                     let ifunc = kind == STT_GNU_IFUNC;
-                    builder.push(sym.st_value, sym.st_size, raw.to_string(), source, ifunc);
+                    builder.push(sym.st_value, sym.st_size, raw, source, ifunc);
                 }
             }
         }
@@ -124,7 +118,7 @@ impl ModuleSymbols {
         for stub in &stubs {
             let raw = format!("{}@plt", stub.target);
             if !seen.contains(&(stub.addr, raw.as_str())) {
-                builder.push(stub.addr, stub.size, raw, SymbolSource::Plt, false);
+                builder.push(stub.addr, stub.size, &raw, SymbolSource::Plt, false);
             }
         }
         let plt_stubs = stubs
@@ -149,7 +143,7 @@ impl ModuleSymbols {
             (start, len, raw)
         });
         builder.add_uncovered(fdes.collect(), plt::section_ranges(elf), SymbolSource::Fde);
-        let mut functions = builder.functions;
+        let mut functions = builder.finish(path, name.len());
         sort_functions(&mut functions);
         ModuleSymbols {
             name,
@@ -170,90 +164,6 @@ pub(super) fn module_name(path: &Path) -> String {
             n.strip_prefix("memfd:").unwrap_or(&n).to_string()
         }
         None => path.to_string_lossy().into_owned(),
-    }
-}
-
-struct Builder {
-    module: SymbolText,
-    module_path: Arc<Path>,
-    bias: u64,
-    functions: Vec<Function>,
-    demangler: Demangler,
-    /// Go's functions (ELF addresses), from `.gopclntab`; empty without one.
-    go_text: std::ops::Range<u64>,
-}
-
-impl Builder {
-    /// Adds a function at ELF virtual address `vaddr`.
-    fn push(&mut self, vaddr: u64, size: u64, raw_name: String, source: SymbolSource, ifunc: bool) {
-        let name = self.demangler.demangle(&raw_name);
-        let raw_name = SymbolText::from(raw_name);
-        let name = if name == *raw_name {
-            raw_name.clone()
-        } else {
-            SymbolText::from(name)
-        };
-        self.functions.push(Function {
-            addr: vaddr.wrapping_add(self.bias),
-            size,
-            module: self.module.clone(),
-            module_path: self.module_path.clone(),
-            name,
-            raw_name,
-            source,
-            ifunc,
-            go_code: self.go_text.contains(&vaddr),
-        });
-    }
-
-    /// Adds every `(start, length, raw name)` (ELF virtual addresses) that neither a
-    /// function found so far nor one of the `covered` ranges overlaps; a zero-size
-    /// symbol covers its first byte. Names are kept as they are (no demangling).
-    fn add_uncovered(
-        &mut self,
-        mut found: Vec<(u64, u64, String)>,
-        covered: Vec<(u64, u64)>,
-        source: SymbolSource,
-    ) {
-        let mut known: Vec<(u64, u64)> = self
-            .functions
-            .iter()
-            .map(|f| {
-                let start = f.addr.wrapping_sub(self.bias);
-                (start, start.saturating_add(f.size.max(1)))
-            })
-            .chain(covered)
-            .collect();
-        known.sort_unstable();
-        // max_end[i]: the largest end among known[..=i].
-        let max_end: Vec<u64> = known
-            .iter()
-            .scan(0, |m, &(_, end)| {
-                *m = end.max(*m);
-                Some(*m)
-            })
-            .collect();
-        found.sort_unstable_by_key(|&(start, _, _)| start);
-        found.dedup_by_key(|&mut (start, _, _)| start);
-        for (start, len, raw) in found {
-            let end = start.saturating_add(len);
-            let before_end = known.partition_point(|&(s, _)| s < end);
-            let covered = before_end > 0 && max_end[before_end - 1] > start;
-            if !covered {
-                let raw = SymbolText::from(raw);
-                self.functions.push(Function {
-                    addr: start.wrapping_add(self.bias),
-                    size: len,
-                    module: self.module.clone(),
-                    module_path: self.module_path.clone(),
-                    name: raw.clone(),
-                    raw_name: raw,
-                    source,
-                    ifunc: false,
-                    go_code: self.go_text.contains(&start),
-                });
-            }
-        }
     }
 }
 
