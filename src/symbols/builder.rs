@@ -139,10 +139,11 @@ impl Builder {
     /// The functions found, at their runtime addresses, in the order found; their
     /// module is named `path`.
     pub(super) fn finish(self, path: &Path, name_len: usize) -> Vec<Function> {
-        let len = self.strings.len();
-        let table = StringTable::new(self.strings.into_bytes(), 0..len)
-            .expect("a String is UTF-8 and every offset was taken from it");
-        let text = |(at, len): (u32, u32)| table.text(at, len).expect("a range pushed");
+        let table = StringTable::from_string(self.strings);
+        let text = |(at, len): (u32, u32)| {
+            // Every range was pushed whole onto the buffer: it lies inside, at characters.
+            table.text(at, len).expect("a range pushed")
+        };
         let module = text((0, name_len as u32));
         let module_path: Arc<Path> = Arc::from(path);
         self.found

@@ -89,7 +89,7 @@ impl ModuleSymbols {
         let debug_elf = debug_image
             .as_ref()
             .and_then(|debug| parse_elf(debug, path).ok());
-        let mut seen: HashSet<(u64, &str)> = HashSet::default();
+        let mut seen: HashSet<SymbolKey> = HashSet::default();
         let mut tables = vec![
             (&elf.syms, &elf.strtab, SymbolSource::Symtab),
             (&elf.dynsyms, &elf.dynstrtab, SymbolSource::Dynsym),
@@ -107,7 +107,7 @@ impl ModuleSymbols {
                 let Some(raw) = strtab.get_at(sym.st_name).filter(|n| !n.is_empty()) else {
                     continue;
                 };
-                if seen.insert((sym.st_value, raw)) {
+                if seen.insert(SymbolKey(sym.st_value, raw)) {
                     let ifunc = kind == STT_GNU_IFUNC;
                     builder.push(sym.st_value, sym.st_size, raw, source, ifunc);
                 }
@@ -117,7 +117,7 @@ impl ModuleSymbols {
         let stubs = plt::stubs(elf, image);
         for stub in &stubs {
             let raw = format!("{}@plt", stub.target);
-            if !seen.contains(&(stub.addr, raw.as_str())) {
+            if !seen.contains(&SymbolKey(stub.addr, raw.as_str())) {
                 builder.push(stub.addr, stub.size, &raw, SymbolSource::Plt, false);
             }
         }
@@ -152,6 +152,18 @@ impl ModuleSymbols {
             functions,
             plt_stubs,
         }
+    }
+}
+
+/// A symbol's address and name, hashed by the address and the name's length alone:
+/// long C++ names are compared only when both match, which is rare but for the same
+/// symbol in `.symtab` and `.dynsym`.
+#[derive(PartialEq, Eq)]
+struct SymbolKey<'a>(u64, &'a str);
+
+impl std::hash::Hash for SymbolKey<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.0, self.1.len()).hash(state);
     }
 }
 

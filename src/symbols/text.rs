@@ -14,7 +14,8 @@ use std::hash::{Hash, Hasher};
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
-/// A buffer whose `text` range is valid UTF-8 (checked by [`StringTable::new`]).
+/// A buffer whose `text` range is valid UTF-8 (checked by [`StringTable::new`], or
+/// taken from a `String`).
 struct Table {
     bytes: Vec<u8>,
     text: Range<usize>,
@@ -23,9 +24,10 @@ struct Table {
 impl Table {
     fn text(&self) -> &str {
         let text = &self.bytes[self.text.clone()];
-        // SAFETY: `StringTable::new` (the only maker of a `Table`) checked with
-        // `str::from_utf8` that exactly these bytes are UTF-8, and `bytes` is never
-        // changed afterwards (it is private and only ever borrowed immutably).
+        // SAFETY: a `Table` is made only by `StringTable::new`, which checked with
+        // `str::from_utf8` that exactly these bytes are UTF-8, or by
+        // `StringTable::from_string` from all the bytes of a `String`, which are UTF-8;
+        // `bytes` is never changed afterwards (private, only ever borrowed immutably).
         unsafe { std::str::from_utf8_unchecked(text) }
     }
 }
@@ -40,6 +42,15 @@ impl StringTable {
     pub(super) fn new(bytes: Vec<u8>, text: Range<usize>) -> Option<StringTable> {
         std::str::from_utf8(bytes.get(text.clone())?).ok()?;
         Some(StringTable(Arc::new(Table { bytes, text })))
+    }
+
+    /// All of `text` as the table (no check needed: a `String` is UTF-8).
+    pub(super) fn from_string(text: String) -> StringTable {
+        let len = text.len();
+        StringTable(Arc::new(Table {
+            bytes: text.into_bytes(),
+            text: 0..len,
+        }))
     }
 
     /// The whole buffer the strings were taken from.
@@ -83,8 +94,9 @@ impl From<String> for SymbolText {
         while !text.is_char_boundary(len) {
             len -= 1;
         }
-        let table = StringTable::new(text.into_bytes(), 0..len).expect("a String is UTF-8");
-        table.text(0, len as u32).expect("the whole table")
+        StringTable::from_string(text)
+            .text(0, len as u32)
+            .expect("a prefix of the table that ends at a character")
     }
 }
 
@@ -127,7 +139,11 @@ impl fmt::Debug for SymbolText {
 
 impl PartialEq for SymbolText {
     fn eq(&self, other: &SymbolText) -> bool {
-        self.as_str() == other.as_str()
+        // The same range of the same table (a name that needs no demangling is its own
+        // raw name) is equal without comparing a byte.
+        let same_range = Arc::ptr_eq(&self.table, &other.table)
+            && (self.start, self.end) == (other.start, other.end);
+        same_range || self.as_str() == other.as_str()
     }
 }
 
