@@ -318,4 +318,88 @@ mod tests {
         assert!(decode(bytes, Path::new("/other/name.so"), 0).is_none());
         assert!(decode(Vec::new(), &symbols.path, 0).is_none());
     }
+
+    /// `bytes` with its checksum made right again: damage only the structural checks
+    /// can catch.
+    fn with_checksum(mut bytes: Vec<u8>) -> Vec<u8> {
+        let crc = crc32fast::hash(&bytes[HEADER..]);
+        bytes[12..16].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn the_streamed_file_is_the_encoded_bytes() {
+        let symbols = own_module();
+        let path = std::env::temp_dir().join(format!("tendril-index-{}", std::process::id()));
+        let mut file = File::create(&path).unwrap();
+        write(&symbols, &mut file).unwrap();
+        drop(file);
+        let written = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(written, encode(&symbols));
+        let back = decode(written, &symbols.path, symbols.load_bias).unwrap();
+        assert_eq!(back.name, symbols.name);
+        assert_eq!(back.functions.len(), symbols.functions.len());
+    }
+
+    #[test]
+    fn every_name_shares_the_one_table() {
+        let symbols = own_module();
+        let back = decode(encode(&symbols), &symbols.path, 0x1000).unwrap();
+        let f = &back.functions[0];
+        assert_eq!(f.module, symbols.name.as_str());
+        assert!(
+            back.functions
+                .iter()
+                .all(|g| Arc::ptr_eq(&g.module_path, &f.module_path))
+        );
+    }
+
+    #[test]
+    fn a_truncated_index_is_refused_at_any_length() {
+        let symbols = own_module();
+        let bytes = encode(&symbols);
+        let step = (bytes.len() / 997).max(1);
+        for len in (0..bytes.len()).step_by(step) {
+            let cut = bytes[..len].to_vec();
+            assert!(decode(cut.clone(), &symbols.path, 0).is_none(), "{len}");
+            // Even with a length and checksum that agree with what is left.
+            if len >= HEADER {
+                let mut cut = cut;
+                let payload = (len - HEADER) as u64;
+                cut[16..24].copy_from_slice(&payload.to_le_bytes());
+                assert!(
+                    decode(with_checksum(cut), &symbols.path, 0).is_none(),
+                    "{len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_records_with_a_good_checksum_never_panic() {
+        let symbols = own_module();
+        let bytes = encode(&symbols);
+        let records = HEADER + RECORDS;
+        // Counts, and every field of the first records (offsets, lengths, source).
+        let positions = (HEADER..records).chain(records..records + 4 * FUNCTION);
+        for at in positions {
+            for value in [0x00, 0x7f, 0xff] {
+                let mut damaged = bytes.clone();
+                damaged[at] = value;
+                if let Some(back) = decode(with_checksum(damaged), &symbols.path, 0) {
+                    // Whatever is accepted reads as text without panicking.
+                    let total: usize = back.functions.iter().map(|f| f.name.len()).sum();
+                    assert!(total > 0);
+                }
+            }
+        }
+        // A source code that names no source, and a name that runs past the table.
+        let mut bad_source = bytes.clone();
+        bad_source[records + 32] = 9;
+        assert!(decode(with_checksum(bad_source), &symbols.path, 0).is_none());
+        let mut past_end = bytes.clone();
+        past_end[records + 20..records + 24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(with_checksum(past_end), &symbols.path, 0).is_none());
+    }
 }

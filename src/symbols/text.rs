@@ -239,7 +239,9 @@ mod tests {
     fn owned_text_compares_as_its_str() {
         let a = SymbolText::from("ns::foo(int)");
         assert_eq!(a, SymbolText::from("ns::foo(int)".to_string()));
-        assert!(a == "ns::foo(int)" && "ns::foo(int)" == a);
+        assert_eq!(a, "ns::foo(int)");
+        assert_eq!("ns::foo(int)", a);
+        assert_eq!("ns::foo(int)".to_string(), a);
         assert!(a.starts_with("ns::"));
         assert_eq!(serde_json::to_string(&a).unwrap(), "\"ns::foo(int)\"");
     }
