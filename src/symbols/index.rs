@@ -9,6 +9,11 @@
 //! Layout (little endian): a 24-byte header (`TNDRSYM\0`, version u32, CRC-32 u32 of the
 //! payload, payload length u64), then the payload: counts, fixed-size function and PLT
 //! stub records holding offsets into a string table, and the string table.
+//!
+//! A decoded module keeps the file's bytes whole as its string table: every name is a
+//! range of them ([`SymbolText`](super::SymbolText)), checked to lie inside the table
+//! on character boundaries (the table's UTF-8 is checked once). An index is written by
+//! streaming it to its file, its checksum computed on the way.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};

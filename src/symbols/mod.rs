@@ -11,6 +11,8 @@
 //! * [`ProcessSymbols`] loads a whole process (`/proc/PID/maps`), looks addresses up and
 //!   finds functions by pattern ([`ProcessSymbols::find`] documents the pattern syntax).
 //! * [`ModuleSymbols`] loads one ELF file at a given load bias.
+//! * [`SymbolText`]: a function's names are ranges of its module's one string table,
+//!   shared, so a module of 300,000 functions costs a handful of allocations.
 //! * [`run_symbols_command`] is `tendril symbols <PID> [PATTERN] [--json]`.
 //! * [`jit`] names code generated at run time, from the perf maps and jitdumps runtimes
 //!   write for profilers.
