@@ -66,17 +66,15 @@ impl Builder {
         let Some(raw) = self.add_text(raw_name) else {
             return;
         };
+        // `before` fits in a u32: `add_text` just checked that the buffer's end does.
         let before = self.strings.len();
-        let name = if demangle_into(raw_name, &mut self.strings) {
-            let len = self.strings.len() - before;
-            match u32::try_from(self.strings.len()) {
-                Ok(_) => (before as u32, len as u32),
-                Err(_) => {
-                    self.strings.truncate(before);
-                    raw
-                }
-            }
+        let demangled = demangle_into(raw_name, &mut self.strings);
+        let fits = u32::try_from(self.strings.len()).is_ok();
+        let name = if demangled && fits {
+            (before as u32, (self.strings.len() - before) as u32)
         } else {
+            // Not mangled, or the name would pass 4 GiB of names: shown as stored.
+            self.strings.truncate(before);
             raw
         };
         self.found.push(Found {
@@ -160,5 +158,42 @@ impl Builder {
                 go_code: self.go_text.contains(&f.vaddr),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_go_into_one_table_demangled_and_uncovered_code_is_added() {
+        let mut builder = Builder::new("app", 0x1000, 0x40..0x50, 2);
+        builder.push(0x10, 8, "_ZN2ns3fooEi", SymbolSource::Symtab, false);
+        builder.push(0x20, 8, "main", SymbolSource::Dynsym, true);
+        let fdes = vec![(0x12, 4, "app+0x12".into()), (0x40, 4, "app+0x40".into())];
+        builder.add_uncovered(fdes, Vec::new(), SymbolSource::Fde);
+        let functions = builder.finish(Path::new("/bin/app"), 3);
+        let rows: Vec<(u64, &str, &str, bool, bool)> = functions
+            .iter()
+            .map(|f| {
+                (
+                    f.addr,
+                    f.name.as_str(),
+                    f.raw_name.as_str(),
+                    f.ifunc,
+                    f.go_code,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (0x1010, "ns::foo(int)", "_ZN2ns3fooEi", false, false),
+                (0x1020, "main", "main", true, false),
+                (0x1040, "app+0x40", "app+0x40", false, true),
+            ]
+        );
+        assert!(functions.iter().all(|f| f.module == "app"));
+        assert_eq!(&*functions[0].module_path, Path::new("/bin/app"));
     }
 }
