@@ -73,7 +73,7 @@ pub fn returns_twice_callee(
 pub fn name_of(symbols: &ProcessSymbols, address: u64) -> Option<String> {
     let function = symbols.lookup(address)?;
     Some(match address - function.addr {
-        0 => function.name.clone(),
+        0 => function.name.to_string(),
         offset => format!("{}+{offset:#x}", function.name),
     })
 }

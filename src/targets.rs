@@ -155,7 +155,7 @@ pub fn choose(
     let ifunc_names: Vec<String> = matched
         .iter()
         .filter(|f| f.ifunc)
-        .map(|f| f.raw_name.clone())
+        .map(|f| f.raw_name.to_string())
         .collect();
     let implementations = if ifunc_names.is_empty() {
         Vec::new()
@@ -177,13 +177,13 @@ pub fn choose(
                 // Unresolvable: keep the resolver; the agent will say if it is useless.
                 None => Chosen {
                     function: function.clone(),
-                    display_name: function.name.clone(),
+                    display_name: function.name.to_string(),
                 },
             }
         } else {
             Chosen {
                 function: function.clone(),
-                display_name: function.name.clone(),
+                display_name: function.name.to_string(),
             }
         };
         if !chosen.iter().any(|c| c.function.addr == pick.function.addr) {

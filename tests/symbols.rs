@@ -41,7 +41,7 @@ fn module_functions<'a>(symbols: &'a ProcessSymbols, module: &str) -> (u64, Vec<
 }
 
 fn names(found: &[&Function]) -> Vec<String> {
-    found.iter().map(|f| f.name.clone()).collect()
+    found.iter().map(|f| f.name.to_string()).collect()
 }
 
 fn no_match(result: Result<Vec<&Function>, SymbolError>) -> Vec<String> {
@@ -70,7 +70,7 @@ fn every_nm_function_of_calltree_is_listed_at_its_runtime_address() {
         bias, 0,
         "calltree is PIE and cannot load at its link address"
     );
-    assert!(functions.iter().all(|f| f.module_path == binary));
+    assert!(functions.iter().all(|f| *f.module_path == *binary));
 
     for sym in &nm {
         let found = functions
@@ -531,7 +531,7 @@ fn a_deleted_executable_is_read_through_map_files_or_skipped() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         let found = symbols.find("calltree_copy:compute_block").unwrap();
-        assert_eq!(found[0].module_path, copy);
+        assert_eq!(*found[0].module_path, *copy);
     } else {
         let skipped = symbols
             .skipped()

@@ -124,7 +124,7 @@ pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
     let profile = EdgeProfile::derive(&layout, |id| counts.get(&id).copied().unwrap_or(0));
     let about = About {
         function: name.clone(),
-        module: function.module.clone(),
+        module: function.module.to_string(),
         pid,
         size: function.size,
         elapsed: waited.elapsed,

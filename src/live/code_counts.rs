@@ -137,8 +137,8 @@ impl OpenCode {
         }
         let profile = EdgeProfile::derive(&layout, |id| counts.get(&id).copied().unwrap_or(0));
         let about = About {
-            function: copy.function.name.clone(),
-            module: copy.function.module.clone(),
+            function: copy.function.name.to_string(),
+            module: copy.function.module.to_string(),
             pid: self.pid,
             size: copy.function.size,
             elapsed: self.since.elapsed(),

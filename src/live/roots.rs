@@ -23,8 +23,8 @@ pub fn function_entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
 
 fn entry_of(function: &Function) -> FunctionEntry {
     FunctionEntry {
-        name: function.name.clone(),
-        module: function.module.clone(),
+        name: function.name.to_string(),
+        module: function.module.to_string(),
         size: function.size,
         address: function.addr,
     }
@@ -48,7 +48,7 @@ pub fn pattern_for(symbols: &ProcessSymbols, entry: &FunctionEntry) -> Option<St
     } else {
         // Cannot happen with the pattern syntax of `symbols::pattern`; the display name
         // is the best remaining way to say which function was meant.
-        Some(function.name.clone())
+        Some(function.name.to_string())
     }
 }
 

@@ -87,7 +87,7 @@ impl IndirectTargets {
             for function in &candidates[budget..] {
                 match left_out.iter_mut().find(|(m, _)| *m == function.module) {
                     Some((_, count)) => *count += 1,
-                    None => left_out.push((function.module.clone(), 1)),
+                    None => left_out.push((function.module.to_string(), 1)),
                 }
             }
             self.capped = left_out

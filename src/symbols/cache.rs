@@ -48,7 +48,7 @@ pub(super) fn load_module(
             let hit = key
                 .as_deref()
                 .and_then(|key| cache.read(key, INDEX_LIMIT))
-                .and_then(|bytes| index::decode(&bytes, path, bias));
+                .and_then(|bytes| index::decode(bytes, path, bias));
             if let Some(symbols) = hit {
                 return Ok(symbols);
             }
@@ -61,7 +61,7 @@ pub(super) fn load_module(
     let symbols = ModuleSymbols::from_elf(&elf, image, path, bias);
     if let Some((cache, key)) = key {
         // A cache that cannot be written (disk full, read-only home) costs only speed.
-        let _ = cache.write(&key, &index::encode(&symbols));
+        let _ = cache.write_with(&key, |file| index::write(&symbols, file));
     }
     Ok(symbols)
 }
@@ -110,19 +110,7 @@ fn cache_key(headers: &Elf, file: &File, image: &[u8], path: &Path) -> Option<St
     };
     let build = match &id {
         Some(id) => id.iter().map(|b| format!("{b:02x}")).collect(),
-        None => {
-            let m = file.metadata().ok()?;
-            format!(
-                "file-{:x}-{:x}-{:x}-{}.{}-{}.{}",
-                m.dev(),
-                m.ino(),
-                m.size(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ctime(),
-                m.ctime_nsec()
-            )
-        }
+        None => file_identity(file)?,
     };
     let name = module::module_name(path);
     let name_hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
@@ -132,4 +120,47 @@ fn cache_key(headers: &Elf, file: &File, image: &[u8], path: &Path) -> Option<St
         "{build}-{name_hash:016x}-{symtab}.v{}.idx",
         index::VERSION
     ))
+}
+
+/// What names a file without a build id: device, inode, size, and modification and
+/// change times (a rewritten or replaced file is another file).
+fn file_identity(file: &File) -> Option<String> {
+    let m = file.metadata().ok()?;
+    Some(format!(
+        "file-{:x}-{:x}-{:x}-{}.{}-{}.{}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh file holding `bytes`, in a private scratch directory.
+    fn scratch_file(tag: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("tendril-identity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(tag);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    #[test]
+    fn another_file_or_a_rewritten_one_has_another_identity() {
+        let a = scratch_file("a", b"the same bytes");
+        let b = scratch_file("b", b"the same bytes");
+        let identity = |p: &Path| file_identity(&File::open(p).unwrap()).unwrap();
+        let first = identity(&a);
+        assert_eq!(identity(&a), first, "the same file, unchanged");
+        assert_ne!(identity(&b), first, "a copy is another file");
+        std::fs::write(&a, b"other bytes, longer").unwrap();
+        assert_ne!(identity(&a), first, "a rewritten file is another file");
+        let _ = std::fs::remove_dir_all(a.parent().unwrap());
+    }
 }

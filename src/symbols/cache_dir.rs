@@ -15,7 +15,6 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -84,9 +83,19 @@ impl CacheDir {
         Some(bytes)
     }
 
-    /// Writes `bytes` as the file `name`: to a fresh temporary file first, then renamed
-    /// over `name`, so a reader sees the old file or the whole new one.
+    /// Writes `bytes` as the file `name` (see [`Self::write_with`]).
+    #[cfg(test)]
     pub fn write(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        self.write_with(name, |file| std::io::Write::write_all(file, bytes))
+    }
+
+    /// Writes the file `name` with `fill`: to a fresh temporary file first, then renamed
+    /// over `name`, so a reader sees the old file or the whole new one.
+    pub fn write_with(
+        &self,
+        name: &str,
+        fill: impl FnOnce(&mut File) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         static WRITES: AtomicU64 = AtomicU64::new(0);
         let n = WRITES.fetch_add(1, Ordering::Relaxed);
         let temp = format!(".{name}.{}.{n}.tmp", std::process::id());
@@ -98,7 +107,7 @@ impl CacheDir {
             flags,
             Mode::from_bits_truncate(0o600),
         )?;
-        let written = File::from(fd).write_all(bytes);
+        let written = fill(&mut File::from(fd));
         let renamed = written.and_then(|()| {
             renameat(&self.dir, temp.as_str(), &self.dir, name).map_err(std::io::Error::from)
         });

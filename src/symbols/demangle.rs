@@ -5,8 +5,6 @@
 //! `@` (symbol versions such as `@GLIBC_2.2.5`, or our own `@plt`) is not part of the
 //! mangled name: it is split off, the rest is demangled and the suffix put back.
 
-use foldhash::HashMap;
-
 use cpp_demangle::{DemangleOptions, Symbol};
 
 /// The display name of `raw`: demangled if it is a Rust or C++ symbol, else `raw` itself.
@@ -41,32 +39,29 @@ pub fn cpp_short_name(raw: &str) -> Option<String> {
     (short != full).then_some(short)
 }
 
-/// [`demangle`] with a memory: a module's PLT stubs mostly call functions its own
-/// dynamic symbol table also lists, and parsing a C++ name is the slow part of loading.
-#[derive(Default)]
-pub(super) struct Demangler {
-    cache: HashMap<String, Option<String>>,
-}
-
-impl Demangler {
-    pub(super) fn demangle(&mut self, raw: &str) -> String {
-        let (base, suffix) = split_suffix(raw);
-        if !base.starts_with("_Z") && !base.starts_with("_R") {
-            return raw.to_string();
-        }
-        let demangled = match self.cache.get(base) {
-            Some(cached) => cached.clone(),
-            None => {
-                let d = demangle_base(base);
-                self.cache.insert(base.to_string(), d.clone());
-                d
-            }
-        };
-        match demangled {
-            Some(name) => name + suffix,
-            None => raw.to_string(),
-        }
+/// Appends the display name of `raw` to `out` if `raw` is a Rust or C++ symbol that
+/// demangles, and says whether it did; `out` is left as it was otherwise. (Loading
+/// writes every name into its module's one buffer: no string per name.)
+pub(super) fn demangle_into(raw: &str, out: &mut String) -> bool {
+    let (base, suffix) = split_suffix(raw);
+    if !base.starts_with("_Z") && !base.starts_with("_R") {
+        return false;
     }
+    if let Ok(d) = rustc_demangle::try_demangle(base) {
+        use std::fmt::Write;
+        let before = out.len();
+        if write!(out, "{d:#}").is_err() {
+            out.truncate(before);
+            return false;
+        }
+    } else {
+        let Some(d) = cpp_demangle_base(base) else {
+            return false;
+        };
+        out.push_str(&d);
+    }
+    out.push_str(suffix);
+    true
 }
 
 fn split_suffix(raw: &str) -> (&str, &str) {
@@ -80,6 +75,10 @@ fn demangle_base(base: &str) -> Option<String> {
     if let Ok(d) = rustc_demangle::try_demangle(base) {
         return Some(format!("{d:#}"));
     }
+    cpp_demangle_base(base)
+}
+
+fn cpp_demangle_base(base: &str) -> Option<String> {
     if base.starts_with("_Z") {
         return Symbol::new(base).ok()?.demangle().ok();
     }
@@ -136,16 +135,24 @@ mod tests {
     }
 
     #[test]
-    fn demangler_agrees() {
-        let mut d = Demangler::default();
+    fn demangling_into_a_buffer_agrees() {
         for raw in [
             "_ZN2ns3fooEi",
             "_ZN2ns3fooEi@plt",
             "main",
             "_RNvCs1234_7mycrate3foo",
             "_Zx",
+            "_ZN4core3fmt9Formatter3pad17h0123456789abcdefE",
         ] {
-            assert_eq!(d.demangle(raw), demangle(raw));
+            let mut out = String::from("before:");
+            let demangled = demangle_into(raw, &mut out);
+            assert_eq!(demangled, demangle(raw) != raw, "{raw}");
+            let expected = if demangled {
+                demangle(raw)
+            } else {
+                String::new()
+            };
+            assert_eq!(out, format!("before:{expected}"), "{raw}");
         }
     }
 

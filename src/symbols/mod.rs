@@ -11,10 +11,13 @@
 //! * [`ProcessSymbols`] loads a whole process (`/proc/PID/maps`), looks addresses up and
 //!   finds functions by pattern ([`ProcessSymbols::find`] documents the pattern syntax).
 //! * [`ModuleSymbols`] loads one ELF file at a given load bias.
+//! * [`SymbolText`]: a function's names are ranges of its module's one string table,
+//!   shared, so a module of 300,000 functions costs a handful of allocations.
 //! * [`run_symbols_command`] is `tendril symbols <PID> [PATTERN] [--json]`.
 //! * [`jit`] names code generated at run time, from the perf maps and jitdumps runtimes
 //!   write for profilers.
 
+mod builder;
 mod cache;
 mod cache_dir;
 mod command;
@@ -30,9 +33,11 @@ mod pattern;
 mod plt;
 mod process;
 mod progress;
+mod text;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub use cache_dir::CACHE_DIR_VAR;
 pub use command::run_symbols_command;
@@ -41,6 +46,7 @@ pub use error::SymbolError;
 pub use module::{ModuleSymbols, PltStub, load_bias};
 pub use process::{ProcessSymbols, SkippedModule};
 pub use progress::show_progress_on_this_thread;
+pub use text::SymbolText;
 
 /// A module of the process: one ELF file (or the vDSO) and where it is mapped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,7 +63,8 @@ pub struct Module {
     pub end: u64,
 }
 
-/// One function of the target, at its runtime address.
+/// One function of the target, at its runtime address. Its texts share their module's
+/// string table ([`SymbolText`]): a function costs no allocation of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Function {
     /// Runtime address of the first instruction.
@@ -65,13 +72,13 @@ pub struct Function {
     /// Size in bytes; 0 for symbols that declare none (e.g. `_init`).
     pub size: u64,
     /// File name of the module (`libc.so.6`, `[vdso]`).
-    pub module: String,
-    /// Path of the module as seen inside the target.
-    pub module_path: PathBuf,
+    pub module: SymbolText,
+    /// Path of the module as seen inside the target (one allocation per module).
+    pub module_path: Arc<Path>,
     /// Display name: demangled (Rust without its hash), `name@plt`, or `module+0xOFFSET`.
-    pub name: String,
+    pub name: SymbolText,
     /// The symbol as stored (mangled), or the synthetic name for PLT stubs and FDEs.
-    pub raw_name: String,
+    pub raw_name: SymbolText,
     /// Where the function was found.
     pub source: SymbolSource,
     /// A GNU indirect function: the symbol's address is a resolver that picks the
@@ -93,8 +100,8 @@ impl Function {
             addr,
             size: 16,
             module: module.into(),
-            module_path: PathBuf::from(format!("/usr/lib/{module}")),
-            name: demangle(raw_name),
+            module_path: PathBuf::from(format!("/usr/lib/{module}")).into(),
+            name: demangle(raw_name).into(),
             raw_name: raw_name.into(),
             source: SymbolSource::Symtab,
             ifunc: false,

@@ -22,7 +22,7 @@ use goblin::elf::sym::{STT_FUNC, STT_GNU_IFUNC};
 use goblin::options::ParseOptions;
 use memmap2::Mmap;
 
-use super::demangle::Demangler;
+use super::builder::Builder;
 use super::error::SymbolError;
 use super::{Function, SymbolSource, fde, go_pclntab, plt};
 
@@ -75,17 +75,12 @@ impl ModuleSymbols {
         let name = module_name(path);
         let go_table =
             go_pclntab::from_elf(elf, image.len(), |range| &image[range]).and_then(Result::ok);
-        let mut builder = Builder {
-            name: &name,
-            path,
-            bias: load_bias,
-            functions: Vec::new(),
-            demangler: Demangler::default(),
-            go_text: go_table
-                .as_ref()
-                .and_then(|table| table.text_range())
-                .unwrap_or(0..0),
-        };
+        let go_text = go_table
+            .as_ref()
+            .and_then(|table| table.text_range())
+            .unwrap_or(0..0);
+        let expected = elf.syms.len() + elf.dynsyms.len();
+        let mut builder = Builder::new(&name, load_bias, go_text, expected);
         let debug_image = if elf.syms.is_empty() {
             separate_debug_file(elf, image, Path::new(DEBUG_ROOT))
         } else {
@@ -94,7 +89,7 @@ impl ModuleSymbols {
         let debug_elf = debug_image
             .as_ref()
             .and_then(|debug| parse_elf(debug, path).ok());
-        let mut seen: HashSet<(u64, &str)> = HashSet::default();
+        let mut seen: HashSet<SymbolKey> = HashSet::default();
         let mut tables = vec![
             (&elf.syms, &elf.strtab, SymbolSource::Symtab),
             (&elf.dynsyms, &elf.dynstrtab, SymbolSource::Dynsym),
@@ -112,9 +107,9 @@ impl ModuleSymbols {
                 let Some(raw) = strtab.get_at(sym.st_name).filter(|n| !n.is_empty()) else {
                     continue;
                 };
-                if seen.insert((sym.st_value, raw)) {
+                if seen.insert(SymbolKey(sym.st_value, raw)) {
                     let ifunc = kind == STT_GNU_IFUNC;
-                    builder.push(sym.st_value, sym.st_size, raw.to_string(), source, ifunc);
+                    builder.push(sym.st_value, sym.st_size, raw, source, ifunc);
                 }
             }
         }
@@ -122,8 +117,8 @@ impl ModuleSymbols {
         let stubs = plt::stubs(elf, image);
         for stub in &stubs {
             let raw = format!("{}@plt", stub.target);
-            if !seen.contains(&(stub.addr, raw.as_str())) {
-                builder.push(stub.addr, stub.size, raw, SymbolSource::Plt, false);
+            if !seen.contains(&SymbolKey(stub.addr, raw.as_str())) {
+                builder.push(stub.addr, stub.size, &raw, SymbolSource::Plt, false);
             }
         }
         let plt_stubs = stubs
@@ -148,7 +143,7 @@ impl ModuleSymbols {
             (start, len, raw)
         });
         builder.add_uncovered(fdes.collect(), plt::section_ranges(elf), SymbolSource::Fde);
-        let mut functions = builder.functions;
+        let mut functions = builder.finish(path, name.len());
         sort_functions(&mut functions);
         ModuleSymbols {
             name,
@@ -157,6 +152,18 @@ impl ModuleSymbols {
             functions,
             plt_stubs,
         }
+    }
+}
+
+/// A symbol's address and name, hashed by the address and the name's length alone:
+/// long C++ names are compared only when both match, which is rare but for the same
+/// symbol in `.symtab` and `.dynsym`.
+#[derive(PartialEq, Eq)]
+struct SymbolKey<'a>(u64, &'a str);
+
+impl std::hash::Hash for SymbolKey<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (self.0, self.1.len()).hash(state);
     }
 }
 
@@ -172,85 +179,6 @@ pub(super) fn module_name(path: &Path) -> String {
     }
 }
 
-struct Builder<'a> {
-    name: &'a str,
-    path: &'a Path,
-    bias: u64,
-    functions: Vec<Function>,
-    demangler: Demangler,
-    /// Go's functions (ELF addresses), from `.gopclntab`; empty without one.
-    go_text: std::ops::Range<u64>,
-}
-
-impl Builder<'_> {
-    /// Adds a function at ELF virtual address `vaddr`.
-    fn push(&mut self, vaddr: u64, size: u64, raw_name: String, source: SymbolSource, ifunc: bool) {
-        self.functions.push(Function {
-            addr: vaddr.wrapping_add(self.bias),
-            size,
-            module: self.name.to_string(),
-            module_path: self.path.to_path_buf(),
-            name: self.demangler.demangle(&raw_name),
-            raw_name,
-            source,
-            ifunc,
-            go_code: self.go_text.contains(&vaddr),
-        });
-    }
-
-    /// Adds every `(start, length, raw name)` (ELF virtual addresses) that neither a
-    /// function found so far nor one of the `covered` ranges overlaps; a zero-size
-    /// symbol covers its first byte. Names are kept as they are (no demangling).
-    fn add_uncovered(
-        &mut self,
-        mut found: Vec<(u64, u64, String)>,
-        covered: Vec<(u64, u64)>,
-        source: SymbolSource,
-    ) {
-        let mut known: Vec<(u64, u64)> = self
-            .functions
-            .iter()
-            .map(|f| {
-                let start = f.addr.wrapping_sub(self.bias);
-                (start, start.saturating_add(f.size.max(1)))
-            })
-            .chain(covered)
-            .collect();
-        known.sort_unstable();
-        // max_end[i]: the largest end among known[..=i].
-        let max_end: Vec<u64> = known
-            .iter()
-            .scan(0, |m, &(_, end)| {
-                *m = end.max(*m);
-                Some(*m)
-            })
-            .collect();
-        found.sort_unstable_by_key(|&(start, _, _)| start);
-        found.dedup_by_key(|&mut (start, _, _)| start);
-        for (start, len, raw) in found {
-            let end = start.saturating_add(len);
-            let before_end = known.partition_point(|&(s, _)| s < end);
-            let covered = before_end > 0 && max_end[before_end - 1] > start;
-            if !covered {
-                self.functions.push(Function {
-                    addr: start.wrapping_add(self.bias),
-                    size: len,
-                    module: self.name.to_string(),
-                    module_path: self.path.to_path_buf(),
-                    name: raw.clone(),
-                    raw_name: raw,
-                    source,
-                    ifunc: false,
-                    go_code: self.go_text.contains(&start),
-                });
-            }
-        }
-    }
-}
-
-/// Address order. At one address: symbol-table names before synthetic ones, then the
-/// plainest name first (fewest leading underscores: `malloc` before `__libc_malloc`),
-/// so that the first row at an address is the best name for it.
 /// Where distributions install separate debug files (`.build-id/xx/yyyy.debug`).
 pub(super) const DEBUG_ROOT: &str = "/usr/lib/debug";
 
@@ -294,15 +222,16 @@ pub(super) fn build_id_path(root: &Path, id: &[u8]) -> Option<PathBuf> {
     )
 }
 
+/// Address order. At one address: symbol-table names before synthetic ones, then the
+/// plainest name first (fewest leading underscores: `malloc` before `__libc_malloc`),
+/// so that the first row at an address is the best name for it. A stable sort: a process's table is its modules' sorted tables one after another, runs which
+/// it merges rather than sorting afresh; names are compared only at a shared address.
 pub(super) fn sort_functions(functions: &mut [Function]) {
     let underscores = |f: &Function| f.raw_name.bytes().take_while(|&b| b == b'_').count();
-    functions.sort_unstable_by(|a, b| {
-        (a.addr, a.source, underscores(a), &a.raw_name).cmp(&(
-            b.addr,
-            b.source,
-            underscores(b),
-            &b.raw_name,
-        ))
+    functions.sort_by(|a, b| {
+        a.addr.cmp(&b.addr).then_with(|| {
+            (a.source, underscores(a), &a.raw_name).cmp(&(b.source, underscores(b), &b.raw_name))
+        })
     });
 }
 

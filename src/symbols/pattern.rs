@@ -448,7 +448,7 @@ mod tests {
             find(&fs, &modules, p)
                 .unwrap()
                 .iter()
-                .map(|f| f.name.clone())
+                .map(|f| f.name.to_string())
                 .collect()
         };
         assert_eq!(names("ns::foo"), ["ns::foo(int)"]);

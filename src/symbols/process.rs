@@ -76,11 +76,11 @@ impl ProcessSymbols {
             .into_iter()
             .filter(|o| wanted(&o.path))
             .collect();
-        let loaded = progress::with_progress(objects.len(), |p| load_all(pid, &objects, p));
+        let mut loaded = progress::with_progress(objects.len(), |p| load_all(pid, &objects, p));
 
         let mut this = ProcessSymbols {
             pid,
-            functions: Vec::new(),
+            functions: largest_table(&mut loaded),
             max_end: Vec::new(),
             modules: Vec::new(),
             mappings: Vec::new(),
@@ -239,6 +239,20 @@ impl ProcessSymbols {
     pub fn pattern_names_module(&self, pattern: &str, module: &Module) -> bool {
         pattern::names_module(pattern, &self.modules, module)
     }
+}
+
+/// The functions of the module with the most, taken out of it, with room for everyone
+/// else's: the process's table grows from it in place rather than copying it (a big
+/// library's table is tens of MB).
+fn largest_table(loaded: &mut [Result<ModuleSymbols, SymbolError>]) -> Vec<Function> {
+    let total: usize = loaded.iter().flatten().map(|m| m.functions.len()).sum();
+    let largest = loaded
+        .iter_mut()
+        .flatten()
+        .max_by_key(|m| m.functions.len());
+    let mut functions = largest.map_or_else(Vec::new, |m| std::mem::take(&mut m.functions));
+    functions.reserve(total - functions.len());
+    functions
 }
 
 /// Each object's path and lowest address.

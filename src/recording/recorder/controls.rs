@@ -62,7 +62,7 @@ impl Recorder {
                 let name = self
                     .symbols
                     .lookup(address)
-                    .map_or_else(|| format!("{address:#x}"), |f| f.name.clone());
+                    .map_or_else(|| format!("{address:#x}"), |f| f.name.to_string());
                 (name, reason)
             }));
         Ok(())
@@ -129,8 +129,8 @@ impl Recorder {
     pub fn set_roots(&mut self, patterns: &[String]) -> Result<(), RecordError> {
         let mut names: Vec<String> = Vec::new();
         for function in targets::match_patterns(&self.symbols, patterns)? {
-            if !names.contains(&function.name) {
-                names.push(function.name.clone());
+            if !names.iter().any(|n| *n == function.name) {
+                names.push(function.name.to_string());
             }
         }
         if !self.recording {

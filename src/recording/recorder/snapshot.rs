@@ -103,7 +103,7 @@ impl Recorder {
         while let Some(address) = rings.function_address(id) {
             let (name, module) = match self.symbols.lookup(address) {
                 Some(function) if function.addr == address => {
-                    (function.name.clone(), function.module.clone())
+                    (function.name.to_string(), function.module.to_string())
                 }
                 _ => (format!("{address:#x}"), "?".to_string()),
             };

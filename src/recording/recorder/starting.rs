@@ -203,7 +203,7 @@ pub(super) fn patched_roots<'a>(
     for ((function, hook), outcome) in patched.iter().zip(outcomes) {
         match (&outcome.refused, hook) {
             (None, Hook::RecordRoot) => {
-                root_names.push(function.name.clone());
+                root_names.push(function.name.to_string());
                 root_addresses.push(function.addr);
             }
             (Some(reason), Hook::RecordRoot) => {
