@@ -144,53 +144,8 @@ pub(super) fn untimed_hook(
     a.mov(rdx, qword_ptr(words.id))?;
     call_slow(a, handlers.untimed_miss, slow_call)?;
     a.jmp(done)?;
-    // A pair the table kept from an earlier timed frame, counted again (its count went
-    // from 0 to 1): listed for the next flush, and the ring limit lowered so that the
-    // next recording hook flushes (as `untimed_table::insert` does, without a slow
-    // call). rdx is its slot's address.
-    a.set_label(&mut again)?;
-    a.lea(r11, qword_ptr(rcx + STATE_UNTIMED_SLOTS))?;
-    a.sub(rdx, r11)?;
-    a.shr(rdx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
-    a.mov(rax, qword_ptr(rcx + STATE_UNTIMED_USED))?;
-    // A list already full (only a signal handler's hook interleaved with this one can
-    // make it so): the slow path flushes instead of writing past the list.
-    a.cmp(rax, UNTIMED_SLOTS as i32)?;
-    a.jae(listed_full)?;
-    a.mov(qword_ptr(rcx + rax * 8 + STATE_UNTIMED_ORDER), rdx)?;
-    a.inc(qword_ptr(rcx + STATE_UNTIMED_USED))?;
-    a.mov(qword_ptr(rcx + STATE_RING_LIMIT), 0)?;
-    a.jmp(done)?;
-    // The pair is not in its home slot: the next ones, as `untimed_table::find` looks.
-    // A count of the probes left is kept on the stack (no register is free).
-    let (mut each_probe, mut in_table, mut next, mut found_probing) = (
-        a.create_label(),
-        a.create_label(),
-        a.create_label(),
-        a.create_label(),
-    );
-    a.set_label(&mut probe)?;
-    a.push((UNTIMED_PROBES - 1) as i32)?;
-    a.set_label(&mut each_probe)?;
-    a.add(rdx, UNTIMED_SLOT_SIZE)?;
-    a.lea(r11, qword_ptr(rcx + SLOTS_END))?;
-    a.cmp(rdx, r11)?;
-    a.jb(in_table)?;
-    a.sub(rdx, SLOTS_BYTES)?;
-    a.set_label(&mut in_table)?;
-    a.mov(r11, qword_ptr(words.id))?;
-    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_RETURN_ADDRESS), rax)?;
-    a.jne(next)?;
-    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_FUNCTION), r11)?;
-    a.je(found_probing)?;
-    a.set_label(&mut next)?;
-    a.dec(qword_ptr(rsp))?;
-    a.jnz(each_probe)?;
-    a.lea(rsp, qword_ptr(rsp + 8))?;
-    a.jmp(miss)?;
-    a.set_label(&mut found_probing)?;
-    a.lea(rsp, qword_ptr(rsp + 8))?;
-    a.jmp(found)?;
+    list_again(a, &mut again, listed_full, done)?;
+    probe_next_slots(a, &mut probe, words.id, found, miss)?;
     a.set_label(&mut outside)?;
     if outermost {
         // The outermost call of a root: its timed hook, as if this one were not here.
@@ -225,14 +180,7 @@ pub(super) fn untimed_hook(
     // The slot of (function, return address) in the thread's table
     // (`runtime::untimed_table::slot_of`): counted there if it is this pair's.
     a.mov(rax, qword_ptr(rsp + return_address))?;
-    a.mov(rdx, qword_ptr(words.id))?;
-    a.shl(rdx, 32)?;
-    a.xor(rdx, rax)?;
-    a.mov(r11, UNTIMED_HASH_MULTIPLIER)?;
-    a.imul_2(rdx, r11)?;
-    a.shr(rdx, 64 - UNTIMED_SLOTS.trailing_zeros())?;
-    a.shl(edx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
-    a.lea(rdx, qword_ptr(rcx + rdx + STATE_UNTIMED_SLOTS))?;
+    home_slot(a, words.id)?;
     a.mov(r11, qword_ptr(words.id))?;
     a.cmp(qword_ptr(rdx + UNTIMED_SLOT_RETURN_ADDRESS), rax)?;
     a.jne(probe)?;
@@ -252,6 +200,85 @@ pub(super) fn untimed_hook(
     a.set_label(&mut done)?;
     frame.restore(a)?;
     Ok((layout, words))
+}
+
+/// rdx: the address of the home slot of the pair (function `id`, the return address in
+/// rax), as `runtime::untimed_table::slot_of` computes it. Clobbers r11.
+fn home_slot(a: &mut CodeAssembler, id: CodeLabel) -> Result<(), IcedError> {
+    a.mov(rdx, qword_ptr(id))?;
+    a.shl(rdx, 32)?;
+    a.xor(rdx, rax)?;
+    a.mov(r11, UNTIMED_HASH_MULTIPLIER)?;
+    a.imul_2(rdx, r11)?;
+    a.shr(rdx, 64 - UNTIMED_SLOTS.trailing_zeros())?;
+    a.shl(edx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
+    a.lea(rdx, qword_ptr(rcx + rdx + STATE_UNTIMED_SLOTS))
+}
+
+/// At `again`: a pair the table kept from an earlier timed frame, counted again (its
+/// count went from 0 to 1), is listed for the next flush, and the ring limit lowered so
+/// that the next recording hook flushes (as `untimed_table::insert` does, without a
+/// slow call); then `done`. rdx is its slot's address. A list already full (only a
+/// signal handler's hook interleaved with this one can make it so) goes to
+/// `listed_full`: the slow path flushes instead of writing past the list.
+fn list_again(
+    a: &mut CodeAssembler,
+    again: &mut CodeLabel,
+    listed_full: CodeLabel,
+    done: CodeLabel,
+) -> Result<(), IcedError> {
+    a.set_label(again)?;
+    a.lea(r11, qword_ptr(rcx + STATE_UNTIMED_SLOTS))?;
+    a.sub(rdx, r11)?;
+    a.shr(rdx, UNTIMED_SLOT_SIZE.trailing_zeros())?;
+    a.mov(rax, qword_ptr(rcx + STATE_UNTIMED_USED))?;
+    a.cmp(rax, UNTIMED_SLOTS as i32)?;
+    a.jae(listed_full)?;
+    a.mov(qword_ptr(rcx + rax * 8 + STATE_UNTIMED_ORDER), rdx)?;
+    a.inc(qword_ptr(rcx + STATE_UNTIMED_USED))?;
+    a.mov(qword_ptr(rcx + STATE_RING_LIMIT), 0)?;
+    a.jmp(done)
+}
+
+/// At `probe`: the pair (function `id`, return address in rax) is not in its home slot
+/// (rdx): the next ones, as `untimed_table::find` looks, to `found` with rdx the slot
+/// that holds it, else to `miss`. A count of the probes left is kept on the stack (no
+/// register is free).
+fn probe_next_slots(
+    a: &mut CodeAssembler,
+    probe: &mut CodeLabel,
+    id: CodeLabel,
+    found: CodeLabel,
+    miss: CodeLabel,
+) -> Result<(), IcedError> {
+    let (mut each_probe, mut in_table, mut next, mut found_probing) = (
+        a.create_label(),
+        a.create_label(),
+        a.create_label(),
+        a.create_label(),
+    );
+    a.set_label(probe)?;
+    a.push((UNTIMED_PROBES - 1) as i32)?;
+    a.set_label(&mut each_probe)?;
+    a.add(rdx, UNTIMED_SLOT_SIZE)?;
+    a.lea(r11, qword_ptr(rcx + SLOTS_END))?;
+    a.cmp(rdx, r11)?;
+    a.jb(in_table)?;
+    a.sub(rdx, SLOTS_BYTES)?;
+    a.set_label(&mut in_table)?;
+    a.mov(r11, qword_ptr(id))?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_RETURN_ADDRESS), rax)?;
+    a.jne(next)?;
+    a.cmp(qword_ptr(rdx + UNTIMED_SLOT_FUNCTION), r11)?;
+    a.je(found_probing)?;
+    a.set_label(&mut next)?;
+    a.dec(qword_ptr(rsp))?;
+    a.jnz(each_probe)?;
+    a.lea(rsp, qword_ptr(rsp + 8))?;
+    a.jmp(miss)?;
+    a.set_label(&mut found_probing)?;
+    a.lea(rsp, qword_ptr(rsp + 8))?;
+    a.jmp(found)
 }
 
 /// Bytes of the untimed-call table's slots, and where they end in the thread's state.
