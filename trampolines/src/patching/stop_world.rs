@@ -21,6 +21,10 @@
 //! thread), and a held thread's pause is not taken out of its recorded frames, but the
 //! patch is as safe.
 //!
+//! A *peek* (`peek`) is the same round without the parking: for bytes no thread can
+//! reach any more, only be on (a pad whose entry is restored), each handler moves its
+//! own thread off them and returns at once, so no thread waits for the others.
+//!
 //! Every signal carries the number of the stop it belongs to, so a signal that arrives
 //! late never counts as a thread parked for a later stop. Nothing here allocates once
 //! the first signal is sent: a parked thread may hold the allocator's lock.

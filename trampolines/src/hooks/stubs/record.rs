@@ -350,9 +350,6 @@ impl RecordHook {
     }
 }
 
-/// The labels of the recording hook's exit: where the function returns to, its ring
-/// slow path and the room after it, its end, and a return that does not match the
-/// shadow stack's top.
 /// The data words of the routines the hook's slow paths call: `tendril_slow_call`'s,
 /// and `tendril_write_untimed_calls`'s (`untimed_flush`).
 #[derive(Clone, Copy)]
@@ -361,6 +358,9 @@ struct SlowRoutines {
     untimed_routine: CodeLabel,
 }
 
+/// The labels of the recording hook's exit: where the function returns to, its ring
+/// slow path and the room after it, its end, and a return that does not match the
+/// shadow stack's top.
 struct ExitLabels {
     exit: CodeLabel,
     ring: CodeLabel,
