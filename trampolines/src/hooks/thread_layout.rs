@@ -138,6 +138,16 @@ pub const UNTIMED_PROBES: usize = 8;
 /// The multiplier of the pair's hash (Fibonacci hashing: the top bits of the product
 /// of (function << 32 ^ return address) and 2^64/φ).
 pub const UNTIMED_HASH_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The home slot of the pair (`function`, `return_address`) in the untimed-call table:
+/// the untimed hook computes the same in assembly (`stubs::untimed`), the runtime's
+/// table here (`runtime::untimed_table`). The function is part of the key: one call
+/// site that calls several functions through a pointer (an interpreter's type slots)
+/// would otherwise evict its own pairs, each time a slow call.
+pub fn untimed_home_slot(function: u64, return_address: u64) -> usize {
+    let key = (function << 32) ^ return_address;
+    (key.wrapping_mul(UNTIMED_HASH_MULTIPLIER) >> (64 - UNTIMED_SLOTS.trailing_zeros())) as usize
+}
 /// A pair's count at which the untimed hook writes the table out (a power of two, the
 /// most calls one `Call` event carries).
 pub const UNTIMED_FLUSH_EVERY: u64 = 1 << 16;

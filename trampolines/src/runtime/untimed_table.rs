@@ -3,7 +3,7 @@
 //! The one idea: the untimed hook writes nothing to the ring. It counts its call in a
 //! table in the thread's state, one slot per (function, return address) — the return
 //! address says which function made the call; a pair's slot is found by a hash of the
-//! pair and a few slots probed from there ([`slot_of`], [`find`]) — and only a pair it
+//! pair and a few slots probed from there (`thread_layout::untimed_home_slot`, [`find`]) — and only a pair it
 //! does not find there takes the slow path ([`untimed_miss`]), which inserts it. A
 //! flush keeps the pairs with their counts at 0, so a timed frame that calls what the
 //! one before called counts it in place: the hook lists a pair again when its count
@@ -24,7 +24,7 @@ use super::recording;
 use super::thread_state::with_own_state;
 use crate::hooks::handler_abi::SavedRegisters;
 use crate::hooks::state_access::StatePtr;
-use crate::hooks::thread_layout::{UNTIMED_HASH_MULTIPLIER, UNTIMED_PROBES, UNTIMED_SLOTS};
+use crate::hooks::thread_layout::{UNTIMED_PROBES, UNTIMED_SLOTS, untimed_home_slot as slot_of};
 use crate::sys;
 use std::sync::atomic::Ordering::Relaxed;
 use tendril_wire::events::{CALL_ADDRESS_BITS, CALL_ADDRESS_MASK, Event, EventKind};
@@ -32,14 +32,6 @@ use tendril_wire::events::{CALL_ADDRESS_BITS, CALL_ADDRESS_MASK, Event, EventKin
 /// The most calls one `Call` event carries (its count field).
 const MAX_CALLS_PER_EVENT: u64 = 1 << (64 - CALL_ADDRESS_BITS);
 const _: () = assert!(crate::hooks::thread_layout::UNTIMED_FLUSH_EVERY <= MAX_CALLS_PER_EVENT);
-
-/// The slot of a pair; the untimed hook computes the same. The function is part of the
-/// key: one call site that calls several functions through a pointer (an interpreter's
-/// type slots) would otherwise evict its own pairs, each time a slow call.
-pub fn slot_of(function: u64, return_address: u64) -> usize {
-    let key = (function << 32) ^ return_address;
-    (key.wrapping_mul(UNTIMED_HASH_MULTIPLIER) >> (64 - UNTIMED_SLOTS.trailing_zeros())) as usize
-}
 
 /// The untimed hook's slow path: function id in `rdx`, return address in `rax`. The
 /// pair is not in the table (it is inserted), or its count, which already holds this

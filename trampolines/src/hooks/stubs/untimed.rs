@@ -178,7 +178,7 @@ pub(super) fn untimed_hook(
     a.je(discover)?;
     a.set_label(&mut counted)?;
     // The slot of (function, return address) in the thread's table
-    // (`runtime::untimed_table::slot_of`): counted there if it is this pair's.
+    // (`thread_layout::untimed_home_slot`): counted there if it is this pair's.
     a.mov(rax, qword_ptr(rsp + return_address))?;
     home_slot(a, words.id)?;
     a.mov(r11, qword_ptr(words.id))?;
@@ -203,7 +203,7 @@ pub(super) fn untimed_hook(
 }
 
 /// rdx: the address of the home slot of the pair (function `id`, the return address in
-/// rax), as `runtime::untimed_table::slot_of` computes it. Clobbers r11.
+/// rax), as `thread_layout::untimed_home_slot` computes it. Clobbers r11.
 fn home_slot(a: &mut CodeAssembler, id: CodeLabel) -> Result<(), IcedError> {
     a.mov(rdx, qword_ptr(id))?;
     a.shl(rdx, 32)?;
@@ -292,6 +292,62 @@ mod tests {
     use crate::hooks::stubs::{ASSEMBLY_BASE, assemble_hook, build};
     use tendril_wire::Hook;
     use tendril_wire::events::HookShape;
+
+    /// Runs the hook's `home_slot` code on (`function`, `return_address`), with the
+    /// thread state at address 0: the slot it finds.
+    fn home_slot_in_assembly(function: u64, return_address: u64) -> usize {
+        const PAGE: usize = 4096;
+        // SAFETY: a fresh anonymous mapping, unmapped below; nothing else refers to it.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let mut a = CodeAssembler::new(64).unwrap();
+        let mut id = a.create_label();
+        a.mov(rax, rdi).unwrap();
+        a.xor(ecx, ecx).unwrap();
+        home_slot(&mut a, id).unwrap();
+        a.mov(rax, rdx).unwrap();
+        a.ret().unwrap();
+        a.set_label(&mut id).unwrap();
+        a.dq(&[function]).unwrap();
+        let code = a.assemble(page as u64).unwrap();
+        assert!(code.len() <= PAGE);
+        // SAFETY: the mapping is writable and holds `code.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), page.cast::<u8>(), code.len()) };
+        // SAFETY: the page now holds a function of one argument (rdi) that returns a
+        // value in rax and touches only rax, rcx, rdx and r11, all caller-saved.
+        let run: extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(page) };
+        let address = run(return_address);
+        // SAFETY: the mapping is this function's, and its code has returned.
+        unsafe { libc::munmap(page, PAGE) };
+        ((address - STATE_UNTIMED_SLOTS as u64) / UNTIMED_SLOT_SIZE as u64) as usize
+    }
+
+    #[test]
+    fn the_hook_finds_the_home_slot_the_runtime_computes() {
+        use crate::hooks::thread_layout::untimed_home_slot;
+        for (function, return_address) in [
+            (0, 0x7f00_0000_4321),
+            (5, 0x7f00_0000_4321),
+            (43, 0x5555_5555_0a0b),
+            (70_000, 0x7fff_ffff_f000),
+            (u32::MAX as u64, 1),
+        ] {
+            assert_eq!(
+                home_slot_in_assembly(function, return_address),
+                untimed_home_slot(function, return_address),
+                "{function} {return_address:#x}"
+            );
+        }
+    }
 
     #[test]
     fn the_untimed_hook_takes_no_timestamp_hooks_no_return_and_falls_into_the_body() {
