@@ -38,7 +38,11 @@ fn assert_untouched(pid: i32) {
 }
 
 /// Waits for the live view to show `root` with calls, and `child` below it with calls.
+///
+/// Home is pressed first: a hottest path expanded when the data came (a recursive one can
+/// be deeper than the window) selects its leaf, and may scroll the root out of sight.
 fn wait_for_rows(ui: &Tmux, root: &str, child: &str) -> String {
+    ui.press("Home");
     ui.wait_for(&format!("{root} and {child} rows with calls"), |screen| {
         let root_calls = calls_of(screen, root)?;
         let child_calls = calls_of(screen, child)?;
@@ -519,6 +523,8 @@ fn a_target_that_exits_leaves_its_data_to_browse_and_save() {
         target.wait_exit(EXIT_TIMEOUT).is_some(),
         "the target did not exit"
     );
+    // The root's row, however far the tree has grown below it.
+    ui.press("Home");
     ui.wait_for("the exit said, the data kept", |screen| {
         (screen.contains("exited; the data stays")
             && screen.contains("DETACHED")

@@ -34,7 +34,15 @@ fn hottest_spot(ui: &Tmux, module: &str) -> String {
 }
 
 /// Waits for the live view to show `root` as the root, with calls.
+///
+/// Home is pressed once the view is live: a hottest path expanded when the data came (a
+/// recursive one can be deeper than the window) selects its leaf, and may scroll the root
+/// out of sight.
 fn wait_for_instrumented(ui: &Tmux, root: &str) -> String {
+    ui.wait_for(&format!("{root} instrumented"), |screen| {
+        (screen.contains("RUNNING") && screen.contains(&format!("root: {root}"))).then_some(())
+    });
+    ui.press("Home");
     ui.wait_for(&format!("{root} instrumented, with calls"), |screen| {
         (screen.contains("RUNNING")
             && screen.contains(&format!("root: {root}"))
