@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicU64;
 /// The registers as `tendril_slow_call` saved them, lowest address first. The stub's own
 /// pushes lie above `return_address`.
 #[repr(C)]
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct SavedRegisters {
     pub r15: u64,
     pub r14: u64,

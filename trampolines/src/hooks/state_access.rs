@@ -11,8 +11,8 @@
 //! a stronger order is asked for only where another thread must see an order.
 
 use crate::hooks::thread_layout::{
-    self, CALLS_OFFSET, ENTRY_SIZE, GRAVEYARD_ENTRIES, MAX_FUNCTION_IDS, MAX_NESTED_UNWINDERS,
-    RETURNS_OFFSET, SHADOW_ENTRIES, SHADOW_OFFSET, ShadowEntry, ThreadState,
+    self, CALLS_OFFSET, ENTRY_SIZE, FLAG_PASSTHROUGH, GRAVEYARD_ENTRIES, MAX_FUNCTION_IDS,
+    MAX_NESTED_UNWINDERS, RETURNS_OFFSET, SHADOW_ENTRIES, SHADOW_OFFSET, ShadowEntry, ThreadState,
 };
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -254,6 +254,23 @@ pub fn current_state() -> Option<StatePtr> {
     // SAFETY: the slot only ever holds null or a region's base (`set_current_slot`'s
     // callers pass mapped regions, which are never unmapped).
     unsafe { StatePtr::from_raw(thread_layout::current()) }
+}
+
+/// Runs `body` with the hooks of `state` — the calling thread's own — stepping aside,
+/// then puts `FLAG_PASSTHROUGH` back as it was (keeping the other flags `body` set).
+/// Nests: the thread may have been inside another such call, or inside a hook, when a
+/// signal handler makes this one.
+pub fn with_hooks_stepping_aside<R>(state: StatePtr, body: impl FnOnce() -> R) -> R {
+    let flags = state.flags();
+    let previous = flags.load(Ordering::Relaxed);
+    flags.store(previous | FLAG_PASSTHROUGH, Ordering::Relaxed);
+    let result = body();
+    let now = flags.load(Ordering::Relaxed);
+    flags.store(
+        (now & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH),
+        Ordering::Relaxed,
+    );
+    result
 }
 
 /// One shadow entry (of the stack or the graveyard), by pointer. `retire` marks an

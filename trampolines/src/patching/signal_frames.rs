@@ -17,9 +17,11 @@
 //! Bound: a signal frame more than `state::SCAN_WINDOW` bytes above the stack pointer of the
 //! thread running its handler (a handler deeper than that) is not seen.
 
-use crate::patching::state::{MAX_RESTORERS, STATE};
+use crate::patching::state::{MAX_RESTORERS, SCAN_WINDOW, STATE};
+use crate::sys;
 use crate::sys::code_memory;
 use std::sync::atomic::Ordering;
+use std::sync::{MutexGuard, TryLockError};
 
 /// Nested frames followed onto other stacks.
 const MAX_STACK_HOPS: usize = 4;
@@ -100,7 +102,7 @@ pub fn move_saved_pcs(sp: u64, resume_at: &dyn Fn(u64) -> Option<u64>) -> usize 
     if STATE.restorer_count.load(Ordering::Acquire) == 0 || sp == 0 {
         return 0;
     }
-    let mut window = STATE.scan_window.lock().unwrap_or_else(|p| p.into_inner());
+    let mut window = scan_window();
     let mut moved = 0;
     let mut next_stack = Some(sp);
     for _ in 0..MAX_STACK_HOPS {
@@ -122,6 +124,21 @@ pub fn move_saved_pcs(sp: u64, resume_at: &dyn Fn(u64) -> Option<u64>) -> usize 
         }
     }
     moved
+}
+
+/// The stack-scanning window, taken without ever waiting in the kernel through libc:
+/// this runs in the stop signal's handler, on threads whose hooks may not step aside
+/// (one that never ran a hook), and libc's `syscall`, which a contended `Mutex` waits
+/// through, may be patched. Nobody waits on the lock, so releasing it wakes nobody
+/// either. Its holders only scan a stack, so the spin is short.
+fn scan_window() -> MutexGuard<'static, [u64; SCAN_WINDOW / 8]> {
+    loop {
+        match STATE.scan_window.try_lock() {
+            Ok(window) => return window,
+            Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => sys::yield_cpu(),
+        }
+    }
 }
 
 /// Reads words from `address` up into `buffer` until unmapped memory or the buffer's

@@ -29,6 +29,7 @@
 //! late never counts as a thread parked for a later stop. Nothing here allocates once
 //! the first signal is sent: a parked thread may hold the allocator's lock.
 
+use crate::hooks::state_access::{self, current_state};
 use crate::patching::signal_frames;
 use crate::patching::state::{MAX_PARKED, STATE};
 use crate::sys;
@@ -188,8 +189,20 @@ extern "C" fn park_handler(
     context: *mut libc::c_void,
 ) {
     STATE.in_handler.fetch_add(1, Ordering::AcqRel);
-    park(info, context);
+    with_hooks_stepping_aside(|| park(info, context));
     STATE.in_handler.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Runs the handler's `body` with the thread's hooks stepping aside. The handler calls
+/// libc now and then (a contended `Mutex` waits through libc's `syscall`), and with all
+/// of libc patched a hook there would discover: the thread would wait, inside the
+/// stop's handler, for the loader's lock the stopper holds, and the stopper for the
+/// handler to end.
+fn with_hooks_stepping_aside(body: impl FnOnce()) {
+    match current_state().filter(|state| state.is_agent().load(Ordering::Relaxed) == 0) {
+        Some(state) => state_access::with_hooks_stepping_aside(state, body),
+        None => body(),
+    }
 }
 
 fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {

@@ -11,10 +11,13 @@
 
 use crate::hooks::slow_call::SavedRegisters;
 use crate::runtime::state::{MAX_REGISTERED, STATE};
+use crate::sys::agent_threads::AGENT_THREAD_PREFIX;
 use crate::sys::error::AgentError;
 use std::sync::atomic::Ordering;
 
-pub use crate::hooks::state_access::{EntryPtr, StatePtr, current_state};
+pub use crate::hooks::state_access::{
+    EntryPtr, StatePtr, current_state, with_hooks_stepping_aside,
+};
 pub use crate::hooks::thread_layout::*;
 
 /// `ThreadState::flags_before_fork`: the thread is between fork's prepare handler and
@@ -95,6 +98,12 @@ pub extern "C" fn register_current_thread(registers: &mut SavedRegisters) {
         .map_or(std::ptr::null_mut(), StatePtr::as_ptr);
     // Hooks hit while registering (mmap may be patched) step aside.
     set_current_slot(passthrough);
+    if is_agent_thread_starting() {
+        // Its slot stays on the pass-through state, as marking it would leave it.
+        registers.rcx = passthrough as u64;
+        STATE.registering.fetch_sub(1, Ordering::SeqCst);
+        return;
+    }
     let index = STATE.registered_count.fetch_add(1, Ordering::SeqCst);
     match map_region() {
         None => registers.rcx = passthrough as u64,
@@ -107,6 +116,21 @@ pub extern "C" fn register_current_thread(registers: &mut SavedRegisters) {
         }
     }
     STATE.registering.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Whether the calling thread is an agent thread that has not marked itself yet: glibc's
+/// and Rust's thread start run libc functions (`__ctype_init`, `mmap`, `sigaltstack`...)
+/// before the thread's body, and a hook there must not discover or record. The agent
+/// may start the thread while it holds `code_change`, which a patcher holding the
+/// loader's lock waits for: a discovery here would wait for that lock, and the three
+/// threads for each other. A new thread takes its creator's name until it is given its
+/// own, so an agent thread's name has the agent's prefix from its first instruction.
+/// System calls only.
+fn is_agent_thread_starting() -> bool {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, the buffer's size.
+    let read = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) } == 0;
+    read && name.starts_with(AGENT_THREAD_PREFIX.as_bytes())
 }
 
 /// Threads registering now, and how many registrations were ever started: a pass that
@@ -128,16 +152,7 @@ pub fn with_own_state<R>(body: impl FnOnce(StatePtr) -> R) -> Option<R> {
     if state.is_agent().load(Ordering::Relaxed) != 0 {
         return None;
     }
-    let flags = state.flags();
-    let previous = flags.load(Ordering::Relaxed);
-    flags.store(previous | FLAG_PASSTHROUGH, Ordering::Relaxed);
-    let result = body(state);
-    let now = flags.load(Ordering::Relaxed);
-    flags.store(
-        (now & !FLAG_PASSTHROUGH) | (previous & FLAG_PASSTHROUGH),
-        Ordering::Relaxed,
-    );
-    Some(result)
+    Some(with_hooks_stepping_aside(state, || body(state)))
 }
 
 /// `pthread_atfork` prepare handler: no hook of the forking thread records or counts
@@ -191,4 +206,28 @@ pub fn registered_threads() -> Vec<StatePtr> {
         // never unmapped.
         .filter_map(|r| unsafe { StatePtr::from_raw(r.load(Ordering::Acquire)) })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_named_as_the_agent_s_steps_aside_from_its_first_hook_unregistered() {
+        prepare().unwrap();
+        let passthrough = agent_state().unwrap().as_ptr() as u64;
+        let starting = std::thread::Builder::new()
+            .name(format!("{AGENT_THREAD_PREFIX}starting"))
+            .spawn(move || {
+                let mut registers = SavedRegisters::default();
+                register_current_thread(&mut registers);
+                // Registered, the thread's slot would hold a state of its own.
+                (
+                    registers.rcx == passthrough,
+                    current() as u64 == passthrough,
+                )
+            })
+            .unwrap();
+        assert_eq!(starting.join().unwrap(), (true, true));
+    }
 }
