@@ -8,7 +8,10 @@
 //! pty's other end closed — with or without a SIGHUP reaching tendril), the thread
 //! notes it and ends instead of calling crossterm. The event loop only waits on a
 //! channel with a timeout, sees [`Input::terminal_gone`], and ends the session as if the
-//! user quit — detaching from the target. (What remains: a hang-up in the microseconds
+//! user quit — detaching from the target. crossterm is built with its `use-dev-tty`
+//! source, which polls level-triggered: its default (mio, edge-triggered) returned a
+//! resize and dropped the terminal's readiness reported with it, so a key typed after
+//! a resize waited for the next key. (What remains: a hang-up in the microseconds
 //! between poll's answer and crossterm's read still sets crossterm spinning, on this
 //! thread only; the event loop notices the terminal is gone all the same.)
 
@@ -25,6 +28,9 @@ use tendril_tui::crossterm::event::{self, Event};
 /// How often (in milliseconds) the input thread wakes while nothing is typed, to see
 /// whether it is still wanted.
 const IDLE_POLL_MS: u16 = 250;
+
+/// How long crossterm is given to hand out the events it holds already.
+const BUFFERED_LOOK: Duration = Duration::from_millis(1);
 
 /// Terminal events as they come.
 pub struct Input {
@@ -61,8 +67,9 @@ impl Input {
                         }
                         Readiness::Readable => event::read(),
                         // Nothing in the fd (and no hang-up): crossterm only looks at
-                        // what it holds already.
-                        Readiness::Idle if maybe_buffered => match event::poll(Duration::ZERO) {
+                        // what it holds already. (Its poll with a zero timeout does not
+                        // look even there: it is given the shortest one that does.)
+                        Readiness::Idle if maybe_buffered => match event::poll(BUFFERED_LOOK) {
                             Ok(true) => event::read(),
                             Ok(false) => {
                                 maybe_buffered = false;
