@@ -42,6 +42,7 @@ fn assert_untouched(pid: i32) {
 /// Home is pressed first: a hottest path expanded when the data came (a recursive one can
 /// be deeper than the window) selects its leaf, and may scroll the root out of sight.
 fn wait_for_rows(ui: &Tmux, root: &str, child: &str) -> String {
+    ui.press("Home");
     ui.wait_for(&format!("{root} and {child} rows with calls"), |screen| {
         let root_calls = calls_of(screen, root)?;
         let child_calls = calls_of(screen, child)?;
