@@ -183,19 +183,35 @@ fn state_of_letter(letter: Option<&u8>) -> TaskState {
     }
 }
 
+/// The kernel's `PF_EXITING`: the task is inside `exit`, and runs no user code again.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether thread `tid` is ending (inside the kernel's `exit`, or gone): it runs no
+/// user code again, and the kernel refuses to let it be traced (`EPERM`).
+pub fn is_exiting(tid: i32) -> bool {
+    let mut buffer = [0u8; 512];
+    let Some(stat) = read_task_file(tid, "stat", &mut buffer) else {
+        return true;
+    };
+    state_in_stat(stat) == TaskState::Gone
+        || stat_number(stat, 9).is_some_and(|flags| flags & PF_EXITING != 0)
+}
+
+/// Field `field` (numbered from 1, as in proc(5)) of a `stat` line, as a number. The
+/// fields after the comm's last ')' start at field 3.
+fn stat_number(stat: &[u8], field: usize) -> Option<u64> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let text = stat[close + 1..]
+        .split(|&b| b == b' ')
+        .filter(|field| !field.is_empty())
+        .nth(field - 3)?;
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
 /// Whether the `blocked` field of a `stat` line (signals 1–31, in decimal) has
 /// `signal`.
 fn classic_signal_blocked_in_stat(stat: &[u8], signal: i32) -> bool {
-    // Field 32 of the line; the fields after the comm's last ')' start at field 3.
-    let Some(close) = stat.iter().rposition(|&b| b == b')') else {
-        return false;
-    };
-    let blocked = stat[close + 1..]
-        .split(|&b| b == b' ')
-        .filter(|field| !field.is_empty())
-        .nth(32 - 3)
-        .and_then(|field| std::str::from_utf8(field).ok()?.parse::<u64>().ok());
-    blocked.is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+    stat_number(stat, 32).is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
 /// Where thread `tid` is in user space while it sleeps in the kernel: (pc, sp), from
@@ -248,6 +264,18 @@ pub fn name(tid: i32, buffer: &mut [u8]) -> Option<&[u8]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_running_thread_is_not_exiting_and_a_gone_one_is() {
+        assert!(!is_exiting(crate::sys::gettid()));
+        assert!(is_exiting(i32::MAX));
+        let stat = b"7 (a (b) c) R 1 7 7 0 -1 4194564 0 0";
+        assert_eq!(stat_number(stat, 9), Some(4194564));
+        assert_eq!(
+            stat_number(stat, 9).map(|f| f & PF_EXITING != 0),
+            Some(true)
+        );
+    }
 
     #[test]
     fn lists_this_threads_and_reads_its_state() {

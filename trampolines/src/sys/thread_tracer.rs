@@ -20,6 +20,7 @@
 
 use crate::sys::error::AgentError;
 use crate::sys::state::{MAX_TRACED, STATE};
+use crate::sys::tasks;
 use crate::sys::{futex_wait_timeout, futex_wake_all, monotonic_ns, syscall4};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -80,9 +81,9 @@ pub fn prepare() -> Result<(), AgentError> {
 }
 
 /// Stops `tids` (threads of this process, not the caller) with ptrace from a helper
-/// process, within `timeout`. Threads that exit meanwhile are left out. One stopper at
-/// a time (the caller holds the stop lock). Once [`prepare`] has run, this allocates
-/// nothing and calls no libc function (except to format an error).
+/// process, within `timeout`. Threads that exit meanwhile, or are inside `exit`, are left
+/// out. One stopper at a time (the caller holds the stop lock). Once [`prepare`] has
+/// run, this allocates nothing and calls no libc function (except to format an error).
 pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError> {
     if tids.len() > MAX_TRACED {
         return Err(AgentError::NotStopped(format!(
@@ -90,10 +91,62 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
             tids.len()
         )));
     }
+    let deadline = monotonic_ns() + timeout.as_nanos() as u64;
+    let mut left = [0i32; MAX_TRACED];
+    left[..tids.len()].copy_from_slice(tids);
+    let mut count = tids.len();
+    loop {
+        match stop_these(&left[..count], deadline) {
+            // A thread inside `exit` (glibc ends a thread with every signal blocked)
+            // refuses ptrace, but runs no user code again: the others are stopped
+            // without it.
+            Err(Failure::Refused { tid, error }) if tasks::is_exiting(tid) => {
+                match left[..count].iter().position(|&other| other == tid) {
+                    Some(at) => {
+                        left[at] = left[count - 1];
+                        count -= 1;
+                    }
+                    None => return Err(Failure::Refused { tid, error }.into_error(timeout)),
+                }
+            }
+            result => return result.map_err(|failure| failure.into_error(timeout)),
+        }
+    }
+}
+
+/// Why [`stop_these`] stopped nothing.
+enum Failure {
+    /// ptrace refused thread `tid` with `error`.
+    Refused { tid: i32, error: i32 },
+    /// The threads did not all stop by the deadline.
+    TooSlow,
+    /// Anything else, said.
+    Other(AgentError),
+}
+
+impl Failure {
+    fn into_error(self, timeout: Duration) -> AgentError {
+        AgentError::NotStopped(match self {
+            Failure::Refused { tid, error } => format!(
+                "thread {tid} blocks every signal and runs, and tendril could not stop it \
+                 with ptrace: {} (is a debugger attached, or is the process not dumpable?)",
+                std::io::Error::from_raw_os_error(error)
+            ),
+            Failure::TooSlow => format!(
+                "the threads that block every signal did not stop within {} ms",
+                timeout.as_millis()
+            ),
+            Failure::Other(error) => return error,
+        })
+    }
+}
+
+/// [`stop`] of `tids`, once, by `deadline` (monotonic ns).
+fn stop_these(tids: &[i32], deadline: u64) -> Result<TracedThreads, Failure> {
     let Some(&stack_top) = STATE.tracer_stack_top.get() else {
-        return Err(AgentError::NotStopped(
+        return Err(Failure::Other(AgentError::NotStopped(
             "the ptrace helper is not prepared".into(),
-        ));
+        )));
     };
     STATE.tracer.phase.store(0, Ordering::Release);
     STATE.tracer.error.store(0, Ordering::Relaxed);
@@ -110,10 +163,10 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
         .store(tids.len() as u32, Ordering::Release);
     let helper = spawn_helper(stack_top);
     if helper < 0 {
-        return Err(AgentError::NotStopped(format!(
+        return Err(Failure::Other(AgentError::NotStopped(format!(
             "cannot start the ptrace helper: {}",
             std::io::Error::from_raw_os_error(-helper as i32)
-        )));
+        ))));
     }
     let helper = helper as i32;
     let needed_ptracer = STATE.yama_needs_ptracer.load(Ordering::Relaxed);
@@ -138,7 +191,6 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
     };
     STATE.tracer.phase.store(PHASE_START, Ordering::Release);
     futex_wake_all(&STATE.tracer.phase);
-    let deadline = monotonic_ns() + timeout.as_nanos() as u64;
     loop {
         let phase = STATE.tracer.phase.load(Ordering::Acquire);
         if phase == PHASE_STOPPED {
@@ -156,18 +208,11 @@ pub fn stop(tids: &[i32], timeout: Duration) -> Result<TracedThreads, AgentError
     traced.release();
     let error = -STATE.tracer.error.load(Ordering::Acquire);
     let tid = STATE.tracer.error_tid.load(Ordering::Acquire);
-    Err(AgentError::NotStopped(if error != 0 {
-        format!(
-            "thread {tid} blocks every signal and runs, and tendril could not stop it with \
-             ptrace: {} (is a debugger attached, or is the process not dumpable?)",
-            std::io::Error::from_raw_os_error(error)
-        )
+    Err(if error != 0 {
+        Failure::Refused { tid, error }
     } else {
-        format!(
-            "the threads that block every signal did not stop within {} ms",
-            timeout.as_millis()
-        )
-    }))
+        Failure::TooSlow
+    })
 }
 
 impl TracedThreads {
