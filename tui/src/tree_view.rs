@@ -371,20 +371,13 @@ impl TreeView {
             return;
         };
         let mut path = row.path;
-        // Counted-only calls (untimed, JIT) have no time of their own: the path ends at
-        // the caller their time is in.
-        while let Some(hottest) = node
-            .children
-            .iter()
-            .filter(|child| !child.in_caller && !child.jit)
-            .reduce(|best, child| {
-                if child.total_ns > best.total_ns {
-                    child
-                } else {
-                    best
-                }
-            })
-        {
+        while let Some(hottest) = node.children.iter().reduce(|best, child| {
+            if child.total_ns > best.total_ns {
+                child
+            } else {
+                best
+            }
+        }) {
             self.expanded.insert(path);
             path = child_path(path, hottest);
             node = hottest;
@@ -451,21 +444,6 @@ mod tests {
         view.refresh(&roots);
         assert_eq!(names(&view), ["main", " a", "  y", "  x", " b"]);
         assert_eq!(view.selected_row().map(|row| row.name.as_str()), Some("y"));
-    }
-
-    #[test]
-    fn hottest_path_ends_where_calls_are_only_counted() {
-        let mut untimed = node("fib", 0.0, vec![node("fib", 0.0, vec![])]);
-        untimed.in_caller = true;
-        untimed.children[0].in_caller = true;
-        let roots = vec![node("main", 10.0, vec![node("a", 7.0, vec![untimed])])];
-        let mut view = TreeView::new();
-        view.refresh(&roots);
-        view.collapse_all();
-        view.expand_hottest_path(&roots);
-        view.refresh(&roots);
-        assert_eq!(names(&view), ["main", " a"]);
-        assert_eq!(view.selected_row().map(|row| row.name.as_str()), Some("a"));
     }
 
     #[test]
