@@ -288,6 +288,7 @@ const SLOTS_END: i32 = STATE_UNTIMED_SLOTS + SLOTS_BYTES;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::code::executable_memory::Mapped;
     use crate::hooks::stubs::test_code::{body, disassemble};
     use crate::hooks::stubs::{ASSEMBLY_BASE, assemble_hook, build};
     use tendril_wire::Hook;
@@ -297,18 +298,7 @@ mod tests {
     /// thread state at address 0: the slot it finds.
     fn home_slot_in_assembly(function: u64, return_address: u64) -> usize {
         const PAGE: usize = 4096;
-        // SAFETY: a fresh anonymous mapping, unmapped below; nothing else refers to it.
-        let page = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(page, libc::MAP_FAILED);
+        let page = Mapped::new(PAGE);
         let mut a = CodeAssembler::new(64).unwrap();
         let mut id = a.create_label();
         a.mov(rax, rdi).unwrap();
@@ -318,16 +308,12 @@ mod tests {
         a.ret().unwrap();
         a.set_label(&mut id).unwrap();
         a.dq(&[function]).unwrap();
-        let code = a.assemble(page as u64).unwrap();
-        assert!(code.len() <= PAGE);
-        // SAFETY: the mapping is writable and holds `code.len()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), page.cast::<u8>(), code.len()) };
+        page.write(0, &a.assemble(page.address).unwrap());
         // SAFETY: the page now holds a function of one argument (rdi) that returns a
-        // value in rax and touches only rax, rcx, rdx and r11, all caller-saved.
-        let run: extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(page) };
+        // value in rax and touches only rax, rcx, rdx and r11, all caller-saved; it
+        // stays mapped until `page` drops, after the call.
+        let run: extern "C" fn(u64) -> u64 = unsafe { std::mem::transmute(page.address) };
         let address = run(return_address);
-        // SAFETY: the mapping is this function's, and its code has returned.
-        unsafe { libc::munmap(page, PAGE) };
         ((address - STATE_UNTIMED_SLOTS as u64) / UNTIMED_SLOT_SIZE as u64) as usize
     }
 
