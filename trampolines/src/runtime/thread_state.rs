@@ -15,9 +15,8 @@ use crate::sys::agent_threads::AGENT_THREAD_PREFIX;
 use crate::sys::error::AgentError;
 use std::sync::atomic::Ordering;
 
-pub use crate::hooks::state_access::{
-    EntryPtr, StatePtr, current_state, with_hooks_stepping_aside,
-};
+use crate::hooks::state_access::with_hooks_stepping_aside;
+pub use crate::hooks::state_access::{EntryPtr, StatePtr, current_state};
 pub use crate::hooks::thread_layout::*;
 
 /// `ThreadState::flags_before_fork`: the thread is between fork's prepare handler and
