@@ -288,6 +288,7 @@ const SLOTS_END: i32 = STATE_UNTIMED_SLOTS + SLOTS_BYTES;
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(not(miri))]
     use crate::code::executable_memory::Mapped;
     use crate::hooks::stubs::test_code::{body, disassemble};
     use crate::hooks::stubs::{ASSEMBLY_BASE, assemble_hook, build};
@@ -296,6 +297,7 @@ mod tests {
 
     /// Runs the hook's `home_slot` code on (`function`, `return_address`), with the
     /// thread state at address 0: the slot it finds.
+    #[cfg(not(miri))]
     fn home_slot_in_assembly(function: u64, return_address: u64) -> usize {
         const PAGE: usize = 4096;
         let page = Mapped::new(PAGE);
@@ -318,6 +320,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(not(miri))]
     fn the_hook_finds_the_home_slot_the_runtime_computes() {
         use crate::hooks::thread_layout::untimed_home_slot;
         for (function, return_address) in [
