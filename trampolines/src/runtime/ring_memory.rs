@@ -18,7 +18,7 @@ use crate::runtime::ring_segments;
 use crate::runtime::state::STATE;
 use crate::runtime::thread_state::StatePtr;
 use crate::sys;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use tendril_wire::events::Event;
 use tendril_wire::rings::{self, ring};
@@ -125,15 +125,21 @@ fn ask_ahead(ring_header: u64, head: u64, capacity: u64) {
         return;
     }
     wanted.store((populated + next_part(populated)).min(capacity), Release);
+    STATE.ring_memory_asked.store(true, Release);
     STATE.discovery_jobs_posted.fetch_add(1, Release);
     sys::futex_wake_all(&STATE.discovery_jobs_posted);
 }
 
 /// The discoverer's part: faults in, for every ring whose producer asked, the part it
-/// wants (skipping a ring its producer is faulting in itself).
+/// wants (skipping a ring its producer is faulting in itself, to look again later).
+///
+/// It reads the rings' headers only when a producer asked since it last looked: each
+/// header is a page of the rings file, and a walk over all of them, every time the
+/// discoverer woke, made 512 KiB of headers resident (more with segments added) in a
+/// target whose one thread had asked for nothing.
 pub fn fault_in_what_rings_want() {
     let base = STATE.rings.load(Acquire);
-    if base.is_null() {
+    if base.is_null() || !STATE.ring_memory_asked.swap(false, AcqRel) {
         return;
     }
     for index in 0..ring_segments::ring_count() {
@@ -150,6 +156,7 @@ pub fn fault_in_what_rings_want() {
             .compare_exchange(LOCK_FREE, LOCK_AGENT, Acquire, Relaxed)
             .is_err()
         {
+            STATE.ring_memory_asked.store(true, Release);
             continue;
         }
         // A recording that ended gives its rings' memory back (`ring_segments`), under

@@ -84,6 +84,9 @@ pub struct RuntimeState {
     pub discovery_jobs: Mutex<Vec<DiscoveryJob>>,
     /// Hand-overs so far, a futex word the discoverer sleeps on.
     pub discovery_jobs_posted: AtomicU32,
+    /// A producer asked the discoverer for ring memory since it last looked
+    /// (`ring_memory`): only then does it read the rings' headers.
+    pub ring_memory_asked: AtomicBool,
 
     // --- retire, lingering, shadow ---
     /// (start, end) of each trampoline of an unwinder hook, for
@@ -155,6 +158,7 @@ pub static STATE: RuntimeState = RuntimeState {
     hand_over_from_threads: AtomicUsize::new(usize::MAX),
     discovery_jobs: Mutex::new(Vec::new()),
     discovery_jobs_posted: AtomicU32::new(0),
+    ring_memory_asked: AtomicBool::new(false),
     internal_trampolines: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL],
     internal_count: AtomicUsize::new(0),
     lingering_started: AtomicBool::new(false),
