@@ -66,6 +66,7 @@ fn record(pid: i32, roots: &[&str]) -> Recorder {
         scheme: Scheme::B,
         gross_only: false,
         timing: Default::default(),
+        pointer_candidates: false,
     })
     .unwrap()
 }

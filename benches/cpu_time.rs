@@ -70,6 +70,7 @@ fn main() {
         scheme: Scheme::B,
         gross_only: false,
         timing: Default::default(),
+        pointer_candidates: false,
     })
     .expect("record the fixture");
     let poller = std::thread::spawn(move || {

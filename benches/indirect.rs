@@ -73,6 +73,7 @@ fn record(pid: i32, roots: &[&str], gross_only: bool) -> Recorder {
         scheme: Scheme::B,
         gross_only,
         timing: Default::default(),
+        pointer_candidates: false,
     })
     .unwrap()
 }

@@ -70,6 +70,7 @@ fn record(pid: i32, roots: &[&str], scheme: Scheme, gross_only: bool) -> Recorde
         scheme,
         gross_only,
         timing: Default::default(),
+        pointer_candidates: false,
     })
     .unwrap()
 }

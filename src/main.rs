@@ -271,6 +271,11 @@ struct ProfileArgs {
     /// almost no cost.
     #[arg(long)]
     gross_only: bool,
+    /// Follow calls through pointers by instrumenting every address-taken function of
+    /// the process up front, as tendril did before it checked them in the graph's own
+    /// functions (the default; scheme a always uses this).
+    #[arg(long)]
+    pointer_candidates: bool,
     /// Also keep the raw enter and exit events of the first SECONDS (default 1; at
     /// most 1,000,000 events) as per-thread timelines for the chrome and speedscope
     /// exports.
@@ -607,6 +612,7 @@ fn record(
             scheme: profile.scheme.into(),
             gross_only: profile.gross_only,
             timing: profile.timing.into(),
+            pointer_candidates: profile.pointer_candidates,
         },
         duration,
         output: profile.output,
@@ -627,6 +633,7 @@ fn run_program(
         scheme: profile.scheme.into(),
         gross_only: profile.gross_only,
         timing: profile.timing.into(),
+        pointer_candidates: profile.pointer_candidates,
         duration,
         output: profile.output,
         trace: profile.trace,

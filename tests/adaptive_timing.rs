@@ -259,6 +259,7 @@ fn a_reset_times_everything_again_until_it_is_judged_anew() {
             min_time_ns: Some(JUDGED_SHORT.parse().unwrap()),
             ..Default::default()
         },
+        pointer_candidates: false,
     })
     .unwrap();
     let untimed_after_runs = |recorder: &mut tendril::recording::Recorder, target: &mut Target| {

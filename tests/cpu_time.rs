@@ -138,6 +138,7 @@ fn recording_on_one_core(pid: i32, root: &str) -> Recorder {
         scheme: Scheme::B,
         gross_only: false,
         timing: Default::default(),
+        pointer_candidates: false,
     })
     .unwrap()
 }

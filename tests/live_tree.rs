@@ -176,6 +176,7 @@ fn start(demo: &Demo, root: &str, scheme: Scheme) -> Recorder {
             time_all: true,
             ..Default::default()
         },
+        pointer_candidates: false,
     })
     .unwrap_or_else(|e| panic!("cannot record the demo: {e}"))
 }

@@ -66,6 +66,7 @@ pub fn run() -> anyhow::Result<()> {
         scheme: Scheme::B,
         gross_only: false,
         timing: Default::default(),
+        pointer_candidates: false,
     })?;
     let gone = move || crate::process::is_gone_or_exiting(pid);
     let profile = super::record::record_until_done(recorder, Some(REPORT_DURATION), gone)?;

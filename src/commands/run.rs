@@ -41,6 +41,8 @@ pub struct RunCommand {
     pub scheme: Scheme,
     pub gross_only: bool,
     pub timing: TimingOptions,
+    /// `--pointer-candidates`.
+    pub pointer_candidates: bool,
     pub duration: Option<Duration>,
     pub output: Option<PathBuf>,
     /// `--trace`: keep the raw events of this first stretch.
@@ -116,6 +118,7 @@ fn prepare(command: &RunCommand, program: &str, child: Pid) -> anyhow::Result<Re
         scheme: command.scheme,
         gross_only: command.gross_only,
         timing: command.timing.clone(),
+        pointer_candidates: command.pointer_candidates,
     });
     let recorder = match recorder {
         Ok(recorder) => recorder,

@@ -190,6 +190,7 @@ impl ProfilingState {
             scheme: Scheme::B,
             gross_only: false,
             timing: self.timing.clone(),
+            pointer_candidates: false,
         };
         let job = Job::spawn("tendril-attach", move || Recorder::start(&options))?;
         self.recording = Recording::Starting(job);

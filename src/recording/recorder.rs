@@ -72,6 +72,10 @@ pub struct RecordOptions {
     pub gross_only: bool,
     /// Adaptive timing's options.
     pub timing: TimingOptions,
+    /// Follow calls through pointers by instrumenting every address-taken function up
+    /// front (`--pointer-candidates`), instead of from the call graph as they are made.
+    /// Scheme A always does.
+    pub pointer_candidates: bool,
 }
 
 /// Why a recording could not start or go on.
@@ -113,6 +117,10 @@ pub struct Recorder {
     root_ids: Vec<u32>,
     scheme: Scheme,
     gross_only: bool,
+    /// Calls through pointers are followed through the address-taken functions,
+    /// instrumented up front (`indirect`); otherwise from the call graph, as they are made
+    /// (the agent checks them in copies of the functions that make them).
+    pointer_candidates: bool,
     gross: Option<GrossTimes>,
     /// Function names by id, filled as ids appear.
     names: Vec<FunctionName>,
@@ -220,6 +228,7 @@ impl Recorder {
             root_ids: Vec::new(),
             scheme: options.scheme,
             gross_only: options.gross_only,
+            pointer_candidates: options.pointer_candidates || options.scheme == Scheme::A,
             gross: None,
             names: Vec::new(),
             ring_threads: HashMap::new(),
@@ -328,7 +337,9 @@ impl Recorder {
         if !refusals.is_empty() {
             say!("roots not instrumented: {}", summarize(&refusals));
         }
-        if let Some(indirect) = self.indirect.as_mut() {
+        if let Some(indirect) = self.indirect.as_mut()
+            && self.pointer_candidates
+        {
             indirect.forget_outcomes();
             indirect.note_outcomes(&patched, &outcomes);
             let summary = indirect.summary();

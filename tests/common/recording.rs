@@ -27,6 +27,7 @@ pub fn start_recorder(pid: i32, root: &str) -> Recorder {
         scheme: Scheme::B,
         gross_only: false,
         timing: Default::default(),
+        pointer_candidates: false,
     })
     .unwrap_or_else(|e| panic!("cannot record the fixture: {e}"))
 }

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 /// Version of the wire protocol and agent. A controller only talks to an agent of the
 /// same version: a resident agent cannot be replaced inside a running process.
-pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire11");
+pub const PROTOCOL_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+wire12");
 
 /// The longest request line the agent reads (newline included). A `Patch` target and
 /// its code range take under 100 bytes of JSON, so a `Patch` of every function of libc
@@ -72,9 +72,17 @@ pub enum Request {
     /// `table_bytes` bytes that follow this line on the connection, at most
     /// [`MAX_TABLE_BYTES`]; see [`function_table`]), calibrate the hooks. With
     /// `discover`, a function's callees are instrumented when it first runs in the call
-    /// graph (Scheme B); otherwise only what is patched is recorded. The roots are
-    /// patched afterwards, with [`Hook::RecordRoot`].
-    StartRecording { table_bytes: u64, discover: bool },
+    /// graph (Scheme B); otherwise only what is patched is recorded. With
+    /// `follow_pointers` (and `discover`), each recorded function that calls through
+    /// pointers runs from a copy that checks those calls, and a target is instrumented
+    /// the first time such a call reaches it. The roots are patched afterwards, with
+    /// [`Hook::RecordRoot`].
+    StartRecording {
+        table_bytes: u64,
+        discover: bool,
+        #[serde(default)]
+        follow_pointers: bool,
+    },
     /// End the recording: restore every function this session patched.
     StopRecording,
     /// Replace the recording's function table (followed by `table_bytes` bytes, as for

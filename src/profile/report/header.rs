@@ -97,18 +97,25 @@ fn recording_lines(profile: &Profile, lines: &mut HeaderLines) {
         "functions: {} instrumented, {} invoked",
         stats.instrumented_functions, stats.invoked_functions
     ));
-    lines.summary(format!(
-        "calls through pointers: {}, {} seen taken, reaching {} of the {} address-taken \
-         functions instrumented",
-        plural(
-            stats.indirect_call_sites,
-            "indirect call site",
-            "indirect call sites"
+    let sites = plural(
+        stats.indirect_call_sites,
+        "indirect call site",
+        "indirect call sites",
+    );
+    // Followed from the call graph (no candidates), or through the address-taken
+    // functions instrumented up front (`--pointer-candidates`, scheme a).
+    lines.summary(match stats.indirect_candidates {
+        0 => format!(
+            "calls through pointers: {sites}, {} seen taken, reaching {}",
+            stats.indirect_sites_followed,
+            plural(stats.indirect_targets, "function", "functions"),
         ),
-        stats.indirect_sites_followed,
-        stats.indirect_targets,
-        stats.indirect_candidates,
-    ));
+        candidates => format!(
+            "calls through pointers: {sites}, {} seen taken, reaching {} of the {candidates} \
+             address-taken functions instrumented",
+            stats.indirect_sites_followed, stats.indirect_targets,
+        ),
+    });
     if let Some(note) = library_churn_note(stats) {
         lines.summary(note);
     }

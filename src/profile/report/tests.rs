@@ -99,7 +99,7 @@ const HEADER: &str = "\
 tendril profile of pid 4242 (/usr/bin/app), scheme B, roots: main
 events: 52 (0 lost, 0 unmatched exits, 2 unwound by an exception, longjmp, thread exit or the end)
 functions: 6 instrumented, 5 invoked
-calls through pointers: 1 indirect call site, 0 seen taken, reaching 0 of the 0 address-taken functions instrumented
+calls through pointers: 1 indirect call site, 0 seen taken, reaching 0 functions
 pauses removed: 1.500 ms (tendril's waits in the target, summed over threads)
 calibration: TSC 2.995 GHz; removed per call: 12.2 ns inner, 20.5 ns outer
 ";

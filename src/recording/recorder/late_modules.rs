@@ -320,7 +320,12 @@ impl Recorder {
             self.late_modules.given_up.extend(new.iter().cloned());
             return Ok(());
         }
-        let found = address_taken::find_late(&symbols, &names);
+        // Followed from the call graph, a new module needs only to be in the agent's
+        // table; through candidates, its exported functions are instrumented now.
+        let found = match self.pointer_candidates {
+            true => address_taken::find_late(&symbols, &names),
+            false => address_taken::AddressTaken::default(),
+        };
         // Functions registered so far are named from the modules they were in.
         self.refresh_names();
         self.symbols = symbols;
@@ -339,6 +344,13 @@ impl Recorder {
             .map_err(|e| e.to_string())?;
         if !matches!(answer, Response::TableUpdated { .. }) {
             return Err(format!("the agent answered {answer:?}"));
+        }
+        if !self.pointer_candidates {
+            say!(
+                "new module {}: followed (calls into it are recorded from now on)",
+                names.join(", ")
+            );
+            return Ok(());
         }
         let candidates = indirect::functions_at(&self.symbols, &found.addresses);
         let patched: Vec<(&Function, Hook)> =

@@ -26,8 +26,12 @@ impl Recorder {
         let pid = self.target.pid;
         let session_error = |source| RecordError::Session { pid, source };
         let discover = self.scheme == Scheme::B && !self.gross_only;
+        let follow_pointers = discover && !self.pointer_candidates;
         if !self.gross_only && self.indirect.is_none() {
-            self.indirect = Some(IndirectTargets::find(&self.symbols));
+            self.indirect = Some(match follow_pointers {
+                true => IndirectTargets::default(),
+                false => IndirectTargets::find(&self.symbols),
+            });
         }
         let no_targets = IndirectTargets::default();
         let table = match &self.indirect {
@@ -38,6 +42,7 @@ impl Recorder {
             &Request::StartRecording {
                 table_bytes: table.len() as u64,
                 discover,
+                follow_pointers,
             },
             &table,
         );

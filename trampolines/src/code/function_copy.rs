@@ -62,6 +62,12 @@ pub fn counter_sites(graph: &ControlFlowGraph) -> Vec<CounterSite> {
     sites
 }
 
+/// The calls and tail jumps through pointers of `graph` (original addresses, sorted):
+/// where a copy asks [`CounterCode::through_pointer`] for code.
+pub fn pointer_sites(graph: &ControlFlowGraph, code: &FunctionBytes) -> Vec<u64> {
+    assembly::pointer_sites(graph, code)
+}
+
 /// Synthetic addresses that name instructions of the copy while it is encoded. They
 /// are non-canonical, so no real branch target can be one of them.
 pub struct Labels {

@@ -143,8 +143,13 @@ fn answer(
         Request::ResolveSymbols { names } => Response::Resolved {
             addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
         },
-        Request::StartRecording { discover, .. } => {
-            return match start_recording(session, table.unwrap_or_default(), discover) {
+        Request::StartRecording {
+            discover,
+            follow_pointers,
+            ..
+        } => {
+            let table = table.unwrap_or_default();
+            return match start_recording(session, table, discover, follow_pointers) {
                 Ok((response, fd)) => (response, Some(fd)),
                 Err(e) => (error(e.to_string()), None),
             };
@@ -266,6 +271,7 @@ fn start_recording(
     session: u64,
     table: Vec<u8>,
     discover: bool,
+    follow_pointers: bool,
 ) -> Result<(Response, std::os::fd::OwnedFd), AgentError> {
     if STATE
         .recording_session
@@ -278,7 +284,7 @@ fn start_recording(
     }
     let started = (|| -> Result<(Response, std::os::fd::OwnedFd), AgentError> {
         let rings = recording::open_rings()?;
-        discovery::start(session, table, discover)?;
+        discovery::start(session, table, discover, follow_pointers)?;
         // Counts an earlier recording's untimed hooks left in the threads' tables.
         crate::runtime::untimed_table::forget_all();
         recording::start();

@@ -23,12 +23,15 @@
 pub use super::inserted_code::Gate;
 use super::inserted_code::{Sequence, fixed};
 use super::path_register::PathRegister;
+use super::pointer_checks::{SlowPath, check_code};
 use crate::code::function_copy::{CounterCode, Inserted, Labels};
 use crate::hooks::thread_layout as thread_state;
 use iced_x86::{Code, Instruction, MemoryOperand, Register};
 
 /// Counters whose index `i` (in `function_copy::counter_sites` order) is the function
-/// id `ids[i]`, and the path register's code when paths are counted too.
+/// id `ids[i]` (none at all when `ids` is empty: a copy made for its pointer checks
+/// only), the path register's code when paths are counted too, and the checks before
+/// calls through pointers when the copy follows them.
 pub struct EdgeCounters<'a> {
     pub ids: &'a [u32],
     pub paths: Option<PathRegister<'a>>,
@@ -37,11 +40,38 @@ pub struct EdgeCounters<'a> {
     /// A counter of the calls themselves, in the code each call runs first (a copy
     /// behind a recording hook, whose hook counts no calls).
     pub calls_id: Option<u32>,
+    /// The checks before calls through pointers (a recorded function's copy).
+    pub pointers: Option<PointerSites<'a>>,
+}
+
+/// The calls and tail jumps through pointers a copy checks (their original addresses,
+/// sorted), and where their checks' slow path goes.
+pub struct PointerSites<'a> {
+    pub sites: &'a [u64],
+    pub slow: SlowPath,
 }
 
 impl CounterCode for EdgeCounters<'_> {
     fn counter(&mut self, index: usize, flags_live: bool, labels: &mut Labels) -> Inserted {
-        counter_code(self.ids[index], flags_live, self.gate, labels)
+        match self.ids.get(index) {
+            Some(&id) => counter_code(id, flags_live, self.gate, labels),
+            None => Inserted::default(),
+        }
+    }
+
+    fn through_pointer(
+        &mut self,
+        site: u64,
+        instruction: &Instruction,
+        labels: &mut Labels,
+    ) -> Inserted {
+        let Some(pointers) = &self.pointers else {
+            return Inserted::default();
+        };
+        match pointers.sites.binary_search(&site) {
+            Ok(_) => check_code(site, instruction, pointers.slow, labels),
+            Err(_) => Inserted::default(),
+        }
     }
 
     fn entry(&mut self, labels: &mut Labels) -> Inserted {

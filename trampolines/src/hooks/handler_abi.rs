@@ -68,6 +68,10 @@ pub struct Handlers {
     pub untimed_miss: Handler,
     /// A recording hook's function runs in the graph for the first time (id in `edx`).
     pub discover: Handler,
+    /// A pointer check in a recorded function's copy met a target its thread has not
+    /// passed at that site (target in `rax`, the site's id in `edx`;
+    /// `pointer_checks`).
+    pub pointer_target: Handler,
     /// Address of the recording's invoked bytes (one per function id), or 0.
     pub invoked_table: fn() -> u64,
     /// Address of the word that numbers recordings (the untimed-call table's counts

@@ -16,6 +16,7 @@ pub mod edge_counters;
 pub mod handler_abi;
 mod inserted_code;
 pub mod path_register;
+pub mod pointer_checks;
 pub mod slow_call;
 mod state;
 pub mod state_access;

@@ -6,6 +6,10 @@ use crate::hooks::stubs::template::{RecordTemplate, UntimedTemplate};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, Once, OnceLock};
 
+/// Slots of the table of targets followed through pointers (2 MiB; a slot holds a
+/// target's address): see `pointer_checks`.
+pub const POINTER_TABLE_SLOTS: usize = 1 << 18;
+
 /// The hooks layer's statics.
 pub struct HooksState {
     /// The runtime's handlers, installed once before the first hook is built
@@ -25,6 +29,9 @@ pub struct HooksState {
     pub xsave_area_bytes: AtomicU64,
     /// `slow_call::prepare` has sized the xsave area.
     pub xsave_sized: Once,
+    /// The targets of calls through pointers a recording follows, an open-addressed
+    /// table the pointer checks probe (`pointer_checks`; one guard slot at the end).
+    pub pointer_targets: [AtomicU64; POINTER_TABLE_SLOTS + 1],
 }
 
 /// The one instance.
@@ -34,4 +41,5 @@ pub static STATE: HooksState = HooksState {
     untimed_templates: Mutex::new([None, None, None, None]),
     xsave_area_bytes: AtomicU64::new(16 * 1024),
     xsave_sized: Once::new(),
+    pointer_targets: [const { AtomicU64::new(0) }; POINTER_TABLE_SLOTS + 1],
 };

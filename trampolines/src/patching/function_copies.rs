@@ -16,14 +16,15 @@
 mod prepared;
 
 use super::patch_protocol::{self, Site};
-use super::patcher::prepare;
+use super::readiness::prepare;
 use super::site_plan::{Nearby, own_code, replaced_bytes};
-use super::sites::{CopyBehind, Engine, PatchRequest};
+use super::sites::{CopyBehind, Engine, PatchRequest, PointerChecked};
 use super::state::{engine, runtime};
-use crate::code::entry_plan::PatchStyle;
+use crate::code::entry_plan::{EntryPlan, PatchStyle};
+use crate::patching::patch_protocol::Trampoline;
 use crate::sys::error::AgentError;
 use crate::sys::loaded_modules;
-use prepared::{Counted, counter_ids};
+use prepared::{CopyOptions, Counted, counter_ids};
 use tendril_wire::Hook;
 use tendril_wire::edges::EdgeLayout;
 
@@ -78,7 +79,13 @@ fn install_copy(
             "it is instrumented already (by another tendril command); stop that one first".into(),
         ));
     }
-    let plan_code = Counted::read(engine, address, size, cold_parts, count_paths, None)?;
+    let options = CopyOptions {
+        counters: true,
+        count_paths,
+        calls_counter: None,
+        pointer_checks: false,
+    };
+    let plan_code = Counted::read(engine, address, size, cold_parts, options)?;
     let request = PatchRequest {
         address,
         size,
@@ -202,14 +209,13 @@ fn copy_behind_hook(
     );
     // The calls counter's key is past every counter index a copy can have.
     let calls_counter = counter_ids(engine, address, CALLS_INDEX..CALLS_INDEX + 1)?[0];
-    let plan_code = Counted::read(
-        engine,
-        address,
-        size,
-        cold_parts,
+    let options = CopyOptions {
+        counters: true,
         count_paths,
-        Some(calls_counter),
-    )?;
+        calls_counter: Some(calls_counter),
+        pointer_checks: matches!(engine.pointer_checked.get(&address), Some(Some(_))),
+    };
+    let plan_code = Counted::read(engine, address, size, cold_parts, options)?;
     let built = plan_code.build(engine, address, id, kind, &plan, has_pad)?;
     let trampoline = built.trampoline(&plan_code.code, plan);
     let layout = plan_code.layout(calls_counter);
@@ -232,4 +238,57 @@ fn copy_behind_hook(
         },
     );
     Ok((layout, plan_code.code))
+}
+
+/// The trampoline of a `kind` recording hook on function `id` at `address` (`size`
+/// bytes), for an entry patched as `plan` (with a pad if `has_pad`), whose body is a
+/// copy of the function that checks its calls through pointers
+/// (`hooks::pointer_checks`); `None` when the function makes no such call or its copy
+/// cannot be made (it then runs as it is, and its calls through pointers are not
+/// followed). Either answer is remembered (`Engine::pointer_checked`).
+pub(super) fn pointer_checked_trampoline(
+    engine: &mut Engine,
+    address: u64,
+    size: u64,
+    id: u32,
+    kind: Hook,
+    plan: &EntryPlan,
+    has_pad: bool,
+) -> Option<Trampoline> {
+    let built = build_pointer_checked(engine, address, size, id, kind, plan, has_pad);
+    let remembered = built.as_ref().map(|trampoline| PointerChecked {
+        size,
+        body: trampoline.body,
+    });
+    engine.pointer_checked.insert(address, remembered);
+    built
+}
+
+/// [`pointer_checked_trampoline`]'s copy.
+fn build_pointer_checked(
+    engine: &mut Engine,
+    address: u64,
+    size: u64,
+    id: u32,
+    kind: Hook,
+    plan: &EntryPlan,
+    has_pad: bool,
+) -> Option<Trampoline> {
+    if plan.style == PatchStyle::CallThunk {
+        return None;
+    }
+    let options = CopyOptions {
+        counters: false,
+        count_paths: false,
+        calls_counter: None,
+        pointer_checks: true,
+    };
+    let copied = Counted::read(engine, address, size, &[], options).ok()?;
+    if !copied.has_pointer_sites() {
+        return None;
+    }
+    let built = copied
+        .build(engine, address, id, kind, plan, has_pad)
+        .ok()?;
+    Some(built.trampoline(&copied.code, plan.clone()))
 }

@@ -13,6 +13,7 @@ pub mod function_copies;
 pub mod patch_protocol;
 pub mod patch_targets;
 pub mod patcher;
+mod readiness;
 pub mod signal_frames;
 mod site_plan;
 mod sites;

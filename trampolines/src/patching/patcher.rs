@@ -10,13 +10,13 @@
 //! counter keeps its meaning and a thread still inside a trampoline after a restore
 //! finishes correctly.
 
-use crate::hooks::slow_call;
+use crate::patching::function_copies;
 use crate::patching::patch_protocol::{self, Site};
+use crate::patching::readiness::prepare;
 use crate::patching::site_plan::{Nearby, is_internal};
 use crate::patching::sites::Engine;
 pub use crate::patching::sites::{PatchRequest, RuntimeHooks, SELF_TEST_OWNER};
 use crate::patching::state::{STATE, engine, runtime};
-use crate::patching::stop_world;
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
 use crate::sys::loaded_modules::{self, LoadedModules};
@@ -27,16 +27,15 @@ pub fn install_runtime(hooks: RuntimeHooks) {
     let _ = STATE.runtime.set(hooks);
 }
 
-/// Everything the stubs and the protocol rely on, set up before the first patch.
-pub(super) fn prepare() -> Result<(), AgentError> {
-    (runtime()?.prepare)()?;
-    // Computed now, so signal handlers can ask without allocating.
-    crate::sys::own_code::is_agent_code(0);
-    slow_call::prepare();
-    code_memory::prepare()?;
-    stop_world::install()?;
-    crate::sys::thread_tracer::prepare()?;
-    Ok(())
+/// Whether session `owner`'s recording hooks go in front of copies that check calls
+/// through pointers (`function_copies::pointer_checked_trampoline`), from now on.
+pub fn follow_pointers(owner: u64, follow: bool) {
+    let mut guard = engine();
+    let engine = guard.get_or_insert_with(Engine::default);
+    match follow {
+        true => engine.follows_pointers.insert(owner),
+        false => engine.follows_pointers.remove(&owner),
+    };
 }
 
 /// Whether session `owner` has patched the function at `address`.
@@ -44,6 +43,21 @@ pub fn is_patched_by(owner: u64, address: u64) -> bool {
     engine()
         .as_ref()
         .and_then(|e| e.sites.get(&address))
+        .is_some_and(|site| site.owner == owner)
+}
+
+/// [`is_patched_by`], with the loader held (`modules`): a patch whose library has been
+/// unloaded since is forgotten first, so a function loaded at its address is not taken
+/// for it.
+pub fn is_patched_by_now(owner: u64, address: u64, modules: &LoadedModules) -> bool {
+    let mut guard = engine();
+    let Some(engine) = guard.as_mut() else {
+        return false;
+    };
+    engine.forget_unloaded(modules);
+    engine
+        .sites
+        .get(&address)
         .is_some_and(|site| site.owner == owner)
 }
 
@@ -175,7 +189,13 @@ fn patch_batch(
             None => match batch_ids.get(&request.address) {
                 Some(&id) => Ok(id),
                 None => engine
-                    .prepare_site(owner, request, &nearby, &pads_taken)
+                    .prepare_site(
+                        owner,
+                        request,
+                        &nearby,
+                        &pads_taken,
+                        function_copies::pointer_checked_trampoline,
+                    )
                     .map(|site| {
                         let id = site.id;
                         batch_ids.insert(request.address, id);
@@ -333,6 +353,7 @@ impl Engine {
             self.originals.remove(&pad.address);
         }
         self.copies_behind.remove(&function);
+        self.pointer_checked.remove(&function);
         self.trampolines
             .retain(|&(address, _), _| address != function);
         if let Some(id) = self.ids.remove(&function) {

@@ -47,6 +47,13 @@ impl Nearby {
     }
 }
 
+/// Builds the trampoline of a recording hook whose body is a copy of the function
+/// that checks its calls through pointers (`function_copies`), given the engine, the
+/// function's address, size and id, the hook, the entry's plan and whether it has a
+/// pad; `None` when there is no such copy to make.
+pub(super) type PointerCheckedBuilder =
+    fn(&mut Engine, u64, u64, u32, Hook, &EntryPlan, bool) -> Option<Trampoline>;
+
 impl Engine {
     /// Overwrites, in `buffer` (the code read at `address`), the bytes of the patches
     /// that fall in it with the bytes they replaced.
@@ -73,6 +80,7 @@ impl Engine {
         request: &PatchRequest,
         nearby: &Nearby,
         pads_taken: &[u64],
+        pointer_checked: PointerCheckedBuilder,
     ) -> Result<Site, AgentError> {
         let address = request.address;
         if let Some(reason) = own_code(owner, address, request.size) {
@@ -95,15 +103,42 @@ impl Engine {
         let id = self.id_for(address)?;
         let key = (address, request.kind);
         let entry_len = plan.patch_offset + plan.overwritten_len;
+        // A session that follows calls through pointers wants its recording hooks in
+        // front of copies that check them, once for each function.
+        let checks_pointers = self.follows_pointers.contains(&owner)
+            && matches!(request.kind, Hook::Record | Hook::RecordRoot);
+        let checked = self.pointer_checked.get(&address).cloned();
         let reusable = self
             .trampolines
             .get(&key)
             .filter(|t| t.entry_bytes == code[..entry_len] && t.plan == plan)
+            .filter(|t| match &checked {
+                Some(Some(copy)) => !checks_pointers || copy.body == t.body,
+                Some(None) => true,
+                None => !checks_pointers,
+            })
             .cloned();
         let trampoline = match reusable {
             Some(trampoline) => trampoline,
             None => {
-                let trampoline = self.build_trampoline(address, &code, plan, id, request.kind)?;
+                let has_pad = pad_address.is_some();
+                let copy = checks_pointers
+                    .then(|| {
+                        pointer_checked(
+                            self,
+                            address,
+                            request.size,
+                            id,
+                            request.kind,
+                            &plan,
+                            has_pad,
+                        )
+                    })
+                    .flatten();
+                let trampoline = match copy {
+                    Some(trampoline) => trampoline,
+                    None => self.build_trampoline(address, &code, plan, id, request.kind)?,
+                };
                 self.trampolines.insert(key, trampoline.clone());
                 trampoline
             }

@@ -7,7 +7,7 @@ use crate::code::entry_plan::EntryPlan;
 use crate::code::padding::PAD_LEN;
 use crate::sys::code_memory::CodeArena;
 use crate::sys::error::AgentError;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use tendril_wire::Hook;
 
 /// Most bytes an entry patch writes (a 6-byte `call [rip+x]` replaced by a thunk call).
@@ -80,6 +80,21 @@ pub struct Engine {
     /// Function address → the counting copy put behind its recording hook, while the
     /// site still leads there (`function_copies::install_behind_hook`).
     pub(in crate::patching) copies_behind: HashMap<u64, CopyBehind>,
+    /// Sessions whose recording hooks go on copies that check calls through pointers
+    /// (`patcher::follow_pointers`).
+    pub(in crate::patching) follows_pointers: HashSet<u64>,
+    /// Function address → its copy with pointer checks, or `None` when it has none
+    /// (no call through a pointer, or a copy refused), for every function a session
+    /// that follows pointers has patched (`function_copies::pointer_checked_trampoline`).
+    pub(in crate::patching) pointer_checked: HashMap<u64, Option<PointerChecked>>,
+}
+
+/// A function's copy with pointer checks: its size (to copy it again behind another
+/// hook) and the copy's address.
+#[derive(Debug, Clone)]
+pub struct PointerChecked {
+    pub size: u64,
+    pub body: u64,
 }
 
 /// A counting copy behind a recording hook: the hook that leads to it, what the

@@ -10,8 +10,9 @@
 //! its exit as usual, and a switch back reuses the first one. The site's original bytes
 //! do not change, so a restore puts back exactly what it would have before.
 
+use super::function_copies;
 use super::patch_protocol;
-use super::patcher::prepare;
+use super::readiness::prepare;
 use super::sites::Engine;
 use super::state::engine;
 use crate::code::entry_plan::PatchStyle;
@@ -95,10 +96,11 @@ impl Engine {
             ));
         }
         let plan_style = site.trampoline.plan.style;
-        let (plan, id, entry_bytes) = (
+        let (plan, id, entry_bytes, has_pad) = (
             site.trampoline.plan.clone(),
             site.id,
             site.trampoline.entry_bytes.clone(),
+            site.pad.is_some(),
         );
         let key = (address, kind);
         let trampoline = match self.trampolines.get(&key) {
@@ -113,7 +115,23 @@ impl Engine {
                         "its code changed since it was patched".into(),
                     ));
                 }
-                let built = self.build_trampoline(address, &code, plan, id, kind)?;
+                let built = match self.pointer_checked.get(&address) {
+                    // Its calls through pointers stay checked behind the new hook.
+                    Some(Some(copy)) => {
+                        let size = copy.size;
+                        function_copies::pointer_checked_trampoline(
+                            self, address, size, id, kind, &plan, has_pad,
+                        )
+                        .ok_or_else(|| {
+                            AgentError::Refused(
+                                "its copy that checks calls through pointers cannot go \
+                                 behind the other hook"
+                                    .into(),
+                            )
+                        })?
+                    }
+                    _ => self.build_trampoline(address, &code, plan, id, kind)?,
+                };
                 if kind == Hook::RecordRootOutermost {
                     let Some(root_hook) = timed_root_hook else {
                         return Err(AgentError::Refused("its timed hook is gone".into()));

@@ -25,12 +25,14 @@
 //! signals blocked (a handler cannot re-enter it), using only the agent's allocator and
 //! locks only agent code takes.
 
+use crate::hooks::pointer_checks;
 use crate::hooks::slow_call::SavedRegisters;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::discoverer;
 use crate::runtime::discovery_turn::{DiscoveryTurn, Turn, turn_to_discover};
 use crate::runtime::recording;
 use crate::runtime::state::{DiscoveryContext, STATE};
+use crate::runtime::table_lookup::{FreshTable, read_pointer, resolve};
 use crate::runtime::thread_state::StatePtr;
 use crate::runtime::thread_state::with_own_state;
 use crate::sys;
@@ -41,9 +43,7 @@ use std::collections::HashSet;
 use tendril_callgraph::callees;
 use tendril_wire::Hook;
 use tendril_wire::events::{Event, EventKind};
-use tendril_wire::function_table::{
-    FLAG_ADDRESS_TAKEN, FLAG_EXCLUDED, FLAG_PLT, FunctionEntry, FunctionTable,
-};
+use tendril_wire::function_table::{FLAG_ADDRESS_TAKEN, FunctionEntry, FunctionTable};
 use tendril_wire::rings::header;
 
 /// How far around a callee to look for code that might branch into its entry.
@@ -52,21 +52,33 @@ const NEIGHBOURHOOD: u64 = 4096;
 const MAX_BODY: u64 = 1 << 20;
 
 /// Starts discovery for a recording of `session`.
-pub fn start(session: u64, table: Vec<u8>, discover_callees: bool) -> Result<(), AgentError> {
+pub fn start(
+    session: u64,
+    table: Vec<u8>,
+    discover_callees: bool,
+    follow_pointers: bool,
+) -> Result<(), AgentError> {
     FunctionTable::parse(&table).ok_or_else(|| {
         AgentError::Request("the function table is not a tendril function table".into())
     })?;
     let (table_code, table_unloads) = loaded_now();
-    *STATE.discovery.lock().unwrap_or_else(|p| p.into_inner()) = Some(DiscoveryContext {
+    let mut discovery = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
+    *discovery = Some(DiscoveryContext {
         session,
         table,
         discover_callees,
         refused: Vec::new(),
         indirect_sites: HashSet::new(),
         followed_sites: HashSet::new(),
+        follow_pointers,
+        pointer_targets: HashSet::new(),
         table_code,
         table_unloads,
     });
+    // Under the discovery's lock, as every write of the table of pointer targets.
+    pointer_checks::forget_all();
+    drop(discovery);
+    patcher::follow_pointers(session, follow_pointers && discover_callees);
     Ok(())
 }
 
@@ -83,6 +95,9 @@ pub fn update_table(session: u64, table: Vec<u8>) -> Result<u64, String> {
         Some(context) if context.session == session => {
             context.table = table;
             (context.table_code, context.table_unloads) = (table_code, table_unloads);
+            // A library loaded where another was may hold other functions at the
+            // targets the checks passed: each is met again.
+            pointer_checks::forget_all();
             Ok(functions)
         }
         _ => Err("this session is not recording".into()),
@@ -95,40 +110,19 @@ fn loaded_now() -> (Vec<LoadedCode>, u64) {
     loaded_modules::with_modules_held(|modules| (loaded_modules::loaded_code(), modules.unloads))
 }
 
-/// Which of the table's addresses still hold what the table says: all of them while
-/// no library has been unloaded since the table came; otherwise those in a library
-/// loaded then and loaded now in the same place (a library unloaded since, maybe with
-/// another loaded where it was, is not the code the table describes).
-struct FreshTable<'a> {
-    then: &'a [LoadedCode],
-    now: Option<Vec<LoadedCode>>,
-}
-
-impl FreshTable<'_> {
-    fn holds(&self, address: u64) -> bool {
-        let Some(now) = &self.now else {
-            return true;
-        };
-        let within = |code: &&LoadedCode| (code.start..code.end).contains(&address);
-        match (self.then.iter().find(within), now.iter().find(within)) {
-            (Some(then), Some(now)) => then == now,
-            // Code no library holds (the table has only libraries' functions).
-            _ => false,
-        }
-    }
-}
-
 /// Ends discovery; returns the functions that could not be patched, with the reason.
 pub fn stop() -> Vec<(u64, String)> {
     // (A root refused its hook is still listed.)
     lock_discovered_ahead().clear();
-    STATE
+    let context = STATE
         .discovery
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .take()
-        .map(|context| context.refused)
-        .unwrap_or_default()
+        .take();
+    if let Some(context) = &context {
+        patcher::follow_pointers(context.session, false);
+    }
+    context.map(|context| context.refused).unwrap_or_default()
 }
 
 /// Where a recording hook's slow path finds the function's return address: above the
@@ -209,7 +203,7 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
 const DISCOVERY_STACK_BYTES: usize = 1 << 20;
 
 /// The top of the thread's discovery stack, mapped on first use.
-fn agent_stack(state: StatePtr) -> Option<u64> {
+pub(super) fn agent_stack(state: StatePtr) -> Option<u64> {
     let top = state.discovery_stack();
     if top.load(std::sync::atomic::Ordering::Relaxed) == 0 {
         // SAFETY: an anonymous private mapping with no address hint has no
@@ -289,6 +283,20 @@ core::arch::global_asm!(
     ".size tendril_call_on_stack, . - tendril_call_on_stack",
     ".popsection",
 );
+
+/// Runs `function(argument)` on the stack whose top is `stack_top` (16-byte aligned).
+///
+/// # Safety
+/// `stack_top` is the top of a mapping of this thread's own, large enough for
+/// `function`, which must not unwind.
+pub(super) unsafe fn call_on_stack(
+    argument: *mut libc::c_void,
+    function: extern "C" fn(*mut libc::c_void),
+    stack_top: u64,
+) {
+    // SAFETY: the caller's promise.
+    unsafe { tendril_call_on_stack(argument, function, stack_top) }
+}
 
 unsafe extern "C" {
     fn tendril_call_on_stack(
@@ -401,10 +409,7 @@ fn instrument_callees(
     let Some(table) = FunctionTable::parse(&context.table) else {
         return;
     };
-    let fresh = FreshTable {
-        then: &context.table_code,
-        now: (unloads != context.table_unloads).then(loaded_modules::loaded_code),
-    };
+    let fresh = FreshTable::new(&context.table_code, context.table_unloads, unloads);
     let mut callees: Vec<FunctionEntry> = Vec::new();
     let mut indirect_sites = 0;
     for &address in functions {
@@ -451,7 +456,7 @@ fn instrument_callees(
 }
 
 /// Patches `callees`; returns the ones refused, with the reason.
-fn patch_callees(
+pub(super) fn patch_callees(
     session: u64,
     table: &FunctionTable,
     callees: &[FunctionEntry],
@@ -548,38 +553,6 @@ fn indirect_call_before(return_address: u64) -> Option<u64> {
     let start = return_address.checked_sub(code.len() as u64)?;
     code_memory::read_code(start, &mut code).ok()?;
     callees::indirect_call_ending_at(&code, return_address)
-}
-
-/// The function a branch to `target` enters: a function of the table that starts
-/// there, with PLT stubs followed to where they lead. `None` for the loader, the vDSO,
-/// the agent itself, or an address that starts no known function.
-fn resolve(target: u64, table: &FunctionTable) -> Option<FunctionEntry> {
-    let entry = table.starting_at(target)?;
-    let entry = if entry.flags & FLAG_PLT != 0 {
-        let bound = plt_destination(&entry).and_then(|d| table.starting_at(d));
-        match bound.filter(|b| b.flags & FLAG_PLT == 0) {
-            Some(bound) => bound,
-            None if entry.target != 0 => table.starting_at(entry.target)?,
-            None => return None,
-        }
-    } else {
-        entry
-    };
-    let excluded = entry.flags & (FLAG_EXCLUDED | FLAG_PLT) != 0 || entry.size == 0;
-    (!excluded && !crate::sys::own_code::is_agent_code(entry.start)).then_some(entry)
-}
-
-/// Where a PLT stub jumps now: the pointer in its GOT slot.
-fn plt_destination(stub: &FunctionEntry) -> Option<u64> {
-    let mut code = vec![0u8; stub.size.clamp(1, 32) as usize];
-    code_memory::read_code(stub.start, &mut code).ok()?;
-    callees::plt_slot(&code, stub.start).and_then(read_pointer)
-}
-
-fn read_pointer(address: u64) -> Option<u64> {
-    let mut word = [0u8; 8];
-    code_memory::read_code(address, &mut word).ok()?;
-    Some(u64::from_le_bytes(word))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Layer 5, the runtime: what runs on the target's threads and keeps the data.
 //!
 //! Per-thread state and its registration (`thread_state`), shadow stacks of return
-//! addresses (`shadow`), event rings (`recording`), Scheme B discovery (`discovery`, made by a raised thread of the agent's when it can: `discoverer`),
+//! addresses (`shadow`), event rings (`recording`), Scheme B discovery (`discovery`, made by a raised thread of the agent's when it can: `discoverer`; calls through pointers met by the copies' checks: `pointer_targets`),
 //! calibration of the hooks' cost (`calibration`, at the start, and `in_situ`, on the
 //! target's threads while the recording runs), counters (`counting`), taking return
 //! hooks out of live frames (`retire`, `lingering`) and the agent's own threads
@@ -14,12 +14,14 @@ pub mod discovery;
 mod discovery_turn;
 pub mod in_situ;
 pub mod lingering;
+pub mod pointer_targets;
 pub mod recording;
 pub mod retire;
 pub mod ring_memory;
 pub mod ring_segments;
 pub mod shadow;
 mod state;
+mod table_lookup;
 pub mod thread_state;
 pub mod threads;
 pub mod untimed_table;
@@ -44,6 +46,7 @@ pub fn install() {
         ring_space: in_situ::ring_space,
         untimed_miss: untimed_table::untimed_miss,
         discover: discovery::discover,
+        pointer_target: pointer_targets::target_met,
         invoked_table: recording::invoked_table,
         generation_word: recording::generation_word,
         unwinder_starts: shadow::unwinder_starts,

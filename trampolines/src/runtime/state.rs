@@ -125,6 +125,10 @@ pub struct DiscoveryContext {
     /// instrumented function for the first time.
     pub indirect_sites: HashSet<u64>,
     pub followed_sites: HashSet<u64>,
+    /// Follow calls through pointers from the call graph (`pointer_targets`), and the
+    /// targets they reached so far.
+    pub follow_pointers: bool,
+    pub pointer_targets: HashSet<u64>,
     /// The libraries' code when the table came, and the loader's count of unloaded
     /// libraries then: once a library has gone, the table's functions are used only
     /// where the same library is still loaded (see `discovery`).

@@ -98,6 +98,7 @@ impl<'a> Plan<'a> {
             counters,
             pending: Vec::new(),
             taken_stubs: Vec::new(),
+            carried_label: None,
         };
         // Each call's first code, before block 0's label (which loops may jump to).
         let entry = assembly.counters.entry(assembly.labels);
@@ -149,11 +150,29 @@ struct Assembly<'p, 'a, 'c> {
     counters: &'c mut dyn CounterCode,
     pending: Vec<Pending>,
     taken_stubs: Vec<TakenStub>,
+    /// A label whose code was empty, for the next instruction.
+    carried_label: Option<u64>,
 }
 
 impl Assembly<'_, '_, '_> {
-    /// Inserted code; its first instruction takes `first_label` when there is one.
+    /// Inserted code; its first instruction takes `first_label` when there is one. When
+    /// there is no code (a copy without counters), the label goes to whatever
+    /// instruction comes next.
     fn emit(&mut self, inserted: Inserted, first_label: Option<u64>, row_of: u64) {
+        if inserted.instructions.is_empty() {
+            if let Some(label) = first_label {
+                self.carry_label(label, row_of);
+            }
+            return;
+        }
+        let first_label = match (first_label, self.carried_label.take()) {
+            (Some(label), Some(kept)) => {
+                self.carried_label = Some(kept);
+                self.carry_label(label, row_of);
+                self.carried_label.take()
+            }
+            (label, kept) => label.or(kept),
+        };
         for (k, (mut instruction, extra)) in inserted
             .instructions
             .into_iter()
@@ -174,9 +193,31 @@ impl Assembly<'_, '_, '_> {
         }
     }
 
+    /// Keeps `label` for the next instruction. A label already kept goes on a `nop` of
+    /// its own first (two empty pieces of code in a row).
+    fn carry_label(&mut self, label: u64, row_of: u64) {
+        if let Some(kept) = self.carried_label.replace(label) {
+            let mut nop = Instruction::with(Code::Nopd);
+            nop.set_ip(kept);
+            self.pending.push(Pending {
+                instruction: nop,
+                original: None,
+                row_of,
+                extra_stack: 0,
+            });
+        }
+    }
+
+    /// The label of the next instruction: the one kept for it, or a fresh one.
+    fn next_label(&mut self) -> u64 {
+        self.carried_label
+            .take()
+            .unwrap_or_else(|| self.labels.create())
+    }
+
     fn jump(&mut self, to: u64, row_of: u64) -> Result<(), CopyRefusal> {
         let mut instruction = Instruction::with_branch(Code::Jmp_rel32_64, to).map_err(encoding)?;
-        instruction.set_ip(self.labels.create());
+        instruction.set_ip(self.next_label());
         self.pending.push(Pending {
             instruction,
             original: None,
@@ -227,7 +268,13 @@ impl Assembly<'_, '_, '_> {
         if original == last_instruction(block) {
             self.exit(index, block, &mut instruction);
         }
-        instruction.set_ip(self.labels.create());
+        if is_through_pointer(&instruction, block, original) {
+            let check = self
+                .counters
+                .through_pointer(original, &instruction, self.labels);
+            self.emit(check, None, original);
+        }
+        instruction.set_ip(self.next_label());
         self.pending.push(Pending {
             instruction,
             original: Some(original),
@@ -389,6 +436,35 @@ fn taken_live(taken: Successor, live: &[bool]) -> bool {
     match taken {
         Successor::Block(index) => live[index],
         Successor::Leaves(_) => false,
+    }
+}
+
+/// The original addresses of `graph`'s calls and tail jumps through pointers (those
+/// [`CounterCode::through_pointer`] is asked about), in address order.
+pub(super) fn pointer_sites(graph: &ControlFlowGraph, code: &FunctionBytes) -> Vec<u64> {
+    let mut sites = Vec::new();
+    for block in &graph.blocks {
+        let bytes = code.slice(block.start, block.end);
+        for instruction in Decoder::with_ip(64, bytes, block.start, DecoderOptions::NONE) {
+            if is_through_pointer(&instruction, block, instruction.ip()) {
+                sites.push(instruction.ip());
+            }
+        }
+    }
+    sites.sort_unstable();
+    sites
+}
+
+/// Whether `instruction` (at `original` in `block`) calls through a pointer, or leaves
+/// the function by a jump through one (a jump through a switch's table stays inside).
+fn is_through_pointer(instruction: &Instruction, block: &Block, original: u64) -> bool {
+    match instruction.code() {
+        Code::Call_rm64 => true,
+        Code::Jmp_rm64 => {
+            original == last_instruction(block)
+                && matches!(block.exit, BlockExit::ThroughPointer { .. })
+        }
+        _ => false,
     }
 }
 

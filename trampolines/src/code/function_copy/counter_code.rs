@@ -1,8 +1,10 @@
 //! What a function's copy asks of the code it inserts (`hooks::edge_counters`,
-//! `hooks::path_register`): a counter per site, the code each call runs first, the code
-//! on each edge, and a landing pad's own entry.
+//! `hooks::path_register`, `hooks::pointer_checks`): a counter per site, the code each
+//! call runs first, the code on each edge, a landing pad's own entry, and the code
+//! before each call or tail jump through a pointer.
 
 use super::{Inserted, Labels};
+use iced_x86::Instruction;
 
 /// The machine code of counters, and of the path register.
 ///
@@ -48,6 +50,21 @@ pub trait CounterCode {
         _edge: usize,
         _flags_live: bool,
         _row_of: u64,
+        _labels: &mut Labels,
+    ) -> Inserted {
+        Inserted::default()
+    }
+
+    /// The code that runs just before `instruction`, the call or tail jump through a
+    /// pointer at original address `site` (`call rax`, `call [rax+0x18]`, a `jmp` of
+    /// the same kinds that leaves the function). The flags are not live there (a
+    /// callee gets them undefined), and the row of `site` applies. The code may read
+    /// the instruction's operand: every register still holds what the instruction
+    /// will use.
+    fn through_pointer(
+        &mut self,
+        _site: u64,
+        _instruction: &Instruction,
         _labels: &mut Labels,
     ) -> Inserted {
         Inserted::default()

@@ -13,58 +13,75 @@ const BASE: u64 = 0x40_1000;
 /// a wrong liveness answer shows as a wrong result.
 struct TestCounters {
     cells: Box<[u64]>,
+    /// Counts the calls through pointers (in `through_pointer`'s code).
+    pointer_calls: Box<u64>,
+    /// No block or edge counters at all: every counter's code is empty.
+    no_counters: bool,
 }
 
 impl TestCounters {
     fn new(count: usize) -> TestCounters {
         TestCounters {
             cells: vec![0u64; count].into_boxed_slice(),
+            pointer_calls: Box::new(0),
+            no_counters: false,
         }
     }
 }
 
 impl CounterCode for TestCounters {
     fn counter(&mut self, index: usize, flags_live: bool, _: &mut Labels) -> Inserted {
-        let cell = &self.cells[index] as *const u64 as u64;
-        let mut inserted = Inserted::default();
-        let mut push = |instruction: Instruction, extra: u32| {
-            inserted.instructions.push(instruction);
-            inserted.extra_stack.push(extra);
-        };
-        let below = |d: i64| MemoryOperand::with_base_displ(Register::RSP, d);
-        push(
-            Instruction::with2(Code::Lea_r64_m, Register::RSP, below(-128)).unwrap(),
-            0,
-        );
-        push(
-            Instruction::with1(Code::Push_r64, Register::RAX).unwrap(),
-            128,
-        );
-        if flags_live {
-            push(Instruction::with(Code::Pushfq), 136);
+        if self.no_counters {
+            return Inserted::default();
         }
-        let depth = if flags_live { 144 } else { 136 };
-        push(
-            Instruction::with2(Code::Mov_r64_imm64, Register::RAX, cell).unwrap(),
-            depth,
-        );
-        let mut increment =
-            Instruction::with1(Code::Inc_rm64, MemoryOperand::with_base(Register::RAX)).unwrap();
-        increment.set_has_lock_prefix(true);
-        push(increment, depth);
-        if flags_live {
-            push(Instruction::with(Code::Popfq), 144);
-        }
-        push(
-            Instruction::with1(Code::Pop_r64, Register::RAX).unwrap(),
-            136,
-        );
-        push(
-            Instruction::with2(Code::Lea_r64_m, Register::RSP, below(128)).unwrap(),
-            128,
-        );
-        inserted
+        increment_code(&self.cells[index] as *const u64 as u64, flags_live)
     }
+
+    fn through_pointer(&mut self, _: u64, _: &Instruction, _: &mut Labels) -> Inserted {
+        increment_code(&*self.pointer_calls as *const u64 as u64, false)
+    }
+}
+
+/// `lock inc` of the word at `cell`, the flags saved when `flags_live`.
+fn increment_code(cell: u64, flags_live: bool) -> Inserted {
+    let mut inserted = Inserted::default();
+    let mut push = |instruction: Instruction, extra: u32| {
+        inserted.instructions.push(instruction);
+        inserted.extra_stack.push(extra);
+    };
+    let below = |d: i64| MemoryOperand::with_base_displ(Register::RSP, d);
+    push(
+        Instruction::with2(Code::Lea_r64_m, Register::RSP, below(-128)).unwrap(),
+        0,
+    );
+    push(
+        Instruction::with1(Code::Push_r64, Register::RAX).unwrap(),
+        128,
+    );
+    if flags_live {
+        push(Instruction::with(Code::Pushfq), 136);
+    }
+    let depth = if flags_live { 144 } else { 136 };
+    push(
+        Instruction::with2(Code::Mov_r64_imm64, Register::RAX, cell).unwrap(),
+        depth,
+    );
+    let mut increment =
+        Instruction::with1(Code::Inc_rm64, MemoryOperand::with_base(Register::RAX)).unwrap();
+    increment.set_has_lock_prefix(true);
+    push(increment, depth);
+    if flags_live {
+        push(Instruction::with(Code::Popfq), 144);
+    }
+    push(
+        Instruction::with1(Code::Pop_r64, Register::RAX).unwrap(),
+        136,
+    );
+    push(
+        Instruction::with2(Code::Lea_r64_m, Register::RSP, below(128)).unwrap(),
+        128,
+    );
+    inserted
 }
 
 /// A function assembled at `BASE`, its graph, and a copy of it mapped and ready.
@@ -77,6 +94,15 @@ struct Copied {
 }
 
 fn copy_of(assemble: impl FnOnce(&mut CodeAssembler), code_len: Option<usize>) -> Copied {
+    copy_with(assemble, code_len, false)
+}
+
+/// [`copy_of`], with no block or edge counters when `no_counters`.
+fn copy_with(
+    assemble: impl FnOnce(&mut CodeAssembler),
+    code_len: Option<usize>,
+    no_counters: bool,
+) -> Copied {
     let mut a = CodeAssembler::new(64).unwrap();
     assemble(&mut a);
     let bytes = a.assemble(BASE).unwrap();
@@ -96,6 +122,7 @@ fn copy_of(assemble: impl FnOnce(&mut CodeAssembler), code_len: Option<usize>) -
     let code = &bytes[..code_len.unwrap_or(bytes.len())];
     let graph = ControlFlowGraph::build(BASE, code, &read).unwrap();
     let mut counters = TestCounters::new(counter_sites(&graph).len());
+    counters.no_counters = no_counters;
     let memory = Mapped::new(1 << 16);
     let copy = build(
         &graph,
@@ -370,4 +397,60 @@ fn pic_switch_runs(cases: usize) {
         "the bound check sends 2 ops per round to default"
     );
     drop(memory);
+}
+
+extern "C" fn add_three(x: u64) -> u64 {
+    x + 3
+}
+
+#[test]
+fn calls_through_pointers_run_their_check_first_in_a_copy_without_counters() {
+    // f(n, g): x = 0; n times x = g(x) — once through a register, once through a
+    // pointer kept on the stack, the loop's labels on blocks whose counters are empty.
+    for through_stack in [false, true] {
+        let copied = copy_with(
+            |a| {
+                let mut head = a.create_label();
+                let mut done = a.create_label();
+                a.push(rbx).unwrap();
+                a.push(r13).unwrap();
+                a.sub(rsp, 8).unwrap();
+                a.mov(qword_ptr(rsp), rsi).unwrap();
+                a.mov(rbx, rdi).unwrap();
+                a.xor(r13d, r13d).unwrap();
+                a.set_label(&mut head).unwrap();
+                a.test(rbx, rbx).unwrap();
+                a.je(done).unwrap();
+                a.mov(rdi, r13).unwrap();
+                if through_stack {
+                    a.call(qword_ptr(rsp)).unwrap();
+                } else {
+                    a.mov(rax, qword_ptr(rsp)).unwrap();
+                    a.call(rax).unwrap();
+                }
+                a.mov(r13, rax).unwrap();
+                a.dec(rbx).unwrap();
+                a.jmp(head).unwrap();
+                a.set_label(&mut done).unwrap();
+                a.mov(rax, r13).unwrap();
+                a.add(rsp, 8).unwrap();
+                a.pop(r13).unwrap();
+                a.pop(rbx).unwrap();
+                a.ret().unwrap();
+            },
+            None,
+            true,
+        );
+        let g = add_three as extern "C" fn(u64) -> u64 as usize as u64;
+        for n in [0u64, 1, 7] {
+            assert_eq!(
+                (copied.entry)(n, g),
+                3 * n,
+                "through the stack: {through_stack}"
+            );
+        }
+        // SAFETY: the copy's `lock inc`s are done; a volatile read sees them.
+        let checks = unsafe { std::ptr::read_volatile(&*copied.counters.pointer_calls) };
+        assert_eq!(checks, 8, "one check per call through the pointer");
+    }
 }

@@ -94,6 +94,7 @@ fn profiled_behind(gate: Gate, assemble: impl FnOnce(&mut CodeAssembler, u64)) -
         }),
         gate,
         calls_id: (gate == Gate::InCallGraph).then_some(calls_id),
+        pointers: None,
     };
     let copy = Mapped::new(1 << 16);
     let code = FunctionBytes::new(original.address, &bytes);

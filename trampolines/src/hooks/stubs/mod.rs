@@ -61,6 +61,19 @@ fn handlers() -> &'static Handlers {
         .expect("build() checks that the handlers are installed")
 }
 
+/// Where a pointer check's slow path goes (`pointer_checks`), once the handlers are
+/// installed.
+pub fn pointer_slow_path() -> Result<crate::hooks::pointer_checks::SlowPath, AgentError> {
+    let handlers = STATE
+        .handlers
+        .get()
+        .ok_or(AgentError::HandlersNotInstalled)?;
+    Ok(crate::hooks::pointer_checks::SlowPath {
+        handler: handlers.pointer_target as usize as u64,
+        slow_call: slow_call::address(),
+    })
+}
+
 /// Room for one trampoline (body + hook); checked when the code is built.
 pub const TRAMPOLINE_BYTES: u64 = 1024;
 /// Registers the return hook pushes below the return-address slot.

@@ -8,7 +8,7 @@ use crate::code::copy_unwind::{self, OriginalUnwind};
 use crate::code::entry_plan::{EntryPlan, SHORT_PATCH_LEN};
 use crate::code::function_copy::{self, CounterSite, FunctionCopy};
 use crate::code::lsda::Lsda;
-use crate::hooks::edge_counters::{EdgeCounters, Gate};
+use crate::hooks::edge_counters::{EdgeCounters, Gate, PointerSites};
 use crate::hooks::path_register::{MAX_PATH_NUMBER, PathRegister};
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::patching::patch_protocol::Trampoline;
@@ -45,10 +45,24 @@ pub(super) struct Counted {
     paths: Result<PathLayout, String>,
     /// Behind a recording hook: the calls counter, and only the call graph's calls count.
     calls_counter: Option<u32>,
+    /// The calls and tail jumps through pointers checked (original addresses, sorted).
+    pointer_sites: Vec<u64>,
     /// Its exception tables, which the copy gets a version of.
     lsda: Option<Lsda>,
     /// Each landing pad's block and the number a path starting there begins with.
     pad_starts: Vec<(usize, u64)>,
+}
+
+/// What a copy carries.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CopyOptions {
+    /// A counter per block and edge (`tendril edges`, the live view's code).
+    pub(super) counters: bool,
+    pub(super) count_paths: bool,
+    /// Behind a recording hook: the calls counter.
+    pub(super) calls_counter: Option<u32>,
+    /// Checks before the calls through pointers (a recording that follows them).
+    pub(super) pointer_checks: bool,
 }
 
 /// A copy written to memory, inside its trampoline.
@@ -78,9 +92,14 @@ impl Counted {
         address: u64,
         size: u64,
         cold_parts: &[(u64, u64)],
-        count_paths: bool,
-        calls_counter: Option<u32>,
+        options: CopyOptions,
     ) -> Result<Counted, AgentError> {
+        let CopyOptions {
+            counters,
+            count_paths,
+            calls_counter,
+            pointer_checks,
+        } = options;
         if size == 0 {
             return Err(AgentError::Refused(
                 "its size is unknown (no symbol size and no unwind information)".into(),
@@ -124,19 +143,26 @@ impl Counted {
         let graph = ControlFlowGraph::build_with_entries(&bytes, &read, &pads)
             .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
         let sites = function_copy::counter_sites(&graph);
-        if sites.len() > MAX_COUNTERS {
+        if counters && sites.len() > MAX_COUNTERS {
             return Err(AgentError::Refused(format!(
                 "it needs {} counters, more than the {MAX_COUNTERS} tendril gives one function",
                 sites.len()
             )));
         }
-        let ids = counter_ids(engine, address, 0..sites.len())?;
+        let ids = match counters {
+            true => counter_ids(engine, address, 0..sites.len())?,
+            false => Vec::new(),
+        };
+        let pointer_sites = match pointer_checks {
+            true => function_copy::pointer_sites(&graph, &bytes),
+            false => Vec::new(),
+        };
         // The pads' blocks, in the pads' (address) order, as the controller finds them.
         let pad_blocks: Vec<usize> = (pads.iter())
             .filter_map(|&pad| graph.blocks.iter().position(|block| block.start == pad))
             .collect();
         let numbering = match &unwind {
-            _ if !count_paths => Err("not asked for (--no-paths)".to_string()),
+            _ if !(counters && count_paths) => Err("not asked for (--no-paths)".to_string()),
             Some(frames) if PathRegister::frames_suffice(frames) => {
                 path_numbering(&graph, &pad_blocks)
             }
@@ -169,7 +195,14 @@ impl Counted {
             actions,
             paths,
             calls_counter,
+            pointer_sites,
         })
+    }
+
+    /// Whether the function calls or tail-jumps through a pointer anywhere the copy
+    /// checks.
+    pub(super) fn has_pointer_sites(&self) -> bool {
+        !self.pointer_sites.is_empty()
     }
 
     /// Builds the copy behind a `kind` hook for function `id`, for an entry patched as
@@ -212,6 +245,13 @@ impl Counted {
                 }),
             gate,
             calls_id: self.calls_counter,
+            pointers: match self.pointer_sites.is_empty() {
+                true => None,
+                false => Some(PointerSites {
+                    sites: &self.pointer_sites,
+                    slow: stubs::pointer_slow_path()?,
+                }),
+            },
         };
         // A first copy, anywhere in reach, says how much room the real one needs.
         let trial = function_copy::build(&self.graph, &self.bytes(), address, &mut counters)

@@ -1,0 +1,134 @@
+//! The check's code, assembled and read back: the target read as the call reads it,
+//! its slots in the table of targets compared, the slow path called with the site; and
+//! the table's own rules.
+
+use super::*;
+use iced_x86::{BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, Formatter};
+use iced_x86::{InstructionBlock, IntelFormatter};
+
+const AT: u64 = 0x7f00_0000_1000;
+const SLOW: SlowPath = SlowPath {
+    handler: 0x1111_2222_3333,
+    slow_call: 0x4444_5555_6666,
+};
+
+/// The original instruction `bytes`, decoded at `AT`.
+fn original(bytes: &[u8]) -> Instruction {
+    Decoder::with_ip(64, bytes, AT, DecoderOptions::NONE).decode()
+}
+
+fn disassemble(inserted: &Inserted) -> Vec<String> {
+    assert_eq!(inserted.instructions.len(), inserted.extra_stack.len());
+    let encoded = BlockEncoder::encode(
+        64,
+        InstructionBlock::new(&inserted.instructions, AT + 0x100),
+        BlockEncoderOptions::NONE,
+    )
+    .unwrap();
+    let mut formatter = IntelFormatter::new();
+    Decoder::with_ip(64, &encoded.code_buffer, AT + 0x100, DecoderOptions::NONE)
+        .into_iter()
+        .map(|instruction| {
+            let mut text = String::new();
+            formatter.format(&instruction, &mut text);
+            text
+        })
+        .collect()
+}
+
+fn check_of(bytes: &[u8]) -> Vec<String> {
+    let mut labels = Labels::new_for_tests();
+    disassemble(&check_code(AT, &original(bytes), SLOW, &mut labels))
+}
+
+#[test]
+fn a_call_through_a_register_reads_the_register_and_asks_the_runtime_about_a_new_target() {
+    // call rbx
+    let code = check_of(&[0xff, 0xd3]);
+    let text = code.join("\n");
+    assert_eq!(code[0], "lea rsp,[rsp-80h]", "{text}");
+    assert_eq!(code[1..4], ["push rax", "push rcx", "push rdx"], "{text}");
+    assert_eq!(code[4], "mov rax,rbx", "{text}");
+    let table = STATE.pointer_targets.as_ptr() as u64;
+    assert!(
+        text.contains(&format!("mov rdx,{table:X}h")),
+        "the table: {text}"
+    );
+    assert!(
+        text.contains("cmp rax,[rdx+rcx*8]"),
+        "the home slot: {text}"
+    );
+    assert!(
+        text.contains("cmp rax,[rdx+rcx*8+8]"),
+        "the next slot: {text}"
+    );
+    assert!(
+        text.contains(&format!("mov rdx,{AT:X}h")),
+        "the site: {text}"
+    );
+    assert!(text.contains("mov r11,111122223333h"), "{text}");
+    assert!(text.contains("mov rcx,444455556666h"), "{text}");
+    assert!(text.contains("call rcx"), "{text}");
+    assert_eq!(
+        code[code.len() - 4..],
+        ["pop rdx", "pop rcx", "pop rax", "lea rsp,[rsp+80h]"],
+        "{text}"
+    );
+    assert!(
+        !text.contains("lahf"),
+        "the flags are dead at a call: {text}"
+    );
+}
+
+#[test]
+fn a_stack_operand_is_read_where_the_stack_pointer_has_moved_to() {
+    // call qword ptr [rsp+8]
+    let code = check_of(&[0xff, 0x54, 0x24, 0x08]);
+    assert_eq!(code[4], "mov rax,[rsp+0A0h]", "{}", code.join("\n"));
+    // call qword ptr [rax+18h]: registers are read as they were
+    let code = check_of(&[0xff, 0x50, 0x18]);
+    assert_eq!(code[4], "mov rax,[rax+18h]", "{}", code.join("\n"));
+}
+
+#[test]
+fn a_rip_relative_operand_names_the_same_pointer_from_the_check() {
+    // call qword ptr [rip+0x2000], at AT: the pointer is at AT + 6 + 0x2000
+    let code = check_of(&[0xff, 0x15, 0x00, 0x20, 0x00, 0x00]);
+    let pointer = AT + 6 + 0x2000;
+    assert_eq!(
+        code[4],
+        format!("mov rax,[{pointer:X}h]"),
+        "{}",
+        code.join("\n")
+    );
+}
+
+#[test]
+fn an_operand_in_the_red_zone_or_the_stack_pointer_itself_is_not_checked() {
+    let mut labels = Labels::new_for_tests();
+    // call qword ptr [rsp-8]
+    let below = check_code(AT, &original(&[0xff, 0x54, 0x24, 0xf8]), SLOW, &mut labels);
+    assert!(below.instructions.is_empty());
+    // call rsp
+    let itself = check_code(AT, &original(&[0xff, 0xd4]), SLOW, &mut labels);
+    assert!(itself.instructions.is_empty());
+}
+
+#[test]
+fn a_target_is_found_past_its_home_slot_and_the_table_empties() {
+    // Three targets with one home slot, the table's second last (no other test uses
+    // it): that slot, the last and the guard slot after it.
+    let base = 0x7f00_0000_0000 | ((TABLE_SLOTS as u64 - 2) << 4);
+    let targets = [base, base + (1 << 36), base + (2 << 36)];
+    assert!(targets.iter().all(|&t| home(t) == home(base)));
+    for &target in &targets {
+        assert!(!is_followed(target));
+        assert!(follow(target));
+    }
+    assert!(targets.iter().all(|&t| is_followed(t)));
+    // Only the guard slot is left past them: a fourth of that home finds no room.
+    assert!(!follow(base + (3 << 36)));
+    assert!(follow(targets[1]), "a target already in is found");
+    forget_all();
+    assert!(targets.iter().all(|&t| !is_followed(t)));
+}
