@@ -8,36 +8,41 @@
 //! that first call is recorded, under its real caller. The targets followed are kept
 //! in one open-addressed table of the process ([`TABLE_SLOTS`] words, a target's home
 //! slot its address shifted right by 4), which the check probes at the home slot and
-//! the next one, so a site that calls one function or many costs the same:
+//! the next one, so a site that calls one function or many costs the same. The table
+//! is mapped in the first 2 GiB when it can be, so a probe names it with a 32-bit
+//! displacement, and the check needs only `r11` (free at a call: no argument travels
+//! in it, and a callee may clobber it) and `rcx`:
 //!
 //! ```text
-//! lea rsp,[rsp-128]            ; step over the red zone
-//! push rax / push rcx / push rdx
-//! mov rax, <the operand>       ; the target (an rsp-based operand is moved by 152)
-//! mov rcx,fs:[slot] ...        ; the thread's state; outside the call graph → done
-//! mov ecx, eax / shr ecx,4 / and ecx, TABLE_SLOTS-1
-//! mov rdx, table
-//! cmp rax,[rdx+rcx*8] / je done / cmp rax,[rdx+rcx*8+8] / je done
-//! push r11; mov rdx, site; mov r11, handler; mov rcx, tendril_slow_call; call rcx; pop r11
-//! done: pop rdx / pop rcx / pop rax / lea rsp,[rsp+128]
+//! push rcx
+//! mov r11, <the operand>       ; the target (an rsp-based operand is moved by 8)
+//! mov ecx,r11d / shr ecx,4 / and ecx, TABLE_SLOTS-1
+//! cmp r11,[rcx*8+table] / je done / cmp r11,[rcx*8+table+8] / je done
+//! push rax / push rdx / mov rax,r11
+//! mov rcx,fs:[slot] ...        ; the thread's state; outside the call graph → skip
+//! mov rdx, site; mov r11, handler; mov rcx, tendril_slow_call; call rcx
+//! skip: pop rdx / pop rax
+//! done: pop rcx
 //! call <the operand>           ; the original instruction
 //! ```
 //!
-//! The flags are not live before a call or a tail jump (a callee gets them undefined),
-//! so the check does not save them. The runtime writes the table (one writer at a
-//! time, under its discovery lock); the checks only read it.
+//! A table mapped higher, or an operand that uses `r11` itself, gets the long form:
+//! the red zone stepped over and `rax`, `rcx` and `rdx` saved, the table's address in
+//! `rdx`. The flags are not live before a call or a tail jump (a callee gets them
+//! undefined), so neither form saves them. The runtime writes the table (one writer at
+//! a time, under its discovery lock); the checks only read it.
 
 use super::inserted_code::{Gate, Sequence, fixed};
 use super::state::STATE;
 use crate::code::function_copy::{Inserted, Labels};
 use iced_x86::{Code, Instruction, MemoryOperand, OpKind, Register};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use super::state::POINTER_TABLE_SLOTS as TABLE_SLOTS;
 
-/// Bytes below the original stack pointer while the target is read: the red zone and
-/// the three saved registers.
-const READ_DEPTH: u32 = super::inserted_code::RED_ZONE + 24;
+/// Bytes below the original stack pointer while the long form reads the target: the
+/// red zone and the three saved registers.
+const LONG_READ_DEPTH: u32 = super::inserted_code::RED_ZONE + 24;
 
 /// Where the check's slow path goes: the runtime's handler (target in `rax`, the
 /// site's address in `rdx`) and `tendril_slow_call`, which saves and restores
@@ -53,10 +58,43 @@ fn home(target: u64) -> usize {
     (target as u32 >> 4) as usize & (TABLE_SLOTS - 1)
 }
 
+/// The table (one guard slot past [`TABLE_SLOTS`]), mapped on first use: in the first
+/// 2 GiB if it can be, else anywhere; `None` if no memory could be had.
+fn table() -> Option<&'static [AtomicU64]> {
+    let address = *STATE.pointer_table.get_or_init(map_table);
+    // SAFETY: a private anonymous mapping of TABLE_SLOTS + 1 words made by `map_table`
+    // and never unmapped; zeroed words are valid `AtomicU64`s.
+    (address != 0).then(|| unsafe {
+        std::slice::from_raw_parts(address as *const AtomicU64, TABLE_SLOTS + 1)
+    })
+}
+
+fn map_table() -> u64 {
+    let bytes = (TABLE_SLOTS + 1) * 8;
+    for low in [libc::MAP_32BIT, 0] {
+        // SAFETY: an anonymous private mapping with no address hint has no
+        // preconditions; the result is checked against MAP_FAILED.
+        let mapped = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | low,
+                -1,
+                0,
+            )
+        };
+        if mapped != libc::MAP_FAILED {
+            return mapped as u64;
+        }
+    }
+    0
+}
+
 /// Whether `target` is in the table (at any slot of its run, not only where the checks
 /// look).
 pub fn is_followed(target: u64) -> bool {
-    let table = &STATE.pointer_targets;
+    let Some(table) = table() else { return false };
     (home(target)..table.len())
         .map(|slot| table[slot].load(Ordering::Acquire))
         .take_while(|&held| held != 0)
@@ -66,7 +104,7 @@ pub fn is_followed(target: u64) -> bool {
 /// Puts `target` in the table, at the first free slot from its home; false if the
 /// table is full from there. One writer at a time (the caller's lock).
 pub fn follow(target: u64) -> bool {
-    let table = &STATE.pointer_targets;
+    let Some(table) = table() else { return false };
     for slot in &table[home(target)..] {
         match slot.load(Ordering::Acquire) {
             0 => {
@@ -83,7 +121,7 @@ pub fn follow(target: u64) -> bool {
 /// Empties the table: every target is met again (a new recording, or a library loaded
 /// where another was). One writer at a time (the caller's lock).
 pub fn forget_all() {
-    for slot in &STATE.pointer_targets {
+    for slot in table().unwrap_or_default() {
         if slot.load(Ordering::Relaxed) != 0 {
             slot.store(0, Ordering::Release);
         }
@@ -92,57 +130,125 @@ pub fn forget_all() {
 
 /// The check before `instruction`, a call or tail jump through a pointer at original
 /// address `site`. Empty for an operand the check cannot read (`call rsp`, an operand
-/// in the red zone below the stack pointer).
+/// in the red zone below the stack pointer) or when there is no table.
 pub fn check_code(
     site: u64,
     instruction: &Instruction,
     slow: SlowPath,
     labels: &mut Labels,
 ) -> Inserted {
-    let Some(read_target) = target_read(instruction, READ_DEPTH) else {
+    let Some(table) = table() else {
         return Inserted::default();
     };
+    let table = table.as_ptr() as u64;
+    let uses_r11 = [
+        instruction.op0_register(),
+        instruction.memory_base(),
+        instruction.memory_index(),
+    ]
+    .contains(&Register::R11);
+    match i32::try_from(table + 8) {
+        Ok(_) if !uses_r11 => short_check(site, instruction, table, slow, labels),
+        _ => long_check(site, instruction, table, slow, labels),
+    }
+    .unwrap_or_default()
+}
+
+/// The check with the table below 2 GiB (see the module comment).
+fn short_check(
+    site: u64,
+    instruction: &Instruction,
+    table: u64,
+    slow: SlowPath,
+    labels: &mut Labels,
+) -> Option<Inserted> {
+    let read_target = target_read(instruction, Register::R11, 8)?;
+    let mut code = Sequence {
+        gate: Gate::InCallGraph,
+        ..Sequence::default()
+    };
+    code.push(fixed(Instruction::with1(Code::Push_r64, Register::RCX)), 0);
+    code.push(read_target, 8);
+    let done = labels.create();
+    let slot = |extra: u64| {
+        MemoryOperand::new(Register::None, Register::RCX, 8, (table + extra) as i64, 4, false, Register::None)
+    };
+    let probe = [
+        Instruction::with2(Code::Mov_r32_rm32, Register::ECX, Register::R11D),
+        Instruction::with2(Code::Shr_rm32_imm8, Register::ECX, 4),
+        Instruction::with2(Code::And_rm32_imm32, Register::ECX, (TABLE_SLOTS - 1) as u32),
+        Instruction::with2(Code::Cmp_r64_rm64, Register::R11, slot(0)),
+        Instruction::with_branch(Code::Je_rel32_64, done),
+        Instruction::with2(Code::Cmp_r64_rm64, Register::R11, slot(8)),
+        Instruction::with_branch(Code::Je_rel32_64, done),
+        Instruction::with1(Code::Push_r64, Register::RAX),
+    ];
+    for instruction in probe {
+        code.push(fixed(instruction), 8);
+    }
+    code.push(fixed(Instruction::with1(Code::Push_r64, Register::RDX)), 16);
+    code.push(
+        fixed(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, Register::R11)),
+        24,
+    );
+    let skip = labels.create();
+    code.load_thread_state(24, skip);
+    slow_call(&mut code, site, slow, 24);
+    let mut pop_rdx = fixed(Instruction::with1(Code::Pop_r64, Register::RDX));
+    pop_rdx.set_ip(skip);
+    code.push(pop_rdx, 24);
+    code.push(fixed(Instruction::with1(Code::Pop_r64, Register::RAX)), 16);
+    let mut pop_rcx = fixed(Instruction::with1(Code::Pop_r64, Register::RCX));
+    pop_rcx.set_ip(done);
+    code.push(pop_rcx, 8);
+    Some(code.inserted)
+}
+
+/// The check with the table anywhere, or an operand that uses `r11`: the red zone
+/// stepped over, `rax`, `rcx` and `rdx` saved, the table's address in `rdx`.
+fn long_check(
+    site: u64,
+    instruction: &Instruction,
+    table: u64,
+    slow: SlowPath,
+    labels: &mut Labels,
+) -> Option<Inserted> {
+    let read_target = target_read(instruction, Register::RAX, LONG_READ_DEPTH)?;
     let mut code = Sequence {
         gate: Gate::InCallGraph,
         ..Sequence::default()
     };
     let saved = [Register::RAX, Register::RCX, Register::RDX];
     let depth = code.save(&saved);
-    debug_assert_eq!(depth, READ_DEPTH);
+    debug_assert_eq!(depth, LONG_READ_DEPTH);
     code.push(read_target, depth);
     let done = labels.create();
     code.load_thread_state(depth, done);
-    let table = STATE.pointer_targets.as_ptr() as u64;
     let slot = |extra: i64| {
-        MemoryOperand::new(
-            Register::RDX,
-            Register::RCX,
-            8,
-            extra,
-            1,
-            false,
-            Register::None,
-        )
+        MemoryOperand::new(Register::RDX, Register::RCX, 8, extra, 1, false, Register::None)
     };
     let probe = [
         Instruction::with2(Code::Mov_r32_rm32, Register::ECX, Register::EAX),
         Instruction::with2(Code::Shr_rm32_imm8, Register::ECX, 4),
-        Instruction::with2(
-            Code::And_rm32_imm32,
-            Register::ECX,
-            (TABLE_SLOTS - 1) as u32,
-        ),
+        Instruction::with2(Code::And_rm32_imm32, Register::ECX, (TABLE_SLOTS - 1) as u32),
         Instruction::with2(Code::Mov_r64_imm64, Register::RDX, table),
         Instruction::with2(Code::Cmp_r64_rm64, Register::RAX, slot(0)),
         Instruction::with_branch(Code::Je_rel32_64, done),
         Instruction::with2(Code::Cmp_r64_rm64, Register::RAX, slot(8)),
         Instruction::with_branch(Code::Je_rel32_64, done),
-        Instruction::with1(Code::Push_r64, Register::R11),
     ];
     for instruction in probe {
         code.push(fixed(instruction), depth);
     }
-    let slow_depth = depth + 8;
+    slow_call(&mut code, site, slow, depth);
+    code.restore(&saved, false, depth, done);
+    Some(code.inserted)
+}
+
+/// The call of the slow path, with the target in `rax`, `depth` bytes below the
+/// original stack pointer: `r11` saved around it (the long form's operand may be in it).
+fn slow_call(code: &mut Sequence, site: u64, slow: SlowPath, depth: u32) {
+    code.push(fixed(Instruction::with1(Code::Push_r64, Register::R11)), depth);
     let calls = [
         Instruction::with2(Code::Mov_r64_imm64, Register::RDX, site),
         Instruction::with2(Code::Mov_r64_imm64, Register::R11, slow.handler),
@@ -151,24 +257,18 @@ pub fn check_code(
         Instruction::with1(Code::Pop_r64, Register::R11),
     ];
     for instruction in calls {
-        code.push(fixed(instruction), slow_depth);
+        code.push(fixed(instruction), depth + 8);
     }
-    code.restore(&saved, false, depth, done);
-    code.inserted
 }
 
-/// `mov rax, <operand of instruction>`, read `depth` bytes below the original stack
+/// `mov into, <operand of instruction>`, read `depth` bytes below the original stack
 /// pointer; `None` when the operand cannot be read there.
-fn target_read(instruction: &Instruction, depth: u32) -> Option<Instruction> {
+fn target_read(instruction: &Instruction, into: Register, depth: u32) -> Option<Instruction> {
     match instruction.op0_kind() {
         OpKind::Register => {
             let register = instruction.op0_register();
             (register != Register::RSP).then(|| {
-                fixed(Instruction::with2(
-                    Code::Mov_r64_rm64,
-                    Register::RAX,
-                    register,
-                ))
+                fixed(Instruction::with2(Code::Mov_r64_rm64, into, register))
             })
         }
         OpKind::Memory => {
@@ -196,11 +296,7 @@ fn target_read(instruction: &Instruction, depth: u32) -> Option<Instruction> {
                 false,
                 instruction.segment_prefix(),
             );
-            Some(fixed(Instruction::with2(
-                Code::Mov_r64_rm64,
-                Register::RAX,
-                operand,
-            )))
+            Some(fixed(Instruction::with2(Code::Mov_r64_rm64, into, operand)))
         }
         _ => None,
     }

@@ -29,9 +29,9 @@ pub struct HooksState {
     pub xsave_area_bytes: AtomicU64,
     /// `slow_call::prepare` has sized the xsave area.
     pub xsave_sized: Once,
-    /// The targets of calls through pointers a recording follows, an open-addressed
-    /// table the pointer checks probe (`pointer_checks`; one guard slot at the end).
-    pub pointer_targets: [AtomicU64; POINTER_TABLE_SLOTS + 1],
+    /// The address of the table of the targets of calls through pointers a recording
+    /// follows (`pointer_checks`), mapped on first use; 0 if it could not be.
+    pub pointer_table: OnceLock<u64>,
 }
 
 /// The one instance.
@@ -41,5 +41,5 @@ pub static STATE: HooksState = HooksState {
     untimed_templates: Mutex::new([None, None, None, None]),
     xsave_area_bytes: AtomicU64::new(16 * 1024),
     xsave_sized: Once::new(),
-    pointer_targets: [const { AtomicU64::new(0) }; POINTER_TABLE_SLOTS + 1],
+    pointer_table: OnceLock::new(),
 };

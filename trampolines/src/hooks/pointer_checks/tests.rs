@@ -41,42 +41,56 @@ fn check_of(bytes: &[u8]) -> Vec<String> {
     disassemble(&check_code(AT, &original(bytes), SLOW, &mut labels))
 }
 
+/// The table's address, mapped (below 2 GiB here, as in a target).
+fn table_address() -> u64 {
+    let table = table().expect("the table maps").as_ptr() as u64;
+    assert!(table < 1 << 31, "MAP_32BIT gave {table:#x}");
+    table
+}
+
 #[test]
-fn a_call_through_a_register_reads_the_register_and_asks_the_runtime_about_a_new_target() {
+fn a_call_through_a_register_probes_the_table_and_asks_the_runtime_about_a_new_target() {
     // call rbx
     let code = check_of(&[0xff, 0xd3]);
     let text = code.join("\n");
-    assert_eq!(code[0], "lea rsp,[rsp-80h]", "{text}");
-    assert_eq!(code[1..4], ["push rax", "push rcx", "push rdx"], "{text}");
-    assert_eq!(code[4], "mov rax,rbx", "{text}");
-    let table = STATE.pointer_targets.as_ptr() as u64;
+    let table = table_address();
+    assert_eq!(code[..2], ["push rcx", "mov r11,rbx"], "{text}");
     assert!(
-        text.contains(&format!("mov rdx,{table:X}h")),
-        "the table: {text}"
-    );
-    assert!(
-        text.contains("cmp rax,[rdx+rcx*8]"),
+        text.contains(&format!("cmp r11,[rcx*8+{table:X}h]")),
         "the home slot: {text}"
     );
     assert!(
-        text.contains("cmp rax,[rdx+rcx*8+8]"),
+        text.contains(&format!("cmp r11,[rcx*8+{:X}h]", table + 8)),
         "the next slot: {text}"
     );
-    assert!(
-        text.contains(&format!("mov rdx,{AT:X}h")),
-        "the site: {text}"
-    );
+    assert!(text.contains("mov rax,r11"), "the target for the slow path: {text}");
+    assert!(text.contains("mov rcx,fs:["), "the call graph's gate: {text}");
+    assert!(text.contains(&format!("mov rdx,{AT:X}h")), "the site: {text}");
     assert!(text.contains("mov r11,111122223333h"), "{text}");
     assert!(text.contains("mov rcx,444455556666h"), "{text}");
     assert!(text.contains("call rcx"), "{text}");
+    assert_eq!(code.last().unwrap(), "pop rcx", "{text}");
+    assert!(!text.contains("lea rsp"), "a call's red zone is dead: {text}");
+    assert!(!text.contains("lahf"), "the flags are dead at a call: {text}");
+}
+
+#[test]
+fn an_operand_in_r11_gets_the_long_form_which_saves_what_it_uses() {
+    // call qword ptr [r11+10h]
+    let code = check_of(&[0x41, 0xff, 0x53, 0x10]);
+    let text = code.join("\n");
+    assert_eq!(code[0], "lea rsp,[rsp-80h]", "{text}");
+    assert_eq!(code[1..4], ["push rax", "push rcx", "push rdx"], "{text}");
+    assert_eq!(code[4], "mov rax,[r11+10h]", "{text}");
+    let table = table_address();
+    assert!(text.contains(&format!("mov rdx,{table:X}h")), "{text}");
+    assert!(text.contains("cmp rax,[rdx+rcx*8]"), "{text}");
+    assert!(text.contains("cmp rax,[rdx+rcx*8+8]"), "{text}");
+    assert!(text.contains("push r11"), "r11 kept around the slow path: {text}");
     assert_eq!(
         code[code.len() - 4..],
         ["pop rdx", "pop rcx", "pop rax", "lea rsp,[rsp+80h]"],
         "{text}"
-    );
-    assert!(
-        !text.contains("lahf"),
-        "the flags are dead at a call: {text}"
     );
 }
 
@@ -84,10 +98,10 @@ fn a_call_through_a_register_reads_the_register_and_asks_the_runtime_about_a_new
 fn a_stack_operand_is_read_where_the_stack_pointer_has_moved_to() {
     // call qword ptr [rsp+8]
     let code = check_of(&[0xff, 0x54, 0x24, 0x08]);
-    assert_eq!(code[4], "mov rax,[rsp+0A0h]", "{}", code.join("\n"));
+    assert_eq!(code[1], "mov r11,[rsp+10h]", "{}", code.join("\n"));
     // call qword ptr [rax+18h]: registers are read as they were
     let code = check_of(&[0xff, 0x50, 0x18]);
-    assert_eq!(code[4], "mov rax,[rax+18h]", "{}", code.join("\n"));
+    assert_eq!(code[1], "mov r11,[rax+18h]", "{}", code.join("\n"));
 }
 
 #[test]
@@ -96,8 +110,8 @@ fn a_rip_relative_operand_names_the_same_pointer_from_the_check() {
     let code = check_of(&[0xff, 0x15, 0x00, 0x20, 0x00, 0x00]);
     let pointer = AT + 6 + 0x2000;
     assert_eq!(
-        code[4],
-        format!("mov rax,[{pointer:X}h]"),
+        code[1],
+        format!("mov r11,[{pointer:X}h]"),
         "{}",
         code.join("\n")
     );
@@ -119,6 +133,7 @@ fn a_target_is_found_past_its_home_slot_and_the_table_empties() {
     // Three targets with one home slot, the table's second last (no other test uses
     // it): that slot, the last and the guard slot after it.
     let base = 0x7f00_0000_0000 | ((TABLE_SLOTS as u64 - 2) << 4);
+    table_address();
     let targets = [base, base + (1 << 36), base + (2 << 36)];
     assert!(targets.iter().all(|&t| home(t) == home(base)));
     for &target in &targets {
