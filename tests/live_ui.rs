@@ -431,17 +431,12 @@ fn a_stopped_target_does_not_freeze_the_ui() {
     wait_for_rows(&ui, "work_round", "compute_block");
 
     // Stopped, the target's agent cannot answer: pausing waits for it in the
-    // background while the UI goes on reading keys and drawing.
+    // background while the UI goes on reading keys and drawing. (The pause gives up
+    // after the agent's reply timeout, 10 s: nothing but the second `p` comes before
+    // the target goes on, so that a loaded machine's slow screens cannot outlast it.)
     target.signal(libc::SIGSTOP);
     ui.press("p");
     ui.wait_for_text("pausing: restoring the target's code");
-    ui.press("?");
-    ui.wait_for_text("keys · Esc closes");
-    ui.press("Escape");
-    // Typed at once, the next letter would make an Alt key of the Escape.
-    ui.wait_for("the keys closed", |screen| {
-        (!screen.contains("keys · Esc closes")).then_some(())
-    });
     ui.press("p");
     let screen = ui.wait_for_text("still pausing; try again in a moment");
     assert!(!screen.contains("PAUSED"), "{screen}");
@@ -449,6 +444,13 @@ fn a_stopped_target_does_not_freeze_the_ui() {
     // Continued, the agent answers and the pause completes.
     target.signal(libc::SIGCONT);
     ui.wait_for_text("PAUSED");
+    ui.press("?");
+    ui.wait_for_text("keys · Esc closes");
+    ui.press("Escape");
+    // Typed at once, the next letter would make an Alt key of the Escape.
+    ui.wait_for("the keys closed", |screen| {
+        (!screen.contains("keys · Esc closes")).then_some(())
+    });
     ui.press("q");
     assert_detached_and_intact(&ui, &mut target, expected);
 }
