@@ -68,6 +68,20 @@ pub fn pointer_sites(graph: &ControlFlowGraph, code: &FunctionBytes) -> Vec<u64>
     assembly::pointer_sites(graph, code)
 }
 
+/// Whether the code at `start` may call or jump through a pointer (`call`/`jmp` with a
+/// register or memory operand, a switch's table jump included): a linear decode, much
+/// cheaper than the graph, that rules out most functions before [`pointer_sites`].
+pub fn may_branch_through_pointers(code: &[u8], start: u64) -> bool {
+    iced_x86::Decoder::with_ip(64, code, start, iced_x86::DecoderOptions::NONE)
+        .into_iter()
+        .any(|instruction| {
+            matches!(
+                instruction.code(),
+                iced_x86::Code::Call_rm64 | iced_x86::Code::Jmp_rm64
+            )
+        })
+}
+
 /// Synthetic addresses that name instructions of the copy while it is encoded. They
 /// are non-canonical, so no real branch target can be one of them.
 pub struct Labels {

@@ -21,6 +21,8 @@ use super::site_plan::{Nearby, own_code, replaced_bytes};
 use super::sites::{CopyBehind, Engine, PatchRequest, PointerChecked};
 use super::state::{engine, runtime};
 use crate::code::entry_plan::{EntryPlan, PatchStyle};
+use crate::code::function_copy;
+use crate::sys::code_memory;
 use crate::patching::patch_protocol::Trampoline;
 use crate::sys::error::AgentError;
 use crate::sys::loaded_modules;
@@ -275,6 +277,14 @@ fn build_pointer_checked(
     has_pad: bool,
 ) -> Option<Trampoline> {
     if plan.style == PatchStyle::CallThunk {
+        return None;
+    }
+    // Most functions make no call through a pointer: a linear decode says so before
+    // the graph, the unwind rows and the exception tables are read.
+    let mut code = vec![0u8; size.min(1 << 20) as usize];
+    code_memory::read_code(address, &mut code).ok()?;
+    engine.put_back_originals(address, &mut code);
+    if !function_copy::may_branch_through_pointers(&code, address) {
         return None;
     }
     let options = CopyOptions {
