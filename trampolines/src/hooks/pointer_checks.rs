@@ -171,12 +171,24 @@ fn short_check(
     code.push(read_target, 8);
     let done = labels.create();
     let slot = |extra: u64| {
-        MemoryOperand::new(Register::None, Register::RCX, 8, (table + extra) as i64, 4, false, Register::None)
+        MemoryOperand::new(
+            Register::None,
+            Register::RCX,
+            8,
+            (table + extra) as i64,
+            4,
+            false,
+            Register::None,
+        )
     };
     let probe = [
         Instruction::with2(Code::Mov_r32_rm32, Register::ECX, Register::R11D),
         Instruction::with2(Code::Shr_rm32_imm8, Register::ECX, 4),
-        Instruction::with2(Code::And_rm32_imm32, Register::ECX, (TABLE_SLOTS - 1) as u32),
+        Instruction::with2(
+            Code::And_rm32_imm32,
+            Register::ECX,
+            (TABLE_SLOTS - 1) as u32,
+        ),
         Instruction::with2(Code::Cmp_r64_rm64, Register::R11, slot(0)),
         Instruction::with_branch(Code::Je_rel32_64, done),
         Instruction::with2(Code::Cmp_r64_rm64, Register::R11, slot(8)),
@@ -188,7 +200,11 @@ fn short_check(
     }
     code.push(fixed(Instruction::with1(Code::Push_r64, Register::RDX)), 16);
     code.push(
-        fixed(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, Register::R11)),
+        fixed(Instruction::with2(
+            Code::Mov_r64_rm64,
+            Register::RAX,
+            Register::R11,
+        )),
         24,
     );
     let skip = labels.create();
@@ -225,12 +241,24 @@ fn long_check(
     let done = labels.create();
     code.load_thread_state(depth, done);
     let slot = |extra: i64| {
-        MemoryOperand::new(Register::RDX, Register::RCX, 8, extra, 1, false, Register::None)
+        MemoryOperand::new(
+            Register::RDX,
+            Register::RCX,
+            8,
+            extra,
+            1,
+            false,
+            Register::None,
+        )
     };
     let probe = [
         Instruction::with2(Code::Mov_r32_rm32, Register::ECX, Register::EAX),
         Instruction::with2(Code::Shr_rm32_imm8, Register::ECX, 4),
-        Instruction::with2(Code::And_rm32_imm32, Register::ECX, (TABLE_SLOTS - 1) as u32),
+        Instruction::with2(
+            Code::And_rm32_imm32,
+            Register::ECX,
+            (TABLE_SLOTS - 1) as u32,
+        ),
         Instruction::with2(Code::Mov_r64_imm64, Register::RDX, table),
         Instruction::with2(Code::Cmp_r64_rm64, Register::RAX, slot(0)),
         Instruction::with_branch(Code::Je_rel32_64, done),
@@ -248,7 +276,10 @@ fn long_check(
 /// The call of the slow path, with the target in `rax`, `depth` bytes below the
 /// original stack pointer: `r11` saved around it (the long form's operand may be in it).
 fn slow_call(code: &mut Sequence, site: u64, slow: SlowPath, depth: u32) {
-    code.push(fixed(Instruction::with1(Code::Push_r64, Register::R11)), depth);
+    code.push(
+        fixed(Instruction::with1(Code::Push_r64, Register::R11)),
+        depth,
+    );
     let calls = [
         Instruction::with2(Code::Mov_r64_imm64, Register::RDX, site),
         Instruction::with2(Code::Mov_r64_imm64, Register::R11, slow.handler),
@@ -267,9 +298,8 @@ fn target_read(instruction: &Instruction, into: Register, depth: u32) -> Option<
     match instruction.op0_kind() {
         OpKind::Register => {
             let register = instruction.op0_register();
-            (register != Register::RSP).then(|| {
-                fixed(Instruction::with2(Code::Mov_r64_rm64, into, register))
-            })
+            (register != Register::RSP)
+                .then(|| fixed(Instruction::with2(Code::Mov_r64_rm64, into, register)))
         }
         OpKind::Memory => {
             let base = instruction.memory_base();

@@ -63,15 +63,30 @@ fn a_call_through_a_register_probes_the_table_and_asks_the_runtime_about_a_new_t
         text.contains(&format!("cmp r11,[rcx*8+{:X}h]", table + 8)),
         "the next slot: {text}"
     );
-    assert!(text.contains("mov rax,r11"), "the target for the slow path: {text}");
-    assert!(text.contains("mov rcx,fs:["), "the call graph's gate: {text}");
-    assert!(text.contains(&format!("mov rdx,{AT:X}h")), "the site: {text}");
+    assert!(
+        text.contains("mov rax,r11"),
+        "the target for the slow path: {text}"
+    );
+    assert!(
+        text.contains("mov rcx,fs:["),
+        "the call graph's gate: {text}"
+    );
+    assert!(
+        text.contains(&format!("mov rdx,{AT:X}h")),
+        "the site: {text}"
+    );
     assert!(text.contains("mov r11,111122223333h"), "{text}");
     assert!(text.contains("mov rcx,444455556666h"), "{text}");
     assert!(text.contains("call rcx"), "{text}");
     assert_eq!(code.last().unwrap(), "pop rcx", "{text}");
-    assert!(!text.contains("lea rsp"), "a call's red zone is dead: {text}");
-    assert!(!text.contains("lahf"), "the flags are dead at a call: {text}");
+    assert!(
+        !text.contains("lea rsp"),
+        "a call's red zone is dead: {text}"
+    );
+    assert!(
+        !text.contains("lahf"),
+        "the flags are dead at a call: {text}"
+    );
 }
 
 #[test]
@@ -86,7 +101,10 @@ fn an_operand_in_r11_gets_the_long_form_which_saves_what_it_uses() {
     assert!(text.contains(&format!("mov rdx,{table:X}h")), "{text}");
     assert!(text.contains("cmp rax,[rdx+rcx*8]"), "{text}");
     assert!(text.contains("cmp rax,[rdx+rcx*8+8]"), "{text}");
-    assert!(text.contains("push r11"), "r11 kept around the slow path: {text}");
+    assert!(
+        text.contains("push r11"),
+        "r11 kept around the slow path: {text}"
+    );
     assert_eq!(
         code[code.len() - 4..],
         ["pop rdx", "pop rcx", "pop rax", "lea rsp,[rsp+80h]"],
