@@ -41,6 +41,7 @@ mod layers;
 mod live_tree;
 mod live_ui;
 mod lost_connection;
+mod many_classes;
 mod many_threads;
 mod output_files;
 mod patch_stress;

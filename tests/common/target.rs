@@ -74,6 +74,16 @@ impl Target {
         Target::start(name, args, None, true)
     }
 
+    /// Like `spawn`, for a program built elsewhere than `fixtures/` (a generated one).
+    pub fn spawn_program(program: &std::path::Path, args: &[&str]) -> Target {
+        let mut command = Command::new(program);
+        command.args(args);
+        let name = program
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        Target::start_command(&name, command, None, true)
+    }
+
     /// Starts fixture `name` without waiting for a `ready` line (`i386_loop` prints none).
     pub fn spawn_no_ready(name: &str, args: &[&str]) -> Target {
         Target::start(name, args, None, false)
