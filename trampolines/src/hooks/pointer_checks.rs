@@ -170,6 +170,7 @@ fn short_check(
     code.push(fixed(Instruction::with1(Code::Push_r64, Register::RCX)), 0);
     code.push(read_target, 8);
     let done = labels.create();
+    // [rcx*8 + table]: the table's address as a 32-bit displacement.
     let slot = |extra: u64| {
         MemoryOperand::new(
             Register::None,
@@ -181,20 +182,8 @@ fn short_check(
             Register::None,
         )
     };
-    let probe = [
-        Instruction::with2(Code::Mov_r32_rm32, Register::ECX, Register::R11D),
-        Instruction::with2(Code::Shr_rm32_imm8, Register::ECX, 4),
-        Instruction::with2(
-            Code::And_rm32_imm32,
-            Register::ECX,
-            (TABLE_SLOTS - 1) as u32,
-        ),
-        Instruction::with2(Code::Cmp_r64_rm64, Register::R11, slot(0)),
-        Instruction::with_branch(Code::Je_rel32_64, done),
-        Instruction::with2(Code::Cmp_r64_rm64, Register::R11, slot(8)),
-        Instruction::with_branch(Code::Je_rel32_64, done),
-        Instruction::with1(Code::Push_r64, Register::RAX),
-    ];
+    let mut probe = probe(Register::R11, slot, done).to_vec();
+    probe.push(Instruction::with1(Code::Push_r64, Register::RAX));
     for instruction in probe {
         code.push(fixed(instruction), 8);
     }
@@ -240,37 +229,56 @@ fn long_check(
     code.push(read_target, depth);
     let done = labels.create();
     code.load_thread_state(depth, done);
-    let slot = |extra: i64| {
+    // [rdx + rcx*8]: the table's address in rdx.
+    let slot = |extra: u64| {
         MemoryOperand::new(
             Register::RDX,
             Register::RCX,
             8,
-            extra,
+            extra as i64,
             1,
             false,
             Register::None,
         )
     };
-    let probe = [
-        Instruction::with2(Code::Mov_r32_rm32, Register::ECX, Register::EAX),
-        Instruction::with2(Code::Shr_rm32_imm8, Register::ECX, 4),
-        Instruction::with2(
-            Code::And_rm32_imm32,
-            Register::ECX,
-            (TABLE_SLOTS - 1) as u32,
-        ),
+    let mut probe = probe(Register::RAX, slot, done).to_vec();
+    probe.insert(
+        3,
         Instruction::with2(Code::Mov_r64_imm64, Register::RDX, table),
-        Instruction::with2(Code::Cmp_r64_rm64, Register::RAX, slot(0)),
-        Instruction::with_branch(Code::Je_rel32_64, done),
-        Instruction::with2(Code::Cmp_r64_rm64, Register::RAX, slot(8)),
-        Instruction::with_branch(Code::Je_rel32_64, done),
-    ];
+    );
     for instruction in probe {
         code.push(fixed(instruction), depth);
     }
     slow_call(&mut code, site, slow, depth);
     code.restore(&saved, false, depth, done);
     Some(code.inserted)
+}
+
+/// The probe of the table for the target in `target`: its home slot into `ecx`, then
+/// the home slot and the next compared (`slot(0)`, `slot(8)`), on to `done` when one
+/// holds it.
+fn probe(
+    target: Register,
+    slot: impl Fn(u64) -> MemoryOperand,
+    done: u64,
+) -> [Result<Instruction, iced_x86::IcedError>; 7] {
+    let low = match target {
+        Register::R11 => Register::R11D,
+        _ => Register::EAX,
+    };
+    [
+        Instruction::with2(Code::Mov_r32_rm32, Register::ECX, low),
+        Instruction::with2(Code::Shr_rm32_imm8, Register::ECX, 4),
+        Instruction::with2(
+            Code::And_rm32_imm32,
+            Register::ECX,
+            (TABLE_SLOTS - 1) as u32,
+        ),
+        Instruction::with2(Code::Cmp_r64_rm64, target, slot(0)),
+        Instruction::with_branch(Code::Je_rel32_64, done),
+        Instruction::with2(Code::Cmp_r64_rm64, target, slot(8)),
+        Instruction::with_branch(Code::Je_rel32_64, done),
+    ]
 }
 
 /// The call of the slow path, with the target in `rax`, `depth` bytes below the
