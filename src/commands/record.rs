@@ -163,8 +163,15 @@ pub fn record_until_done(
             exited.headline(pid)
         ),
     }
-    let Finished { profile, refused } = recorder.finish(departure.is_some())?;
+    let Finished {
+        profile,
+        refused,
+        hooks_left_in,
+    } = recorder.finish(departure.is_some())?;
     print_summary(&profile, times, &refused);
+    if let Some(left_in) = hooks_left_in {
+        say!("{left_in}");
+    }
     note_roots_never_called(&profile);
     Ok(profile)
 }

@@ -436,7 +436,9 @@ impl ProfilingState {
         app: &mut App,
     ) {
         match finished {
-            Ok(Finished { profile, refused }) => {
+            Ok(Finished {
+                profile, refused, ..
+            }) => {
                 let mut status = self.ended_status(&profile);
                 status.overlap = self.overlap_with_samples(&profile, true);
                 let mut snapshot = snapshot_of(&profile, status);

@@ -194,6 +194,9 @@ pub struct Finished {
     pub profile: Profile,
     /// Callees the agent could not instrument: (name, reason).
     pub refused: Vec<(String, String)>,
+    /// tendril's hooks on the unwinder the agent had to leave in for a moment, said as a
+    /// sentence (`Recorder::hooks_left_in`); `None` when every byte is back.
+    pub hooks_left_in: Option<String>,
 }
 
 impl Recorder {
@@ -498,6 +501,11 @@ impl Recorder {
         let refused = std::mem::take(&mut self.refused);
         let mut profile = self.snapshot();
         tracing::add_modules(&mut profile, &self.symbols);
-        Ok(Finished { profile, refused })
+        let hooks_left_in = self.hooks_left_in.take();
+        Ok(Finished {
+            profile,
+            refused,
+            hooks_left_in,
+        })
     }
 }

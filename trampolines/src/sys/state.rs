@@ -18,7 +18,7 @@ pub const MAX_TRACED: usize = 512;
 /// Most arena chunks the lock-free "is this trampoline code?" test knows.
 pub const MAX_CHUNKS: usize = 4096;
 /// Most function copies the lock-free "is this a hook's code?" test tells apart.
-pub const MAX_COPY_BODIES: usize = 1024;
+pub const MAX_COPY_BODIES: usize = 8192;
 
 /// The system layer's statics.
 pub struct SysState {
