@@ -1,6 +1,6 @@
 //! Calls through pointers followed from the call graph itself (issue 33): the runtime's
-//! answer to a pointer check (`hooks::pointer_checks`) that met a target its thread had
-//! not yet passed at that site.
+//! answer to a pointer check (`hooks::pointer_checks`) that met a target not in the
+//! table of targets followed.
 //!
 //! The one idea: a function reached through a pointer is a callee like any other, only
 //! found by running instead of by decoding. So the target is resolved in the
