@@ -31,10 +31,15 @@ fn code_bytes(pid: i32, address: u64, len: usize) -> Vec<u8> {
 
 /// The `jit`-marked children of `run_jit` in `roots`.
 fn jit_leaves(roots: &[Node]) -> Vec<&Node> {
+    jit_leaves_below(roots, "run_jit")
+}
+
+/// The `jit`-marked children of the roots named `root` in `roots`.
+fn jit_leaves_below<'a>(roots: &'a [Node], root: &str) -> Vec<&'a Node> {
     roots
         .iter()
-        .filter(|root| root.name == "run_jit")
-        .flat_map(|root| &root.children)
+        .filter(|node| node.name == root)
+        .flat_map(|node| &node.children)
         .filter(|child| child.jit)
         .collect()
 }
@@ -42,7 +47,12 @@ fn jit_leaves(roots: &[Node]) -> Vec<&Node> {
 /// Records below `run_jit` in process `pid` until the tree has a JIT leaf under it;
 /// the recorder, still recording, and that profile.
 fn record_until_a_jit_leaf(pid: i32) -> (tendril::recording::Recorder, Profile) {
-    let mut recorder = start_recorder(pid, "run_jit");
+    record_until_a_jit_leaf_below(pid, "run_jit")
+}
+
+/// [`record_until_a_jit_leaf`], below the root `root`.
+fn record_until_a_jit_leaf_below(pid: i32, root: &str) -> (tendril::recording::Recorder, Profile) {
+    let mut recorder = start_recorder(pid, root);
     let deadline = Instant::now() + SAMPLES_TIMEOUT;
     let profile = loop {
         recorder.poll();
@@ -51,20 +61,39 @@ fn record_until_a_jit_leaf(pid: i32) -> (tendril::recording::Recorder, Profile) 
             .merged
             .roots
             .iter()
-            .filter(|root| root.name == "run_jit")
-            .map(|root| root.calls)
+            .filter(|node| node.name == root)
+            .map(|node| node.calls)
             .sum();
-        if calls >= 10 && !jit_leaves(&profile.merged.roots).is_empty() {
+        if calls >= 10 && !jit_leaves_below(&profile.merged.roots, root).is_empty() {
             break profile;
         }
         assert!(
             Instant::now() < deadline,
-            "no JIT leaf under run_jit ({calls} calls) within {SAMPLES_TIMEOUT:?}"
+            "no JIT leaf under {root} ({calls} calls) within {SAMPLES_TIMEOUT:?}"
         );
         // Pace the polls; what ends the loop is the leaf showing up.
         std::thread::sleep(Duration::from_millis(50));
     };
     (recorder, profile)
+}
+
+#[test]
+fn a_call_into_jit_code_through_a_computed_pointer_is_a_leaf_the_pointer_check_found() {
+    // run_jit_hidden computes its pointer in a register: no reading of its code finds
+    // the generated code; the agent's check meets it as the call is made.
+    let target = Target::spawn("jit", &["hidden"]);
+    let (recorder, profile) = record_until_a_jit_leaf_below(target.pid(), "run_jit_hidden");
+    recorder.finish(false).expect("the recording ends");
+    check_profile(&profile);
+    let leaves = jit_leaves_below(&profile.merged.roots, "run_jit_hidden");
+    assert_eq!(
+        leaves
+            .iter()
+            .map(|l| (l.name.as_str(), l.module.as_str(), l.calls))
+            .collect::<Vec<_>>(),
+        [("jit_trampoline", "[jit]", 0)]
+    );
+    drop(target);
 }
 
 #[test]

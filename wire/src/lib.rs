@@ -61,6 +61,9 @@ pub enum Request {
     /// Where the dynamic loader resolves these symbol names in the target (for an
     /// IFUNC, the implementation it chose).
     ResolveSymbols { names: Vec<String> },
+    /// The calls through pointers the recording met whose target is no function of its
+    /// table (JIT code), answered with [`Response::UnknownTargets`].
+    UnknownTargets,
     /// Switch these functions, recorded by this session, to the untimed hook (`timed`
     /// false: `Hook::Untimed`, each call a `Call` event) or back to the timed one.
     /// Answered by [`Response::TimingSet`].
@@ -277,6 +280,8 @@ pub enum Response {
     },
     /// Answer to [`Request::ResolveSymbols`], one address (or none) per name.
     Resolved { addresses: Vec<Option<u64>> },
+    /// Answer to [`Request::UnknownTargets`]: (call site, target) pairs, each once.
+    UnknownTargets { met: Vec<(u64, u64)> },
     /// Answer to [`Request::StartRecording`]: the hooks' calibrated cost in TSC ticks
     /// (the minimum over the calibration's batches), and how far a typical batch's cost
     /// lay above it (median − minimum: the uncertainty of the cost removed per call).

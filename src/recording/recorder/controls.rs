@@ -26,6 +26,8 @@ impl Recorder {
         if !self.recording {
             return Ok(());
         }
+        // The last calls into JIT code the agent met, before it forgets them.
+        self.ask_for_unknown_targets();
         self.recording = false;
         self.hooks_left_in = None;
         let stopped = self.session.request(&Request::StopRecording);

@@ -12,18 +12,22 @@
 //! module `[jit]`, marked `jit`, with no calls and no time — the call is not measured,
 //! and its time stays in the caller's self time — and `discovery.not_followed` lists it
 //! with the reason. The leaf says the caller's code calls it, not that this context
-//! did. Not shown: calls into anonymous code no file names (the agent's own
-//! trampolines are such code, and a patched entry jumps into one), and calls whose
-//! target is only in a register computed at run time (an interpreter's dispatch).
+//! did. A call whose target is only in a register computed at run time (an
+//! interpreter's dispatch, Python's trampolines) is seen by the agent's pointer check
+//! instead, as it is made: the agent keeps the (site, target) pairs whose target is no
+//! function of its table, and the controller asks for them about once a second while
+//! the process has JIT code, and once more before the recording stops. Not shown:
+//! calls into anonymous code no file names (the agent's own trampolines are such code,
+//! and a patched entry jumps into one).
 
 use super::code_reading::{all_targets, callees_of, for_each_tree};
 use super::*;
 use crate::profile::{Node, NotFollowed};
 use crate::symbols::jit::{JIT_MODULE, JitSymbols};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How often the JIT names are read again.
+/// How often the JIT names are read again, and the agent asked for its unknown targets.
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// Why a call into JIT code is not followed.
 pub const JIT_CODE: &str =
@@ -36,6 +40,9 @@ pub struct JitCallees {
     scanned: HashSet<u64>,
     /// Caller's entry → the JIT code it calls.
     found: BTreeMap<u64, BTreeSet<u64>>,
+    /// When the agent was last asked for the calls through pointers it met into code
+    /// its table does not know.
+    asked_agent: Option<Instant>,
 }
 
 impl JitCallees {
@@ -44,6 +51,7 @@ impl JitCallees {
             jit: JitSymbols::for_process(pid),
             scanned: HashSet::new(),
             found: BTreeMap::new(),
+            asked_agent: None,
         }
     }
 
@@ -75,6 +83,21 @@ impl JitCallees {
                 if !in_module && self.jit.lookup(target).is_some() {
                     self.found.entry(address).or_default().insert(target);
                 }
+            }
+        }
+    }
+
+    /// Notes the calls through pointers the agent's checks met into code no function of
+    /// its table is (`met`: site, target): those a perf map or jitdump names become
+    /// leaves under the function of their site.
+    fn note_pointer_targets(&mut self, symbols: &ProcessSymbols, met: &[(u64, u64)]) {
+        for &(site, target) in met {
+            let Some(caller) = symbols.lookup(site) else {
+                continue;
+            };
+            let in_module = symbols.lookup(target).is_some() || symbols.module_at(target).is_some();
+            if !in_module && self.jit.lookup(target).is_some() {
+                self.found.entry(caller.addr).or_default().insert(target);
             }
         }
     }
@@ -128,6 +151,11 @@ impl Recorder {
             return;
         };
         self.jit_callees.scan(&self.symbols, seen.into_iter());
+        let due =
+            (self.jit_callees.asked_agent).is_none_or(|asked| asked.elapsed() >= REFRESH_INTERVAL);
+        if due {
+            self.ask_for_unknown_targets();
+        }
         if self.jit_callees.found.is_empty() {
             return;
         }
@@ -136,6 +164,27 @@ impl Recorder {
             discovery
                 .not_followed
                 .extend(self.jit_callees.not_followed());
+        }
+    }
+
+    /// Asks the agent for the calls through pointers it met into code its table does
+    /// not know, and notes those into JIT code: only while recording a process that has
+    /// JIT code, and never of a stopped one (its agent cannot answer).
+    pub(super) fn ask_for_unknown_targets(&mut self) {
+        if self.jit_callees.jit.since_refresh().is_none() {
+            self.jit_callees.jit.refresh();
+        }
+        if !self.recording
+            || self.jit_callees.jit.is_empty()
+            || crate::process::is_halted(self.target.pid)
+            || self.session.closed_by_agent()
+        {
+            return;
+        }
+        self.jit_callees.asked_agent = Some(Instant::now());
+        if let Ok(Response::UnknownTargets { met }) = self.session.request(&Request::UnknownTargets)
+        {
+            self.jit_callees.note_pointer_targets(&self.symbols, &met);
         }
     }
 }

@@ -143,6 +143,9 @@ fn answer(
         Request::ResolveSymbols { names } => Response::Resolved {
             addresses: names.iter().map(|name| resolve_symbol(name)).collect(),
         },
+        Request::UnknownTargets => Response::UnknownTargets {
+            met: crate::runtime::pointer_targets::unknown_targets(session),
+        },
         Request::StartRecording {
             discover,
             follow_pointers,

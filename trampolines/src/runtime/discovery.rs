@@ -72,6 +72,7 @@ pub fn start(
         followed_sites: HashSet::new(),
         follow_pointers,
         pointer_targets: HashSet::new(),
+        unknown_targets: Vec::new(),
         table_code,
         table_unloads,
     });

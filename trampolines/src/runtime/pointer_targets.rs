@@ -15,7 +15,10 @@
 //! aside, and its time is tendril's pause (an `Adjust` event).
 //!
 //! A target that is not a function the table knows (code generated at run time, the
-//! loader's, a function refused by name) goes in the table too, and is not followed.
+//! loader's, a function refused by name) goes in the table too, and is not followed;
+//! one outside every function of the table is kept with its site
+//! ([`unknown_targets`]), for the controller to show as JIT code where a perf map or
+//! jitdump names it.
 
 use crate::hooks::pointer_checks;
 use crate::hooks::slow_call::SavedRegisters;
@@ -30,6 +33,20 @@ use crate::sys::loaded_modules::{self, LoadedModules};
 use tendril_wire::events::{Event, EventKind};
 use tendril_wire::function_table::FunctionTable;
 use tendril_wire::rings::header;
+
+/// Most calls to unknown targets kept (site and target: 64 KiB).
+const MOST_UNKNOWN_TARGETS: usize = 4096;
+
+/// The calls through pointers to code the function table does not know, met so far in
+/// the recording of `session`: (site, target), each once.
+pub fn unknown_targets(session: u64) -> Vec<(u64, u64)> {
+    let guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
+    guard
+        .as_ref()
+        .filter(|context| context.session == session)
+        .map(|context| context.unknown_targets.clone())
+        .unwrap_or_default()
+}
 
 /// Slow path of a pointer check: target `rax` at the site `rdx`.
 pub extern "C" fn target_met(registers: &mut SavedRegisters) {
@@ -106,6 +123,10 @@ fn instrument(context: &mut DiscoveryContext, target: u64, site: u64, modules: &
     };
     let fresh = FreshTable::new(&context.table_code, context.table_unloads, modules.unloads);
     let Some(callee) = resolve(target, &table).filter(|f| fresh.holds(f.start)) else {
+        let unknown = table.starting_at(target).is_none();
+        if unknown && context.unknown_targets.len() < MOST_UNKNOWN_TARGETS {
+            context.unknown_targets.push((site, target));
+        }
         return;
     };
     if context.pointer_targets.insert(callee.start) {

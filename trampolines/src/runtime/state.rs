@@ -129,6 +129,9 @@ pub struct DiscoveryContext {
     /// targets they reached so far.
     pub follow_pointers: bool,
     pub pointer_targets: HashSet<u64>,
+    /// Calls through pointers to code the table does not know (JIT code), as (site,
+    /// target), for the controller to name (`pointer_targets`; at most a few thousand).
+    pub unknown_targets: Vec<(u64, u64)>,
     /// The libraries' code when the table came, and the loader's count of unloaded
     /// libraries then: once a library has gone, the table's functions are used only
     /// where the same library is still loaded (see `discovery`).
