@@ -2,8 +2,8 @@
 //! runtime wrote, unwound through to `main`, `[jit] 0x…` where nothing names it, a map
 //! written after sampling began read on a later refresh, and names with terminal
 //! escapes printed escaped. The `jit` fixture generates its code itself (every machine
-//! can build it); Python 3.12+ and Node, where installed, are sampled too
-//! (`jit/runtimes.rs`). A recording that meets a call into the generated code shows it
+//! can build it); Python 3.12+ and Node, where installed, are sampled too, and Python
+//! recorded (`jit/runtimes.rs`). A recording that meets a call into the generated code shows it
 //! as a marked leaf and never patches it (`jit/recorded.rs`).
 //!
 //! The one idea: the tests wait for what they look for — enough samples on the

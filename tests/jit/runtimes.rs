@@ -1,14 +1,17 @@
 //! Real runtimes, where installed: Python 3.12+ with `-X perf` (a perf trampoline per
 //! Python function, which keeps no frame pointer) and Node with `--perf-basic-prof`
-//! (V8's JIT code, with frame pointers). A runtime that is missing skips its test with
-//! a note on stderr.
+//! (V8's JIT code, with frame pointers), sampled; and Python recorded from its
+//! evaluator, whose calls of the trampolines through a register become named `jit`
+//! leaves. A runtime that is missing skips its test with a note on stderr.
 
+use super::common::start_recorder;
 use super::{SAMPLES_TIMEOUT, paths, sample_until, scratch_dir};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use tendril::profile::Profile;
+use std::time::{Duration, Instant};
+use tendril::profile::{Node, Profile};
 
 /// A runtime's process, killed and reaped when dropped.
 struct Runtime {
@@ -139,6 +142,64 @@ fn python_functions_are_named_and_nested_through_their_perf_trampolines() {
     let (profile, notes) = sample_until(runtime.pid(), |p| python_nesting(p) >= 50);
     assert!(notes.is_empty(), "{notes:?}");
     assert!(!profile.merged.roots.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The `jit`-marked nodes of `roots` whose name starts with `prefix`, with the name of
+/// the node above each.
+fn jit_leaves_named<'a>(roots: &'a [Node], prefix: &str) -> Vec<(&'a str, &'a Node)> {
+    let mut found = Vec::new();
+    let mut pending: Vec<&Node> = roots.iter().collect();
+    while let Some(node) = pending.pop() {
+        for child in &node.children {
+            if child.jit && child.name.starts_with(prefix) {
+                found.push((node.name.as_str(), child));
+            }
+            pending.push(child);
+        }
+    }
+    found
+}
+
+#[test]
+fn a_recording_of_python_shows_its_functions_as_jit_leaves_where_the_evaluator_calls_them() {
+    let Some(python) = python_with_perf_trampolines() else {
+        eprintln!("note: no Python 3.12+ with perf trampolines here: test skipped");
+        return;
+    };
+    let dir = scratch_dir("python-recorded");
+    let app = dir.join("app.py");
+    std::fs::write(&app, PYTHON_APP).unwrap();
+    let mut command = Command::new(&python);
+    command.arg("-X").arg("perf").arg(&app);
+    let runtime = Runtime::start(command);
+    // The evaluator calls each Python function's trampoline through a register; the
+    // recording meets the call as it is made, and the perf map names the target.
+    let mut recorder = start_recorder(runtime.pid(), "_PyEval_EvalFrameDefault");
+    let deadline = Instant::now() + SAMPLES_TIMEOUT;
+    let leaves = loop {
+        recorder.poll();
+        let profile = recorder.snapshot();
+        let leaves: Vec<(String, Node)> = jit_leaves_named(&profile.merged.roots, "py::leaf:")
+            .into_iter()
+            .map(|(caller, leaf)| (caller.to_string(), leaf.clone()))
+            .collect();
+        if !leaves.is_empty() {
+            break leaves;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no py::leaf leaf within {SAMPLES_TIMEOUT:?}"
+        );
+        // Pace the polls; what ends the loop is the leaf showing up.
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    recorder.finish(false).expect("the recording ends");
+    for (caller, leaf) in &leaves {
+        assert_eq!(caller, "py_trampoline_evaluator", "{leaf:?}");
+        assert_eq!((leaf.module.as_str(), leaf.calls), ("[jit]", 0));
+    }
+    drop(runtime);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
