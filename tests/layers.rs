@@ -77,7 +77,7 @@ const CONTROLLER_LAYERS: [(&str, &[&str]); 6] = [
         &["recording", "sampling", "edge_analysis"],
     ),
     ("the live UI", &["live"]),
-    ("the commands", &["commands"]),
+    ("the commands", &["commands", "cli_args"]),
 ];
 
 #[test]
