@@ -86,13 +86,13 @@ fn a_dispatch_table_and_a_qsort_comparator_are_followed_under_their_callers() {
     code_bytes_match_file(target.pid()).unwrap();
 }
 
-#[test]
-fn the_address_taken_candidates_still_follow_a_dispatch_table_when_asked_for() {
+/// Records `table_root` with `args` while the fixture makes 30 calls through its table,
+/// and checks that each of the three targets has its 10 calls below it.
+fn record_thirty_table_calls(args: &[&str]) -> (Target, common::Recorded) {
     let mut target = Target::spawn("indirect", &[]);
-    let recording = Recording::start(
-        target.pid(),
-        &["--root", "table_root", "--pointer-candidates"],
-    );
+    let mut all = vec!["--root", "table_root"];
+    all.extend_from_slice(args);
+    let recording = Recording::start(target.pid(), &all);
     target.write_stdin("table 30\n");
     target.expect_line("table calls 30 ", LINE_TIMEOUT);
     let recorded = recording.finish();
@@ -101,6 +101,12 @@ fn the_address_taken_candidates_still_follow_a_dispatch_table_when_asked_for() {
         let calls = node_at(merged, &["table_root", op]).map(|n| n.calls);
         assert_eq!(calls, Some(10), "{op}\n{}", recorded.stderr);
     }
+    (target, recorded)
+}
+
+#[test]
+fn the_address_taken_candidates_still_follow_a_dispatch_table_when_asked_for() {
+    let (target, recorded) = record_thirty_table_calls(&["--pointer-candidates"]);
     let stats = &recorded.profile.stats;
     assert!(stats.indirect_candidates >= 3, "{stats:?}");
     assert!(
@@ -113,16 +119,7 @@ fn the_address_taken_candidates_still_follow_a_dispatch_table_when_asked_for() {
 
 #[test]
 fn scheme_a_instruments_the_address_taken_functions_up_front() {
-    let mut target = Target::spawn("indirect", &[]);
-    let recording = Recording::start(target.pid(), &["--root", "table_root", "--scheme", "a"]);
-    target.write_stdin("table 30\n");
-    target.expect_line("table calls 30 ", LINE_TIMEOUT);
-    let recorded = recording.finish();
-    let merged = &recorded.profile.merged.roots;
-    for op in ["op_add", "op_mul", "op_xor"] {
-        let calls = node_at(merged, &["table_root", op]).map(|n| n.calls);
-        assert_eq!(calls, Some(10), "{op}\n{}", recorded.stderr);
-    }
+    let (target, recorded) = record_thirty_table_calls(&["--scheme", "a"]);
     // Nothing was discovered: the graph, targets included, was patched before it ran.
     let discovery = recorded.profile.discovery.as_ref().unwrap();
     assert_eq!(discovery.refused_callees, 0);
