@@ -32,7 +32,18 @@ fn per_call(node: &Node, time: u64) -> f64 {
 
 #[test]
 fn cpu_time_is_wall_time_less_the_time_off_the_cpu() {
-    let mut target = Target::spawn("off_cpu", &[]);
+    cpu_time_is_wall_time_less_the_time_off_the_cpu_with("0");
+}
+
+/// With 100 more threads, idle as a server's pool, the switches are read per core
+/// (`off_cpu`'s `PER_CORE_FROM_THREADS`): the same times come out.
+#[test]
+fn cpu_time_of_a_target_of_many_threads_is_wall_time_less_the_time_off_the_cpu() {
+    cpu_time_is_wall_time_less_the_time_off_the_cpu_with("100");
+}
+
+fn cpu_time_is_wall_time_less_the_time_off_the_cpu_with(idle_threads: &str) {
+    let mut target = Target::spawn("off_cpu", &[idle_threads]);
     let recording = Recording::start(target.pid(), &["--root", "request"]);
     target.write_stdin(&format!("run {REQUESTS}\n"));
     let line = target.expect_line("run ", LINE_TIMEOUT);

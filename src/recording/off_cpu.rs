@@ -1,17 +1,21 @@
 //! When each of the target's threads was off the CPU, from the kernel's context-switch
 //! records, in TSC ticks like the agent's events.
 //!
-//! The one idea: a perf event on each thread that counts nothing and only reports the
-//! thread's context switches (`PERF_RECORD_SWITCH`: out, then in). Between a switch out
-//! and the next switch in the thread did not run: it waited in a system call, on a
-//! lock, or for a CPU. The kernel stamps the records with `CLOCK_MONOTONIC`; each drain
+//! The one idea: a perf event that counts nothing and only reports context switches
+//! (`PERF_RECORD_SWITCH`: out, then in): one per thread, or for a target of many
+//! threads one per core when tendril may open those ([`sources`] says why). Between a
+//! thread's switch out and its next switch in the thread did not run: it waited in a
+//! system call, on a lock, or for a CPU. The kernel stamps the records with `CLOCK_MONOTONIC`; each drain
 //! reads the TSC and that clock together ([`ClockAnchor`]) and converts the records it
 //! reads — all from the last moments — from there, so the conversion's error is the
 //! frequency's error over milliseconds (nanoseconds), and each interval lands between
 //! the thread's own event timestamps. (The perf page's own TSC conversion,
 //! `cap_user_time_zero`, would be exact, but kernels under a hypervisor clock do not
 //! offer it.) The calling context trees take these intervals out of the frames they
-//! fell in, as they take out pauses, and that is CPU time per node.
+//! fell in, as they take out pauses, and that is CPU time per node. A thread's switches
+//! may sit in two cores' rings (it moved): each drain orders what it read by time, and
+//! with per-core events keeps what came after its start for the next drain, as another
+//! core's ring, read earlier, may not have had the switch before it yet.
 //!
 //! A wait for a core that tendril itself held is a pause tendril caused. On a machine
 //! of few cores the kernel can leave the thread that drains the rings and a target
@@ -23,24 +27,29 @@
 //! [`OffCpuInterval::held_by_tendril`], which the trees remove from wall time like any
 //! pause.
 //!
-//! Nothing is loaded into the target and nothing in it changes. A thread started later
-//! is watched from when the recorder first sees it in the agent's rings
-//! ([`OffCpuWatch::watch_thread`]) or in `/proc/PID/task` (every [`RESCAN_INTERVAL`]),
-//! whichever comes first; until then its time counts as on-CPU. (An inherited event
-//! would follow new threads from their first instruction, but the kernel maps no ring
-//! of an inherited per-thread event.)
+//! Nothing is loaded into the target and nothing in it changes. Per core, every thread is
+//! watched from its first switch. Per thread, a thread started later is watched from
+//! when the recorder first sees it in the agent's rings ([`OffCpuWatch::watch_thread`])
+//! or in `/proc/PID/task` (every [`RESCAN_INTERVAL`]), whichever comes first; until then
+//! its time counts as on-CPU. (An inherited event would follow new threads from their
+//! first instruction, but the kernel maps no ring of an inherited per-thread event.)
 
 use crate::recording::tsc;
-use crate::sampling::perf::{OpenError, PerfEvent, Ring};
-use crate::sampling::records::{self, Record};
+use crate::sampling::perf::OpenError;
+use sources::{Sources, Switch};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
+
+mod sources;
 
 /// How often the thread list is read again for new threads.
 pub const RESCAN_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Data pages of each thread's ring: 64 KiB, about 2,700 switches between two drains.
-const RING_PAGES: usize = 16;
+/// From this many threads, the target's switches are read from one event per core
+/// rather than one per thread ([`sources`]): the kernel's cost per switch is several
+/// times lower, but every process's switches on the machine are then written (and
+/// read back). A target of few threads pays the per-thread cost alone.
+const PER_CORE_FROM_THREADS: usize = 64;
 /// The agent's own threads switch too, but never run inside a recorded frame.
 const AGENT_THREAD_PREFIX: &str = "tendril-";
 
@@ -78,7 +87,7 @@ struct OnCore {
 /// When tendril's own watched threads ran, and on which cores.
 #[derive(Default)]
 struct OwnThreads {
-    watched: HashMap<i32, WatchedThread>,
+    watched: HashSet<u32>,
     /// Each running thread's core and switch in.
     running: HashMap<u32, (u32, u64)>,
     /// Times they ran, oldest first.
@@ -104,44 +113,32 @@ impl OwnThreads {
         (finished + running).min(to.saturating_sub(from))
     }
 
-    /// Reads the threads' switches up to now. A thread that has ended is let go, and
-    /// its last turn with it (an exit may leave no switch out to close it).
-    fn read(&mut self, clock: &ClockAnchor) {
-        let own_pid = std::process::id();
-        let (running, ran) = (&mut self.running, &mut self.ran);
-        for thread in self.watched.values_mut() {
-            thread.ring.drain(|bytes| {
-                if let Record::Switch {
-                    pid,
-                    tid,
-                    out,
-                    time_ns,
-                    cpu: Some(cpu),
-                    ..
-                } = records::parse_switch_records(bytes)
-                    && pid == own_pid
-                {
-                    let at = clock.tsc_at(time_ns);
-                    if !out {
-                        running.insert(tid, (cpu, at));
-                    } else if let Some((cpu, from)) = running.remove(&tid) {
-                        if ran.len() >= MAX_OWN_INTERVALS {
-                            ran.pop_front();
-                        }
-                        ran.push_back(OnCore {
-                            cpu,
-                            from,
-                            to: at.max(from),
-                        });
-                    }
-                }
+    /// Takes one switch of one of tendril's threads (others are ignored), at TSC `at`.
+    fn note(&mut self, switch: &Switch, at: u64) {
+        let Some(cpu) = switch.cpu.filter(|_| self.watched.contains(&switch.tid)) else {
+            return;
+        };
+        if !switch.out {
+            self.running.insert(switch.tid, (cpu, at));
+        } else if let Some((cpu, from)) = self.running.remove(&switch.tid) {
+            if self.ran.len() >= MAX_OWN_INTERVALS {
+                self.ran.pop_front();
+            }
+            self.ran.push_back(OnCore {
+                cpu,
+                from,
+                to: at.max(from),
             });
         }
+    }
+
+    /// Lets go of the threads that ended, and their last turns with them (an exit may
+    /// leave no switch out to close it).
+    fn let_go_of_ended(&mut self) {
         self.watched
-            .retain(|tid, _| std::path::Path::new(&format!("/proc/self/task/{tid}")).exists());
+            .retain(|tid| std::path::Path::new(&format!("/proc/self/task/{tid}")).exists());
         let watched = &self.watched;
-        self.running
-            .retain(|tid, _| watched.contains_key(&(*tid as i32)));
+        self.running.retain(|tid, _| watched.contains(tid));
     }
 
     /// Forgets the times that ended before `oldest`, the earliest moment a target thread
@@ -152,12 +149,6 @@ impl OwnThreads {
             None => self.ran.clear(),
         }
     }
-}
-
-/// The switch records of one thread.
-struct WatchedThread {
-    _event: PerfEvent,
-    ring: Ring,
 }
 
 /// The TSC and `CLOCK_MONOTONIC` read together, and the TSC's rate.
@@ -195,22 +186,6 @@ impl ClockAnchor {
     }
 }
 
-/// Raises this process's soft limit of open files to its hard limit (as `perf` does).
-fn raise_open_files_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit and setrlimit read or write one rlimit through a valid pointer.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
-}
-
 fn monotonic_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
@@ -225,7 +200,15 @@ fn monotonic_ns() -> u64 {
 pub struct OffCpuWatch {
     pid: i32,
     tsc_hz: u64,
-    threads: HashMap<i32, WatchedThread>,
+    sources: Sources,
+    /// Per thread, tendril's own watched threads' events (per core, `sources` has their
+    /// switches).
+    own_sources: Option<Sources>,
+    /// Per core, the switches read that came after the drain began, for the next one.
+    later: Vec<Switch>,
+    /// Per core, whether each thread of the target seen switching is one of the
+    /// agent's (which never runs inside a recorded frame).
+    agent_threads: HashMap<u32, bool>,
     scanned_at: Instant,
     /// Each thread's last switch out, until the switch in that ends it.
     out_since: HashMap<u32, SwitchedOut>,
@@ -236,69 +219,75 @@ pub struct OffCpuWatch {
 }
 
 impl OffCpuWatch {
-    /// Opens the switch records of every thread of `pid`. An error is one line saying
-    /// why CPU time cannot be measured, and what to change where that is possible.
-    /// `tsc_hz` is the TSC's measured frequency.
+    /// Opens the switch records of every thread of `pid`: one event per core if the
+    /// kernel allows it, else one per thread. An error is one line saying why CPU time
+    /// cannot be measured, and what to change where that is possible. `tsc_hz` is the
+    /// TSC's measured frequency.
     pub fn start(pid: i32, tsc_hz: u64) -> Result<OffCpuWatch, String> {
-        let tids = crate::process::thread_ids(pid).map_err(|e| e.to_string())?;
-        // One descriptor per thread: a process of thousands of threads needs more than
-        // the usual soft limit of 1,024.
-        raise_open_files_limit();
+        let threads = crate::process::thread_ids(pid).map_or(0, |tids| tids.len());
+        let cores = (threads >= PER_CORE_FROM_THREADS)
+            .then(Sources::on_cores)
+            .and_then(Result::ok);
+        OffCpuWatch::start_with(pid, tsc_hz, cores)
+    }
+
+    /// [`OffCpuWatch::start`] with the cores' events if `cores` has them, else per
+    /// thread.
+    fn start_with(pid: i32, tsc_hz: u64, cores: Option<Sources>) -> Result<OffCpuWatch, String> {
+        let (sources, own_sources) = match cores {
+            Some(cores) => (cores, None),
+            None => (Sources::on_threads(), Some(Sources::on_threads())),
+        };
         let mut watch = OffCpuWatch {
             pid,
             tsc_hz,
-            threads: HashMap::new(),
+            sources,
+            own_sources,
+            later: Vec::new(),
+            agent_threads: HashMap::new(),
             scanned_at: Instant::now(),
             out_since: HashMap::new(),
             own: OwnThreads::default(),
             lost: 0,
         };
-        for tid in tids {
-            watch.open(tid)?;
+        if !watch.sources.per_core() {
+            let tids = crate::process::thread_ids(pid).map_err(|e| e.to_string())?;
+            for tid in tids {
+                watch.open(tid)?;
+            }
         }
         Ok(watch)
     }
 
-    /// Opens thread `tid`'s switch records. A thread that is gone already is skipped.
+    /// Whether thread `tid` is one of the agent's.
+    fn is_agent_thread(&self, tid: i32) -> bool {
+        crate::process::thread_name(self.pid, tid).starts_with(AGENT_THREAD_PREFIX)
+    }
+
+    /// Opens thread `tid`'s switch records (per thread). A thread that is gone already
+    /// is skipped.
     fn open(&mut self, tid: i32) -> Result<(), String> {
-        if crate::process::thread_name(self.pid, tid).starts_with(AGENT_THREAD_PREFIX) {
+        if self.sources.watches_thread(tid) || self.is_agent_thread(tid) {
             return Ok(());
         }
-        let event = match PerfEvent::open_switch_records(tid, 4096) {
-            Ok(event) => event,
-            Err(OpenError::Gone) => return Ok(()),
-            Err(OpenError::Refused(error)) => {
-                return Err(format!(
-                    "CPU time is not measured: the kernel refused perf events ({error}); \
-                     as root, or with kernel.perf_event_paranoid ≤ 1 \
-                     (sysctl kernel.perf_event_paranoid=1), it is"
-                ));
-            }
-            Err(OpenError::Other(error)) => {
-                return Err(format!(
-                    "CPU time is not measured: perf events cannot be opened ({error})"
-                ));
-            }
-        };
-        let ring = Ring::map(&event, RING_PAGES)
-            .map_err(|e| format!("CPU time is not measured: cannot map a perf ring ({e})"))?;
-        self.threads.insert(
-            tid,
-            WatchedThread {
-                _event: event,
-                ring,
-            },
-        );
-        Ok(())
+        match self.sources.watch_thread(tid) {
+            Ok(()) | Err(OpenError::Gone) => Ok(()),
+            Err(OpenError::Refused(error)) => Err(format!(
+                "CPU time is not measured: the kernel refused perf events ({error}); \
+                 as root, or with kernel.perf_event_paranoid ≤ 1 \
+                 (sysctl kernel.perf_event_paranoid=1), it is"
+            )),
+            Err(OpenError::Other(error)) => Err(format!(
+                "CPU time is not measured: perf events cannot be opened or mapped ({error})"
+            )),
+        }
     }
 
     /// Watches thread `tid` from now on, if it is not watched yet (the recorder calls
     /// this for each thread it sees for the first time).
     pub fn watch_thread(&mut self, tid: i32) {
-        if !self.threads.contains_key(&tid) {
-            // A refusal now would have been one at the start: nothing new to say.
-            let _ = self.open(tid);
-        }
+        // A refusal now would have been one at the start: nothing new to say.
+        let _ = self.open(tid);
     }
 
     /// Watches the calling thread, one of tendril's own, from now on, if it is not
@@ -306,18 +295,15 @@ impl OffCpuWatch {
     /// recorder calls this from the thread that drains). A refusal leaves it unwatched.
     pub fn watch_own_thread(&mut self) {
         let tid = nix::unistd::gettid().as_raw();
-        if self.own.watched.contains_key(&tid) {
+        if self.own.watched.contains(&(tid as u32)) {
             return;
         }
-        let Ok(event) = PerfEvent::open_switch_records(tid, 4096) else {
-            return;
+        let opened = match self.own_sources.as_mut() {
+            Some(own_sources) => own_sources.watch_thread(tid).is_ok(),
+            None => true,
         };
-        if let Ok(ring) = Ring::map(&event, RING_PAGES) {
-            let thread = WatchedThread {
-                _event: event,
-                ring,
-            };
-            self.own.watched.insert(tid, thread);
+        if opened {
+            self.own.watched.insert(tid as u32);
         }
     }
 
@@ -332,67 +318,87 @@ impl OffCpuWatch {
             return;
         };
         let alive: HashSet<i32> = tids.iter().copied().collect();
-        self.threads.retain(|tid, _| alive.contains(tid));
+        self.sources.retain_threads(|tid| alive.contains(&tid));
         // A thread that ended while switched out never switches in: forget it, or the
         // oldest wait would keep tendril's turns from being forgotten.
         (self.out_since).retain(|tid, _| alive.contains(&(*tid as i32)));
-        for tid in tids {
-            self.watch_thread(tid);
+        (self.agent_threads).retain(|tid, _| alive.contains(&(*tid as i32)));
+        if !self.sources.per_core() {
+            for tid in tids {
+                self.watch_thread(tid);
+            }
         }
     }
 
+    /// The switches to take now, in time order: all those read, and per core, those
+    /// kept from the last drain, but only up to `began_ns` (the others are kept).
+    fn read_switches(&mut self, began_ns: u64) -> Vec<Switch> {
+        let mut switches = std::mem::take(&mut self.later);
+        self.sources.read(&mut switches, &mut self.lost);
+        if let Some(own_sources) = self.own_sources.as_mut() {
+            // Records lost of tendril's own threads only make "held by tendril" smaller.
+            own_sources.read(&mut switches, &mut 0);
+        }
+        switches.sort_by_key(|switch| switch.time_ns);
+        if self.sources.per_core() {
+            let now = switches.partition_point(|switch| switch.time_ns <= began_ns);
+            self.later = switches.split_off(now);
+        }
+        switches
+    }
+
     /// Hands every off-CPU interval completed since the last call to `visit`, each
-    /// thread's in time order (a thread's records are all in its own ring). Drain these before the agent's rings: a thread is
+    /// thread's in time order. Drain these before the agent's rings: a thread is
     /// switched in before it runs, so every interval that precedes an event read
     /// afterwards has been handed over by then.
     pub fn drain(&mut self, mut visit: impl FnMut(OffCpuInterval)) {
         let clock = ClockAnchor::now(self.tsc_hz);
+        let switches = self.read_switches(monotonic_ns());
         // Tendril's own switches first: a target thread's wait that ends by now was
         // spent while they ran, or did not.
-        self.own.read(&clock);
-        let pid = self.pid as u32;
-        let (out_since, own) = (&mut self.out_since, &self.own);
-        let mut lost = 0;
-        for thread in self.threads.values_mut() {
-            thread
-                .ring
-                .drain(|bytes| match records::parse_switch_records(bytes) {
-                    Record::Switch {
-                        pid: of,
-                        tid,
-                        out,
-                        time_ns,
-                        preempted,
-                        cpu,
-                    } if of == pid => {
-                        let at = clock.tsc_at(time_ns);
-                        if out {
-                            let preempted_on = cpu.filter(|_| preempted);
-                            out_since.insert(tid, SwitchedOut { at, preempted_on });
-                        } else if let Some(switched_out) = out_since.remove(&tid) {
-                            let in_tsc = at.max(switched_out.at);
-                            let held_by_tendril = switched_out
-                                .preempted_on
-                                .map_or(0, |cpu| own.held(cpu, switched_out.at, in_tsc));
-                            visit(OffCpuInterval {
-                                tid,
-                                out_tsc: switched_out.at,
-                                in_tsc,
-                                held_by_tendril,
-                            });
-                        }
-                    }
-                    Record::Lost { count } => lost += count,
-                    _ => {}
-                });
+        let own_pid = std::process::id();
+        for switch in switches.iter().filter(|switch| switch.pid == own_pid) {
+            self.own.note(switch, clock.tsc_at(switch.time_ns));
         }
-        self.lost += lost;
+        self.own.let_go_of_ended();
+        let pid = self.pid as u32;
+        for switch in switches.iter().filter(|switch| switch.pid == pid) {
+            if self.sources.per_core() && self.skip_agent_thread(switch.tid) {
+                continue;
+            }
+            let at = clock.tsc_at(switch.time_ns);
+            if switch.out {
+                let preempted_on = switch.cpu.filter(|_| switch.preempted);
+                (self.out_since).insert(switch.tid, SwitchedOut { at, preempted_on });
+            } else if let Some(switched_out) = self.out_since.remove(&switch.tid) {
+                let in_tsc = at.max(switched_out.at);
+                let held_by_tendril = switched_out
+                    .preempted_on
+                    .map_or(0, |cpu| self.own.held(cpu, switched_out.at, in_tsc));
+                visit(OffCpuInterval {
+                    tid: switch.tid,
+                    out_tsc: switched_out.at,
+                    in_tsc,
+                    held_by_tendril,
+                });
+            }
+        }
         let oldest_wait = (self.out_since.values())
             .filter(|out| out.preempted_on.is_some())
             .map(|out| out.at)
             .min();
         self.own.forget_before(oldest_wait);
         self.rescan();
+    }
+
+    /// Whether thread `tid` of the target is one of the agent's, looked up once.
+    fn skip_agent_thread(&mut self, tid: u32) -> bool {
+        if let Some(&agent) = self.agent_threads.get(&tid) {
+            return agent;
+        }
+        let agent = self.is_agent_thread(tid as i32);
+        self.agent_threads.insert(tid, agent);
+        agent
     }
 
     /// Switch records lost to full rings (their intervals count as on-CPU).
@@ -407,9 +413,9 @@ mod tests {
     use std::time::Duration;
 
     /// This test process's own thread sleeps: the interval it was off the CPU is found,
-    /// inside the TSC reads around the sleep, and at least as long as the sleep.
-    #[test]
-    fn a_sleep_is_an_interval_off_the_cpu_in_tsc_ticks() {
+    /// inside the TSC reads around the sleep, and at least as long as the sleep; with
+    /// the cores' events (this test runs as root) and with the threads' own.
+    fn a_sleep_is_an_interval_off_the_cpu(per_core: bool) {
         let (sleeper_tid_tx, sleeper_tid_rx) = std::sync::mpsc::channel();
         let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
         let sleeper = std::thread::spawn(move || {
@@ -422,10 +428,12 @@ mod tests {
         });
         let tid = sleeper_tid_rx.recv().unwrap();
         let hz = tsc::measure_hz();
-        let mut watch = match OffCpuWatch::start(std::process::id() as i32, hz) {
+        let cores = per_core.then(|| Sources::on_cores().expect("the cores' switch events"));
+        let mut watch = match OffCpuWatch::start_with(std::process::id() as i32, hz, cores) {
             Ok(watch) => watch,
             Err(why) => panic!("{why}"),
         };
+        assert_eq!(watch.sources.per_core(), per_core);
         go_tx.send(()).unwrap();
         let (before, after) = sleeper.join().unwrap();
         let mut found = Vec::new();
@@ -442,6 +450,16 @@ mod tests {
             before <= slept.out_tsc && slept.in_tsc <= after,
             "{slept:?} outside the sleep's TSC reads {before}..{after}"
         );
+    }
+
+    #[test]
+    fn a_sleep_is_an_interval_off_the_cpu_from_the_cores_switches() {
+        a_sleep_is_an_interval_off_the_cpu(true);
+    }
+
+    #[test]
+    fn a_sleep_is_an_interval_off_the_cpu_from_the_threads_own_switches() {
+        a_sleep_is_an_interval_off_the_cpu(false);
     }
 
     #[test]

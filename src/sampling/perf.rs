@@ -53,6 +53,13 @@ pub enum OpenError {
     Other(io::Error),
 }
 
+/// Whose context switches an event reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwitchScope {
+    Thread(i32),
+    Core(u32),
+}
+
 /// An open perf event on one thread, and its ring if it has one of its own.
 pub struct PerfEvent {
     fd: OwnedFd,
@@ -96,14 +103,20 @@ impl PerfEvent {
         attr.set_exclude_hv(1);
         attr.set_exclude_callchain_kernel(1);
         attr.set_sample_id_all(1);
-        open_with(&mut attr, tid, wakeup_bytes)
+        open_with(&mut attr, (tid, -1), wakeup_bytes)
     }
 
-    /// Opens an event on thread `tid` that only reports its context switches
-    /// (`PERF_RECORD_SWITCH`, with the process and thread ids and the `CLOCK_MONOTONIC`
-    /// time), enabled at once, no samples. Not inherited: the kernel maps no ring of an
-    /// inherited per-thread event, so each thread needs its own.
-    pub fn open_switch_records(tid: i32, wakeup_bytes: u32) -> Result<PerfEvent, OpenError> {
+    /// Opens an event that only reports context switches, enabled at once, no
+    /// samples: those of thread `tid` (`PERF_RECORD_SWITCH`), or with
+    /// [`SwitchScope::Core`] those of every thread that runs on one core
+    /// (`PERF_RECORD_SWITCH_CPU_WIDE`, which needs root or `CAP_PERFMON`). Each record
+    /// has the process and thread ids, the `CLOCK_MONOTONIC` time and the core. Not
+    /// inherited: the kernel maps no ring of an inherited per-thread event, so each
+    /// thread needs its own.
+    pub fn open_switch_records(
+        scope: SwitchScope,
+        wakeup_bytes: u32,
+    ) -> Result<PerfEvent, OpenError> {
         let mut attr = perf::perf_event_attr {
             size: std::mem::size_of::<perf::perf_event_attr>() as u32,
             type_: perf::PERF_TYPE_SOFTWARE,
@@ -118,7 +131,10 @@ impl PerfEvent {
         attr.set_sample_id_all(1);
         attr.set_exclude_kernel(1);
         attr.set_exclude_hv(1);
-        open_with(&mut attr, tid, wakeup_bytes)
+        match scope {
+            SwitchScope::Thread(tid) => open_with(&mut attr, (tid, -1), wakeup_bytes),
+            SwitchScope::Core(cpu) => open_with(&mut attr, (-1, cpu as i32), wakeup_bytes),
+        }
     }
 
     /// Sends this event's records into `other`'s ring (both on the same thread).
@@ -154,12 +170,13 @@ impl PerfEvent {
     }
 }
 
-/// `perf_event_open` on thread `tid` with `attr`, and the event's kernel id. Every event
-/// stamps its records with CLOCK_MONOTONIC (which the controller can read too) and wakes
-/// a reader in poll() once `wakeup_bytes` are waiting.
+/// `perf_event_open` with `attr` on `(tid, cpu)` (thread `tid` on any core, or with tid
+/// -1 every thread on core `cpu`), and the event's kernel id. Every event stamps its
+/// records with CLOCK_MONOTONIC (which the controller can read too) and wakes a reader in
+/// poll() once `wakeup_bytes` are waiting.
 fn open_with(
     attr: &mut perf::perf_event_attr,
-    tid: i32,
+    (tid, cpu): (i32, i32),
     wakeup_bytes: u32,
 ) -> Result<PerfEvent, OpenError> {
     attr.set_use_clockid(1);
@@ -168,7 +185,7 @@ fn open_with(
     attr.__bindgen_anon_2.wakeup_watermark = wakeup_bytes.max(1);
     // SAFETY: attr is a valid, fully initialised perf_event_attr that lives across
     // the call; the kernel only reads it (and may write its size field back).
-    let fd = unsafe { sys::perf_event_open(attr, tid, -1, -1, perf::PERF_FLAG_FD_CLOEXEC as _) };
+    let fd = unsafe { sys::perf_event_open(attr, tid, cpu, -1, perf::PERF_FLAG_FD_CLOEXEC as _) };
     if fd < 0 {
         let error = io::Error::last_os_error();
         return Err(match error.raw_os_error() {

@@ -95,7 +95,9 @@ pub fn parse(record: &[u8]) -> Record<'_> {
 }
 
 /// Parses one record of an event opened by `PerfEvent::open_switch_records`, whose
-/// `sample_id_all` trailer is pid and tid, time, CPU: its switches say which core.
+/// `sample_id_all` trailer is pid and tid, time, CPU: its switches say which core. A
+/// core's record (`PERF_RECORD_SWITCH_CPU_WIDE`) is the switched thread's, as a
+/// thread's own.
 pub fn parse_switch_records(record: &[u8]) -> Record<'_> {
     parse_checked(record, true).unwrap_or(Record::Other)
 }
@@ -147,7 +149,11 @@ fn parse_checked(record: &[u8], trailer_has_cpu: bool) -> Option<Record<'_>> {
                 count: cursor.u64()?,
             })
         }
-        perf::PERF_RECORD_SWITCH => {
+        perf::PERF_RECORD_SWITCH | perf::PERF_RECORD_SWITCH_CPU_WIDE => {
+            if kind == perf::PERF_RECORD_SWITCH_CPU_WIDE {
+                // The thread switched to or from: the trailer names the one switched.
+                let _next_or_previous = cursor.u32_pair()?;
+            }
             let (pid, tid) = cursor.u32_pair()?;
             let time_ns = cursor.u64()?;
             let cpu = match trailer_has_cpu {
@@ -296,6 +302,28 @@ mod tests {
         assert!(matches!(
             parse_switch_records(&without_the_cpu),
             Record::Other
+        ));
+    }
+
+    #[test]
+    fn a_cores_switch_record_is_the_switched_threads() {
+        // Thread 6 of process 5 switched out of core 2 for thread 9 of process 8.
+        let out = record(
+            perf::PERF_RECORD_SWITCH_CPU_WIDE,
+            perf::PERF_RECORD_MISC_SWITCH_OUT as u16,
+            &[pid_tid(8, 9), pid_tid(5, 6), 44, 2],
+            &[],
+        );
+        assert!(matches!(
+            parse_switch_records(&out),
+            Record::Switch {
+                pid: 5,
+                tid: 6,
+                time_ns: 44,
+                out: true,
+                cpu: Some(2),
+                ..
+            }
         ));
     }
 }
