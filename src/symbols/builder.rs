@@ -5,6 +5,11 @@
 //! first, and a function is kept as offsets into it until all are found; then the
 //! buffer becomes the module's [`StringTable`] and each function's texts are ranges of
 //! it. A module of 300,000 functions costs a handful of allocations, not a million.
+//!
+//! Demangling is most of a large module's load (half of `librustc_driver`'s, whose
+//! LLVM part is C++): [`Builder::push_all`] splits a large symbol table between a few
+//! threads, each demangling into a buffer of its own, and appends their buffers in
+//! order, so the table comes out as one thread would have made it.
 
 use std::ops::Range;
 use std::path::Path;
@@ -13,6 +18,15 @@ use std::sync::Arc;
 use super::demangle::demangle_into;
 use super::text::StringTable;
 use super::{Function, SymbolSource};
+
+/// From this many symbols, a module's names are demangled on several threads.
+const PARALLEL_FROM: usize = 20_000;
+/// The most threads that demangle one module's names.
+const MAX_DEMANGLING_THREADS: usize = 4;
+
+/// A symbol to add: ELF virtual address, size, name as stored, where it was found,
+/// whether it is an indirect function.
+pub(super) type Symbol<'a> = (u64, u64, &'a str, SymbolSource, bool);
 
 /// A function found, its texts as `(offset, length)` in the builder's buffer.
 struct Found {
@@ -85,6 +99,67 @@ impl Builder {
             source,
             ifunc,
         });
+    }
+
+    /// Adds every symbol of `symbols` in order, as [`Builder::push`] would one by one;
+    /// a long list is demangled on several threads.
+    pub(super) fn push_all(&mut self, symbols: &[Symbol<'_>]) {
+        let threads = match symbols.len() >= PARALLEL_FROM {
+            true => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            false => 1,
+        }
+        .min(MAX_DEMANGLING_THREADS);
+        if threads <= 1 {
+            for &(vaddr, size, raw, source, ifunc) in symbols {
+                self.push(vaddr, size, raw, source, ifunc);
+            }
+            return;
+        }
+        let parts: Vec<(String, Vec<Found>)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = symbols
+                .chunks(symbols.len().div_ceil(threads))
+                .map(|part| {
+                    scope.spawn(move || {
+                        let mut builder = Builder::new("", 0, 0..0, part.len());
+                        // Room for each name stored and demangled (a C++ name's
+                        // demangled form is about twice as long).
+                        let stored: usize = part.iter().map(|&(_, _, raw, _, _)| raw.len()).sum();
+                        builder.strings.reserve(stored * 3);
+                        builder.push_all(part);
+                        (builder.strings, builder.found)
+                    })
+                })
+                .collect();
+            (workers.into_iter())
+                .map(|worker| {
+                    worker
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+                })
+                .collect()
+        });
+        self.strings
+            .reserve(parts.iter().map(|(strings, _)| strings.len()).sum());
+        for (strings, found) in parts {
+            if !self.append_part(&strings, found) {
+                return;
+            }
+        }
+    }
+
+    /// Appends another builder's buffer and its functions, their offsets moved past
+    /// this buffer's end; false (nothing appended) once the buffer would pass 4 GiB.
+    fn append_part(&mut self, strings: &str, found: Vec<Found>) -> bool {
+        let Some(base) = self.add_text(strings).map(|(at, _)| at) else {
+            return false;
+        };
+        let moved = |(at, len): (u32, u32)| (at + base, len);
+        self.found.extend(found.into_iter().map(|f| Found {
+            name: moved(f.name),
+            raw_name: moved(f.raw_name),
+            ..f
+        }));
+        true
     }
 
     /// Adds every `(start, length, raw name)` (ELF virtual addresses) that neither a
@@ -195,5 +270,37 @@ mod tests {
         );
         assert!(functions.iter().all(|f| f.module == "app"));
         assert_eq!(&*functions[0].module_path, Path::new("/bin/app"));
+    }
+
+    #[test]
+    fn names_demangled_on_several_threads_come_out_as_on_one() {
+        let raw: Vec<String> = (0..PARALLEL_FROM as u64 + 7)
+            .map(|i| {
+                let function = format!("f{i}");
+                match i % 3 {
+                    0 => format!("_ZN2ns{}{function}Ei", function.len()),
+                    1 => format!("plain_{i}"),
+                    _ => format!("_RNvCs1234_7mycrate{}{function}", function.len()),
+                }
+            })
+            .collect();
+        let symbols: Vec<Symbol<'_>> = (raw.iter().enumerate())
+            .map(|(i, name)| (i as u64 * 16, 8, name.as_str(), SymbolSource::Symtab, false))
+            .collect();
+        let rows = |functions: Vec<Function>| -> Vec<(u64, String, String)> {
+            (functions.into_iter())
+                .map(|f| (f.addr, f.name.to_string(), f.raw_name.to_string()))
+                .collect()
+        };
+        let mut one_by_one = Builder::new("lib", 0x1000, 0..0, symbols.len());
+        for &(vaddr, size, name, source, ifunc) in &symbols {
+            one_by_one.push(vaddr, size, name, source, ifunc);
+        }
+        let mut all_at_once = Builder::new("lib", 0x1000, 0..0, symbols.len());
+        all_at_once.push_all(&symbols);
+        let expected = rows(one_by_one.finish(Path::new("/lib"), 3));
+        assert_eq!(expected[0].1, "ns::f0(int)");
+        assert_eq!(expected[2].1, "mycrate::f2");
+        assert_eq!(rows(all_at_once.finish(Path::new("/lib"), 3)), expected);
     }
 }

@@ -97,6 +97,7 @@ impl ModuleSymbols {
         if let Some(debug) = &debug_elf {
             tables.insert(0, (&debug.syms, &debug.strtab, SymbolSource::DebugFile));
         }
+        let mut symbols = Vec::with_capacity(expected);
         for (syms, strtab, source) in tables {
             for sym in syms.iter() {
                 let kind = sym.st_type();
@@ -109,10 +110,11 @@ impl ModuleSymbols {
                 };
                 if seen.insert(SymbolKey(sym.st_value, raw)) {
                     let ifunc = kind == STT_GNU_IFUNC;
-                    builder.push(sym.st_value, sym.st_size, raw, source, ifunc);
+                    symbols.push((sym.st_value, sym.st_size, raw, source, ifunc));
                 }
             }
         }
+        builder.push_all(&symbols);
 
         let stubs = plt::stubs(elf, image);
         for stub in &stubs {
