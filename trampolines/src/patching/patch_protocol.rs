@@ -7,7 +7,9 @@
 //! 2. if some entry jump overwrites more than one instruction, stop every thread that
 //!    runs user code (`stop_world`: parked by a signal, or held with ptrace if it blocks
 //!    signals) — before any guard goes up, so that no thread spins at one while the
-//!    stop waits for a thousand others;
+//!    stop waits for a thousand others; when all such entries are the unwinder's own
+//!    (run only by a thread that throws or exits), the guards go up first and a peek
+//!    moves the threads instead, holding none;
 //! 3. store a jump-to-self guard (`EB FE`) over each entry's first two bytes, one store
 //!    each (`code_pages`), and serialise: a thread arriving at an entry now (one woken
 //!    from a system call) spins there for the microseconds the patch takes instead of
@@ -122,6 +124,9 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     }
     let jumps: Vec<Vec<u8>> = batch.iter().map(Site::entry_jump).collect();
     let needs_stop = batch.iter().any(Site::needs_stop);
+    let peek_moves = needs_stop
+        .then(|| moves_off_unwinder_entries(batch))
+        .flatten();
     let mut buffers = needs_stop.then(|| {
         // Only a stop moves threads, and only then are signal frames looked for.
         signal_frames::learn_restorers(stop_world::park_signal());
@@ -153,13 +158,24 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     // function spinning there, taking the cores from the threads the stop waited for
     // (a batch of 716 libc functions held threads for 0.65 s). Only threads that wake
     // from a system call meanwhile meet them now.
-    let written = match buffers.as_mut() {
-        Some(buffers) => stop_world::with_world_stopped_in(buffers, |world| {
+    let written = match (buffers.as_mut(), &peek_moves) {
+        // Only the unwinder's entries hold threads between their instructions, and a
+        // thread reaches those only when it throws or exits: the guards go up first,
+        // and a peek moves each thread that is inside one on to the trampoline's copy,
+        // holding none (see `moves_off_unwinder_entries`).
+        (Some(buffers), Some(moves)) => {
+            put_guards();
+            stop_world::with_every_thread_peeked_in(buffers, moves, |world| {
+                move_threads(world, &|pc| resume_point_in_copy(pc, batch_view));
+                write_jumps()
+            })
+        }
+        (Some(buffers), None) => stop_world::with_world_stopped_in(buffers, |world| {
             put_guards();
             move_threads(world, &|pc| resume_point_in_copy(pc, batch_view));
             write_jumps()
         }),
-        None => {
+        (None, _) => {
             put_guards();
             write_jumps();
             Ok(())
@@ -265,6 +281,28 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
     writable.store_two_bytes(site.patch_at, [entry[0], entry[1]]);
     stop_world::serialize_all_cores();
     written?.map_err(|e| AgentError::io("cannot write code", e))
+}
+
+/// When every entry of `batch` that overwrites several instructions is one of the
+/// unwinder's own (`Site::internal`: functions a thread runs only when it throws, is
+/// cancelled or exits), the moves of a peek that puts a thread found between two of
+/// those instructions on the same instruction in the trampoline's copy: one per
+/// instruction boundary (a thread is interrupted at one). `None` otherwise: the batch
+/// is installed with the process stopped, since a hot function's guard up for the
+/// length of a peek would hold every thread that calls it (see `install`).
+fn moves_off_unwinder_entries(batch: &[Site]) -> Option<Vec<(u64, u64, u64)>> {
+    let several: Vec<&Site> = batch.iter().filter(|site| site.needs_stop()).collect();
+    if several.iter().any(|site| !site.internal) {
+        return None;
+    }
+    let moves = several.iter().flat_map(|site| {
+        let inside = site.patch_at + 1..site.patch_at + site.trampoline.plan.overwritten_len as u64;
+        (site.trampoline.instruction_map.iter())
+            .map(|&(original, copy)| (site.function() + original as u64, copy))
+            .filter(move |(at, _)| inside.contains(at))
+            .map(|(at, copy)| (at, at + 1, site.trampoline.body + copy as u64))
+    });
+    Some(moves.collect())
 }
 
 /// Writes back the bytes of pads no thread can have reached.
@@ -520,66 +558,4 @@ mod active {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::code::entry_plan::plan_entry_patch;
-
-    /// A site for `code` at `function`, its trampoline's body at `body`.
-    fn site(function: u64, code: &[u8], body: u64) -> Site {
-        let plan = plan_entry_patch(function, code).unwrap();
-        let relocated = crate::code::relocate::relocate(function, code, &plan, body).unwrap();
-        let patch_at = function + plan.patch_offset as u64;
-        Site {
-            patch_at,
-            original: [0; MAX_ENTRY_PATCH],
-            pad: None,
-            trampoline: Trampoline {
-                body,
-                hook: body - 0x100,
-                entry_bytes: code[..plan.patch_offset + plan.overwritten_len].to_vec(),
-                plan,
-                instruction_map: relocated.instruction_map,
-            },
-            owner: 1,
-            id: 0,
-            kind: tendril_wire::Hook::Count,
-            internal: false,
-            recorded: [None, None],
-        }
-    }
-
-    #[test]
-    fn a_thread_between_overwritten_instructions_goes_on_in_the_copy() {
-        let f = 0x7f00_0000_1000;
-        // push rbp (kept); mov rbp,rsp; sub rsp,0x10; leave; ret
-        let code = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x10, 0xc9, 0xc3];
-        let body = 0x7f00_4000_0000;
-        let batch = [site(f, &code, body)];
-        // The copy is: push rbp (1 byte), mov rbp,rsp (3), sub rsp,0x10 (4), jmp back.
-        assert_eq!(resume_point_in_copy(f + 4, &batch), Some(body + 4));
-        // At the patch itself, or before it (the kept push), or after it: no move.
-        assert_eq!(resume_point_in_copy(f + 1, &batch), None);
-        assert_eq!(resume_point_in_copy(f, &batch), None);
-        assert_eq!(resume_point_in_copy(f + 8, &batch), None);
-        // Inside an instruction (no thread can be there): no move either.
-        assert_eq!(resume_point_in_copy(f + 5, &batch), None);
-    }
-
-    #[test]
-    fn a_thread_on_a_pad_goes_on_to_its_hook() {
-        let pads = [PendingPad {
-            pad: Pad {
-                address: 0x5000,
-                original: [0xcc; PAD_LEN as usize],
-            },
-            hook: 0x9000,
-            recorded: None,
-        }];
-        assert_eq!(resume_point_off_pad(0x5000, &pads), Some(0x9000));
-        assert_eq!(
-            resume_point_off_pad(0x5000 + PAD_LEN - 1, &pads),
-            Some(0x9000)
-        );
-        assert_eq!(resume_point_off_pad(0x5000 + PAD_LEN, &pads), None);
-    }
-}
+mod tests;
