@@ -5,11 +5,11 @@
 //! (`PERF_RECORD_SWITCH`: out, then in): one per thread, or for a target of many
 //! threads one per core when tendril may open those ([`sources`] says why). Between a
 //! thread's switch out and its next switch in the thread did not run: it waited in a
-//! system call, on a lock, or for a CPU. The kernel stamps the records with `CLOCK_MONOTONIC`; each drain
-//! reads the TSC and that clock together ([`ClockAnchor`]) and converts the records it
-//! reads — all from the last moments — from there, so the conversion's error is the
-//! frequency's error over milliseconds (nanoseconds), and each interval lands between
-//! the thread's own event timestamps. (The perf page's own TSC conversion,
+//! system call, on a lock, or for a CPU. The kernel stamps the records with
+//! `CLOCK_MONOTONIC`; each drain reads the TSC and that clock together ([`ClockAnchor`])
+//! and converts the records it reads — all from the last moments — from there, so the
+//! conversion's error is the frequency's error over milliseconds (nanoseconds), and each
+//! interval lands between the thread's own event timestamps. (The perf page's own TSC conversion,
 //! `cap_user_time_zero`, would be exact, but kernels under a hypervisor clock do not
 //! offer it.) The calling context trees take these intervals out of the frames they
 //! fell in, as they take out pauses, and that is CPU time per node. A thread's switches

@@ -3,15 +3,14 @@
 //!
 //! The one idea: the kernel pays for a per-thread event at every switch of its thread
 //! (it schedules the thread's perf context out and in), and a busy server switches
-//! hundreds of thousands of times a second. On a 1,000-thread target switching 285,000
-//! times a second, per-thread events raised the target's kernel time from 1.0 core to
-//! 1.75 and left the 2-core machine no time to spare, so every thread waited for a core
-//! for hundreds of milliseconds; one event per core writes the same records for about
-//! 0.2–0.4 of a core. But a core's records are every thread's switches on it, other
-//! processes' too (the watch keeps the target's and tendril's own): the kernel then
-//! writes a record at every switch on the machine. So the watch opens one event per
-//! core for a target of many threads, when it may (root, or `CAP_PERFMON`), and one per
-//! thread of the target otherwise.
+//! hundreds of thousands of times a second. On a 1,000-thread target switching about
+//! 100,000 times a second, per-thread events cost it 43% of a core, one event per core
+//! 20% (`benches/scripts/switch_events_cost.sh`); on a 2-core machine already busy,
+//! that difference is the time every thread then waits for a core. But a core's
+//! records are every thread's switches on it, other processes' too (the watch keeps
+//! the target's and tendril's own): the kernel then writes a record at every switch on
+//! the machine. So the watch opens one event per core for a target of many threads,
+//! when it may (root, or `CAP_PERFMON`), and one per thread of the target otherwise.
 
 use crate::sampling::perf::{OpenError, PerfEvent, Ring, SwitchScope};
 use crate::sampling::records::{self, Record};
@@ -20,9 +19,10 @@ use std::io;
 
 /// Data pages of each thread's ring: 64 KiB, about 2,700 switches between two drains.
 const THREAD_RING_PAGES: usize = 16;
-/// Data pages of each core's ring: 4 MiB, about 85,000 switches (0.3 s of a core that
-/// switches 285,000 times a second) between two drains; fewer on machines of many
-/// cores, down to [`MIN_CORE_RING_PAGES`].
+/// Data pages of each core's ring: 4 MiB, about 100,000 records of 40 bytes (a switch
+/// is two: out, then in), a third of a second of a core that switches 150,000 times a
+/// second, between two drains; fewer on machines of many cores, down to
+/// [`MIN_CORE_RING_PAGES`].
 const CORE_RING_PAGES: usize = 1024;
 /// All the cores' rings together stay within this many pages (64 MiB).
 const ALL_CORE_RING_PAGES: usize = 16_384;
