@@ -7,9 +7,9 @@
 //! 2. if some entry jump overwrites more than one instruction, stop every thread that
 //!    runs user code (`stop_world`: parked by a signal, or held with ptrace if it blocks
 //!    signals) — before any guard goes up, so that no thread spins at one while the
-//!    stop waits for a thousand others; when all such entries are the unwinder's own
-//!    (run only by a thread that throws or exits), the guards go up first and a peek
-//!    moves the threads instead, holding none;
+//!    stop waits for a thousand others; for a batch of the unwinder's own entries (run
+//!    only by a thread that throws or exits), the guards go up first and a peek moves
+//!    the threads instead, holding none;
 //! 3. store a jump-to-self guard (`EB FE`) over each entry's first two bytes, one store
 //!    each (`code_pages`), and serialise: a thread arriving at an entry now (one woken
 //!    from a system call) spins there for the microseconds the patch takes instead of
@@ -159,10 +159,10 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     // (a batch of 716 libc functions held threads for 0.65 s). Only threads that wake
     // from a system call meanwhile meet them now.
     let written = match (buffers.as_mut(), &peek_moves) {
-        // Only the unwinder's entries hold threads between their instructions, and a
-        // thread reaches those only when it throws or exits: the guards go up first,
-        // and a peek moves each thread that is inside one on to the trampoline's copy,
-        // holding none (see `moves_off_unwinder_entries`).
+        // A batch of the unwinder's entries, which a thread reaches only when it throws
+        // or exits: the guards go up first, and a peek moves each thread that is inside
+        // one on to the trampoline's copy, holding none (see
+        // `moves_off_unwinder_entries`).
         (Some(buffers), Some(moves)) => {
             put_guards();
             stop_world::with_every_thread_peeked_in(buffers, moves, |world| {
@@ -283,19 +283,20 @@ pub fn retarget(site: &Site, hook: u64) -> Result<(), AgentError> {
     written?.map_err(|e| AgentError::io("cannot write code", e))
 }
 
-/// When every entry of `batch` that overwrites several instructions is one of the
-/// unwinder's own (`Site::internal`: functions a thread runs only when it throws, is
-/// cancelled or exits), the moves of a peek that puts a thread found between two of
-/// those instructions on the same instruction in the trampoline's copy: one per
-/// instruction boundary (a thread is interrupted at one). `None` otherwise: the batch
-/// is installed with the process stopped, since a hot function's guard up for the
-/// length of a peek would hold every thread that calls it (see `install`).
+/// When every entry of `batch` is one of the unwinder's own (`Site::internal`:
+/// functions a thread runs only when it throws, is cancelled or exits; they go in as
+/// a batch of their own), the moves of a peek that puts a thread found between two
+/// instructions an entry jump overwrites on the same instruction in the trampoline's
+/// copy: one per instruction boundary (a thread is interrupted at one). `None`
+/// otherwise: the batch is installed with the process stopped, since any other
+/// function's guard, up for the length of a peek, could hold every thread that calls it
+/// (see `install`).
 fn moves_off_unwinder_entries(batch: &[Site]) -> Option<Vec<(u64, u64, u64)>> {
-    let several: Vec<&Site> = batch.iter().filter(|site| site.needs_stop()).collect();
-    if several.iter().any(|site| !site.internal) {
+    if batch.iter().any(|site| !site.internal) {
         return None;
     }
-    let moves = several.iter().flat_map(|site| {
+    let several = batch.iter().filter(|site| site.needs_stop());
+    let moves = several.flat_map(|site| {
         let inside = site.patch_at + 1..site.patch_at + site.trampoline.plan.overwritten_len as u64;
         (site.trampoline.instruction_map.iter())
             .map(|&(original, copy)| (site.function() + original as u64, copy))

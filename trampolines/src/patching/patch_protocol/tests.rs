@@ -82,6 +82,13 @@ fn only_the_unwinders_entries_are_installed_with_a_peek() {
         resume_point_in_copy(f + 4, std::slice::from_ref(&unwinder)),
         Some(body + 4)
     );
-    // Beside a hot entry of several instructions, the batch needs a stop.
+    // Beside any other function's entry, the batch needs a stop: that entry's guard
+    // would be up for the whole peek.
+    let one_instruction = [0xb8, 0x01, 0x00, 0x00, 0x00, 0xc3]; // mov eax,1; ret
+    let other = site(f + 0x100, &one_instruction, body + 0x100);
+    assert!(!other.needs_stop());
+    assert_eq!(moves_off_unwinder_entries(&[unwinder, other]), None);
+    let mut unwinder = site(f, &code, body);
+    unwinder.internal = true;
     assert_eq!(moves_off_unwinder_entries(&[unwinder, hot]), None);
 }
