@@ -110,9 +110,7 @@ impl Builder {
         }
         .min(MAX_DEMANGLING_THREADS);
         if threads <= 1 {
-            for &(vaddr, size, raw, source, ifunc) in symbols {
-                self.push(vaddr, size, raw, source, ifunc);
-            }
+            self.push_each(symbols);
             return;
         }
         let parts: Vec<(String, Vec<Found>)> = std::thread::scope(|scope| {
@@ -125,7 +123,7 @@ impl Builder {
                         // demangled form is about twice as long).
                         let stored: usize = part.iter().map(|&(_, _, raw, _, _)| raw.len()).sum();
                         builder.strings.reserve(stored * 3);
-                        builder.push_all(part);
+                        builder.push_each(part);
                         (builder.strings, builder.found)
                     })
                 })
@@ -144,6 +142,13 @@ impl Builder {
             if !self.append_part(&strings, found) {
                 return;
             }
+        }
+    }
+
+    /// Adds every symbol of `symbols` in order, on this thread.
+    fn push_each(&mut self, symbols: &[Symbol<'_>]) {
+        for &(vaddr, size, raw, source, ifunc) in symbols {
+            self.push(vaddr, size, raw, source, ifunc);
         }
     }
 
@@ -293,9 +298,7 @@ mod tests {
                 .collect()
         };
         let mut one_by_one = Builder::new("lib", 0x1000, 0..0, symbols.len());
-        for &(vaddr, size, name, source, ifunc) in &symbols {
-            one_by_one.push(vaddr, size, name, source, ifunc);
-        }
+        one_by_one.push_each(&symbols);
         let mut all_at_once = Builder::new("lib", 0x1000, 0..0, symbols.len());
         all_at_once.push_all(&symbols);
         let expected = rows(one_by_one.finish(Path::new("/lib"), 3));
