@@ -1,5 +1,6 @@
 //! One thread's perf events: `perf_event_open` on a thread of the target, the mapped
-//! ring the kernel writes its samples into, and reading that ring from the controller.
+//! ring the kernel writes its samples into, and reading that ring from the controller
+//! (and, for the off-CPU watch, one core's context-switch records: `SwitchScope`).
 //!
 //! The one idea: the kernel does the sampling. A `cpu-clock` software event on a thread
 //! fires every N ns of that thread's CPU time and, with `PERF_SAMPLE_REGS_USER` and
