@@ -146,29 +146,11 @@ pub fn counter_code(id: u32, flags_live: bool, gate: Gate, labels: &mut Labels) 
 #[cfg(all(test, not(miri)))]
 mod tests {
     use super::*;
-    use iced_x86::{BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, Formatter};
-    use iced_x86::{InstructionBlock, IntelFormatter};
 
     fn disassemble(flags_live: bool) -> Vec<String> {
         let mut labels = Labels::new_for_tests();
         let inserted = counter_code(3, flags_live, Gate::EveryCall, &mut labels);
-        assert_eq!(inserted.instructions.len(), inserted.extra_stack.len());
-        let address = 0x7f00_0000_1000;
-        let encoded = BlockEncoder::encode(
-            64,
-            InstructionBlock::new(&inserted.instructions, address),
-            BlockEncoderOptions::NONE,
-        )
-        .unwrap();
-        let mut formatter = IntelFormatter::new();
-        Decoder::with_ip(64, &encoded.code_buffer, address, DecoderOptions::NONE)
-            .into_iter()
-            .map(|instruction| {
-                let mut text = String::new();
-                formatter.format(&instruction, &mut text);
-                text
-            })
-            .collect()
+        crate::hooks::inserted_code::disassembled(&inserted, 0x7f00_0000_1000)
     }
 
     #[test]

@@ -157,3 +157,27 @@ fn below(displacement: i64) -> MemoryOperand {
 pub fn fixed(instruction: Result<Instruction, iced_x86::IcedError>) -> Instruction {
     instruction.expect("an inserted instruction's operands are valid")
 }
+
+/// `inserted` encoded at `address` and read back, one instruction a line (Intel
+/// syntax): what the inserted code's tests compare.
+#[cfg(all(test, not(miri)))]
+pub fn disassembled(inserted: &Inserted, address: u64) -> Vec<String> {
+    use iced_x86::{BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, Formatter};
+    use iced_x86::{InstructionBlock, IntelFormatter};
+    assert_eq!(inserted.instructions.len(), inserted.extra_stack.len());
+    let encoded = BlockEncoder::encode(
+        64,
+        InstructionBlock::new(&inserted.instructions, address),
+        BlockEncoderOptions::NONE,
+    )
+    .unwrap();
+    let mut formatter = IntelFormatter::new();
+    Decoder::with_ip(64, &encoded.code_buffer, address, DecoderOptions::NONE)
+        .into_iter()
+        .map(|instruction| {
+            let mut text = String::new();
+            formatter.format(&instruction, &mut text);
+            text
+        })
+        .collect()
+}

@@ -3,8 +3,7 @@
 //! the table's own rules.
 
 use super::*;
-use iced_x86::{BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, Formatter};
-use iced_x86::{InstructionBlock, IntelFormatter};
+use iced_x86::{Decoder, DecoderOptions};
 
 const AT: u64 = 0x7f00_0000_1000;
 const SLOW: SlowPath = SlowPath {
@@ -18,22 +17,7 @@ fn original(bytes: &[u8]) -> Instruction {
 }
 
 fn disassemble(inserted: &Inserted) -> Vec<String> {
-    assert_eq!(inserted.instructions.len(), inserted.extra_stack.len());
-    let encoded = BlockEncoder::encode(
-        64,
-        InstructionBlock::new(&inserted.instructions, AT + 0x100),
-        BlockEncoderOptions::NONE,
-    )
-    .unwrap();
-    let mut formatter = IntelFormatter::new();
-    Decoder::with_ip(64, &encoded.code_buffer, AT + 0x100, DecoderOptions::NONE)
-        .into_iter()
-        .map(|instruction| {
-            let mut text = String::new();
-            formatter.format(&instruction, &mut text);
-            text
-        })
-        .collect()
+    crate::hooks::inserted_code::disassembled(inserted, AT + 0x100)
 }
 
 fn check_of(bytes: &[u8]) -> Vec<String> {
