@@ -36,7 +36,8 @@
 
 use crate::recording::tsc;
 use crate::sampling::perf::OpenError;
-use sources::{Sources, Switch};
+use crate::sampling::records::Switch;
+use sources::Sources;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 

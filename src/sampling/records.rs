@@ -42,20 +42,25 @@ pub enum Record<'a> {
     Lost {
         count: u64,
     },
-    /// A thread was switched in (`out == false`) or out, at `time_ns`.
-    Switch {
-        /// The thread's process (thread group), as the kernel gives it.
-        pid: u32,
-        tid: u32,
-        time_ns: u64,
-        out: bool,
-        /// Switched out while still runnable: it was preempted, and waits for a core.
-        preempted: bool,
-        /// The core it was switched out of or into ([`parse_switch_records`] only).
-        cpu: Option<u32>,
-    },
+    /// A thread was switched in or out.
+    Switch(Switch),
     /// Throttling, mmap, comm and other records: not used.
     Other,
+}
+
+/// A thread switched in (`out == false`) or out, at `time_ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switch {
+    /// The thread's process (thread group), as the kernel gives it.
+    pub pid: u32,
+    pub tid: u32,
+    /// `CLOCK_MONOTONIC`, in ns.
+    pub time_ns: u64,
+    pub out: bool,
+    /// Switched out while still runnable: it was preempted, and waits for a core.
+    pub preempted: bool,
+    /// The core it was switched out of or into ([`parse_switch_records`] only).
+    pub cpu: Option<u32>,
 }
 
 /// Reads little pieces of a record front to back.
@@ -160,14 +165,14 @@ fn parse_checked(record: &[u8], trailer_has_cpu: bool) -> Option<Record<'_>> {
                 true => Some(cursor.u32_pair()?.0),
                 false => None,
             };
-            Some(Record::Switch {
+            Some(Record::Switch(Switch {
                 pid,
                 tid,
                 time_ns,
                 out: u32::from(misc) & perf::PERF_RECORD_MISC_SWITCH_OUT != 0,
                 preempted: u32::from(misc) & perf::PERF_RECORD_MISC_SWITCH_OUT_PREEMPT != 0,
                 cpu,
-            })
+            }))
         }
         _ => Some(Record::Other),
     }
@@ -254,14 +259,14 @@ mod tests {
         );
         assert!(matches!(
             parse(&out),
-            Record::Switch {
+            Record::Switch(Switch {
                 pid: 5,
                 tid: 6,
                 time_ns: 42,
                 out: true,
                 preempted: false,
                 cpu: None,
-            }
+            })
         ));
         let lost = record(perf::PERF_RECORD_LOST, 0, &[1, 17], &[]);
         assert!(matches!(parse(&lost), Record::Lost { count: 17 }));
@@ -280,23 +285,23 @@ mod tests {
         );
         assert!(matches!(
             parse_switch_records(&preempted),
-            Record::Switch {
+            Record::Switch(Switch {
                 out: true,
                 preempted: true,
                 cpu: Some(3),
                 ..
-            }
+            })
         ));
         let back_in = record(perf::PERF_RECORD_SWITCH, 0, &[pid_tid(5, 6), 43, 1], &[]);
         assert!(matches!(
             parse_switch_records(&back_in),
-            Record::Switch {
+            Record::Switch(Switch {
                 out: false,
                 preempted: false,
                 cpu: Some(1),
                 time_ns: 43,
                 ..
-            }
+            })
         ));
         let without_the_cpu = record(perf::PERF_RECORD_SWITCH, 0, &[pid_tid(5, 6), 43], &[]);
         assert!(matches!(
@@ -316,14 +321,14 @@ mod tests {
         );
         assert!(matches!(
             parse_switch_records(&out),
-            Record::Switch {
+            Record::Switch(Switch {
                 pid: 5,
                 tid: 6,
                 time_ns: 44,
                 out: true,
                 cpu: Some(2),
                 ..
-            }
+            })
         ));
     }
 }

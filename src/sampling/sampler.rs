@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::perf::{EventKind, OpenError, PerfEvent, Ring, page_size};
-use super::records::{Record, parse};
+use super::records::{Record, Switch, parse};
 use super::tree::SampledTrees;
 use super::unwind::StackUnwinder;
 use super::walker::SampleWalker;
@@ -280,11 +280,11 @@ impl Sampler {
                 Record::Sample(sample) if Some(sample.event_id) == switch_id => {
                     *asleep = work.stack_of(&sample).map(|stack| (stack, sample.time_ns));
                 }
-                Record::Switch {
+                Record::Switch(Switch {
                     out: false,
                     time_ns,
                     ..
-                } => {
+                }) => {
                     if let Some((stack, since)) = asleep.take() {
                         work.trees.add(tid, &stack, time_ns.saturating_sub(since));
                     }

@@ -13,7 +13,7 @@
 //! when it may (root, or `CAP_PERFMON`), and one per thread of the target otherwise.
 
 use crate::sampling::perf::{OpenError, PerfEvent, Ring, SwitchScope};
-use crate::sampling::records::{self, Record};
+use crate::sampling::records::{self, Record, Switch};
 use std::collections::HashMap;
 use std::io;
 
@@ -27,19 +27,6 @@ const CORE_RING_PAGES: usize = 1024;
 /// All the cores' rings together stay within this many pages (64 MiB).
 const ALL_CORE_RING_PAGES: usize = 16_384;
 const MIN_CORE_RING_PAGES: usize = 64;
-
-/// One thread's switch in or out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Switch {
-    pub pid: u32,
-    pub tid: u32,
-    /// `CLOCK_MONOTONIC`, in ns.
-    pub time_ns: u64,
-    pub out: bool,
-    /// Switched out while still runnable: preempted, waiting for a core.
-    pub preempted: bool,
-    pub cpu: Option<u32>,
-}
 
 /// An open switch event and its ring.
 pub struct Watched {
@@ -65,21 +52,7 @@ impl Watched {
     fn read(&mut self, switches: &mut Vec<Switch>, lost: &mut u64) {
         self.ring
             .drain(|bytes| match records::parse_switch_records(bytes) {
-                Record::Switch {
-                    pid,
-                    tid,
-                    time_ns,
-                    out,
-                    preempted,
-                    cpu,
-                } => switches.push(Switch {
-                    pid,
-                    tid,
-                    time_ns,
-                    out,
-                    preempted,
-                    cpu,
-                }),
+                Record::Switch(switch) => switches.push(switch),
                 Record::Lost { count } => *lost += count,
                 _ => {}
             });
