@@ -164,26 +164,18 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
             recording::emit(state, Event::new(EventKind::Adjust, 0, paused));
             return;
         }
-        let Some(stack) = agent_stack(state) else {
-            // No memory for a stack: go on without instrumenting the callees now.
-            return;
-        };
-        let mask = sys::block_signals();
         let mut request = DiscoveryRequest {
             id,
             entered_from,
             discovered_here: false,
         };
-        // SAFETY: `stack` is the top of a mapping of DISCOVERY_STACK_BYTES owned by this
-        // thread; `run_discovery` has the signature tendril_call_on_stack expects.
-        unsafe {
-            tendril_call_on_stack(
-                &mut request as *mut DiscoveryRequest as *mut libc::c_void,
-                run_discovery,
-                stack,
-            )
-        };
-        sys::restore_signals(mask);
+        let argument = &mut request as *mut DiscoveryRequest as *mut libc::c_void;
+        // SAFETY: `argument` points at `request`, alive and untouched until this returns;
+        // `run_discovery` catches panics.
+        if !unsafe { on_agent_stack(state, argument, run_discovery) } {
+            // No memory for a stack: go on without instrumenting the callees now.
+            return;
+        }
         let paused = sys::rdtsc().saturating_sub(started);
         recording::add_to_header(header::PAUSE_TICKS, paused);
         if request.discovered_here {
@@ -204,7 +196,7 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
 const DISCOVERY_STACK_BYTES: usize = 1 << 20;
 
 /// The top of the thread's discovery stack, mapped on first use.
-pub(super) fn agent_stack(state: StatePtr) -> Option<u64> {
+fn agent_stack(state: StatePtr) -> Option<u64> {
     let top = state.discovery_stack();
     if top.load(std::sync::atomic::Ordering::Relaxed) == 0 {
         // SAFETY: an anonymous private mapping with no address hint has no
@@ -285,18 +277,25 @@ core::arch::global_asm!(
     ".popsection",
 );
 
-/// Runs `function(argument)` on the stack whose top is `stack_top` (16-byte aligned).
+/// Runs `function(argument)` on the thread's agent stack (`agent_stack`), with its
+/// signals blocked; false, with nothing run, when no stack could be had.
 ///
 /// # Safety
-/// `stack_top` is the top of a mapping of this thread's own, large enough for
-/// `function`, which must not unwind.
-pub(super) unsafe fn call_on_stack(
+/// `function` must not unwind, and must only use `argument` as its caller allows.
+pub(super) unsafe fn on_agent_stack(
+    state: StatePtr,
     argument: *mut libc::c_void,
     function: extern "C" fn(*mut libc::c_void),
-    stack_top: u64,
-) {
-    // SAFETY: the caller's promise.
-    unsafe { tendril_call_on_stack(argument, function, stack_top) }
+) -> bool {
+    let Some(stack_top) = agent_stack(state) else {
+        return false;
+    };
+    let mask = sys::block_signals();
+    // SAFETY: `stack_top` is the top of a mapping of DISCOVERY_STACK_BYTES owned by this
+    // thread (16-byte aligned); the caller vouches for `function` and `argument`.
+    unsafe { tendril_call_on_stack(argument, function, stack_top) };
+    sys::restore_signals(mask);
+    true
 }
 
 unsafe extern "C" {

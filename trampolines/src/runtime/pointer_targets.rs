@@ -57,20 +57,11 @@ pub extern "C" fn target_met(registers: &mut SavedRegisters) {
     }
     with_own_state(|state| {
         let started = sys::rdtsc();
-        if let Some(stack) = discovery::agent_stack(state) {
-            let mask = sys::block_signals();
-            let mut met = Met { target, site };
-            // SAFETY: `stack` is the top of this thread's discovery stack, mapped for
-            // it; `follow_on_stack` does not unwind (it catches panics).
-            unsafe {
-                discovery::call_on_stack(
-                    &mut met as *mut Met as *mut libc::c_void,
-                    follow_on_stack,
-                    stack,
-                )
-            };
-            sys::restore_signals(mask);
-        }
+        let mut met = Met { target, site };
+        let argument = &mut met as *mut Met as *mut libc::c_void;
+        // SAFETY: `argument` points at `met`, alive until this returns;
+        // `follow_on_stack` does not unwind (it catches panics).
+        unsafe { discovery::on_agent_stack(state, argument, follow_on_stack) };
         let paused = sys::rdtsc().saturating_sub(started);
         recording::add_to_header(header::PAUSE_TICKS, paused);
         recording::emit(state, Event::new(EventKind::Adjust, 0, paused));
