@@ -174,8 +174,15 @@ impl ProfilingState {
                     .map(|()| on_cpu)
             })
             .flatten();
-        let instrumented = path_weights(on_cpu.as_ref().unwrap_or(profile), &roots);
         let has_time = |weights: &PathWeights| weights.values().any(|w| w.total_share > 0.0);
+        // On-CPU times can all come out below resolution: a root of calls of a few ns on
+        // a machine that preempts the target for most of its wall time has its hooks'
+        // cost removed from less CPU time than it. The wall-clock shares are compared
+        // then.
+        let instrumented = on_cpu
+            .map(|on_cpu| path_weights(&on_cpu, &roots))
+            .filter(has_time)
+            .unwrap_or_else(|| path_weights(profile, &roots));
         self.sampling.overlap = (has_time(sampled_weights) && has_time(&instrumented))
             .then(|| agreement(sampled_weights, &instrumented).overlap);
         self.sampling.overlap
