@@ -63,10 +63,11 @@ fn wait_end(running: RunningTendril) -> (bool, String) {
     }
 }
 
-/// Waits for `n` more "round" lines of the fixture.
+/// Waits until `n` whole rounds have run since now: `n` + 1 more "round" lines, as the
+/// first may end a round that began before the hooks went in (not recorded).
 fn rounds(target: &mut Target, n: usize) {
     target.drain();
-    for _ in 0..n {
+    for _ in 0..=n {
         target.expect_line("round ", LINE_TIMEOUT);
     }
 }
