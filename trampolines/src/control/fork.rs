@@ -3,6 +3,7 @@
 
 use crate::patching::patch_protocol;
 use crate::runtime::{discoverer, recording, thread_state};
+use crate::sys::frame_registrar;
 
 /// A forked child inherits the mapped agent and the patched code, but not the agent's
 /// threads and not the controller's session: it gets its original code back at once
@@ -16,6 +17,7 @@ extern "C" fn after_fork_in_child() {
     patch_protocol::restore_all_in_forked_child();
     recording::forget_in_forked_child();
     discoverer::forget_in_forked_child();
+    frame_registrar::forget_in_forked_child();
     super::forget_control_in_forked_child();
     thread_state::release_after_fork();
 }

@@ -36,6 +36,7 @@ use crate::control::state::STATE;
 use crate::patching::patcher;
 use crate::runtime::{self, lingering, threads};
 use crate::sys::error::AgentError;
+use crate::sys::frame_registrar;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -89,10 +90,14 @@ fn spawn_control_thread() -> Result<(), AgentError> {
     let sessions = SessionThreads::new()
         .map_err(|e| AgentError::io("cannot set up the agent's session threads", e))?;
     forget_inherited_sessions();
-    let discoverer = SessionThreads::new()
-        .map_err(|e| AgentError::io("cannot set up the agent's discoverer thread", e))?;
+    let helpers = Helpers {
+        discoverer: SessionThreads::new()
+            .map_err(|e| AgentError::io("cannot set up the agent's discoverer thread", e))?,
+        registrar: SessionThreads::new()
+            .map_err(|e| AgentError::io("cannot set up the agent's registrar thread", e))?,
+    };
     threads::spawn_agent_thread("control", threads::Start::Immediately, move || {
-        serve(listener, sessions, discoverer)
+        serve(listener, sessions, helpers)
     })
     .map(|_| ())
     .map_err(|e| AgentError::io("cannot start the agent's control thread", e))
@@ -119,11 +124,7 @@ pub fn report_startup_error(message: &str) {
 /// its own thread, at most [`MAX_SESSIONS`]), joins the threads of sessions that ended,
 /// closes connections that stay silent past [`HELLO_TIMEOUT`], and binds its socket
 /// again if the file was deleted.
-fn serve(
-    mut listener: ControlListener,
-    mut sessions: SessionThreads,
-    mut discoverer: SessionThreads,
-) {
+fn serve(mut listener: ControlListener, mut sessions: SessionThreads, mut helpers: Helpers) {
     let (uid, pid) = (name_uid(), identity().1);
     let mut last_rebind_error = None;
     loop {
@@ -131,10 +132,10 @@ fn serve(
         sessions.reap();
         while let Some(stream) = listener.accept() {
             // Before the session: the controller raises the threads it finds then.
-            keep_discoverer(&mut discoverer, true);
+            keep_helpers(&mut helpers, true);
             admit(stream, &mut sessions);
         }
-        keep_discoverer(&mut discoverer, sessions.len() > 0);
+        keep_helpers(&mut helpers, sessions.len() > 0);
         close_silent_sessions();
         match listener.rebind_if_unreachable(uid, pid) {
             Ok(()) => last_rebind_error = None,
@@ -151,20 +152,55 @@ fn serve(
     }
 }
 
-/// Runs the discoverer (`runtime::discoverer`) while a session is open (`wanted`), and
-/// ends it, joined while no code changes, when none is.
-fn keep_discoverer(discoverer: &mut SessionThreads, wanted: bool) {
-    discoverer.reap();
-    match (wanted, discoverer.len()) {
+/// The agent's threads that run while a session is open: the discoverer
+/// (`runtime::discoverer`) and the unwind registrar (`sys::frame_registrar`).
+struct Helpers {
+    discoverer: SessionThreads,
+    registrar: SessionThreads,
+}
+
+/// Runs the helpers while a session is open (`wanted`), and ends them, joined while no
+/// code changes, when none is.
+fn keep_helpers(helpers: &mut Helpers, wanted: bool) {
+    // Not started: the target's threads discover for themselves.
+    keep_running(
+        &mut helpers.discoverer,
+        wanted,
+        "discoverer",
+        serve_discoverer,
+        runtime::discoverer::ask_to_end,
+    );
+    // Not started: functions are patched without copies.
+    keep_running(
+        &mut helpers.registrar,
+        wanted,
+        "frames",
+        frame_registrar::serve,
+        frame_registrar::ask_to_end,
+    );
+}
+
+fn serve_discoverer() {
+    runtime::discoverer::serve(runtime::discovery::discover_for_another)
+}
+
+/// Runs `serve` on the agent thread `name`, alone in `threads`, while `wanted`; when not,
+/// asks it to end (`ask_to_end`) and waits for it.
+fn keep_running(
+    threads: &mut SessionThreads,
+    wanted: bool,
+    name: &str,
+    serve: fn(),
+    ask_to_end: fn(),
+) {
+    threads.reap();
+    match (wanted, threads.len()) {
         (true, 0) => {
-            // Not started: the target's threads discover for themselves.
-            let _ = discoverer.start_named("discoverer", 0, || {
-                runtime::discoverer::serve(runtime::discovery::discover_for_another)
-            });
+            let _ = threads.start_named(name, 0, serve);
         }
         (false, 1..) => {
-            runtime::discoverer::ask_to_end();
-            discoverer.wait_for_one_to_end(ENDING_WAIT);
+            ask_to_end();
+            threads.wait_for_one_to_end(ENDING_WAIT);
         }
         _ => {}
     }

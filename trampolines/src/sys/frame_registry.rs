@@ -1,23 +1,21 @@
 //! The process's unwinder, as the copies of functions need it: finding a function's
 //! FDE, and registering the `.eh_frame` of a copy.
 //!
-//! Both go through libgcc's unwinder (`libgcc_s`), which the agent links like every
-//! Rust library and which C++ exceptions, Rust panics and thread cancellation use:
-//! `_Unwind_Find_FDE` finds the FDE of any loaded code (and of registered sections),
-//! `__register_frame` adds a section of CIEs and FDEs ended by a zero word.
+//! Registration goes through libgcc's unwinder (`libgcc_s`), which the agent links like
+//! every Rust library and which C++ exceptions, Rust panics and thread cancellation
+//! use: `__register_frame` adds a section of CIEs and FDEs ended by a zero word. It
+//! takes the unwinder's lock, so it runs on a thread of its own (`frame_registrar`).
+//! The FDE of a library's function is found here, from the library's `.eh_frame_hdr`
+//! (read with gimli), and not with libgcc's `_Unwind_Find_FDE`, which takes that same
+//! lock: the patcher looks with the loader held, and a target thread that holds the
+//! unwinder's lock (unwinding through a registered copy) can call a hooked function
+//! that waits for the loader (its first call, discovered), which would wait forever.
 
+use crate::sys::loaded_modules;
+use gimli::{BaseAddresses, EhFrame, EhFrameHdr, LittleEndian, UnwindSection};
 use std::ffi::c_void;
 
-/// libgcc's `struct dwarf_eh_bases`.
-#[repr(C)]
-struct DwarfEhBases {
-    tbase: *mut c_void,
-    dbase: *mut c_void,
-    func: *mut c_void,
-}
-
 unsafe extern "C" {
-    fn _Unwind_Find_FDE(pc: *mut c_void, bases: *mut DwarfEhBases) -> *const c_void;
     fn __register_frame(begin: *const c_void);
 }
 
@@ -49,40 +47,48 @@ impl FoundFde {
     }
 }
 
-/// The FDE of the code at `pc`, if the unwinder knows one: in a loaded module's
-/// `.eh_frame` (through its `.eh_frame_hdr`) or in a section registered here.
+/// The FDE of the library function at `pc`, from its library's `.eh_frame_hdr`: the
+/// FDE libgcc's unwinder would find for it (sections registered here are not searched:
+/// no copy is copied again). Takes no lock but the loader's (see the module comment).
 ///
-/// The unwinder's text and data bases are not returned: on x86-64 libgcc leaves them
-/// null, as compilers encode FDE pointers `pcrel` or absolute. The end of the code the
-/// FDE covers is encoded in it: its parser (`code::copy_unwind`) reads it.
+/// The text and data bases are not needed: on x86-64 compilers encode FDE pointers
+/// `pcrel` or absolute. The end of the code the FDE covers is encoded in it: its parser
+/// (`code::copy_unwind`) reads it.
 pub fn find_fde(pc: u64) -> Option<FoundFde> {
-    let mut bases = DwarfEhBases {
-        tbase: std::ptr::null_mut(),
-        dbase: std::ptr::null_mut(),
-        func: std::ptr::null_mut(),
+    let index = loaded_modules::unwind_index_of(pc)?;
+    let (hdr_at, hdr_len) = index.eh_frame_hdr;
+    // SAFETY: the library's PT_GNU_EH_FRAME segment, mapped and readable for as long as
+    // the library is loaded, which outlasts this lookup (the caller holds the loader,
+    // or looks at code it runs).
+    let hdr = unsafe { std::slice::from_raw_parts(hdr_at as *const u8, hdr_len as usize) };
+    let bases = BaseAddresses::default().set_eh_frame_hdr(hdr_at);
+    let parsed = EhFrameHdr::new(hdr, LittleEndian).parse(&bases, 8).ok()?;
+    let frame_at = parsed.eh_frame_ptr().direct().ok()?;
+    let &(_, segment_end) = (index.segments.iter()).find(|&&(s, e)| (s..e).contains(&frame_at))?;
+    // SAFETY: from the `.eh_frame` to the end of the loaded segment holding it: bytes of
+    // the library's file, mapped as long as the library is (as above).
+    let frame = unsafe {
+        std::slice::from_raw_parts(frame_at as *const u8, (segment_end - frame_at) as usize)
     };
-    // SAFETY: `_Unwind_Find_FDE` only reads the unwinder's tables and writes `bases`.
-    let fde = unsafe { _Unwind_Find_FDE(pc as *mut c_void, &mut bases) } as u64;
-    if fde == 0 {
-        return None;
-    }
-    // SAFETY: an FDE starts with a 32-bit length then a 32-bit CIE pointer (the
-    // distance back from that field to the CIE); the unwinder only hands out FDEs of
-    // this form (a 64-bit DWARF length, 0xffffffff, is refused below).
-    let (length, cie_pointer) = unsafe {
-        (
-            std::ptr::read_unaligned(fde as *const u32),
-            std::ptr::read_unaligned((fde + 4) as *const u32),
+    let bases = bases.set_eh_frame(frame_at);
+    let fde = (parsed.table()?)
+        .fde_for_address(
+            &EhFrame::new(frame, LittleEndian),
+            &bases,
+            pc,
+            EhFrame::cie_from_offset,
         )
-    };
-    if length == u32::MAX {
+        .ok()?;
+    let fde_at = frame_at + fde.offset() as u64;
+    // A 64-bit DWARF length (0xffffffff, then 8 bytes) is not what `FoundFde` describes.
+    if frame.get(fde.offset()..fde.offset() + 4) == Some(&[0xff; 4]) {
         return None;
     }
     Some(FoundFde {
-        fde,
-        cie: (fde + 4).checked_sub(u64::from(cie_pointer))?,
-        end: fde + 4 + u64::from(length),
-        function: bases.func as u64,
+        fde: fde_at,
+        cie: frame_at + fde.cie().offset() as u64,
+        end: fde_at + 4 + fde.entry_len() as u64,
+        function: fde.initial_address(),
     })
 }
 
@@ -93,9 +99,10 @@ pub fn find_fde(pc: u64) -> Option<FoundFde> {
 /// pointer to it and reads it on later lookups (its own, and every search that walks
 /// the registered sections), and the code it describes, a copy, is never freed either,
 /// so there is nothing to deregister (deregistering would also race with an unwind in
-/// progress). libgcc allocates and takes a lock here: never call it from a signal
-/// handler or with other threads stopped.
-pub fn register_eh_frame(section: Vec<u8>) {
+/// progress). libgcc allocates and takes its lock here, which a target thread may hold
+/// while it waits for the loader: only the registrar thread (`frame_registrar`) calls
+/// this, never a thread holding the loader, a signal handler, or with threads stopped.
+pub fn register_on_this_thread(section: Vec<u8>) {
     // 4-byte alignment for the unwinder's reads of 32-bit fields.
     let words: Vec<u32> = section
         .chunks(4)
@@ -111,15 +118,106 @@ pub fn register_eh_frame(section: Vec<u8>) {
     unsafe { __register_frame(section.as_ptr().cast()) };
 }
 
-// Real calls into the process's unwinder, which Miri cannot make.
+/// libgcc's `struct dwarf_eh_bases`.
+#[cfg(test)]
+#[repr(C)]
+struct DwarfEhBases {
+    tbase: *mut c_void,
+    dbase: *mut c_void,
+    func: *mut c_void,
+}
+
+#[cfg(test)]
+unsafe extern "C" {
+    fn _Unwind_Find_FDE(pc: *mut c_void, bases: *mut DwarfEhBases) -> *const c_void;
+}
+
+/// The FDE libgcc's unwinder itself finds for `pc` (in registered sections too), for
+/// tests: a registered section is found as an exception would find it.
+#[cfg(test)]
+pub fn unwinder_finds(pc: u64) -> Option<FoundFde> {
+    let mut bases = DwarfEhBases {
+        tbase: std::ptr::null_mut(),
+        dbase: std::ptr::null_mut(),
+        func: std::ptr::null_mut(),
+    };
+    // SAFETY: `_Unwind_Find_FDE` only reads the unwinder's tables and writes `bases`.
+    let fde = unsafe { _Unwind_Find_FDE(pc as *mut c_void, &mut bases) } as u64;
+    if fde == 0 {
+        return None;
+    }
+    // SAFETY: an FDE starts with a 32-bit length then a 32-bit CIE pointer (the
+    // distance back from that field to the CIE).
+    let (length, cie_pointer) = unsafe {
+        (
+            std::ptr::read_unaligned(fde as *const u32),
+            std::ptr::read_unaligned((fde + 4) as *const u32),
+        )
+    };
+    Some(FoundFde {
+        fde,
+        cie: (fde + 4).checked_sub(u64::from(cie_pointer))?,
+        end: fde + 4 + u64::from(length),
+        function: bases.func as u64,
+    })
+}
+
+/// What the tests of registration share: memory for code that never runs, and a
+/// section describing it.
 #[cfg(all(test, not(miri)))]
-mod tests {
-    use super::*;
+pub mod tests_support {
     use gimli::write::{
         Address, CallFrameInstruction, CommonInformationEntry, EhFrame, EndianVec,
         FrameDescriptionEntry, FrameTable,
     };
     use gimli::{Encoding, Format, LittleEndian, Register};
+
+    /// A page of its own, never unmapped (the unwinder keeps what is registered for it).
+    pub fn leaked_page() -> u64 {
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        page as u64
+    }
+
+    /// A section with one CIE and one FDE, for `len` bytes at `start`: a leaf function.
+    pub fn leaf_function_section(start: u64, len: u32) -> Vec<u8> {
+        let encoding = Encoding {
+            format: Format::Dwarf32,
+            version: 1,
+            address_size: 8,
+        };
+        let mut cie = CommonInformationEntry::new(encoding, 1, -8, Register(16));
+        cie.add_instruction(CallFrameInstruction::Cfa(Register(7), 8));
+        cie.add_instruction(CallFrameInstruction::Offset(Register(16), -8));
+        let mut table = FrameTable::default();
+        let cie = table.add_cie(cie);
+        table.add_fde(
+            cie,
+            FrameDescriptionEntry::new(Address::Constant(start), len),
+        );
+        let mut section = EhFrame(EndianVec::new(LittleEndian));
+        table.write_eh_frame(&mut section).unwrap();
+        let mut bytes = section.0.into_vec();
+        bytes.extend_from_slice(&[0; 4]);
+        bytes
+    }
+}
+
+// Real calls into the process's unwinder, which Miri cannot make.
+#[cfg(all(test, not(miri)))]
+mod tests {
+    use super::tests_support::{leaf_function_section, leaked_page};
+    use super::*;
 
     #[inline(never)]
     extern "C" fn some_function(x: u64) -> u64 {
@@ -143,74 +241,53 @@ mod tests {
         assert_eq!(u64::from(cie_pointer), found.fde + 4 - found.cie);
     }
 
-    /// A page of its own, never unmapped (the unwinder keeps what is registered for it).
-    fn leaked_page() -> u64 {
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let page = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(page, libc::MAP_FAILED);
-        page as u64
-    }
-
-    /// A section with one CIE and one FDE, for `len` bytes at `start`: a leaf function.
-    fn leaf_function_section(start: u64, len: u32) -> Vec<u8> {
-        let encoding = Encoding {
-            format: Format::Dwarf32,
-            version: 1,
-            address_size: 8,
-        };
-        let mut cie = CommonInformationEntry::new(encoding, 1, -8, Register(16));
-        cie.add_instruction(CallFrameInstruction::Cfa(Register(7), 8));
-        cie.add_instruction(CallFrameInstruction::Offset(Register(16), -8));
-        let mut table = FrameTable::default();
-        let cie = table.add_cie(cie);
-        table.add_fde(
-            cie,
-            FrameDescriptionEntry::new(Address::Constant(start), len),
-        );
-        let mut section = EhFrame(EndianVec::new(LittleEndian));
-        table.write_eh_frame(&mut section).unwrap();
-        let mut bytes = section.0.into_vec();
-        bytes.extend_from_slice(&[0; 4]);
-        bytes
+    #[test]
+    fn the_fde_found_from_the_libraries_index_is_the_one_the_unwinder_finds() {
+        let functions = [
+            some_function as *const () as u64,
+            libc::getpid as *const () as u64,
+            libc::qsort as *const () as u64,
+            find_fde as *const () as u64,
+        ];
+        for function in functions {
+            for pc in [function, function + 1, function + 3] {
+                assert_eq!(find_fde(pc), unwinder_finds(pc), "{pc:#x}");
+                assert!(find_fde(pc).is_some(), "{pc:#x}");
+            }
+        }
+        // Outside every library: neither finds one.
+        assert_eq!(find_fde(16), None);
+        assert_eq!(unwinder_finds(16), None);
     }
 
     #[test]
     fn a_registered_section_is_found_by_the_unwinder_over_exactly_its_range() {
         let start = leaked_page();
         let len = 100;
-        assert!(find_fde(start + 10).is_none(), "no code there yet");
+        assert!(unwinder_finds(start + 10).is_none(), "no code there yet");
         let section = leaf_function_section(start, len as u32);
-        register_eh_frame(section.clone());
+        register_on_this_thread(section.clone());
         for pc in start..start + len {
-            let found = find_fde(pc).expect("the registered FDE");
+            let found = unwinder_finds(pc).expect("the registered FDE");
             assert_eq!(found.function, start);
             // The unwinder hands out the registered copy, which reads as written.
             let (at, bytes) = found.section();
             assert_ne!(at, section.as_ptr() as u64);
             assert_eq!(bytes, &section[..(found.end - at) as usize]);
         }
-        assert!(find_fde(start - 1).is_none());
-        assert!(find_fde(start + len).is_none());
+        assert!(unwinder_finds(start - 1).is_none());
+        assert!(unwinder_finds(start + len).is_none());
     }
 
     #[test]
     fn sections_registered_one_after_another_are_each_found() {
         let starts: Vec<u64> = (0..4).map(|_| leaked_page()).collect();
         for &start in &starts {
-            register_eh_frame(leaf_function_section(start, 16));
+            register_on_this_thread(leaf_function_section(start, 16));
         }
         for &start in &starts {
             assert_eq!(
-                find_fde(start + 15).map(|found| found.function),
+                unwinder_finds(start + 15).map(|found| found.function),
                 Some(start)
             );
         }

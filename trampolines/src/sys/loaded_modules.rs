@@ -119,6 +119,66 @@ fn add_code_of(info: &libc::dl_phdr_info, code: &mut Vec<LoadedCode>) {
     }
 }
 
+/// Where a loaded library keeps the index of its unwind information: its
+/// `.eh_frame_hdr` (the `PT_GNU_EH_FRAME` segment), and the loaded segments it and the
+/// `.eh_frame` it points into lie in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnwindIndex {
+    /// The `.eh_frame_hdr`'s first byte and length.
+    pub eh_frame_hdr: (u64, u64),
+    /// The library's loaded segments, (start, end) of the bytes read from its file.
+    pub segments: Vec<(u64, u64)>,
+}
+
+/// The unwind index of the library whose loaded segments hold `pc`, if it has one.
+/// Takes only the loader's lock (recursive: callable with the modules held), none of
+/// the unwinder's. Allocates: not for signal handlers.
+pub fn unwind_index_of(pc: u64) -> Option<UnwindIndex> {
+    struct Search {
+        pc: u64,
+        found: Option<UnwindIndex>,
+    }
+    extern "C" fn look(
+        info: *mut libc::dl_phdr_info,
+        _size: usize,
+        data: *mut libc::c_void,
+    ) -> i32 {
+        // SAFETY: `data` is the Search `unwind_index_of` passed, alive for the whole
+        // call; `info` is the loader's, valid during this callback.
+        let (search, info) = unsafe { (&mut *(data as *mut Search), &*info) };
+        if info.dlpi_phdr.is_null() {
+            return 0;
+        }
+        // SAFETY: the loader's program headers for this library: `dlpi_phnum` entries
+        // at `dlpi_phdr`, mapped for as long as the library is.
+        let headers =
+            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let at = |header: &libc::Elf64_Phdr| info.dlpi_addr.wrapping_add(header.p_vaddr);
+        let segments: Vec<(u64, u64)> = (headers.iter())
+            .filter(|header| header.p_type == libc::PT_LOAD)
+            .map(|header| (at(header), at(header).saturating_add(header.p_filesz)))
+            .collect();
+        if !segments
+            .iter()
+            .any(|&(start, end)| (start..end).contains(&search.pc))
+        {
+            return 0;
+        }
+        search.found = (headers.iter())
+            .find(|header| header.p_type == libc::PT_GNU_EH_FRAME)
+            .map(|header| UnwindIndex {
+                eh_frame_hdr: (at(header), header.p_memsz),
+                segments,
+            });
+        1
+    }
+    let mut search = Search { pc, found: None };
+    // SAFETY: `look` matches the callback type and only touches `search`, which
+    // outlives the call.
+    unsafe { libc::dl_iterate_phdr(Some(look), &mut search as *mut Search as *mut libc::c_void) };
+    search.found
+}
+
 /// The work, and what it gave.
 struct Held<W, R> {
     work: Option<W>,
@@ -174,6 +234,22 @@ mod tests {
             code.iter().any(|c| (c.start..c.end).contains(&here)),
             "{code:x?}"
         );
+    }
+
+    #[test]
+    fn this_code_has_an_unwind_index_in_its_library() {
+        let here = this_code_has_an_unwind_index_in_its_library as *const () as u64;
+        let index = unwind_index_of(here).expect("Rust code has unwind information");
+        let (hdr, len) = index.eh_frame_hdr;
+        assert!(len > 0);
+        assert!(
+            index
+                .segments
+                .iter()
+                .any(|&(s, e)| s <= hdr && hdr + len <= e)
+        );
+        // Memory no library maps has none.
+        assert_eq!(unwind_index_of(8), None);
     }
 
     #[test]

@@ -4,11 +4,11 @@
 //! (`code_memory`), where the agent's library lies (`own_code`), the agent's threads
 //! and the code-change lock (`agent_threads`), the target's threads as `/proc`
 //! shows them (`tasks`), the process's unwinder as copies of functions need it
-//! (`frame_registry`), the libraries the loader holds in place while code changes
-//! (`loaded_modules`), the code pages given back to their file once restored
-//! (`page_copies`), the mappings they split joined again (`whole_mappings`), the
-//! agent's one error type (`error`), and the layer's statics
-//! (`state`). Nothing here knows
+//! (`frame_registry`, and the thread that registers with it: `frame_registrar`), the
+//! libraries the loader holds in place while code changes (`loaded_modules`), the code
+//! pages given back to their file once restored (`page_copies`), the mappings they
+//! split joined again (`whole_mappings`), the agent's one error type (`error`), and the
+//! layer's statics (`state`). Nothing here knows
 //! about hooks or patches.
 //!
 //! This file holds the raw system calls for the code that runs inside signal handlers
@@ -23,6 +23,7 @@ pub mod alloc;
 pub mod code_memory;
 pub mod code_pages;
 pub mod error;
+pub mod frame_registrar;
 pub mod frame_registry;
 pub mod loaded_modules;
 pub mod maps;

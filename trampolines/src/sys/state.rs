@@ -9,9 +9,9 @@
 //! (`hooks::state`, `patching::state`, `runtime::state`, `control::state`); the allocator
 //! and the loader constructor stay in `lib.rs`, where Rust and ELF want them.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize};
-use std::sync::{Mutex, OnceLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Condvar, Mutex, OnceLock};
 
 /// Most threads one ptrace helper stops.
 pub const MAX_TRACED: usize = 512;
@@ -57,6 +57,10 @@ pub struct SysState {
     pub yama_needs_ptracer: AtomicBool,
     /// The agent library's own mappings (`own_code`), computed once.
     pub own_code_ranges: OnceLock<Vec<(u64, u64)>>,
+    /// The unwind registrar's queue (`frame_registrar`): created by its first thread and
+    /// never freed; null before, and in a forked child (whose copy's lock may have been
+    /// held at the fork by a thread the child lacks) until a registrar runs there.
+    pub frame_registrar: AtomicPtr<Registrar>,
 }
 
 /// What the patcher and the ptrace helper share; the helper reads and writes nothing
@@ -77,6 +81,28 @@ pub struct TracerShared {
     /// The first failure: a negative errno, and the thread it concerned.
     pub error: AtomicI32,
     pub error_tid: AtomicI32,
+}
+
+/// The unwind registrar's queue, with its wake-ups (`frame_registrar`).
+#[derive(Default)]
+pub struct Registrar {
+    pub queue: Mutex<RegistrarQueue>,
+    /// A section was queued, or the registrar asked to end.
+    pub asked: Condvar,
+    /// A section was registered.
+    pub done: Condvar,
+}
+
+/// The sections asked for, and how far the registrar has got.
+#[derive(Default)]
+pub struct RegistrarQueue {
+    pub sections: VecDeque<Vec<u8>>,
+    pub asked: u64,
+    pub done: u64,
+    pub serving: bool,
+    pub ending: bool,
+    /// A registration outlived its wait, and the registrar has not caught up since.
+    pub stuck: bool,
 }
 
 /// The one instance.
@@ -107,4 +133,5 @@ pub static STATE: SysState = SysState {
     tracer_stack_top: OnceLock::new(),
     yama_needs_ptracer: AtomicBool::new(false),
     own_code_ranges: OnceLock::new(),
+    frame_registrar: AtomicPtr::new(std::ptr::null_mut()),
 };

@@ -4,7 +4,7 @@
 //! by a panic, in a copy that runs for real with a counter-like stretch of pushes.
 
 use super::*;
-use crate::sys::frame_registry::{find_fde, register_eh_frame};
+use crate::sys::frame_registry::{find_fde, register_on_this_thread, unwinder_finds};
 use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
@@ -116,10 +116,12 @@ fn the_unwinder_finds_a_registered_copy_with_the_originals_rows_moved() {
             extra_stack: 0,
         })
         .collect();
-    assert!(find_fde(copy_start).is_none(), "no code there yet");
-    register_eh_frame(eh_frame_for_copy(&original, copy_start, len, &one_to_one, None).unwrap());
+    assert!(unwinder_finds(copy_start).is_none(), "no code there yet");
+    register_on_this_thread(
+        eh_frame_for_copy(&original, copy_start, len, &one_to_one, None).unwrap(),
+    );
     for offset in 0..len {
-        let found = find_fde(copy_start + offset).expect("the copy's FDE is registered");
+        let found = unwinder_finds(copy_start + offset).expect("the copy's FDE is registered");
         assert_eq!(found.function, copy_start);
         let (start, section) = found.section();
         let copy = OriginalUnwind::parse(section, start, found.fde).unwrap();
@@ -132,7 +134,7 @@ fn the_unwinder_finds_a_registered_copy_with_the_originals_rows_moved() {
         );
     }
     assert!(
-        find_fde(copy_start + len).is_none(),
+        unwinder_finds(copy_start + len).is_none(),
         "the FDE ends with the copy"
     );
 }
@@ -201,7 +203,9 @@ fn a_panic_and_a_backtrace_pass_through_a_copy_with_inserted_pushes() {
         )
     };
     assert_eq!(protected, 0);
-    register_eh_frame(eh_frame_for_copy(&original, copy_start, len, &instructions, None).unwrap());
+    register_on_this_thread(
+        eh_frame_for_copy(&original, copy_start, len, &instructions, None).unwrap(),
+    );
 
     // SAFETY: the copy is the original's code, moved: same arguments, same behaviour.
     let copy = unsafe { std::mem::transmute::<u64, CallWith>(copy_start) };

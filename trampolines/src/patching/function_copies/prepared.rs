@@ -16,7 +16,7 @@ use crate::patching::site_plan::{pop_lead_pushes, unreadable};
 use crate::patching::sites::Engine;
 use crate::patching::state::runtime;
 use crate::sys::error::AgentError;
-use crate::sys::{code_memory, frame_registry};
+use crate::sys::{code_memory, frame_registrar, frame_registry};
 use tendril_callgraph::paths::{EdgeAction, PathNumbering};
 use tendril_wire::Hook;
 use tendril_wire::edges::{EdgeBlock, EdgeExit, EdgeLayout, PathLayout, TableEntry};
@@ -307,7 +307,8 @@ impl Counted {
                 lsda,
             )
             .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
-            frame_registry::register_eh_frame(section);
+            frame_registrar::register(section)
+                .map_err(|refusal| AgentError::Refused(refusal.to_string()))?;
         }
         Ok(BuiltCopy {
             function: address,
