@@ -170,7 +170,11 @@ fn keep_helpers(helpers: &mut Helpers, wanted: bool) {
         serve_discoverer,
         runtime::discoverer::ask_to_end,
     );
-    // Not started: functions are patched without copies.
+    // Not started: functions are patched without copies. Serving from now on (its
+    // thread may start after the session's first copy is asked for).
+    if wanted {
+        frame_registrar::expect_serving();
+    }
     keep_running(
         &mut helpers.registrar,
         wanted,

@@ -91,20 +91,40 @@ pub fn register(section: Vec<u8>) -> Result<(), NotRegistered> {
     Ok(())
 }
 
+/// Says a registrar serves from now on, before its thread starts (or while one that
+/// was asked to end may still be running, which then goes on): a copy made as soon as
+/// the session begins finds it.
+pub fn expect_serving() {
+    let mut queue = lock(own_registrar());
+    queue.serving = true;
+    queue.ending = false;
+}
+
+/// The registrar's state, made on first use.
+fn own_registrar() -> &'static Registrar {
+    registrar().unwrap_or_else(|| {
+        let fresh: &'static Registrar = Box::leak(Box::default());
+        let made = fresh as *const Registrar as *mut Registrar;
+        // Only the control thread (or a test) makes one: the first one made stays.
+        match (STATE.frame_registrar).compare_exchange(
+            std::ptr::null_mut(),
+            made,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => fresh,
+            // SAFETY: a non-null pointer here is a leaked `Registrar`, never freed.
+            Err(existing) => unsafe { &*existing },
+        }
+    })
+}
+
 /// The registrar's loop, on an agent thread the control thread started: registers
 /// each section handed over, until asked to end (the sections still queued first).
 pub fn serve() {
-    let registrar = registrar().unwrap_or_else(|| {
-        let fresh: &'static Registrar = Box::leak(Box::default());
-        STATE.frame_registrar.store(
-            fresh as *const Registrar as *mut Registrar,
-            Ordering::Release,
-        );
-        fresh
-    });
+    let registrar = own_registrar();
     let mut queue = lock(registrar);
     queue.serving = true;
-    queue.ending = false;
     loop {
         let Some(section) = queue.sections.pop_front() else {
             if queue.ending {
