@@ -5,7 +5,8 @@
 //! under its real caller with its exact call count. By default they are followed from
 //! the call graph (each recorded function that calls through pointers runs from a copy
 //! that checks those calls); `--pointer-candidates` and scheme a instrument every
-//! address-taken function up front instead.
+//! address-taken function up front instead. A target whose entry no jump fits in gets
+//! a hook in front of it, where the checks send its calls.
 
 use crate::common;
 
@@ -84,6 +85,40 @@ fn a_dispatch_table_and_a_qsort_comparator_are_followed_under_their_callers() {
     assert_eq!(stats.indirect_candidates, 0, "{stats:?}");
     assert!(stats.instrumented_functions < 100, "{stats:?}");
     code_bytes_match_file(target.pid()).unwrap();
+}
+
+#[test]
+fn targets_whose_entries_cannot_be_patched_are_recorded_through_a_hook_in_front() {
+    let mut target = Target::spawn("indirect", &[]);
+    // The result before the recording, to check the target computes the same with it.
+    target.write_stdin("tiny 300\n");
+    let bare = target.expect_line("tiny calls 300 ", LINE_TIMEOUT);
+    let recording = Recording::start(target.pid(), &["--root", "tiny_root"]);
+    target.write_stdin("tiny 300\n");
+    let recorded_line = target.expect_line("tiny calls 300 ", LINE_TIMEOUT);
+    assert_eq!(recorded_line, bare);
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    // tiny_get is 4 bytes with no padding near; tiny_straddle's first two bytes lie on
+    // two cache lines: neither entry is patched, and each has all its calls.
+    for tiny in ["tiny_get", "tiny_straddle"] {
+        let node = node_at(merged, &["tiny_root", tiny]);
+        assert_eq!(
+            node.map(|n| n.calls),
+            Some(150),
+            "{tiny}\n{}",
+            recorded.stderr
+        );
+    }
+    assert!(
+        !recorded.stderr.contains("not instrumented"),
+        "{}",
+        recorded.stderr
+    );
+    assert_eq!(recorded.profile.stats.instrumented_functions, 3);
+    code_bytes_match_file(target.pid()).unwrap();
+    target.write_stdin("tiny 300\n");
+    assert_eq!(target.expect_line("tiny calls 300 ", LINE_TIMEOUT), bare);
 }
 
 /// Records `table_root` with `args` while the fixture makes 30 calls through its table,

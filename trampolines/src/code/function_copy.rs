@@ -114,6 +114,9 @@ impl Labels {
 pub struct Inserted {
     pub instructions: Vec<Instruction>,
     pub extra_stack: Vec<u32>,
+    /// What the original instruction after this code becomes, if not itself (a call
+    /// through a pointer made through `r11`, which the check before it loaded).
+    pub replacement: Option<Instruction>,
 }
 
 /// One instruction of the copy, in copy order.

@@ -8,29 +8,38 @@
 //! that first call is recorded, under its real caller. The targets followed are kept
 //! in one open-addressed table of the process ([`TABLE_SLOTS`] words, a target's home
 //! slot its address shifted right by 4), which the check probes at the home slot and
-//! the next one, so a site that calls one function or many costs the same. The table
-//! is mapped in the first 2 GiB when it can be, so a probe names it with a 32-bit
-//! displacement, and the check needs only `r11` (free at a call: no argument travels
-//! in it, and a callee may clobber it) and `rcx`:
+//! the next one, so a site that calls one function or many costs the same. Beside each
+//! target the table holds where its calls go: the target itself, or a hook in front of
+//! its untouched entry when its entry could not be patched (`patching::entry_stubs`).
+//! The call is made through `r11` (free at a call: no argument travels in it, and a
+//! callee may clobber it), which holds the target or that destination. The table is
+//! mapped in the first 2 GiB when it can be, so a probe names it with a 32-bit
+//! displacement, and the check needs only `r11` and `rcx`:
 //!
 //! ```text
 //! push rcx
 //! mov r11, <the operand>       ; the target (an rsp-based operand is moved by 8)
 //! mov ecx,r11d / shr ecx,4 / and ecx, TABLE_SLOTS-1
-//! cmp r11,[rcx*8+table] / je done / cmp r11,[rcx*8+table+8] / je done
+//! cmp r11,[rcx*8+targets] / je hit / inc ecx / cmp r11,[rcx*8+targets] / je hit
 //! push rax / push rdx / mov rax,r11
 //! mov rcx,fs:[slot] ...        ; the thread's state; outside the call graph → skip
 //! mov rdx, site; mov r11, handler; mov rcx, tendril_slow_call; call rcx
-//! skip: pop rdx / pop rax
+//! skip: mov r11,rax            ; the slow path's answer: where the call goes
+//! pop rdx / pop rax / jmp done
+//! hit: push rax / mov rax,[rcx*8+destinations]
+//! cmp r11,[rcx*8+targets] / cmove r11,rax / pop rax   ; still the slot's target?
 //! done: pop rcx
-//! call <the operand>           ; the original instruction
+//! call r11                     ; the original instruction, through r11
 //! ```
 //!
 //! A table mapped higher, or an operand that uses `r11` itself, gets the long form:
 //! the red zone stepped over and `rax`, `rcx` and `rdx` saved, the table's address in
 //! `rdx`. The flags are not live before a call or a tail jump (a callee gets them
 //! undefined), so neither form saves them. The runtime writes the table (one writer at
-//! a time, under its discovery lock); the checks only read it.
+//! a time, under its discovery lock); the checks only read it. A slot's destination is
+//! written before its target, and read before the target is compared again: a slot
+//! emptied and taken by another target meanwhile fails the second comparison, and the
+//! call goes to the target itself.
 
 use super::inserted_code::{Gate, Sequence, fixed};
 use super::state::STATE;
@@ -45,8 +54,8 @@ pub use super::state::POINTER_TABLE_SLOTS as TABLE_SLOTS;
 const LONG_READ_DEPTH: u32 = super::inserted_code::RED_ZONE + 24;
 
 /// Where the check's slow path goes: the runtime's handler (target in `rax`, the
-/// site's address in `rdx`) and `tendril_slow_call`, which saves and restores
-/// everything around it.
+/// site's address in `rdx`; it answers in `rax` where the call goes) and
+/// `tendril_slow_call`, which saves and restores everything around it.
 #[derive(Debug, Clone, Copy)]
 pub struct SlowPath {
     pub handler: u64,
@@ -58,19 +67,22 @@ fn home(target: u64) -> usize {
     (target as u32 >> 4) as usize & (TABLE_SLOTS - 1)
 }
 
-/// The table (one guard slot past [`TABLE_SLOTS`]), mapped on first use: in the first
-/// 2 GiB if it can be, else anywhere; `None` if no memory could be had.
+/// Words of each half of the table: its slots and one guard slot past them.
+const HALF: usize = TABLE_SLOTS + 1;
+
+/// The table, mapped on first use: [`HALF`] targets, then as many destinations (a
+/// target's at its slot plus [`HALF`]). In the first 2 GiB if it can be, else anywhere;
+/// `None` if no memory could be had.
 fn table() -> Option<&'static [AtomicU64]> {
     let address = *STATE.pointer_table.get_or_init(map_table);
-    // SAFETY: a private anonymous mapping of TABLE_SLOTS + 1 words made by `map_table`
-    // and never unmapped; zeroed words are valid `AtomicU64`s.
-    (address != 0).then(|| unsafe {
-        std::slice::from_raw_parts(address as *const AtomicU64, TABLE_SLOTS + 1)
-    })
+    // SAFETY: a private anonymous mapping of 2 * HALF words made by `map_table` and
+    // never unmapped; zeroed words are valid `AtomicU64`s.
+    (address != 0)
+        .then(|| unsafe { std::slice::from_raw_parts(address as *const AtomicU64, 2 * HALF) })
 }
 
 fn map_table() -> u64 {
-    let bytes = (TABLE_SLOTS + 1) * 8;
+    let bytes = 2 * HALF * 8;
     for low in [libc::MAP_32BIT, 0] {
         // SAFETY: an anonymous private mapping with no address hint has no
         // preconditions; the result is checked against MAP_FAILED.
@@ -91,27 +103,32 @@ fn map_table() -> u64 {
     0
 }
 
-/// Whether `target` is in the table (at any slot of its run, not only where the checks
-/// look).
-pub fn is_followed(target: u64) -> bool {
-    let Some(table) = table() else { return false };
-    (home(target)..table.len())
-        .map(|slot| table[slot].load(Ordering::Acquire))
-        .take_while(|&held| held != 0)
-        .any(|held| held == target)
+/// Where the checks send a call to `target`, if it is in the table.
+pub fn destination_of(target: u64) -> Option<u64> {
+    let table = table()?;
+    (home(target)..HALF)
+        .take_while(|&slot| table[slot].load(Ordering::Acquire) != 0)
+        .find(|&slot| table[slot].load(Ordering::Acquire) == target)
+        .map(|slot| table[HALF + slot].load(Ordering::Acquire))
 }
 
-/// Puts `target` in the table, at the first free slot from its home; false if the
-/// table is full from there. One writer at a time (the caller's lock).
-pub fn follow(target: u64) -> bool {
+/// Puts `target` in the table, its calls going to `destination` (the target itself, or
+/// a hook in front of it), at the first free slot from its home (or its own slot);
+/// false if the table is full from there. One writer at a time (the caller's lock).
+pub fn follow_to(target: u64, destination: u64) -> bool {
     let Some(table) = table() else { return false };
-    for slot in &table[home(target)..] {
-        match slot.load(Ordering::Acquire) {
+    for slot in home(target)..HALF {
+        match table[slot].load(Ordering::Acquire) {
             0 => {
-                slot.store(target, Ordering::Release);
+                // The destination first: a check that finds the target reads it after.
+                table[HALF + slot].store(destination, Ordering::Release);
+                table[slot].store(target, Ordering::Release);
                 return true;
             }
-            held if held == target => return true,
+            held if held == target => {
+                table[HALF + slot].store(destination, Ordering::Release);
+                return true;
+            }
             _ => {}
         }
     }
@@ -119,9 +136,10 @@ pub fn follow(target: u64) -> bool {
 }
 
 /// Empties the table: every target is met again (a new recording, or a library loaded
-/// where another was). One writer at a time (the caller's lock).
+/// where another was). One writer at a time (the caller's lock). The destinations
+/// stay: a check reads one only for the target it found, and compares it again after.
 pub fn forget_all() {
-    for slot in table().unwrap_or_default() {
+    for slot in table().unwrap_or_default().iter().take(HALF) {
         if slot.load(Ordering::Relaxed) != 0 {
             slot.store(0, Ordering::Release);
         }
@@ -129,8 +147,9 @@ pub fn forget_all() {
 }
 
 /// The check before `instruction`, a call or tail jump through a pointer at original
-/// address `site`. Empty for an operand the check cannot read (`call rsp`, an operand
-/// in the red zone below the stack pointer) or when there is no table.
+/// address `site`, with the instruction it becomes (the same through `r11`). Empty, the
+/// instruction kept, for an operand the check cannot read (`call rsp`, an operand in
+/// the red zone below the stack pointer) or when there is no table.
 pub fn check_code(
     site: u64,
     instruction: &Instruction,
@@ -147,11 +166,21 @@ pub fn check_code(
         instruction.memory_index(),
     ]
     .contains(&Register::R11);
-    match i32::try_from(table + 8) {
+    let through_r11 = match instruction.code() {
+        Code::Call_rm64 => Instruction::with1(Code::Call_rm64, Register::R11),
+        _ => Instruction::with1(Code::Jmp_rm64, Register::R11),
+    };
+    let inserted = match i32::try_from(table + (2 * HALF * 8) as u64) {
         Ok(_) if !uses_r11 => short_check(site, instruction, table, slow, labels),
         _ => long_check(site, instruction, table, slow, labels),
+    };
+    match inserted {
+        Some(mut inserted) => {
+            inserted.replacement = Some(fixed(through_r11));
+            inserted
+        }
+        None => Inserted::default(),
     }
-    .unwrap_or_default()
 }
 
 /// The check with the table below 2 GiB (see the module comment).
@@ -169,8 +198,8 @@ fn short_check(
     };
     code.push(fixed(Instruction::with1(Code::Push_r64, Register::RCX)), 0);
     code.push(read_target, 8);
-    let done = labels.create();
-    // [rcx*8 + table]: the table's address as a 32-bit displacement.
+    let (hit, done) = (labels.create(), labels.create());
+    // [rcx*8 + table + extra]: the table's address as a 32-bit displacement.
     let slot = |extra: u64| {
         MemoryOperand::new(
             Register::None,
@@ -182,11 +211,10 @@ fn short_check(
             Register::None,
         )
     };
-    let mut probe = probe(Register::R11, slot, done).to_vec();
-    probe.push(Instruction::with1(Code::Push_r64, Register::RAX));
-    for instruction in probe {
+    for instruction in probe(Register::R11, slot(0), hit) {
         code.push(fixed(instruction), 8);
     }
+    code.push(fixed(Instruction::with1(Code::Push_r64, Register::RAX)), 8);
     code.push(fixed(Instruction::with1(Code::Push_r64, Register::RDX)), 16);
     code.push(
         fixed(Instruction::with2(
@@ -199,9 +227,30 @@ fn short_check(
     let skip = labels.create();
     code.load_thread_state(24, skip);
     slow_call(&mut code, site, slow, 24);
-    let mut pop_rdx = fixed(Instruction::with1(Code::Pop_r64, Register::RDX));
-    pop_rdx.set_ip(skip);
-    code.push(pop_rdx, 24);
+    // The slow path answers in rax where the call goes (its first call too); skipped,
+    // rax is the target.
+    let mut answer_in_r11 = fixed(Instruction::with2(
+        Code::Mov_r64_rm64,
+        Register::R11,
+        Register::RAX,
+    ));
+    answer_in_r11.set_ip(skip);
+    code.push(answer_in_r11, 24);
+    code.push(fixed(Instruction::with1(Code::Pop_r64, Register::RDX)), 24);
+    code.push(fixed(Instruction::with1(Code::Pop_r64, Register::RAX)), 16);
+    code.push(fixed(Instruction::with_branch(Code::Jmp_rel32_64, done)), 8);
+    let mut push_rax = fixed(Instruction::with1(Code::Push_r64, Register::RAX));
+    push_rax.set_ip(hit);
+    code.push(push_rax, 8);
+    let destination = (HALF * 8) as u64;
+    let take_destination = [
+        Instruction::with2(Code::Mov_r64_rm64, Register::RAX, slot(destination)),
+        Instruction::with2(Code::Cmp_r64_rm64, Register::R11, slot(0)),
+        Instruction::with2(Code::Cmove_r64_rm64, Register::R11, Register::RAX),
+    ];
+    for instruction in take_destination {
+        code.push(fixed(instruction), 16);
+    }
     code.push(fixed(Instruction::with1(Code::Pop_r64, Register::RAX)), 16);
     let mut pop_rcx = fixed(Instruction::with1(Code::Pop_r64, Register::RCX));
     pop_rcx.set_ip(done);
@@ -210,7 +259,8 @@ fn short_check(
 }
 
 /// The check with the table anywhere, or an operand that uses `r11`: the red zone
-/// stepped over, `rax`, `rcx` and `rdx` saved, the table's address in `rdx`.
+/// stepped over, `rax`, `rcx` and `rdx` saved, the table's address in `rdx`; `r11`
+/// takes the target or its destination at the end.
 fn long_check(
     site: u64,
     instruction: &Instruction,
@@ -227,9 +277,9 @@ fn long_check(
     let depth = code.save(&saved);
     debug_assert_eq!(depth, LONG_READ_DEPTH);
     code.push(read_target, depth);
-    let done = labels.create();
-    code.load_thread_state(depth, done);
-    // [rdx + rcx*8]: the table's address in rdx.
+    let (hit, to_target, done) = (labels.create(), labels.create(), labels.create());
+    code.load_thread_state(depth, to_target);
+    // [rdx + rcx*8 + extra]: the table's address in rdx.
     let slot = |extra: u64| {
         MemoryOperand::new(
             Register::RDX,
@@ -241,7 +291,7 @@ fn long_check(
             Register::None,
         )
     };
-    let mut probe = probe(Register::RAX, slot, done).to_vec();
+    let mut probe = probe(Register::RAX, slot(0), hit).to_vec();
     probe.insert(
         3,
         Instruction::with2(Code::Mov_r64_imm64, Register::RDX, table),
@@ -250,18 +300,44 @@ fn long_check(
         code.push(fixed(instruction), depth);
     }
     slow_call(&mut code, site, slow, depth);
+    // The slow path answers in rax where the call goes (its first call too); skipped,
+    // rax is the target.
+    let mut target_in_r11 = fixed(Instruction::with2(
+        Code::Mov_r64_rm64,
+        Register::R11,
+        Register::RAX,
+    ));
+    target_in_r11.set_ip(to_target);
+    code.push(target_in_r11, depth);
+    code.push(
+        fixed(Instruction::with_branch(Code::Jmp_rel32_64, done)),
+        depth,
+    );
+    let destination = (HALF * 8) as u64;
+    let take_destination = [
+        Instruction::with2(Code::Mov_r64_rm64, Register::R11, slot(destination)),
+        Instruction::with2(Code::Cmp_r64_rm64, Register::RAX, slot(0)),
+        Instruction::with2(Code::Cmovne_r64_rm64, Register::R11, Register::RAX),
+    ];
+    for (k, instruction) in take_destination.into_iter().enumerate() {
+        let mut instruction = fixed(instruction);
+        if k == 0 {
+            instruction.set_ip(hit);
+        }
+        code.push(instruction, depth);
+    }
     code.restore(&saved, false, depth, done);
     Some(code.inserted)
 }
 
 /// The probe of the table for the target in `target`: its home slot into `ecx`, then
-/// the home slot and the next compared (`slot(0)`, `slot(8)`), on to `done` when one
-/// holds it.
+/// that slot and the next compared (`slot`, indexed by `rcx`), on to `hit` when one
+/// holds it, with `rcx` on that slot.
 fn probe(
     target: Register,
-    slot: impl Fn(u64) -> MemoryOperand,
-    done: u64,
-) -> [Result<Instruction, iced_x86::IcedError>; 7] {
+    slot: MemoryOperand,
+    hit: u64,
+) -> [Result<Instruction, iced_x86::IcedError>; 8] {
     let low = match target {
         Register::R11 => Register::R11D,
         _ => Register::EAX,
@@ -274,10 +350,11 @@ fn probe(
             Register::ECX,
             (TABLE_SLOTS - 1) as u32,
         ),
-        Instruction::with2(Code::Cmp_r64_rm64, target, slot(0)),
-        Instruction::with_branch(Code::Je_rel32_64, done),
-        Instruction::with2(Code::Cmp_r64_rm64, target, slot(8)),
-        Instruction::with_branch(Code::Je_rel32_64, done),
+        Instruction::with2(Code::Cmp_r64_rm64, target, slot),
+        Instruction::with_branch(Code::Je_rel32_64, hit),
+        Instruction::with1(Code::Inc_rm32, Register::ECX),
+        Instruction::with2(Code::Cmp_r64_rm64, target, slot),
+        Instruction::with_branch(Code::Je_rel32_64, hit),
     ]
 }
 

@@ -5,10 +5,12 @@
 //! threads run (`patch_protocol`), checking what a controller
 //! asks to patch (`patch_targets`), and the engine's bookkeeping of what is patched by
 //! whom (`patcher`, which prepares each function's patch with `site_plan`, its data in
-//! `sites`), and switching a recorded function's hook between timed and untimed
-//! (`timing`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
+//! `sites`), hooks in front of entries the patcher could not patch, for the checks of
+//! calls through pointers (`entry_stubs`), and switching a recorded function's hook
+//! between timed and untimed (`timing`). The layer's statics are `state`. The runtime above installs its callbacks here (`patcher::install`);
 //! nothing here imports it.
 
+pub mod entry_stubs;
 pub mod function_copies;
 pub mod patch_protocol;
 pub mod patch_targets;

@@ -9,7 +9,7 @@
 //! one, as Scheme B patches the direct callees a discovery finds. All of that happens
 //! before the call goes on, so even the first call through the pointer is recorded,
 //! under its real caller (the frame open on the thread). Then the target goes in the
-//! table the checks probe (`pointer_checks::follow`): the next call to it, from any
+//! table the checks probe (`pointer_checks::follow_to`): the next call to it, from any
 //! site and thread, costs the check's probe only. The work runs as discovery's does:
 //! on the agent's stack, with the thread's signals blocked and its hooks stepping
 //! aside, and its time is tendril's pause (an `Adjust` event).
@@ -22,7 +22,7 @@
 
 use crate::hooks::pointer_checks;
 use crate::hooks::slow_call::SavedRegisters;
-use crate::patching::patcher;
+use crate::patching::{entry_stubs, patcher};
 use crate::runtime::discovery;
 use crate::runtime::recording;
 use crate::runtime::state::{DiscoveryContext, STATE};
@@ -51,8 +51,10 @@ pub fn unknown_targets(session: u64) -> Vec<(u64, u64)> {
 /// Slow path of a pointer check: target `rax` at the site `rdx`.
 pub extern "C" fn target_met(registers: &mut SavedRegisters) {
     let (target, site) = (registers.rax, registers.rdx);
-    // Followed already, but past the two slots the check probes.
-    if pointer_checks::is_followed(target) {
+    // The answer, in rax: where the call goes (the target itself when not followed).
+    // Followed already, but past the two slots the check probes: answered at once.
+    if let Some(destination) = pointer_checks::destination_of(target) {
+        registers.rax = destination;
         return;
     }
     with_own_state(|state| {
@@ -66,6 +68,7 @@ pub extern "C" fn target_met(registers: &mut SavedRegisters) {
         recording::add_to_header(header::PAUSE_TICKS, paused);
         recording::emit(state, Event::new(EventKind::Adjust, 0, paused));
     });
+    registers.rax = pointer_checks::destination_of(target).unwrap_or(target);
 }
 
 /// What the check met.
@@ -86,31 +89,39 @@ extern "C" fn follow_on_stack(argument: *mut libc::c_void) {
 /// comment), then puts it in the checks' table: from then on, followed or not, the
 /// check lets a call to it go on (also on a thread still inside a copy after the
 /// recording stopped, which must not come here at every call). In the table only once
-/// patched: a thread whose check found it there calls it with its hook in.
+/// patched: a thread whose check found it there calls it with its hook in, or the hook
+/// in front of it when its entry could not be patched.
 fn follow(target: u64, site: u64) {
     // Lock order: the loader's, the discovery's, the engine's (as discovery's).
     loaded_modules::with_modules_held(|modules| {
         let mut guard = STATE.discovery.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(context) = guard.as_mut() {
-            instrument(context, target, site, modules);
-        }
-        pointer_checks::follow(target);
+        let destination = match guard.as_mut() {
+            Some(context) => instrument(context, target, site, modules),
+            None => target,
+        };
+        pointer_checks::follow_to(target, destination);
     });
 }
 
-/// [`follow`]'s instrumenting, with the loader and the discovery's state held.
-fn instrument(context: &mut DiscoveryContext, target: u64, site: u64, modules: &LoadedModules) {
+/// [`follow`]'s instrumenting, with the loader and the discovery's state held; answers
+/// where the target's calls go.
+fn instrument(
+    context: &mut DiscoveryContext,
+    target: u64,
+    site: u64,
+    modules: &LoadedModules,
+) -> u64 {
     // A thread still inside a copy when the recording stopped patches nothing: the
     // restore that follows the stop (it waits for the loader, held here) would miss
     // what it patched after it.
     if !context.follow_pointers || !recording::is_active() {
-        return;
+        return target;
     }
     if context.followed_sites.insert(site) {
         recording::add_to_header(header::INDIRECT_SITES_FOLLOWED, 1);
     }
     let Some(table) = FunctionTable::parse(&context.table) else {
-        return;
+        return target;
     };
     let fresh = FreshTable::new(&context.table_code, context.table_unloads, modules.unloads);
     let Some(callee) = resolve(target, &table).filter(|f| fresh.holds(f.start)) else {
@@ -118,15 +129,41 @@ fn instrument(context: &mut DiscoveryContext, target: u64, site: u64, modules: &
         if unknown && context.unknown_targets.len() < MOST_UNKNOWN_TARGETS {
             context.unknown_targets.push((site, target));
         }
-        return;
+        return target;
     };
     if context.pointer_targets.insert(callee.start) {
         recording::add_to_header(header::INDIRECT_TARGETS, 1);
     }
+    // Its calls go to the hook in front of it, when it has one (the target itself is
+    // the callee's start, or a PLT stub that leads there: the stub is skipped).
+    let in_front = |context: &DiscoveryContext| {
+        (context.hooks_in_front.iter())
+            .find(|&&(at, _)| at == callee.start)
+            .map(|&(_, hook)| hook)
+    };
+    if let Some(hook) = in_front(context) {
+        return hook;
+    }
     let refused_before = context.refused.iter().any(|&(at, _)| at == callee.start);
     if refused_before || patcher::is_patched_by_now(context.session, callee.start, modules) {
-        return;
+        return target;
     }
     let refused = discovery::patch_callees(context.session, &table, &[callee]);
-    context.refused.extend(refused);
+    let Some((_, why)) = refused.first() else {
+        return target;
+    };
+    match entry_stubs::hook_in_front(context.session, callee.start, callee.size) {
+        Ok(hook) => {
+            // Counted as instrumented after all (`patch_callees` counted it refused).
+            recording::take_from_header(header::REFUSED_CALLEES, 1);
+            recording::add_to_header(header::INSTRUMENTED, 1);
+            context.hooks_in_front.push((callee.start, hook));
+            hook
+        }
+        Err(also) => {
+            let why = format!("{why}; and no hook in front of it: {also}");
+            context.refused.push((callee.start, why));
+            target
+        }
+    }
 }

@@ -269,10 +269,14 @@ impl Assembly<'_, '_, '_> {
             self.exit(index, block, &mut instruction);
         }
         if is_through_pointer(&instruction, block, original) {
-            let check = self
+            let mut check = self
                 .counters
                 .through_pointer(original, &instruction, self.labels);
+            let replacement = check.replacement.take();
             self.emit(check, None, original);
+            if let Some(replacement) = replacement {
+                instruction = replacement;
+            }
         }
         instruction.set_ip(self.next_label());
         self.pending.push(Pending {

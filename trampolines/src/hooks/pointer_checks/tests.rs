@@ -25,6 +25,19 @@ fn check_of(bytes: &[u8]) -> Vec<String> {
     disassemble(&check_code(AT, &original(bytes), SLOW, &mut labels))
 }
 
+/// What the original instruction `bytes` becomes after its check.
+fn replacement_of(bytes: &[u8]) -> String {
+    let mut labels = Labels::new_for_tests();
+    let check = check_code(AT, &original(bytes), SLOW, &mut labels);
+    let replacement = check.replacement.expect("a checked call goes through r11");
+    let alone = Inserted {
+        instructions: vec![replacement],
+        extra_stack: vec![0],
+        replacement: None,
+    };
+    disassemble(&alone).join("\n")
+}
+
 /// The table's address, mapped (below 2 GiB here, as in a target).
 fn table_address() -> u64 {
     let table = table().expect("the table maps").as_ptr() as u64;
@@ -44,8 +57,8 @@ fn a_call_through_a_register_probes_the_table_and_asks_the_runtime_about_a_new_t
         "the home slot: {text}"
     );
     assert!(
-        text.contains(&format!("cmp r11,[rcx*8+{:X}h]", table + 8)),
-        "the next slot: {text}"
+        text.contains("inc ecx"),
+        "the next slot, through the same operand: {text}"
     );
     assert!(
         text.contains("mov rax,r11"),
@@ -62,7 +75,21 @@ fn a_call_through_a_register_probes_the_table_and_asks_the_runtime_about_a_new_t
     assert!(text.contains("mov r11,111122223333h"), "{text}");
     assert!(text.contains("mov rcx,444455556666h"), "{text}");
     assert!(text.contains("call rcx"), "{text}");
+    assert!(
+        text.contains("mov r11,rax"),
+        "the slow path's answer, where the call goes: {text}"
+    );
+    let destinations = table + (HALF * 8) as u64;
+    assert!(
+        text.contains(&format!("mov rax,[rcx*8+{destinations:X}h]")),
+        "the slot's destination: {text}"
+    );
+    assert!(
+        text.contains("cmove r11,rax"),
+        "taken only if the slot still holds the target: {text}"
+    );
     assert_eq!(code.last().unwrap(), "pop rcx", "{text}");
+    assert_eq!(replacement_of(&[0xff, 0xd3]), "call r11");
     assert!(
         !text.contains("lea rsp"),
         "a call's red zone is dead: {text}"
@@ -84,16 +111,24 @@ fn an_operand_in_r11_gets_the_long_form_which_saves_what_it_uses() {
     let table = table_address();
     assert!(text.contains(&format!("mov rdx,{table:X}h")), "{text}");
     assert!(text.contains("cmp rax,[rdx+rcx*8]"), "{text}");
-    assert!(text.contains("cmp rax,[rdx+rcx*8+8]"), "{text}");
+    assert!(text.contains("inc ecx"), "{text}");
     assert!(
-        text.contains("push r11"),
-        "r11 kept around the slow path: {text}"
+        text.contains(&format!("mov r11,[rdx+rcx*8+{:X}h]", HALF * 8)),
+        "the slot's destination: {text}"
+    );
+    assert!(text.contains("cmovne r11,rax"), "{text}");
+    assert!(
+        text.contains("mov r11,rax"),
+        "the target, or the slow path's answer: {text}"
     );
     assert_eq!(
         code[code.len() - 4..],
         ["pop rdx", "pop rcx", "pop rax", "lea rsp,[rsp+80h]"],
         "{text}"
     );
+    assert_eq!(replacement_of(&[0x41, 0xff, 0x53, 0x10]), "call r11");
+    // A tail jump through a pointer stays a jump.
+    assert_eq!(replacement_of(&[0xff, 0xe0]), "jmp r11");
 }
 
 #[test]
@@ -139,13 +174,16 @@ fn a_target_is_found_past_its_home_slot_and_the_table_empties() {
     let targets = [base, base + (1 << 36), base + (2 << 36)];
     assert!(targets.iter().all(|&t| home(t) == home(base)));
     for &target in &targets {
-        assert!(!is_followed(target));
-        assert!(follow(target));
+        assert_eq!(destination_of(target), None);
+        assert!(follow_to(target, target));
     }
-    assert!(targets.iter().all(|&t| is_followed(t)));
+    assert!(targets.iter().all(|&t| destination_of(t) == Some(t)));
     // Only the guard slot is left past them: a fourth of that home finds no room.
-    assert!(!follow(base + (3 << 36)));
-    assert!(follow(targets[1]), "a target already in is found");
+    assert!(!follow_to(base + (3 << 36), 1));
+    // A target already in is found, and its calls may be sent elsewhere.
+    assert!(follow_to(targets[1], 0x1234));
+    assert_eq!(destination_of(targets[1]), Some(0x1234));
+    assert_eq!(destination_of(targets[2]), Some(targets[2]));
     forget_all();
-    assert!(targets.iter().all(|&t| !is_followed(t)));
+    assert!(targets.iter().all(|&t| destination_of(t).is_none()));
 }

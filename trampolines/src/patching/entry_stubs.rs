@@ -1,0 +1,106 @@
+//! A recording hook in front of a function whose entry stays untouched: where the
+//! checks before calls through pointers send the calls to a target the patcher could
+//! not patch (issue 33).
+//!
+//! Some entries cannot take a jump: a 4-byte getter with no padding near it, an entry
+//! whose first two bytes straddle a cache line (the guard would not be one store).
+//! Calls to such a function through a pointer from inside the call graph pass a check
+//! (`hooks::pointer_checks`), which can send them anywhere. So the function gets a
+//! trampoline of its own whose hook is the recording hook of any patched function and
+//! whose body is a jump to the function's untouched entry: the checks' table sends the
+//! target's calls to the hook, and they are recorded, timed and discovered (Scheme B)
+//! like any other callee's. Nothing of the function is written, so nothing is restored;
+//! calls that do not pass a check (direct calls, callers outside the graph) are not
+//! seen, as before. Like every trampoline, a stub is never freed: a thread inside it
+//! when the recording ends finishes there.
+
+use super::readiness::prepare;
+use super::site_plan::own_code;
+use super::sites::Engine;
+use super::state::{engine, runtime};
+use crate::hooks::stubs::{self, TrampolineCode};
+use crate::sys::code_memory;
+use crate::sys::error::AgentError;
+use crate::sys::loaded_modules;
+use tendril_wire::Hook;
+use tendril_wire::events::HookShape;
+
+/// Builds a recording hook for session `owner` in front of the untouched entry of the
+/// function at `address` (`size` bytes), and answers where to call it.
+pub fn hook_in_front(owner: u64, address: u64, size: u64) -> Result<u64, AgentError> {
+    // The loader held, then the engine, as for every patch (`patcher::patch`).
+    loaded_modules::with_modules_held(|modules| {
+        let mut guard = engine();
+        let engine = guard.get_or_insert_with(Engine::default);
+        engine.forget_unloaded(modules);
+        build(engine, owner, address, size)
+    })
+}
+
+/// [`hook_in_front`], with the loader and the engine held.
+fn build(engine: &mut Engine, owner: u64, address: u64, size: u64) -> Result<u64, AgentError> {
+    prepare()?;
+    if let Some(reason) = own_code(owner, address, size.max(1)) {
+        return Err(AgentError::Refused(reason.into()));
+    }
+    if engine.sites.contains_key(&address) {
+        return Err(AgentError::Refused(
+            "its entry is patched already (by another tendril command)".into(),
+        ));
+    }
+    let id = engine.id_for(address)?;
+    let memory = engine
+        .arena
+        .allocate_near(address, stubs::TRAMPOLINE_BYTES)?;
+    let TrampolineCode {
+        bytes,
+        hook,
+        body,
+        body_sink,
+    } = stubs::build(memory, id, Hook::Record, None, HookShape::Jump, |body| {
+        Ok(jump(body, address))
+    })?;
+    code_memory::write_code(memory, &bytes)
+        .map_err(|e| AgentError::io("cannot write a trampoline", e))?;
+    if let Some(sink) = body_sink {
+        sink.store(body, std::sync::atomic::Ordering::Release);
+    }
+    (runtime()?.before_patching)(id);
+    Ok(hook)
+}
+
+/// A jump at `from` to `to`: `jmp rel32` when in reach, else `jmp [rip+0]` and the
+/// address.
+fn jump(from: u64, to: u64) -> Vec<u8> {
+    let distance = to.wrapping_sub(from + 5) as i64;
+    match i32::try_from(distance) {
+        Ok(rel) => [&[0xe9][..], &rel.to_le_bytes()].concat(),
+        Err(_) => [&[0xff, 0x25, 0, 0, 0, 0][..], &to.to_le_bytes()].concat(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iced_x86::{Decoder, DecoderOptions};
+
+    fn target_of(at: u64, bytes: &[u8]) -> u64 {
+        let instruction = Decoder::with_ip(64, bytes, at, DecoderOptions::NONE).decode();
+        match instruction.memory_base() {
+            iced_x86::Register::RIP => u64::from_le_bytes(bytes[6..14].try_into().unwrap()),
+            _ => instruction.near_branch_target(),
+        }
+    }
+
+    #[test]
+    fn the_body_jumps_to_the_entry_near_or_far() {
+        let near = jump(0x7f00_0000_1000, 0x7f00_1000_0000);
+        assert_eq!(near.len(), 5);
+        assert_eq!(target_of(0x7f00_0000_1000, &near), 0x7f00_1000_0000);
+        let below = jump(0x7f00_1000_0000, 0x7f00_0000_1000);
+        assert_eq!(target_of(0x7f00_1000_0000, &below), 0x7f00_0000_1000);
+        let far = jump(0x1000, 0x7f00_0000_1000);
+        assert_eq!(far.len(), 14);
+        assert_eq!(target_of(0x1000, &far), 0x7f00_0000_1000);
+    }
+}
