@@ -136,12 +136,8 @@ fn instrument(
     }
     // Its calls go to the hook in front of it, when it has one (the target itself is
     // the callee's start, or a PLT stub that leads there: the stub is skipped).
-    let in_front = |context: &DiscoveryContext| {
-        (context.hooks_in_front.iter())
-            .find(|&&(at, _)| at == callee.start)
-            .map(|&(_, hook)| hook)
-    };
-    if let Some(hook) = in_front(context) {
+    let in_front = (context.hooks_in_front.iter()).find(|&&(at, _)| at == callee.start);
+    if let Some(&(_, hook)) = in_front {
         return hook;
     }
     let refused_before = context.refused.iter().any(|&(at, _)| at == callee.start);
@@ -149,9 +145,11 @@ fn instrument(
         return target;
     }
     let refused = discovery::patch_callees(context.session, &table, &[callee]);
-    let Some((_, why)) = refused.first() else {
+    if refused.is_empty() {
         return target;
-    };
+    }
+    // Its entry refused (the patcher's reason stays the one said when no hook can go
+    // in front either: tendril's own code, another session's function).
     match entry_stubs::hook_in_front(context.session, callee.start, callee.size) {
         Ok(hook) => {
             // Counted as instrumented after all (`patch_callees` counted it refused).
@@ -160,9 +158,8 @@ fn instrument(
             context.hooks_in_front.push((callee.start, hook));
             hook
         }
-        Err(also) => {
-            let why = format!("{why}; and no hook in front of it: {also}");
-            context.refused.push((callee.start, why));
+        Err(_) => {
+            context.refused.extend(refused);
             target
         }
     }
