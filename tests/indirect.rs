@@ -12,7 +12,7 @@ use crate::common;
 
 use common::{Recording, Target, code_bytes_match_file, fixture, node_at, number_after};
 use std::time::Duration;
-use tendril::profile::{Node, Profile};
+use tendril::profile::{Node, Profile, Timing};
 
 const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -119,6 +119,34 @@ fn targets_whose_entries_cannot_be_patched_are_recorded_through_a_hook_in_front(
     code_bytes_match_file(target.pid()).unwrap();
     target.write_stdin("tiny 300\n");
     assert_eq!(target.expect_line("tiny calls 300 ", LINE_TIMEOUT), bare);
+}
+
+#[test]
+fn a_hook_in_front_is_switched_to_counting_like_a_patched_entry() {
+    let mut target = Target::spawn("indirect", &[]);
+    target.write_stdin("tiny 3000\n");
+    let bare = target.expect_line("tiny calls 3000 ", LINE_TIMEOUT);
+    // A threshold far above these calls' mean, even preempted: both are judged short
+    // after their first 1,000 calls.
+    let recording = Recording::start(
+        target.pid(),
+        &["--root", "tiny_root", "--min-time", "100000"],
+    );
+    target.write_stdin("tiny 3000\n");
+    assert_eq!(target.expect_line("tiny calls 3000 ", LINE_TIMEOUT), bare);
+    let recorded = recording.finish();
+    let merged = &recorded.profile.merged.roots;
+    for tiny in ["tiny_get", "tiny_straddle"] {
+        let node = node_at(merged, &["tiny_root", tiny]).expect(tiny);
+        assert_eq!(node.calls, 1500, "{tiny}\n{}", recorded.stderr);
+        assert_eq!(node.timing, Timing::InCaller, "{tiny}\n{}", recorded.stderr);
+    }
+    assert!(
+        recorded.stderr.contains("tiny_get") && recorded.stderr.contains("counting, not timing"),
+        "{}",
+        recorded.stderr
+    );
+    code_bytes_match_file(target.pid()).unwrap();
 }
 
 /// Records `table_root` with `args` while the fixture makes 30 calls through its table,

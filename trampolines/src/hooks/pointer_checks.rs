@@ -135,6 +135,19 @@ pub fn follow_to(target: u64, destination: u64) -> bool {
     false
 }
 
+/// Sends the calls of every target whose calls go to `from` to `to` instead (a hook in
+/// front of a function, switched between timed and untimed). One writer at a time.
+pub fn redirect(from: u64, to: u64) {
+    let Some(table) = table() else { return };
+    for slot in 0..HALF {
+        if table[slot].load(Ordering::Acquire) != 0
+            && table[HALF + slot].load(Ordering::Acquire) == from
+        {
+            table[HALF + slot].store(to, Ordering::Release);
+        }
+    }
+}
+
 /// Empties the table: every target is met again (a new recording, or a library loaded
 /// where another was). One writer at a time (the caller's lock). The destinations
 /// stay: a check reads one only for the target it found, and compares it again after.

@@ -11,13 +11,16 @@
 //! target's calls to the hook, and they are recorded, timed and discovered (Scheme B)
 //! like any other callee's. Nothing of the function is written, so nothing is restored;
 //! calls that do not pass a check (direct calls, callers outside the graph) are not
-//! seen, as before. Like every trampoline, a stub is never freed: a thread inside it
-//! when the recording ends finishes there.
+//! seen, as before. Adaptive timing switches such a function as it does a patched one
+//! ([`switch_timing`]): an untimed hook is built in front of it too, and the table's
+//! destinations move from one hook to the other. Like every trampoline, a stub is never
+//! freed: a thread inside it when the recording ends finishes there.
 
 use super::readiness::prepare;
 use super::site_plan::own_code;
-use super::sites::Engine;
+use super::sites::{Engine, InFront};
 use super::state::{engine, runtime};
+use crate::hooks::pointer_checks;
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
@@ -37,7 +40,20 @@ pub fn hook_in_front(owner: u64, address: u64, size: u64) -> Result<u64, AgentEr
     })
 }
 
-/// [`hook_in_front`], with the loader and the engine held.
+/// The hook the checks should send the calls to the function at `address` to, if one
+/// was built in front of it (and the function is still the one it was built for).
+/// Call with the loader held.
+pub fn hook_now(address: u64) -> Option<u64> {
+    let guard = engine();
+    let engine = guard.as_ref()?;
+    let id = *engine.ids.get(&address)?;
+    (engine.in_front.get(&address))
+        .filter(|front| front.id == id)
+        .map(InFront::hook)
+}
+
+/// [`hook_in_front`], with the loader and the engine held: the hook built for this
+/// function before (the same id: not a function since unloaded) or a new timed one.
 fn build(engine: &mut Engine, owner: u64, address: u64, size: u64) -> Result<u64, AgentError> {
     prepare()?;
     if let Some(reason) = own_code(owner, address, size.max(1)) {
@@ -49,6 +65,56 @@ fn build(engine: &mut Engine, owner: u64, address: u64, size: u64) -> Result<u64
         ));
     }
     let id = engine.id_for(address)?;
+    if let Some(front) = engine.in_front.get(&address).filter(|f| f.id == id) {
+        return Ok(front.hook());
+    }
+    let timed = build_hook(engine, address, id, Hook::Record)?;
+    (runtime()?.before_patching)(id);
+    let front = InFront {
+        id,
+        kind: Hook::Record,
+        timed,
+        untimed: None,
+    };
+    engine.in_front.insert(address, front);
+    Ok(timed)
+}
+
+/// Sends the calls the checks make to the function at `address` to its timed or
+/// untimed hook in front (`timing::set_timing` for a function with no patched entry).
+pub(super) fn switch_timing(
+    engine: &mut Engine,
+    address: u64,
+    timed: bool,
+) -> Result<(), AgentError> {
+    let Some(front) = engine.in_front.get(&address).cloned() else {
+        return Err(AgentError::Refused(
+            "it is not instrumented (any more)".into(),
+        ));
+    };
+    let kind = if timed { Hook::Record } else { Hook::Untimed };
+    if front.kind == kind {
+        return Ok(());
+    }
+    let untimed = match front.untimed {
+        Some(hook) => hook,
+        None => build_hook(engine, address, front.id, Hook::Untimed)?,
+    };
+    let to = if timed { front.timed } else { untimed };
+    pointer_checks::redirect(front.hook(), to);
+    engine.in_front.insert(
+        address,
+        InFront {
+            kind,
+            untimed: Some(untimed),
+            ..front
+        },
+    );
+    Ok(())
+}
+
+/// A `kind` hook for function `id` at `address`, whose body jumps to the entry.
+fn build_hook(engine: &mut Engine, address: u64, id: u32, kind: Hook) -> Result<u64, AgentError> {
     let memory = engine
         .arena
         .allocate_near(address, stubs::TRAMPOLINE_BYTES)?;
@@ -57,7 +123,7 @@ fn build(engine: &mut Engine, owner: u64, address: u64, size: u64) -> Result<u64
         hook,
         body,
         body_sink,
-    } = stubs::build(memory, id, Hook::Record, None, HookShape::Jump, |body| {
+    } = stubs::build(memory, id, kind, None, HookShape::Jump, |body| {
         Ok(jump(body, address))
     })?;
     code_memory::write_code(memory, &bytes)
@@ -65,7 +131,6 @@ fn build(engine: &mut Engine, owner: u64, address: u64, size: u64) -> Result<u64
     if let Some(sink) = body_sink {
         sink.store(body, std::sync::atomic::Ordering::Release);
     }
-    (runtime()?.before_patching)(id);
     Ok(hook)
 }
 

@@ -87,6 +87,29 @@ pub struct Engine {
     /// (no call through a pointer, or a copy refused), for every function a session
     /// that follows pointers has patched (`function_copies::pointer_checked_trampoline`).
     pub(in crate::patching) pointer_checked: HashMap<u64, Option<PointerChecked>>,
+    /// Function address → the recording hooks built in front of its untouched entry
+    /// (`entry_stubs`: a target of calls through pointers whose entry was refused).
+    pub(in crate::patching) in_front: HashMap<u64, InFront>,
+}
+
+/// The hooks in front of a function's untouched entry: the function's id when they
+/// were built, the kind the checks send its calls to now, and each kind's hook.
+#[derive(Debug, Clone)]
+pub struct InFront {
+    pub id: u32,
+    pub kind: Hook,
+    pub timed: u64,
+    pub untimed: Option<u64>,
+}
+
+impl InFront {
+    /// The hook of the kind in use.
+    pub fn hook(&self) -> u64 {
+        match self.kind {
+            Hook::Untimed => self.untimed.unwrap_or(self.timed),
+            _ => self.timed,
+        }
+    }
 }
 
 /// A function's copy with pointer checks: its size (to copy it again behind another

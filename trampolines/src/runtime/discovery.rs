@@ -73,7 +73,6 @@ pub fn start(
         follow_pointers,
         pointer_targets: HashSet::new(),
         unknown_targets: Vec::new(),
-        hooks_in_front: Vec::new(),
         table_code,
         table_unloads,
     });

@@ -135,9 +135,9 @@ fn instrument(
         recording::add_to_header(header::INDIRECT_TARGETS, 1);
     }
     // Its calls go to the hook in front of it, when it has one (the target itself is
-    // the callee's start, or a PLT stub that leads there: the stub is skipped).
-    let in_front = (context.hooks_in_front.iter()).find(|&&(at, _)| at == callee.start);
-    if let Some(&(_, hook)) = in_front {
+    // the callee's start, or a PLT stub that leads there: the stub is skipped), timed
+    // or not as adaptive timing last set it.
+    if let Some(hook) = entry_stubs::hook_now(callee.start) {
         return hook;
     }
     let refused_before = context.refused.iter().any(|&(at, _)| at == callee.start);
@@ -155,7 +155,6 @@ fn instrument(
             // Counted as instrumented after all (`patch_callees` counted it refused).
             recording::take_from_header(header::REFUSED_CALLEES, 1);
             recording::add_to_header(header::INSTRUMENTED, 1);
-            context.hooks_in_front.push((callee.start, hook));
             hook
         }
         Err(_) => {

@@ -132,9 +132,6 @@ pub struct DiscoveryContext {
     /// Calls through pointers to code the table does not know (JIT code), as (site,
     /// target), for the controller to name (`pointer_targets`; at most a few thousand).
     pub unknown_targets: Vec<(u64, u64)>,
-    /// Targets whose entries could not be patched, each with the hook built in front of
-    /// it (`patching::entry_stubs`), where the checks send their calls.
-    pub hooks_in_front: Vec<(u64, u64)>,
     /// The libraries' code when the table came, and the loader's count of unloaded
     /// libraries then: once a library has gone, the table's functions are used only
     /// where the same library is still loaded (see `discovery`).

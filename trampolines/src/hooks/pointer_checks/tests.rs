@@ -184,6 +184,10 @@ fn a_target_is_found_past_its_home_slot_and_the_table_empties() {
     assert!(follow_to(targets[1], 0x1234));
     assert_eq!(destination_of(targets[1]), Some(0x1234));
     assert_eq!(destination_of(targets[2]), Some(targets[2]));
+    // Calls sent to one place go to another (a hook in front switched).
+    redirect(0x1234, 0x5678);
+    assert_eq!(destination_of(targets[1]), Some(0x5678));
+    assert_eq!(destination_of(targets[0]), Some(targets[0]));
     forget_all();
     assert!(targets.iter().all(|&t| destination_of(t).is_none()));
 }
