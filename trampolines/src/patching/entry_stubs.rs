@@ -28,6 +28,9 @@ use crate::sys::loaded_modules;
 use tendril_wire::Hook;
 use tendril_wire::events::HookShape;
 
+/// The first bytes of a function kept to tell it from another loaded at its address.
+const ENTRY_KEPT: u64 = 16;
+
 /// Builds a recording hook for session `owner` in front of the untouched entry of the
 /// function at `address` (`size` bytes), and answers where to call it.
 pub fn hook_in_front(owner: u64, address: u64, size: u64) -> Result<u64, AgentError> {
@@ -68,6 +71,9 @@ fn build(engine: &mut Engine, owner: u64, address: u64, size: u64) -> Result<u64
     if let Some(front) = engine.in_front.get(&address).filter(|f| f.id == id) {
         return Ok(front.hook());
     }
+    let mut entry = vec![0u8; size.clamp(1, ENTRY_KEPT) as usize];
+    code_memory::read_code(address, &mut entry)
+        .map_err(|e| AgentError::io("cannot read its code", e))?;
     let timed = build_hook(engine, address, id, Hook::Record)?;
     (runtime()?.before_patching)(id);
     let front = InFront {
@@ -75,6 +81,7 @@ fn build(engine: &mut Engine, owner: u64, address: u64, size: u64) -> Result<u64
         kind: Hook::Record,
         timed,
         untimed: None,
+        entry,
     };
     engine.in_front.insert(address, front);
     Ok(timed)
@@ -132,6 +139,25 @@ fn build_hook(engine: &mut Engine, address: u64, id: u32, kind: Hook) -> Result<
         sink.store(body, std::sync::atomic::Ordering::Release);
     }
     Ok(hook)
+}
+
+/// Forgets the hooks in front of functions whose library went away since they were
+/// built (their first bytes changed or unmapped: see `Engine::forget_unloaded`); their
+/// ids are retired, so a function loaded at the same address later gets its own.
+pub(super) fn forget_unloaded(engine: &mut Engine) {
+    let gone: Vec<u64> = (engine.in_front.iter())
+        .filter(|&(&address, front)| {
+            let mut now = vec![0u8; front.entry.len()];
+            code_memory::read_code(address, &mut now).is_err() || now != front.entry
+        })
+        .map(|(&address, _)| address)
+        .collect();
+    for address in gone {
+        engine.in_front.remove(&address);
+        if let Some(id) = engine.ids.remove(&address) {
+            engine.retired_ids.push((address, id));
+        }
+    }
 }
 
 /// A jump at `from` to `to`: `jmp rel32` when in reach, else `jmp [rip+0]` and the

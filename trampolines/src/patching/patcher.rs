@@ -10,6 +10,7 @@
 //! counter keeps its meaning and a thread still inside a trampoline after a restore
 //! finishes correctly.
 
+use crate::patching::entry_stubs;
 use crate::patching::function_copies;
 use crate::patching::patch_protocol::{self, Site};
 use crate::patching::readiness::prepare;
@@ -342,6 +343,7 @@ impl Engine {
                 self.forget_site(site);
             }
         }
+        entry_stubs::forget_unloaded(self);
     }
 
     /// Forgets one site whose library went away (see [`Engine::forget_unloaded`]).

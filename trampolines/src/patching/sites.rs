@@ -93,13 +93,15 @@ pub struct Engine {
 }
 
 /// The hooks in front of a function's untouched entry: the function's id when they
-/// were built, the kind the checks send its calls to now, and each kind's hook.
+/// were built, the kind the checks send its calls to now, each kind's hook, and the
+/// function's first bytes then (another library loaded at its address has others).
 #[derive(Debug, Clone)]
 pub struct InFront {
     pub id: u32,
     pub kind: Hook,
     pub timed: u64,
     pub untimed: Option<u64>,
+    pub entry: Vec<u8>,
 }
 
 impl InFront {
