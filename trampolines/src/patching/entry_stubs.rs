@@ -24,7 +24,7 @@ use crate::hooks::pointer_checks;
 use crate::hooks::stubs::{self, TrampolineCode};
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
-use crate::sys::loaded_modules;
+use crate::sys::loaded_modules::{self, LoadedModules};
 use tendril_wire::Hook;
 use tendril_wire::events::HookShape;
 
@@ -45,10 +45,11 @@ pub fn hook_in_front(owner: u64, address: u64, size: u64) -> Result<u64, AgentEr
 
 /// The hook the checks should send the calls to the function at `address` to, if one
 /// was built in front of it (and the function is still the one it was built for).
-/// Call with the loader held.
-pub fn hook_now(address: u64) -> Option<u64> {
-    let guard = engine();
-    let engine = guard.as_ref()?;
+/// Call with the loader held (`modules`, its counts then).
+pub fn hook_now(address: u64, modules: &LoadedModules) -> Option<u64> {
+    let mut guard = engine();
+    let engine = guard.as_mut()?;
+    engine.forget_unloaded(modules);
     let id = *engine.ids.get(&address)?;
     (engine.in_front.get(&address))
         .filter(|front| front.id == id)

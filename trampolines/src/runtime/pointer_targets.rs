@@ -137,7 +137,7 @@ fn instrument(
     // Its calls go to the hook in front of it, when it has one (the target itself is
     // the callee's start, or a PLT stub that leads there: the stub is skipped), timed
     // or not as adaptive timing last set it.
-    if let Some(hook) = entry_stubs::hook_now(callee.start) {
+    if let Some(hook) = entry_stubs::hook_now(callee.start, modules) {
         return hook;
     }
     let refused_before = context.refused.iter().any(|&(at, _)| at == callee.start);
