@@ -25,6 +25,7 @@ use crate::hooks::stubs::{self, TrampolineCode};
 use crate::sys::code_memory;
 use crate::sys::error::AgentError;
 use crate::sys::loaded_modules::{self, LoadedModules};
+use iced_x86::{BlockEncoder, BlockEncoderOptions, Code, Instruction, InstructionBlock};
 use tendril_wire::Hook;
 use tendril_wire::events::HookShape;
 
@@ -126,19 +127,13 @@ fn build_hook(engine: &mut Engine, address: u64, id: u32, kind: Hook) -> Result<
     let memory = engine
         .arena
         .allocate_near(address, stubs::TRAMPOLINE_BYTES)?;
-    let TrampolineCode {
-        bytes,
-        hook,
-        body,
-        body_sink,
-    } = stubs::build(memory, id, kind, None, HookShape::Jump, |body| {
-        Ok(jump(body, address))
-    })?;
+    // Only a `Backtrace` hook has a body sink to fill: a recording hook has none.
+    let TrampolineCode { bytes, hook, .. } =
+        stubs::build(memory, id, kind, None, HookShape::Jump, |body| {
+            jump(body, address)
+        })?;
     code_memory::write_code(memory, &bytes)
         .map_err(|e| AgentError::io("cannot write a trampoline", e))?;
-    if let Some(sink) = body_sink {
-        sink.store(body, std::sync::atomic::Ordering::Release);
-    }
     Ok(hook)
 }
 
@@ -161,14 +156,15 @@ pub(super) fn forget_unloaded(engine: &mut Engine) {
     }
 }
 
-/// A jump at `from` to `to`: `jmp rel32` when in reach, else `jmp [rip+0]` and the
-/// address.
-fn jump(from: u64, to: u64) -> Vec<u8> {
-    let distance = to.wrapping_sub(from + 5) as i64;
-    match i32::try_from(distance) {
-        Ok(rel) => [&[0xe9][..], &rel.to_le_bytes()].concat(),
-        Err(_) => [&[0xff, 0x25, 0, 0, 0, 0][..], &to.to_le_bytes()].concat(),
-    }
+/// A jump at `from` to `to`, encoded by iced's `BlockEncoder`: `jmp rel32` when in
+/// reach, else a jump through a pointer it places after it.
+fn jump(from: u64, to: u64) -> Result<Vec<u8>, AgentError> {
+    let cannot =
+        |e: iced_x86::IcedError| AgentError::Refused(format!("cannot encode its hook: {e}"));
+    let jump = Instruction::with_branch(Code::Jmp_rel32_64, to).map_err(cannot)?;
+    let block = InstructionBlock::new(std::slice::from_ref(&jump), from);
+    let encoded = BlockEncoder::encode(64, block, BlockEncoderOptions::NONE).map_err(cannot)?;
+    Ok(encoded.code_buffer)
 }
 
 #[cfg(test)]
@@ -176,23 +172,26 @@ mod tests {
     use super::*;
     use iced_x86::{Decoder, DecoderOptions};
 
+    /// Where the jump `bytes` at `at` leads (through its pointer, for an indirect one).
     fn target_of(at: u64, bytes: &[u8]) -> u64 {
         let instruction = Decoder::with_ip(64, bytes, at, DecoderOptions::NONE).decode();
         match instruction.memory_base() {
-            iced_x86::Register::RIP => u64::from_le_bytes(bytes[6..14].try_into().unwrap()),
+            iced_x86::Register::RIP => {
+                let slot = (instruction.ip_rel_memory_address() - at) as usize;
+                u64::from_le_bytes(bytes[slot..slot + 8].try_into().unwrap())
+            }
             _ => instruction.near_branch_target(),
         }
     }
 
     #[test]
     fn the_body_jumps_to_the_entry_near_or_far() {
-        let near = jump(0x7f00_0000_1000, 0x7f00_1000_0000);
+        let near = jump(0x7f00_0000_1000, 0x7f00_1000_0000).unwrap();
         assert_eq!(near.len(), 5);
         assert_eq!(target_of(0x7f00_0000_1000, &near), 0x7f00_1000_0000);
-        let below = jump(0x7f00_1000_0000, 0x7f00_0000_1000);
+        let below = jump(0x7f00_1000_0000, 0x7f00_0000_1000).unwrap();
         assert_eq!(target_of(0x7f00_1000_0000, &below), 0x7f00_0000_1000);
-        let far = jump(0x1000, 0x7f00_0000_1000);
-        assert_eq!(far.len(), 14);
+        let far = jump(0x1000, 0x7f00_0000_1000).unwrap();
         assert_eq!(target_of(0x1000, &far), 0x7f00_0000_1000);
     }
 }
