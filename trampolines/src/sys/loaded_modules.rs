@@ -92,7 +92,8 @@ pub fn loaded_code() -> Vec<LoadedCode> {
 
 /// Adds the executable segments of the library `info` describes to `code`.
 fn add_code_of(info: &libc::dl_phdr_info, code: &mut Vec<LoadedCode>) {
-    if info.dlpi_phdr.is_null() {
+    let headers = program_headers(info);
+    if headers.is_empty() {
         return;
     }
     let name = if info.dlpi_name.is_null() {
@@ -104,9 +105,6 @@ fn add_code_of(info: &libc::dl_phdr_info, code: &mut Vec<LoadedCode>) {
             .to_string_lossy()
             .into_owned()
     };
-    // SAFETY: the loader's program headers for this library: `dlpi_phnum` entries at
-    // `dlpi_phdr`, mapped for as long as the library is.
-    let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
     for header in headers {
         if header.p_type == libc::PT_LOAD && header.p_flags & libc::PF_X != 0 {
             let start = info.dlpi_addr.wrapping_add(header.p_vaddr);
@@ -146,13 +144,7 @@ pub fn unwind_index_of(pc: u64) -> Option<UnwindIndex> {
         // SAFETY: `data` is the Search `unwind_index_of` passed, alive for the whole
         // call; `info` is the loader's, valid during this callback.
         let (search, info) = unsafe { (&mut *(data as *mut Search), &*info) };
-        if info.dlpi_phdr.is_null() {
-            return 0;
-        }
-        // SAFETY: the loader's program headers for this library: `dlpi_phnum` entries
-        // at `dlpi_phdr`, mapped for as long as the library is.
-        let headers =
-            unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        let headers = program_headers(info);
         let at = |header: &libc::Elf64_Phdr| info.dlpi_addr.wrapping_add(header.p_vaddr);
         let segments: Vec<(u64, u64)> = (headers.iter())
             .filter(|header| header.p_type == libc::PT_LOAD)
@@ -177,6 +169,18 @@ pub fn unwind_index_of(pc: u64) -> Option<UnwindIndex> {
     // outlives the call.
     unsafe { libc::dl_iterate_phdr(Some(look), &mut search as *mut Search as *mut libc::c_void) };
     search.found
+}
+
+/// The program headers of the library `info` describes (none when the loader gives
+/// none).
+fn program_headers(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
+    if info.dlpi_phdr.is_null() {
+        return &[];
+    }
+    // SAFETY: the loader's program headers for this library: `dlpi_phnum` entries at
+    // `dlpi_phdr`, mapped for as long as the library is, and read only during the
+    // callback `info` was given to.
+    unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
 }
 
 /// The work, and what it gave.
