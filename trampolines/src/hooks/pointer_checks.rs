@@ -106,10 +106,14 @@ fn map_table() -> u64 {
 /// Where the checks send a call to `target`, if it is in the table.
 pub fn destination_of(target: u64) -> Option<u64> {
     let table = table()?;
-    (home(target)..HALF)
-        .take_while(|&slot| table[slot].load(Ordering::Acquire) != 0)
-        .find(|&slot| table[slot].load(Ordering::Acquire) == target)
-        .map(|slot| table[HALF + slot].load(Ordering::Acquire))
+    for slot in home(target)..HALF {
+        match table[slot].load(Ordering::Acquire) {
+            0 => return None,
+            held if held == target => return Some(table[HALF + slot].load(Ordering::Acquire)),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Puts `target` in the table, its calls going to `destination` (the target itself, or
