@@ -349,8 +349,12 @@ pub fn unwinder_targets(symbols: &ProcessSymbols) -> Vec<(Function, Hook)> {
     ];
     let mut found: Vec<(Function, Hook)> = Vec::new();
     for function in symbols.functions() {
-        let is =
-            |name: &str| function.raw_name == name || function.name.ends_with(&format!("::{name}"));
+        // A name that ends in `::name` holds `name` mangled too: test that first, so
+        // that the process's names are not all demangled here.
+        let is = |name: &str| {
+            function.raw_name == name
+                || function.raw_name.contains(name) && function.name.ends_with(&format!("::{name}"))
+        };
         if let Some(&(_, hook)) = HOOKS.iter().find(|(name, _)| is(name))
             && !is_agent_module(&function.module)
             && !found.iter().any(|(f, _)| f.addr == function.addr)

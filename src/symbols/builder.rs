@@ -6,34 +6,30 @@
 //! buffer becomes the module's [`StringTable`] and each function's texts are ranges of
 //! it. A module of 300,000 functions costs a handful of allocations, not a million.
 //!
-//! Demangling is most of a large module's load (half of `librustc_driver`'s, whose
-//! LLVM part is C++): [`Builder::push_all`] splits a large symbol table between a few
-//! threads, each demangling into a buffer of its own, and appends their buffers in
-//! order, so the table comes out as one thread would have made it.
+//! Nothing is demangled here: a mangled name's display name is its demangled form,
+//! made when first read ([`StringTable::demangled_text`]), so a load costs what the
+//! names shown and searched cost, not what all of them would.
 
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::demangle::demangle_into;
+use super::demangle::is_mangled;
 use super::text::StringTable;
 use super::{Function, SymbolSource};
-
-/// From this many symbols, a module's names are demangled on several threads.
-const PARALLEL_FROM: usize = 20_000;
-/// The most threads that demangle one module's names.
-const MAX_DEMANGLING_THREADS: usize = 4;
 
 /// A symbol to add: ELF virtual address, size, name as stored, where it was found,
 /// whether it is an indirect function.
 pub(super) type Symbol<'a> = (u64, u64, &'a str, SymbolSource, bool);
 
-/// A function found, its texts as `(offset, length)` in the builder's buffer.
+/// A function found, its name as `(offset, length)` in the builder's buffer.
 struct Found {
     vaddr: u64,
     size: u64,
-    name: (u32, u32),
     raw_name: (u32, u32),
+    /// Whether its display name is the demangled form of its raw name (else the raw
+    /// name itself).
+    mangled: bool,
     source: SymbolSource,
     ifunc: bool,
 }
@@ -68,7 +64,7 @@ impl Builder {
         Some((at, len))
     }
 
-    /// Adds a function at ELF virtual address `vaddr`, named by demangling `raw_name`.
+    /// Adds a function at ELF virtual address `vaddr`, shown as `raw_name` demangled.
     pub(super) fn push(
         &mut self,
         vaddr: u64,
@@ -80,91 +76,23 @@ impl Builder {
         let Some(raw) = self.add_text(raw_name) else {
             return;
         };
-        // `before` fits in a u32: `add_text` just checked that the buffer's end does.
-        let before = self.strings.len();
-        let demangled = demangle_into(raw_name, &mut self.strings);
-        let fits = u32::try_from(self.strings.len()).is_ok();
-        let name = if demangled && fits {
-            (before as u32, (self.strings.len() - before) as u32)
-        } else {
-            // Not mangled, or the name would pass 4 GiB of names: shown as stored.
-            self.strings.truncate(before);
-            raw
-        };
         self.found.push(Found {
             vaddr,
             size,
-            name,
             raw_name: raw,
+            mangled: is_mangled(raw_name),
             source,
             ifunc,
         });
     }
 
-    /// Adds every symbol of `symbols` in order, as [`Builder::push`] would one by one;
-    /// a long list is demangled on several threads.
+    /// Adds every symbol of `symbols` in order.
     pub(super) fn push_all(&mut self, symbols: &[Symbol<'_>]) {
-        let threads = match symbols.len() >= PARALLEL_FROM {
-            true => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            false => 1,
-        }
-        .min(MAX_DEMANGLING_THREADS);
-        if threads <= 1 {
-            self.push_each(symbols);
-            return;
-        }
-        let parts: Vec<(String, Vec<Found>)> = std::thread::scope(|scope| {
-            let workers: Vec<_> = symbols
-                .chunks(symbols.len().div_ceil(threads))
-                .map(|part| {
-                    scope.spawn(move || {
-                        let mut builder = Builder::new("", 0, 0..0, part.len());
-                        // Room for each name stored and demangled (a C++ name's
-                        // demangled form is about twice as long).
-                        let stored: usize = part.iter().map(|&(_, _, raw, _, _)| raw.len()).sum();
-                        builder.strings.reserve(stored * 3);
-                        builder.push_each(part);
-                        (builder.strings, builder.found)
-                    })
-                })
-                .collect();
-            (workers.into_iter())
-                .map(|worker| {
-                    worker
-                        .join()
-                        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-                })
-                .collect()
-        });
-        self.strings
-            .reserve(parts.iter().map(|(strings, _)| strings.len()).sum());
-        for (strings, found) in parts {
-            if !self.append_part(&strings, found) {
-                return;
-            }
-        }
-    }
-
-    /// Adds every symbol of `symbols` in order, on this thread.
-    fn push_each(&mut self, symbols: &[Symbol<'_>]) {
+        let stored: usize = symbols.iter().map(|&(_, _, raw, _, _)| raw.len()).sum();
+        self.strings.reserve(stored);
         for &(vaddr, size, raw, source, ifunc) in symbols {
             self.push(vaddr, size, raw, source, ifunc);
         }
-    }
-
-    /// Appends another builder's buffer and its functions, their offsets moved past
-    /// this buffer's end; false (nothing appended) once the buffer would pass 4 GiB.
-    fn append_part(&mut self, strings: &str, found: Vec<Found>) -> bool {
-        let Some(base) = self.add_text(strings).map(|(at, _)| at) else {
-            return false;
-        };
-        let moved = |(at, len): (u32, u32)| (at + base, len);
-        self.found.extend(found.into_iter().map(|f| Found {
-            name: moved(f.name),
-            raw_name: moved(f.raw_name),
-            ..f
-        }));
-        true
     }
 
     /// Adds every `(start, length, raw name)` (ELF virtual addresses) that neither a
@@ -206,8 +134,8 @@ impl Builder {
             self.found.push(Found {
                 vaddr: start,
                 size: len,
-                name: raw,
                 raw_name: raw,
+                mangled: false,
                 source,
                 ifunc: false,
             });
@@ -217,13 +145,14 @@ impl Builder {
     /// The functions found, at their runtime addresses, in the order found; their
     /// module is named `path`.
     pub(super) fn finish(self, path: &Path, name_len: usize) -> Vec<Function> {
-        let table = StringTable::from_string(self.strings);
-        let text = |(at, len): (u32, u32)| {
-            // Every range was pushed whole onto the buffer: it lies inside, at characters.
-            table.text(at, len).expect("a range pushed")
-        };
+        let slots = self.found.iter().filter(|f| f.mangled).count();
+        let table = StringTable::from_string(self.strings, slots);
+        // Every range was pushed whole onto the buffer: it lies inside, at characters,
+        // and there is a slot for each mangled name.
+        let text = |(at, len): (u32, u32)| table.text(at, len).expect("a range pushed");
         let module = text((0, name_len as u32));
         let module_path: Arc<Path> = Arc::from(path);
+        let mut next_slot = 0..;
         self.found
             .into_iter()
             .map(|f| Function {
@@ -231,7 +160,12 @@ impl Builder {
                 size: f.size,
                 module: module.clone(),
                 module_path: module_path.clone(),
-                name: text(f.name),
+                name: match f.mangled {
+                    true => (next_slot.next())
+                        .and_then(|slot| table.demangled_text(f.raw_name.0, f.raw_name.1, slot))
+                        .expect("a slot for each mangled name"),
+                    false => text(f.raw_name),
+                },
                 raw_name: text(f.raw_name),
                 source: f.source,
                 ifunc: f.ifunc,
@@ -275,35 +209,5 @@ mod tests {
         );
         assert!(functions.iter().all(|f| f.module == "app"));
         assert_eq!(&*functions[0].module_path, Path::new("/bin/app"));
-    }
-
-    #[test]
-    fn names_demangled_on_several_threads_come_out_as_on_one() {
-        let raw: Vec<String> = (0..PARALLEL_FROM as u64 + 7)
-            .map(|i| {
-                let function = format!("f{i}");
-                match i % 3 {
-                    0 => format!("_ZN2ns{}{function}Ei", function.len()),
-                    1 => format!("plain_{i}"),
-                    _ => format!("_RNvCs1234_7mycrate{}{function}", function.len()),
-                }
-            })
-            .collect();
-        let symbols: Vec<Symbol<'_>> = (raw.iter().enumerate())
-            .map(|(i, name)| (i as u64 * 16, 8, name.as_str(), SymbolSource::Symtab, false))
-            .collect();
-        let rows = |functions: Vec<Function>| -> Vec<(u64, String, String)> {
-            (functions.into_iter())
-                .map(|f| (f.addr, f.name.to_string(), f.raw_name.to_string()))
-                .collect()
-        };
-        let mut one_by_one = Builder::new("lib", 0x1000, 0..0, symbols.len());
-        one_by_one.push_each(&symbols);
-        let mut all_at_once = Builder::new("lib", 0x1000, 0..0, symbols.len());
-        all_at_once.push_all(&symbols);
-        let expected = rows(one_by_one.finish(Path::new("/lib"), 3));
-        assert_eq!(expected[0].1, "ns::f0(int)");
-        assert_eq!(expected[2].1, "mycrate::f2");
-        assert_eq!(rows(all_at_once.finish(Path::new("/lib"), 3)), expected);
     }
 }

@@ -8,7 +8,9 @@
 //!
 //! Layout (little endian): a 24-byte header (`TNDRSYM\0`, version u32, CRC-32 u32 of the
 //! payload, payload length u64), then the payload: counts, fixed-size function and PLT
-//! stub records holding offsets into a string table, and the string table.
+//! stub records holding offsets into a string table, and the string table. A function
+//! whose display name is its mangled name demangled has a flag for it, and no second
+//! text: names are demangled when read, so the index holds only mangled ones.
 //!
 //! A decoded module keeps the file's bytes whole as its string table: every name is a
 //! range of them ([`SymbolText`](super::SymbolText)), checked to lie inside the table
@@ -26,11 +28,17 @@ use super::text::StringTable;
 use super::{Function, SymbolSource};
 
 const MAGIC: &[u8; 8] = b"TNDRSYM\0";
-/// Bump when the layout or what is stored in it changes.
-pub const VERSION: u32 = 1;
+/// Bump when the layout or what is stored in it changes. (2: demangled names are no
+/// longer stored, only flagged.)
+pub const VERSION: u32 = 2;
 const HEADER: usize = 24;
 const FUNCTION: usize = 40;
 const STUB: usize = 32;
+/// A function record's flags (its byte 33).
+const IFUNC: u8 = 1;
+const GO_CODE: u8 = 2;
+/// The function's display name is its raw name demangled.
+const DEMANGLED: u8 = 4;
 
 /// The index of `symbols` (loaded at `symbols.load_bias`), addresses made ELF virtual.
 #[cfg(test)]
@@ -94,14 +102,26 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
+/// A function's display name as the index keeps it: `None` when it is the raw name
+/// demangled (flagged, not stored) or the raw name itself, else the text to store.
+fn stored_name(f: &Function) -> Option<&str> {
+    let own_name = !demangled_from_raw(f) && f.name != f.raw_name;
+    own_name.then(|| f.name.as_str())
+}
+
+/// Whether `f`'s display name is its raw name demangled when read.
+fn demangled_from_raw(f: &Function) -> bool {
+    f.name.mangled() == Some(f.raw_name.as_str())
+}
+
 /// The texts of `symbols` in the order the string table holds them (the module's
-/// name, then per function its raw name and, when it differs, its display name, then
-/// each stub's target).
+/// name, then per function its raw name and, when it is stored, its display name,
+/// then each stub's target).
 fn texts(symbols: &ModuleSymbols) -> impl Iterator<Item = &str> {
-    let functions = symbols.functions.iter().flat_map(|f| {
-        let name = (f.name != f.raw_name).then_some(f.name.as_str());
-        std::iter::once(f.raw_name.as_str()).chain(name)
-    });
+    let functions = symbols
+        .functions
+        .iter()
+        .flat_map(|f| std::iter::once(f.raw_name.as_str()).chain(stored_name(f)));
     let stubs = symbols.plt_stubs.iter().map(|s| s.target.as_str());
     std::iter::once(symbols.name.as_str())
         .chain(functions)
@@ -131,11 +151,7 @@ fn write_payload(symbols: &ModuleSymbols, out: &mut impl Write) -> io::Result<()
     };
     for f in &symbols.functions {
         let raw = add(&f.raw_name);
-        let name = if f.name == f.raw_name {
-            raw
-        } else {
-            add(&f.name)
-        };
+        let name = stored_name(f).map_or(raw, &mut add);
         let mut record = [0u8; FUNCTION];
         record[..8].copy_from_slice(&f.addr.wrapping_sub(bias).to_le_bytes());
         record[8..16].copy_from_slice(&f.size.to_le_bytes());
@@ -143,7 +159,8 @@ fn write_payload(symbols: &ModuleSymbols, out: &mut impl Write) -> io::Result<()
             record[16 + 4 * i..20 + 4 * i].copy_from_slice(&part.to_le_bytes());
         }
         record[32] = source_code(f.source);
-        record[33] = u8::from(f.ifunc) | (u8::from(f.go_code) << 1);
+        let demangled = flag(demangled_from_raw(f), DEMANGLED);
+        record[33] = flag(f.ifunc, IFUNC) | flag(f.go_code, GO_CODE) | demangled;
         out.write_all(&record)?;
     }
     for s in &symbols.plt_stubs {
@@ -169,7 +186,11 @@ fn write_payload(symbols: &ModuleSymbols, out: &mut impl Write) -> io::Result<()
 pub fn decode(bytes: Vec<u8>, path: &Path, load_bias: u64) -> Option<ModuleSymbols> {
     let layout = Layout::check(&bytes)?;
     let strings = HEADER + layout.strings_at;
-    let table = StringTable::new(bytes, strings..strings + layout.strings_len)?;
+    let flags = |i: usize| bytes[HEADER + RECORDS + i * FUNCTION + 33];
+    let slots = (0..layout.functions)
+        .filter(|&i| flags(i) & DEMANGLED != 0)
+        .count();
+    let table = StringTable::new(bytes, strings..strings + layout.strings_len, slots)?;
     let module = table.text(0, layout.name_len)?;
     if super::module::module_name(path) != module.as_str() {
         return None;
@@ -177,19 +198,25 @@ pub fn decode(bytes: Vec<u8>, path: &Path, load_bias: u64) -> Option<ModuleSymbo
     let module_path: Arc<Path> = Arc::from(path);
     let payload = &table.bytes()[HEADER..];
     let mut functions = Vec::with_capacity(layout.functions);
+    let mut next_slot = 0..;
     for i in 0..layout.functions {
         let r = &payload[RECORDS + i * FUNCTION..][..FUNCTION];
         let (flags, source) = (r[33], source_from(r[32])?);
+        let raw = (u32_at(r, 24)?, u32_at(r, 28)?);
+        let name = match flags & DEMANGLED != 0 {
+            true => table.demangled_text(raw.0, raw.1, next_slot.next()?)?,
+            false => table.text(u32_at(r, 16)?, u32_at(r, 20)?)?,
+        };
         functions.push(Function {
             addr: u64_at(r, 0)?.wrapping_add(load_bias),
             size: u64_at(r, 8)?,
             module: module.clone(),
             module_path: module_path.clone(),
-            name: table.text(u32_at(r, 16)?, u32_at(r, 20)?)?,
-            raw_name: table.text(u32_at(r, 24)?, u32_at(r, 28)?)?,
+            name,
+            raw_name: table.text(raw.0, raw.1)?,
             source,
-            ifunc: flags & 1 != 0,
-            go_code: flags & 2 != 0,
+            ifunc: flags & IFUNC != 0,
+            go_code: flags & GO_CODE != 0,
         });
     }
     let stubs_at = RECORDS + layout.functions * FUNCTION;
@@ -257,6 +284,11 @@ impl Layout {
     }
 }
 
+/// `bit` if `set`, else no bit.
+fn flag(set: bool, bit: u8) -> u8 {
+    if set { bit } else { 0 }
+}
+
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
 }
@@ -302,6 +334,18 @@ mod tests {
         let symbols = own_module();
         let bytes = encode(&symbols);
         let back = decode(bytes.clone(), &symbols.path, 0x1000).expect("a whole index");
+        let mangled = |m: &ModuleSymbols| {
+            m.functions
+                .iter()
+                .filter(|f| f.name.mangled().is_some())
+                .count()
+        };
+        assert!(mangled(&symbols) > 1000, "Rust names, demangled when read");
+        assert_eq!(
+            mangled(&back),
+            mangled(&symbols),
+            "and still when read back"
+        );
         assert_eq!(back.functions, symbols.functions);
         assert_eq!(back.plt_stubs, symbols.plt_stubs);
         let moved = decode(bytes, &symbols.path, 0x2000).unwrap();

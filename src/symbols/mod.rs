@@ -29,6 +29,7 @@ mod index;
 pub mod jit;
 pub mod maps;
 mod module;
+mod needles;
 mod pattern;
 mod plt;
 mod process;

@@ -11,6 +11,7 @@ use glob::Pattern;
 
 use super::demangle::cpp_short_name;
 use super::error::SymbolError;
+use super::needles::Needles;
 use super::{Function, Module, SymbolSource};
 
 /// One side of a pattern: a literal, or a glob (which also accepts its literal text).
@@ -21,6 +22,8 @@ struct Matcher {
     /// Why the text is not a valid glob although it has glob characters: it still
     /// matches literally (`operator[]`), and the reason is given if nothing does.
     invalid_glob: Option<String>,
+    /// What a mangled name must hold for its demangled form to match.
+    needles: Needles,
 }
 
 impl Matcher {
@@ -33,10 +36,15 @@ impl Matcher {
         } else {
             (None, None)
         };
+        let needles = match glob {
+            Some(_) => Needles::of_glob(text),
+            None => Needles::of_literal(text),
+        };
         Matcher {
             text: text.to_string(),
             glob,
             invalid_glob,
+            needles,
         }
     }
 
@@ -45,8 +53,18 @@ impl Matcher {
     }
 
     /// Whether `f` matches by display name, raw name, or C++ name without parameters.
+    /// A mangled name is demangled only if it holds the pattern's needles.
     fn matches_function(&self, f: &Function) -> bool {
-        if self.matches(&f.name) || self.matches(&f.raw_name) {
+        if self.matches(&f.raw_name) {
+            return true;
+        }
+        if f.name
+            .mangled()
+            .is_some_and(|m| !self.needles.could_match(m))
+        {
+            return false;
+        }
+        if self.matches(&f.name) {
             return true;
         }
         // The short C++ name is a substring of the display name: skip the demangler
@@ -313,6 +331,27 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+
+    #[test]
+    fn a_search_demangles_only_the_names_that_hold_its_words() {
+        let exe = std::env::current_exe().unwrap();
+        let own = crate::symbols::ModuleSymbols::from_file(&exe, 0).unwrap();
+        let mangled = own.functions.iter().filter(|f| f.name.mangled().is_some());
+        let mangled = mangled.count();
+        assert!(
+            mangled > 1000,
+            "this binary's Rust names are mangled: {mangled}"
+        );
+        let found = find(&own.functions, &[], "tendril::symbols::index::stored_name").unwrap();
+        assert_eq!(found[0].name, "tendril::symbols::index::stored_name");
+        let demangled = found[0].name.demangled_in_its_table();
+        assert!(
+            demangled * 100 < mangled,
+            "{demangled} of {mangled} demangled"
+        );
+        let globbed = find(&own.functions, &[], "*symbols::index::stored_na*").unwrap();
+        assert_eq!(globbed[0].name, "tendril::symbols::index::stored_name");
+    }
 
     fn module(name: &str) -> Module {
         Module {

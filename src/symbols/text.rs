@@ -7,18 +7,27 @@
 //! buffer's text region is checked to be UTF-8 once, when the table is made, and every
 //! range is checked to lie inside it on character boundaries when a handle is made, so
 //! reading a name never fails and never re-validates. It reads as a `str` (`Deref`).
+//!
+//! A display name is demangled only when it is first read: most of a big library's
+//! names are never shown, and demangling them all was most of a cold load. Such a name
+//! is the range of its mangled form plus a slot of the table, where its demangled form
+//! is kept once made ([`SymbolText::mangled`] says whether a name is one).
 
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::ops::{Deref, Range};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use super::demangle::demangle;
 
 /// A buffer whose `text` range is valid UTF-8 (checked by [`StringTable::new`], or
-/// taken from a `String`).
+/// taken from a `String`), and the demangled forms of the names cut from it that are
+/// demangled when first read.
 struct Table {
     bytes: Vec<u8>,
     text: Range<usize>,
+    demangled: Box<[OnceLock<Box<str>>]>,
 }
 
 impl Table {
@@ -30,6 +39,14 @@ impl Table {
         // `bytes` is never changed afterwards (private, only ever borrowed immutably).
         unsafe { std::str::from_utf8_unchecked(text) }
     }
+
+    fn with_slots(bytes: Vec<u8>, text: Range<usize>, slots: usize) -> Table {
+        Table {
+            bytes,
+            text,
+            demangled: (0..slots).map(|_| OnceLock::new()).collect(),
+        }
+    }
 }
 
 /// The strings of one module, shared by the [`SymbolText`]s cut from it.
@@ -37,20 +54,23 @@ impl Table {
 pub(super) struct StringTable(Arc<Table>);
 
 impl StringTable {
-    /// `bytes` (taken, not copied) whose `text` range holds the strings; `None` if that
-    /// range is outside `bytes` or not UTF-8.
-    pub(super) fn new(bytes: Vec<u8>, text: Range<usize>) -> Option<StringTable> {
+    /// `bytes` (taken, not copied) whose `text` range holds the strings, with room for
+    /// `slots` names demangled when read; `None` if that range is outside `bytes` or not
+    /// UTF-8.
+    pub(super) fn new(bytes: Vec<u8>, text: Range<usize>, slots: usize) -> Option<StringTable> {
         std::str::from_utf8(bytes.get(text.clone())?).ok()?;
-        Some(StringTable(Arc::new(Table { bytes, text })))
+        Some(StringTable(Arc::new(Table::with_slots(bytes, text, slots))))
     }
 
-    /// All of `text` as the table (no check needed: a `String` is UTF-8).
-    pub(super) fn from_string(text: String) -> StringTable {
+    /// All of `text` as the table (no check needed: a `String` is UTF-8), with room for
+    /// `slots` names demangled when read.
+    pub(super) fn from_string(text: String, slots: usize) -> StringTable {
         let len = text.len();
-        StringTable(Arc::new(Table {
-            bytes: text.into_bytes(),
-            text: 0..len,
-        }))
+        StringTable(Arc::new(Table::with_slots(
+            text.into_bytes(),
+            0..len,
+            slots,
+        )))
     }
 
     /// The whole buffer the strings were taken from.
@@ -67,21 +87,70 @@ impl StringTable {
             table: self.0.clone(),
             start,
             end,
+            slot: NOT_DEMANGLED,
         })
+    }
+
+    /// The demangled form of the mangled name at `start..start + len`, made when first
+    /// read and kept in slot `slot`; `None` if that range is not a whole run of
+    /// characters of the strings, or the table has no such slot.
+    pub(super) fn demangled_text(&self, start: u32, len: u32, slot: u32) -> Option<SymbolText> {
+        if slot as usize >= self.0.demangled.len() {
+            return None;
+        }
+        let text = self.text(start, len)?;
+        Some(SymbolText { slot, ..text })
+    }
+
+    /// How many of the names demangled when read have been read.
+    #[cfg(test)]
+    pub(super) fn demangled_so_far(&self) -> usize {
+        demangled_so_far(&self.0)
     }
 }
 
-/// An immutable string, usually a range of a module's [`StringTable`]; reads as `str`.
+#[cfg(test)]
+fn demangled_so_far(table: &Table) -> usize {
+    table.demangled.iter().filter(|d| d.get().is_some()).count()
+}
+
+/// The `slot` of a text that is its range as it is.
+const NOT_DEMANGLED: u32 = u32::MAX;
+
+/// An immutable string, usually a range of a module's [`StringTable`] (or the demangled
+/// form of one, made when first read); reads as `str`.
 #[derive(Clone)]
 pub struct SymbolText {
     table: Arc<Table>,
     start: u32,
     end: u32,
+    /// The table's slot for the demangled form of the range, or [`NOT_DEMANGLED`].
+    slot: u32,
 }
 
 impl SymbolText {
-    /// The text as a `str`.
+    /// The text as a `str` (a name demangled when read is demangled now, once).
     pub fn as_str(&self) -> &str {
+        match self.table.demangled.get(self.slot as usize) {
+            Some(demangled) => demangled.get_or_init(|| demangle(self.range()).into()),
+            None => self.range(),
+        }
+    }
+
+    /// The mangled name this text is the demangled form of, if it is one (whether or
+    /// not it has been demangled yet): what a search can test before demangling.
+    pub fn mangled(&self) -> Option<&str> {
+        (self.slot != NOT_DEMANGLED).then(|| self.range())
+    }
+
+    /// How many names of the table this text was cut from have been demangled.
+    #[cfg(test)]
+    pub(super) fn demangled_in_its_table(&self) -> usize {
+        demangled_so_far(&self.table)
+    }
+
+    /// The range of the table this text was cut from.
+    fn range(&self) -> &str {
         // In bounds and on character boundaries: checked when the handle was made.
         &self.table.text()[self.start as usize..self.end as usize]
     }
@@ -94,7 +163,7 @@ impl From<String> for SymbolText {
         while !text.is_char_boundary(len) {
             len -= 1;
         }
-        StringTable::from_string(text)
+        StringTable::from_string(text, 0)
             .text(0, len as u32)
             .expect("a prefix of the table that ends at a character")
     }
@@ -142,7 +211,7 @@ impl PartialEq for SymbolText {
         // The same range of the same table (a name that needs no demangling is its own
         // raw name) is equal without comparing a byte.
         let same_range = Arc::ptr_eq(&self.table, &other.table)
-            && (self.start, self.end) == (other.start, other.end);
+            && (self.start, self.end, self.slot) == (other.start, other.end, other.slot);
         same_range || self.as_str() == other.as_str()
     }
 }
@@ -215,7 +284,7 @@ mod tests {
 
     #[test]
     fn names_are_ranges_of_one_table() {
-        let table = StringTable::new(b"\0\0libc.so.6malloc".to_vec(), 2..17).unwrap();
+        let table = StringTable::new(b"\0\0libc.so.6malloc".to_vec(), 2..17, 0).unwrap();
         let module = table.text(0, 9).unwrap();
         let name = table.text(9, 6).unwrap();
         assert_eq!(module, "libc.so.6");
@@ -228,11 +297,29 @@ mod tests {
 
     #[test]
     fn text_outside_utf8_or_the_buffer_is_refused() {
-        assert!(StringTable::new(vec![0xff, b'a'], 0..2).is_none());
-        assert!(StringTable::new(vec![b'a'], 0..2).is_none());
-        let table = StringTable::new("é".as_bytes().to_vec(), 0..2).unwrap();
+        assert!(StringTable::new(vec![0xff, b'a'], 0..2, 0).is_none());
+        assert!(StringTable::new(vec![b'a'], 0..2, 0).is_none());
+        let table = StringTable::new("é".as_bytes().to_vec(), 0..2, 0).unwrap();
         assert!(table.text(1, 1).is_none(), "inside a character");
         assert_eq!(table.text(0, 2).unwrap(), "é");
+    }
+
+    #[test]
+    fn a_mangled_name_is_demangled_once_when_first_read() {
+        let raw = "_ZN2ns3fooEi_ZN2ns3barEv";
+        let table = StringTable::new(raw.as_bytes().to_vec(), 0..raw.len(), 2).unwrap();
+        let foo = table.demangled_text(0, 12, 0).unwrap();
+        let bar = table.demangled_text(12, 12, 1).unwrap();
+        assert!(table.demangled_text(0, 12, 2).is_none(), "no such slot");
+        assert_eq!(foo.mangled(), Some("_ZN2ns3fooEi"));
+        assert_eq!(table.text(0, 12).unwrap().mangled(), None);
+        assert_eq!(table.demangled_so_far(), 0, "nothing read yet");
+        assert_eq!(foo.as_str(), "ns::foo(int)");
+        assert_eq!(table.demangled_so_far(), 1, "only what was read");
+        assert_eq!(foo.clone(), "ns::foo(int)");
+        assert_ne!(foo, table.text(0, 12).unwrap(), "not its mangled form");
+        assert_eq!(bar, SymbolText::from("ns::bar()"));
+        assert_eq!(table.demangled_so_far(), 2);
     }
 
     #[test]
