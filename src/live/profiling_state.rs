@@ -169,7 +169,9 @@ impl ProfilingState {
         let pid = self.pid.ok_or_else(|| anyhow!("no process chosen"))?;
         self.when_loaded = when_loaded;
         if matches!(self.symbols, Symbols::NotLoaded) {
-            let job = Job::spawn("tendril-symbols", move || ProcessSymbols::load(pid))?;
+            // The root picker lists every name: demangled here, off the UI's thread.
+            let load = move || ProcessSymbols::load(pid).inspect(ProcessSymbols::demangle_all);
+            let job = Job::spawn("tendril-symbols", load)?;
             self.symbols = Symbols::Loading(job);
         }
         Ok(())

@@ -13,6 +13,7 @@ use tendril_tui::FunctionEntry;
 /// Every function of the target, in the symbol table's order, for the root picker —
 /// but tendril's own agent's, which are never instrumented.
 pub fn function_entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
+    symbols.demangle_all();
     symbols
         .functions()
         .iter()

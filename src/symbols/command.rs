@@ -30,7 +30,10 @@ pub fn run_symbols_command(
     refuse_other_architectures(pid)?;
     let symbols = ProcessSymbols::load(pid)?;
     let functions: Vec<&Function> = match pattern {
-        None => symbols.functions().iter().collect(),
+        None => {
+            symbols.demangle_all();
+            symbols.functions().iter().collect()
+        }
         Some(p) => without_the_agent(&symbols, p, symbols.find(p).map_err(|e| no_match_error(e, pid))?)
             .ok_or_else(|| {
                 anyhow!(

@@ -7,6 +7,8 @@
 
 use cpp_demangle::{DemangleOptions, Symbol};
 
+use super::Function;
+
 /// The display name of `raw`: demangled if it is a Rust or C++ symbol, else `raw` itself.
 pub fn demangle(raw: &str) -> String {
     let (base, suffix) = split_suffix(raw);
@@ -45,6 +47,18 @@ pub fn cpp_short_name(raw: &str) -> Option<String> {
 pub(super) fn is_mangled(raw: &str) -> bool {
     let (base, _) = split_suffix(raw);
     base.starts_with("_Z") || base.starts_with("_R")
+}
+
+/// Demangles the name of every one of `functions` now, on every core (for what lists
+/// or compares every name; a name is otherwise demangled when first read).
+pub(super) fn demangle_every_name(functions: &[Function]) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let part = functions.len().div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for functions in functions.chunks(part) {
+            scope.spawn(move || functions.iter().for_each(|f| _ = f.name.as_str()));
+        }
+    });
 }
 
 fn split_suffix(raw: &str) -> (&str, &str) {

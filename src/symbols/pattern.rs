@@ -250,6 +250,8 @@ fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
     if needle.is_empty() {
         return Vec::new();
     }
+    // Every name is compared: demangled on every core first.
+    super::demangle::demangle_every_name(functions);
     let mut seen = HashSet::new();
     let mut scored: Vec<(f64, &str)> = Vec::new();
     for f in functions {

@@ -135,6 +135,12 @@ impl ProcessSymbols {
         &self.functions
     }
 
+    /// Demangles every name now, on every core, for a view that lists them all (the
+    /// root picker); a name is otherwise demangled when it is first read.
+    pub fn demangle_all(&self) {
+        super::demangle::demangle_every_name(&self.functions);
+    }
+
     /// The loaded modules, sorted by address.
     pub fn modules(&self) -> &[Module] {
         &self.modules
