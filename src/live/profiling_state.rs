@@ -82,6 +82,9 @@ pub struct ProfilingState {
     pub(super) symbols: Symbols,
     pub(super) when_loaded: WhenLoaded,
     pub(super) entries: Option<Vec<FunctionEntry>>,
+    /// The entries being made once the symbols are loaded (every name demangled, off
+    /// the UI's thread; sampling does not wait for it).
+    entries_job: Option<Job<Vec<FunctionEntry>>>,
     pub(super) recording: Recording,
     /// Sampling from the outside, before a root is instrumented (`sampled.rs`).
     pub(super) sampling: Sampling,
@@ -109,6 +112,7 @@ impl ProfilingState {
             symbols: Symbols::NotLoaded,
             when_loaded: WhenLoaded::Nothing,
             entries: None,
+            entries_job: None,
             recording,
             sampling: Sampling::default(),
             pending_roots: None,
@@ -159,6 +163,7 @@ impl ProfilingState {
         self.symbols = Symbols::NotLoaded;
         self.when_loaded = WhenLoaded::Nothing;
         self.entries = None;
+        self.entries_job = None;
         self.pending_roots = None;
         self.sampling = Sampling::default();
         self.target_gone = false;
@@ -169,9 +174,7 @@ impl ProfilingState {
         let pid = self.pid.ok_or_else(|| anyhow!("no process chosen"))?;
         self.when_loaded = when_loaded;
         if matches!(self.symbols, Symbols::NotLoaded) {
-            // The root picker lists every name: demangled here, off the UI's thread.
-            let load = move || ProcessSymbols::load(pid).inspect(ProcessSymbols::demangle_all);
-            let job = Job::spawn("tendril-symbols", load)?;
+            let job = Job::spawn("tendril-symbols", move || ProcessSymbols::load(pid))?;
             self.symbols = Symbols::Loading(job);
         }
         Ok(())
@@ -224,6 +227,7 @@ impl ProfilingState {
     /// fatal: the caller ends the UI (after [`ProfilingState::shutdown`]) and reports it.
     pub fn tick(&mut self, app: &mut App, now: Instant) -> anyhow::Result<()> {
         self.check_symbols(app)?;
+        self.check_entries(app)?;
         self.check_sampling(app);
         self.check_start(app)?;
         self.check_busy(app);
@@ -243,21 +247,12 @@ impl ProfilingState {
         let error = match job.poll() {
             JobState::Running => return Ok(()),
             JobState::Done(Ok(symbols)) => {
-                let entries = function_entries(&symbols);
+                // The root picker lists every name: made in the background, as sampling
+                // needs only the names it meets.
+                let all = symbols.clone();
+                self.entries_job =
+                    Some(Job::spawn("tendril-names", move || function_entries(&all))?);
                 self.symbols = Symbols::Loaded(symbols);
-                match self.when_loaded {
-                    WhenLoaded::Nothing => {}
-                    WhenLoaded::ShowRootPicker => {
-                        app.show_root_picker(entries.clone());
-                        app.set_message(format!(
-                            "{}: type to find a root function, Enter profiles it",
-                            self.target
-                        ));
-                    }
-                    WhenLoaded::SetFunctions => app.set_functions(entries.clone()),
-                    WhenLoaded::ShowSampled => app.set_functions(entries.clone()),
-                }
-                self.entries = Some(entries);
                 if self.when_loaded == WhenLoaded::ShowSampled
                     && let Symbols::Loaded(symbols) = &self.symbols
                 {
@@ -280,6 +275,36 @@ impl ProfilingState {
         // Back to choosing a process.
         self.pid = None;
         app.set_message(message);
+        Ok(())
+    }
+
+    /// Hands the function entries over once they are made, as the loading asked.
+    fn check_entries(&mut self, app: &mut App) -> anyhow::Result<()> {
+        let Some(job) = &self.entries_job else {
+            return Ok(());
+        };
+        let entries = match job.poll() {
+            JobState::Running => return Ok(()),
+            JobState::Done(entries) => entries,
+            JobState::Died => {
+                return Err(anyhow!("listing the functions of {} crashed", self.target));
+            }
+        };
+        self.entries_job = None;
+        match self.when_loaded {
+            WhenLoaded::Nothing => {}
+            WhenLoaded::ShowRootPicker => {
+                app.show_root_picker(entries.clone());
+                app.set_message(format!(
+                    "{}: type to find a root function, Enter profiles it",
+                    self.target
+                ));
+            }
+            WhenLoaded::SetFunctions | WhenLoaded::ShowSampled => {
+                app.set_functions(entries.clone())
+            }
+        }
+        self.entries = Some(entries);
         Ok(())
     }
 
