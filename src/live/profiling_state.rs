@@ -85,6 +85,9 @@ pub struct ProfilingState {
     /// The entries being made once the symbols are loaded (every name demangled, off
     /// the UI's thread; sampling does not wait for it).
     entries_job: Option<Job<Vec<FunctionEntry>>>,
+    /// What the root picker says when it opens once the entries are made, if not the
+    /// usual invitation (why sampling is not possible).
+    pub(super) picker_note: Option<String>,
     pub(super) recording: Recording,
     /// Sampling from the outside, before a root is instrumented (`sampled.rs`).
     pub(super) sampling: Sampling,
@@ -113,6 +116,7 @@ impl ProfilingState {
             when_loaded: WhenLoaded::Nothing,
             entries: None,
             entries_job: None,
+            picker_note: None,
             recording,
             sampling: Sampling::default(),
             pending_roots: None,
@@ -164,6 +168,7 @@ impl ProfilingState {
         self.when_loaded = WhenLoaded::Nothing;
         self.entries = None;
         self.entries_job = None;
+        self.picker_note = None;
         self.pending_roots = None;
         self.sampling = Sampling::default();
         self.target_gone = false;
@@ -295,10 +300,13 @@ impl ProfilingState {
             WhenLoaded::Nothing => {}
             WhenLoaded::ShowRootPicker => {
                 app.show_root_picker(entries.clone());
-                app.set_message(format!(
-                    "{}: type to find a root function, Enter profiles it",
-                    self.target
-                ));
+                let invitation = || {
+                    format!(
+                        "{}: type to find a root function, Enter profiles it",
+                        self.target
+                    )
+                };
+                app.set_message(self.picker_note.take().unwrap_or_else(invitation));
             }
             WhenLoaded::SetFunctions | WhenLoaded::ShowSampled => {
                 app.set_functions(entries.clone())

@@ -93,8 +93,10 @@ impl ProfilingState {
                 app.set_message(format!("{why} — choose a root by name instead"));
             }
             None => {
-                // The functions are still being read: the picker opens when they are.
+                // The functions are still being listed: the picker opens, saying why,
+                // when they are.
                 self.when_loaded = WhenLoaded::ShowRootPicker;
+                self.picker_note = Some(format!("{why} — choose a root by name instead"));
                 app.set_message(why);
             }
         }
