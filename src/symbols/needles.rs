@@ -44,17 +44,31 @@ const DEMANGLER_WORDS: &[&str] = &[
 
 /// The runs of a pattern's literal text that a matching name's mangled form must hold.
 #[derive(Debug, Default)]
-pub(super) struct Needles(Vec<String>);
+pub(super) struct Needles {
+    needles: Vec<String>,
+    /// Whether a needle is sought in any ASCII case (its text is lowercase).
+    any_case: bool,
+}
 
 impl Needles {
     /// The needles of `text` taken literally (a name that is `text`, or whose part is).
     pub(super) fn of_literal(text: &str) -> Needles {
-        Needles(
-            runs(text)
+        Needles {
+            needles: runs(text)
                 .filter(|run| tests_something(run))
                 .map(String::from)
                 .collect(),
-        )
+            any_case: false,
+        }
+    }
+
+    /// The needles of `text` sought in any ASCII case (a name that holds `text` in
+    /// another case, as "did you mean" hints look for).
+    pub(super) fn in_any_case(text: &str) -> Needles {
+        Needles {
+            any_case: true,
+            ..Needles::of_literal(&text.to_ascii_lowercase())
+        }
     }
 
     /// The needles of the glob `glob` (`*` and `?` end a run; a glob with a character
@@ -68,10 +82,67 @@ impl Needles {
 
     /// Whether a name whose mangled form is `mangled` could match: it holds every needle.
     pub(super) fn could_match(&self, mangled: &str) -> bool {
-        self.0
-            .iter()
-            .all(|needle| mangled.contains(needle.as_str()))
+        let holds = |needle: &String| match self.any_case {
+            false => mangled.contains(needle.as_str()),
+            true => (mangled.as_bytes().windows(needle.len()))
+                .any(|window| window.eq_ignore_ascii_case(needle.as_bytes())),
+        };
+        self.needles.iter().all(holds)
     }
+}
+
+/// A length that the display name of `mangled`, cut before its first `(`, has at least
+/// (in characters): its names joined by `::`, read straight from an Itanium or Rust
+/// legacy mangled name whose name is all plain `<length><name>`s (`_ZN4llvm3fooEv`:
+/// `llvm::foo`, 9), a Rust hash (not shown) left out. 0 for any other name: one with
+/// template arguments (which may hold a `(`, or come after a return type), a
+/// substitution, an operator, a Rust escape such as `$LT$`; and counting stops before an
+/// anonymous namespace, which opens with a `(`, so such a name counts 0 too.
+pub(super) fn display_prefix_len_at_least(mangled: &str) -> usize {
+    let Some(rest) = mangled.strip_prefix("_Z") else {
+        return 0;
+    };
+    let (nested, mut rest) = match rest.strip_prefix('N') {
+        Some(nested) => (true, nested.trim_start_matches(['r', 'V', 'K', 'R', 'O'])),
+        None => (false, rest),
+    };
+    let mut names: Vec<&str> = Vec::new();
+    while let Some(digits) = rest.find(|c: char| !c.is_ascii_digit()).filter(|&d| d > 0) {
+        let Ok(len) = rest[..digits].parse::<usize>() else {
+            break;
+        };
+        let Some(name) = rest.get(digits..digits + len) else {
+            break;
+        };
+        let plain = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !plain || name.starts_with("_GLOBAL__N") {
+            break;
+        }
+        names.push(name);
+        rest = &rest[digits + len..];
+        if !nested {
+            break;
+        }
+    }
+    // A name with template arguments may be shown after a return type, or hold a `(`
+    // in them: only a name read whole is counted.
+    let whole = match nested {
+        true => rest.starts_with('E'),
+        false => !rest.starts_with('I'),
+    };
+    if !whole {
+        return 0;
+    }
+    let rust_hash = |name: &&str| {
+        name.len() == 17
+            && name.starts_with('h')
+            && name[1..].bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    if nested && names.last().is_some_and(rust_hash) {
+        names.pop();
+    }
+    let letters: usize = names.iter().map(|name| name.len()).sum();
+    letters + 2 * names.len().saturating_sub(1)
 }
 
 /// The maximal runs of ASCII letters, digits and `_` in `text`.
@@ -84,9 +155,10 @@ fn runs(text: &str) -> impl Iterator<Item = &str> {
 /// the demangler could have written it (a number such as `5ul` or `0x7fff`, a lifetime
 /// such as `'_12`, a single character, a part of one of its words).
 fn tests_something(run: &str) -> bool {
-    let rest = run.trim_start_matches('_');
+    let rest = run.trim_start_matches('_').to_ascii_lowercase();
     let number = rest.starts_with(|c: char| c.is_ascii_digit());
-    !number && rest.len() > 1 && !DEMANGLER_WORDS.iter().any(|word| word.contains(rest))
+    let generated = |word: &&str| word.to_ascii_lowercase().contains(&rest);
+    !number && rest.len() > 1 && !DEMANGLER_WORDS.iter().any(generated)
 }
 
 #[cfg(test)]
@@ -95,8 +167,39 @@ mod tests {
     use crate::symbols::{ModuleSymbols, demangle};
 
     #[test]
+    fn the_display_prefix_is_read_from_plain_names_only() {
+        assert_eq!(display_prefix_len_at_least("_ZN4llvm3fooEv"), 9);
+        assert_eq!(display_prefix_len_at_least("_ZNK4llvm3Foo3getEv"), 14);
+        assert_eq!(display_prefix_len_at_least("_Z3fooi"), 3);
+        let rust = "_ZN4core3fmt9Formatter3pad17h0123456789abcdefE";
+        assert_eq!(
+            display_prefix_len_at_least(rust),
+            "core::fmt::Formatter::pad".len()
+        );
+        let anonymous = "_ZN4llvm12_GLOBAL__N_13FooEv";
+        assert_eq!(display_prefix_len_at_least(anonymous), 0, "read only whole");
+        assert_eq!(display_prefix_len_at_least("_ZN4llvm6VectorIiE4sizeEv"), 0);
+        assert_eq!(display_prefix_len_at_least("_Z3fooIiEvT_"), 0);
+        assert_eq!(display_prefix_len_at_least("_ZN12foo$LT$T$GT$3barE"), 0);
+        assert_eq!(display_prefix_len_at_least("_RNvCs1234_7mycrate3foo"), 0);
+        assert_eq!(display_prefix_len_at_least("malloc"), 0);
+        assert_eq!(display_prefix_len_at_least("_ZN99shortE"), 0);
+    }
+
+    #[test]
+    fn needles_in_any_case_are_found_in_any_case() {
+        let hint = Needles::in_any_case("runpasses");
+        assert!(hint.could_match("_ZN4llvm9RunPassesEv"));
+        assert!(!hint.could_match("_ZN4llvm8RunPasseEv"));
+        assert!(
+            Needles::in_any_case("vtt").needles.is_empty(),
+            "a demangler's word"
+        );
+    }
+
+    #[test]
     fn needles_are_the_runs_only_a_source_name_could_hold() {
-        let needles = |n: Needles| n.0;
+        let needles = |n: Needles| n.needles;
         assert_eq!(
             needles(Needles::of_literal("llvm::RunPasses(int)")),
             ["llvm", "RunPasses"]
@@ -124,6 +227,16 @@ mod tests {
                 if tests_something(run) && !mangled.contains(run) {
                     missed.push((run.to_string(), mangled.to_string()));
                 }
+            }
+            let cut = match demangled.find('(') {
+                Some(0) | None => demangled.as_str(),
+                Some(i) => &demangled[..i],
+            };
+            if display_prefix_len_at_least(mangled) > cut.to_lowercase().chars().count() {
+                missed.push((
+                    format!("{cut} is shorter than its bound"),
+                    mangled.to_string(),
+                ));
             }
         }
         missed

@@ -11,7 +11,7 @@ use glob::Pattern;
 
 use super::demangle::cpp_short_name;
 use super::error::SymbolError;
-use super::needles::Needles;
+use super::needles::{Needles, display_prefix_len_at_least};
 use super::{Function, Module, SymbolSource};
 
 /// One side of a pattern: a literal, or a glob (which also accepts its literal text).
@@ -250,12 +250,20 @@ fn suggestions(functions: &[Function], query: &Query) -> Vec<String> {
     if needle.is_empty() {
         return Vec::new();
     }
-    // Every name is compared: demangled on every core first.
-    super::demangle::demangle_every_name(functions);
+    let needle_len = needle.chars().count();
+    let in_any_case = Needles::in_any_case(&needle);
     let mut seen = HashSet::new();
     let mut scored: Vec<(f64, &str)> = Vec::new();
     for f in functions {
         if f.source == SymbolSource::Fde || !query.module_matches(f) {
+            continue;
+        }
+        // A mangled name is demangled only if it could be a hint: holding the needle's
+        // words, or (for a name) not too long to compare with it.
+        if let Some(mangled) = f.name.mangled()
+            && !in_any_case.could_match(mangled)
+            && (is_glob || display_prefix_len_at_least(mangled) > 2 * needle_len)
+        {
             continue;
         }
         let name = without_params(&f.name);
@@ -353,6 +361,16 @@ mod tests {
         );
         let globbed = find(&own.functions, &[], "*symbols::index::stored_na*").unwrap();
         assert_eq!(globbed[0].name, "tendril::symbols::index::stored_name");
+        // A miss's hints still find the names close to it, mangled as they are.
+        for typo in ["tendril::symbols::index::stored_nme", "*INDEX::STORED_NAM*"] {
+            match find(&own.functions, &[], typo) {
+                Err(SymbolError::NoMatch { suggestions, .. }) => assert!(
+                    suggestions.contains(&"tendril::symbols::index::stored_name".to_string()),
+                    "{typo}: {suggestions:?}"
+                ),
+                other => panic!("{typo}: {other:?}"),
+            }
+        }
     }
 
     fn module(name: &str) -> Module {
