@@ -22,7 +22,7 @@ pub fn function_entries(symbols: &ProcessSymbols) -> Vec<FunctionEntry> {
         .collect()
 }
 
-fn entry_of(function: &Function) -> FunctionEntry {
+pub(super) fn entry_of(function: &Function) -> FunctionEntry {
     FunctionEntry {
         name: function.name.to_string(),
         module: function.module.to_string(),

@@ -10,9 +10,10 @@
 //! the reason in one line.
 
 use super::profiling_state::{ProfilingState, Symbols, WhenLoaded};
-use super::roots::function_entries;
+use super::roots::entry_of;
 use super::sampler_thread::{SampledTree, Sampling, SamplingJob, SamplingUpdate};
 use super::stage::Recording;
+use crate::agent_bundle::is_agent_module;
 use crate::profile::Profile;
 use crate::profile::overlap::{
     PathWeights, agreement, is_sampled_on_the_cpu_clock, path_weights, root_names,
@@ -200,9 +201,10 @@ fn sampled_function(
     module: &str,
     address: Option<u64>,
 ) -> Vec<FunctionEntry> {
-    let named: Vec<FunctionEntry> = function_entries(symbols)
-        .into_iter()
-        .filter(|entry| entry.name == name && entry.module == module)
+    // The module first: only its names are demangled, not the whole process's.
+    let named: Vec<FunctionEntry> = (symbols.functions().iter())
+        .filter(|f| f.module == module && !is_agent_module(&f.module) && f.name == name)
+        .map(entry_of)
         .collect();
     match address {
         Some(address) if named.iter().any(|entry| entry.address == address) => named
@@ -236,6 +238,7 @@ fn cannot_instrument(name: &str, module: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::super::roots::function_entries;
     use super::*;
 
     fn own_symbols() -> ProcessSymbols {
