@@ -111,7 +111,10 @@ pub(super) fn display_prefix_len_at_least(mangled: &str) -> usize {
         let Ok(len) = rest[..digits].parse::<usize>() else {
             break;
         };
-        let Some(name) = rest.get(digits..digits + len) else {
+        let Some(name) = digits
+            .checked_add(len)
+            .and_then(|end| rest.get(digits..end))
+        else {
             break;
         };
         let plain = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
@@ -184,6 +187,7 @@ mod tests {
         assert_eq!(display_prefix_len_at_least("_RNvCs1234_7mycrate3foo"), 0);
         assert_eq!(display_prefix_len_at_least("malloc"), 0);
         assert_eq!(display_prefix_len_at_least("_ZN99shortE"), 0);
+        assert_eq!(display_prefix_len_at_least("_ZN18446744073709551615xE"), 0);
     }
 
     #[test]
