@@ -10,7 +10,8 @@
 //! character, or a part of one of its words. A search tests those runs (the needles)
 //! against the mangled name and demangles only the names that hold them all.
 //! `a_demangled_word_is_in_the_mangled_name_or_the_demanglers_own` checks the rule on
-//! every symbol of real libraries.
+//! every symbol of real libraries, and with it the bound a miss's hints skip long names
+//! by ([`display_prefix_len_at_least`]: a plain name's parts, read without demangling).
 
 /// Words the demanglers write that are not in the mangled name (cpp_demangle and
 /// rustc_demangle; checked against real libraries by the test below). A needle that is
