@@ -101,17 +101,6 @@ impl StringTable {
         let text = self.text(start, len)?;
         Some(SymbolText { slot, ..text })
     }
-
-    /// How many of the names demangled when read have been read.
-    #[cfg(test)]
-    pub(super) fn demangled_so_far(&self) -> usize {
-        demangled_so_far(&self.0)
-    }
-}
-
-#[cfg(test)]
-fn demangled_so_far(table: &Table) -> usize {
-    table.demangled.iter().filter(|d| d.get().is_some()).count()
 }
 
 /// The `slot` of a text that is its range as it is.
@@ -146,7 +135,8 @@ impl SymbolText {
     /// How many names of the table this text was cut from have been demangled.
     #[cfg(test)]
     pub(super) fn demangled_in_its_table(&self) -> usize {
-        demangled_so_far(&self.table)
+        let demangled = self.table.demangled.iter();
+        demangled.filter(|d| d.get().is_some()).count()
     }
 
     /// The range of the table this text was cut from.
@@ -313,13 +303,13 @@ mod tests {
         assert!(table.demangled_text(0, 12, 2).is_none(), "no such slot");
         assert_eq!(foo.mangled(), Some("_ZN2ns3fooEi"));
         assert_eq!(table.text(0, 12).unwrap().mangled(), None);
-        assert_eq!(table.demangled_so_far(), 0, "nothing read yet");
+        assert_eq!(foo.demangled_in_its_table(), 0, "nothing read yet");
         assert_eq!(foo.as_str(), "ns::foo(int)");
-        assert_eq!(table.demangled_so_far(), 1, "only what was read");
+        assert_eq!(bar.demangled_in_its_table(), 1, "only what was read");
         assert_eq!(foo.clone(), "ns::foo(int)");
         assert_ne!(foo, table.text(0, 12).unwrap(), "not its mangled form");
         assert_eq!(bar, SymbolText::from("ns::bar()"));
-        assert_eq!(table.demangled_so_far(), 2);
+        assert_eq!(foo.demangled_in_its_table(), 2);
     }
 
     #[test]
