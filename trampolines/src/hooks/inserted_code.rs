@@ -40,6 +40,13 @@ impl Sequence {
         self.inserted.extra_stack.push(extra_stack);
     }
 
+    /// [`Sequence::push`] for an instruction that label `label` names (a branch's
+    /// target).
+    pub fn push_at(&mut self, label: u64, mut instruction: Instruction, extra_stack: u32) {
+        instruction.set_ip(label);
+        self.push(instruction, extra_stack);
+    }
+
     /// Steps over the red zone (`lea rsp,[rsp-128]`) and pushes `registers`; returns
     /// the bytes then below the original stack pointer.
     pub fn save(&mut self, registers: &[Register]) -> u32 {

@@ -246,19 +246,13 @@ fn short_check(
     slow_call(&mut code, site, slow, 24);
     // The slow path answers in rax where the call goes (its first call too); skipped,
     // rax is the target.
-    let mut answer_in_r11 = fixed(Instruction::with2(
-        Code::Mov_r64_rm64,
-        Register::R11,
-        Register::RAX,
-    ));
-    answer_in_r11.set_ip(skip);
-    code.push(answer_in_r11, 24);
+    let answer_in_r11 = Instruction::with2(Code::Mov_r64_rm64, Register::R11, Register::RAX);
+    code.push_at(skip, fixed(answer_in_r11), 24);
     code.push(fixed(Instruction::with1(Code::Pop_r64, Register::RDX)), 24);
     code.push(fixed(Instruction::with1(Code::Pop_r64, Register::RAX)), 16);
     code.push(fixed(Instruction::with_branch(Code::Jmp_rel32_64, done)), 8);
-    let mut push_rax = fixed(Instruction::with1(Code::Push_r64, Register::RAX));
-    push_rax.set_ip(hit);
-    code.push(push_rax, 8);
+    let push_rax = Instruction::with1(Code::Push_r64, Register::RAX);
+    code.push_at(hit, fixed(push_rax), 8);
     let destination = (HALF * 8) as u64;
     let take_destination = [
         Instruction::with2(Code::Mov_r64_rm64, Register::RAX, slot(destination)),
@@ -269,9 +263,8 @@ fn short_check(
         code.push(fixed(instruction), 16);
     }
     code.push(fixed(Instruction::with1(Code::Pop_r64, Register::RAX)), 16);
-    let mut pop_rcx = fixed(Instruction::with1(Code::Pop_r64, Register::RCX));
-    pop_rcx.set_ip(done);
-    code.push(pop_rcx, 8);
+    let pop_rcx = Instruction::with1(Code::Pop_r64, Register::RCX);
+    code.push_at(done, fixed(pop_rcx), 8);
     Some(code.inserted)
 }
 
@@ -319,29 +312,21 @@ fn long_check(
     slow_call(&mut code, site, slow, depth);
     // The slow path answers in rax where the call goes (its first call too); skipped,
     // rax is the target.
-    let mut target_in_r11 = fixed(Instruction::with2(
-        Code::Mov_r64_rm64,
-        Register::R11,
-        Register::RAX,
-    ));
-    target_in_r11.set_ip(to_target);
-    code.push(target_in_r11, depth);
+    let target_in_r11 = Instruction::with2(Code::Mov_r64_rm64, Register::R11, Register::RAX);
+    code.push_at(to_target, fixed(target_in_r11), depth);
     code.push(
         fixed(Instruction::with_branch(Code::Jmp_rel32_64, done)),
         depth,
     );
     let destination = (HALF * 8) as u64;
-    let take_destination = [
-        Instruction::with2(Code::Mov_r64_rm64, Register::R11, slot(destination)),
+    let take_destination = Instruction::with2(Code::Mov_r64_rm64, Register::R11, slot(destination));
+    code.push_at(hit, fixed(take_destination), depth);
+    let still_the_target = [
         Instruction::with2(Code::Cmp_r64_rm64, Register::RAX, slot(0)),
         Instruction::with2(Code::Cmovne_r64_rm64, Register::R11, Register::RAX),
     ];
-    for (k, instruction) in take_destination.into_iter().enumerate() {
-        let mut instruction = fixed(instruction);
-        if k == 0 {
-            instruction.set_ip(hit);
-        }
-        code.push(instruction, depth);
+    for instruction in still_the_target {
+        code.push(fixed(instruction), depth);
     }
     code.restore(&saved, false, depth, done);
     Some(code.inserted)
