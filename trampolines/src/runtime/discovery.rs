@@ -451,11 +451,13 @@ fn instrument_callees(
     recording::add_to_header(header::INDIRECT_CALL_SITES, indirect_sites);
     if !callees.is_empty() {
         let refused = patch_callees(context.session, &table, &callees);
+        recording::add_to_header(header::REFUSED_CALLEES, refused.len() as u64);
         context.refused.extend(refused);
     }
 }
 
-/// Patches `callees`; returns the ones refused, with the reason.
+/// Patches `callees`, counting those instrumented; returns the ones refused, with the
+/// reason (the caller counts them once it gives them up).
 pub(super) fn patch_callees(
     session: u64,
     table: &FunctionTable,
@@ -476,10 +478,7 @@ pub(super) fn patch_callees(
     for (callee, result) in callees.iter().zip(results) {
         match result {
             Ok(_) => instrumented += 1,
-            Err(reason) => {
-                recording::add_to_header(header::REFUSED_CALLEES, 1);
-                refused.push((callee.start, reason.to_string()));
-            }
+            Err(reason) => refused.push((callee.start, reason.to_string())),
         }
     }
     recording::add_to_header(header::INSTRUMENTED, instrumented);

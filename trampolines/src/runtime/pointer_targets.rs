@@ -152,12 +152,11 @@ fn instrument(
     // in front either: tendril's own code, another session's function).
     match entry_stubs::hook_in_front(context.session, callee.start, callee.size) {
         Ok(hook) => {
-            // Counted as instrumented after all (`patch_callees` counted it refused).
-            recording::take_from_header(header::REFUSED_CALLEES, 1);
             recording::add_to_header(header::INSTRUMENTED, 1);
             hook
         }
         Err(_) => {
+            recording::add_to_header(header::REFUSED_CALLEES, refused.len() as u64);
             context.refused.extend(refused);
             target
         }

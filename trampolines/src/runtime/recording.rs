@@ -48,13 +48,6 @@ pub fn add_to_header(field: usize, amount: u64) {
     }
 }
 
-/// Takes `amount` back from a count in the header (one counted too soon).
-pub fn take_from_header(field: usize, amount: u64) {
-    if let Some(counter) = word(field) {
-        counter.fetch_sub(amount, Ordering::Relaxed);
-    }
-}
-
 /// Keeps one discovery pause in the header's sample ring.
 pub fn sample_discovery(ticks: u64) {
     if let Some(next) = word(header::DISCOVERY_SAMPLE_NEXT) {
