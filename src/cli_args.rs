@@ -84,6 +84,11 @@ pub(crate) struct TimingArgs {
     /// the report's header).
     #[arg(long, value_name = "NS", value_parser = parse_min_time)]
     pub(crate) min_time: Option<f64>,
+    /// Measure CPU time even when the target switches threads so often that recording
+    /// each switch costs it more than a tenth of a core (by default times are then
+    /// wall-clock, and the profile says why).
+    #[arg(long)]
+    pub(crate) cpu_time: bool,
 }
 
 pub(crate) fn parse_min_time(text: &str) -> Result<f64, String> {
@@ -99,6 +104,7 @@ impl From<TimingArgs> for tendril::recording::TimingOptions {
             time_all: args.time_all,
             keep_timed: args.time,
             min_time_ns: args.min_time,
+            cpu_time_always: args.cpu_time,
         }
     }
 }

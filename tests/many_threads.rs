@@ -116,6 +116,34 @@ fn the_thread_that_reads_the_rings_runs_ahead_of_the_targets_threads() {
     code_bytes_match_file(target.pid()).unwrap();
 }
 
+/// A target that switches threads about 100,000 times a second (100 threads, each
+/// sleeping between its 1,000 calls a second): the kernel's record of every switch
+/// would cost it about a fifth of a core, so CPU time is not measured, and the profile
+/// and tendril's output say why; `--cpu-time` measures it all the same.
+#[test]
+fn a_target_that_switches_very_often_gets_wall_clock_times_unless_cpu_time_is_asked_for() {
+    let _turn = common::live_target_turn();
+    let mut target = running_fixture(100, "1000");
+    let (profile, stderr) = record_with(&target, "1", &[]);
+    let why = profile.stats.cpu_unmeasured.clone().unwrap_or_default();
+    assert!(
+        why.contains("switched threads") && why.contains("--cpu-time"),
+        "{why:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&why),
+        "said when the recording starts: {stderr}"
+    );
+    assert!(!profile.has_cpu_time());
+    let (profile, stderr) = record_with(&target, "1", &["--cpu-time"]);
+    assert_eq!(profile.stats.cpu_unmeasured, None, "{stderr}");
+    assert!(profile.has_cpu_time(), "{stderr}");
+    wait_until_no_hook_is_left_in(target.pid(), TICK_TIMEOUT);
+    target.drain();
+    target.expect_line("tick ", TICK_TIMEOUT);
+    code_bytes_match_file(target.pid()).unwrap();
+}
+
 /// The fixture with `threads` threads calling the root `rate` times a second, once
 /// every thread runs its loop.
 fn running_fixture(threads: usize, rate: &str) -> Target {
@@ -128,9 +156,15 @@ fn running_fixture(threads: usize, rate: &str) -> Target {
 /// `tendril record --root thread_root` of `target` for `seconds`: the profile, and
 /// what tendril said.
 fn record_for(target: &Target, seconds: &str) -> (Profile, String) {
+    record_with(target, seconds, &[])
+}
+
+/// [`record_for`] with more options.
+fn record_with(target: &Target, seconds: &str, options: &[&str]) -> (Profile, String) {
     let output = tendril()
         .args(["record", &target.pid().to_string(), "--root", "thread_root"])
         .args(["--duration", seconds, "-o", "-"])
+        .args(options)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();

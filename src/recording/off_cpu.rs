@@ -40,8 +40,10 @@ use crate::sampling::records::Switch;
 use sources::Sources;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
+use switch_cost::SwitchCount;
 
 mod sources;
+pub mod switch_cost;
 
 /// How often the thread list is read again for new threads.
 pub const RESCAN_INTERVAL: Duration = Duration::from_millis(100);
@@ -219,17 +221,44 @@ pub struct OffCpuWatch {
     lost: u64,
 }
 
+/// Why the off-CPU watch did not open: one line for the profile.
+#[derive(Debug)]
+pub struct Unwatched {
+    pub why: String,
+    /// The target switches too often for the watch's cost (rather than the kernel
+    /// refusing it): worth saying when the recording starts.
+    pub too_costly: bool,
+}
+
 impl OffCpuWatch {
     /// Opens the switch records of every thread of `pid`: one event per core if the
-    /// kernel allows it, else one per thread. An error is one line saying why CPU time
-    /// cannot be measured, and what to change where that is possible. `tsc_hz` is the
-    /// TSC's measured frequency.
-    pub fn start(pid: i32, tsc_hz: u64) -> Result<OffCpuWatch, String> {
+    /// kernel allows it, else one per thread. With `switches_before` (counted before
+    /// the recording started), refuses first if the target switches so often that the
+    /// records would cost it more than [`switch_cost::CPU_TIME_BUDGET`] of a core. An
+    /// error is one line saying why CPU time cannot be measured, and what to change
+    /// where that is possible. `tsc_hz` is the TSC's measured frequency.
+    pub fn start(
+        pid: i32,
+        tsc_hz: u64,
+        switches_before: Option<&SwitchCount>,
+    ) -> Result<OffCpuWatch, Unwatched> {
         let threads = crate::process::thread_ids(pid).map_or(0, |tids| tids.len());
         let cores = (threads >= PER_CORE_FROM_THREADS)
             .then(Sources::on_cores)
             .and_then(Result::ok);
-        OffCpuWatch::start_with(pid, tsc_hz, cores)
+        let now = switches_before.and_then(|_| SwitchCount::take(pid));
+        if let (Some(before), Some(now)) = (switches_before, now)
+            && let Some(why) = switch_cost::over_budget(now.rate_since(before), cores.is_some())
+        {
+            return Err(Unwatched {
+                why,
+                too_costly: true,
+            });
+        }
+        OffCpuWatch::start_with(pid, tsc_hz, cores).map_err(|why| Unwatched {
+            why,
+            too_costly: false,
+        })
     }
 
     /// [`OffCpuWatch::start`] with the cores' events if `cores` has them, else per

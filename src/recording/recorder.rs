@@ -37,6 +37,7 @@ use super::function_table;
 use super::gross::GrossTimes;
 use super::indirect::{self, IndirectTargets};
 use super::off_cpu::OffCpuWatch;
+use super::off_cpu::switch_cost::SwitchCount;
 use super::rings::{AgentCounters, Rings};
 use super::tsc;
 use crate::agent_connection::{AgentConnection, AgentConnectionError};
@@ -158,6 +159,9 @@ pub struct Recorder {
     off_cpu: Option<OffCpuWatch>,
     /// Why CPU time is not measured, if it is not.
     cpu_unmeasured: Option<String>,
+    /// The target's thread switches counted right after the attach, to tell what the
+    /// off-CPU watch would cost it (`None` with `--cpu-time` or `--gross-only`).
+    switches_before: Option<SwitchCount>,
     /// Events read but not yet given to the trees: those after the moment the off-CPU
     /// intervals were last read, whose intervals may not be in yet (see `polling`).
     held_back: HashMap<i32, Vec<Event>>,
@@ -215,6 +219,9 @@ impl Recorder {
                 .collect(),
         };
         let (target, session) = inject::attach(pid)?;
+        let switches_before = (!options.gross_only && !options.timing.cpu_time_always)
+            .then(|| SwitchCount::take(pid))
+            .flatten();
         let symbols = targets::unwinder_symbols_after_attach(&symbols)?.unwrap_or(symbols);
         let tsc_hz = tsc::measure_hz();
         let go_callees = go_callees::GoCallees::new(&symbols);
@@ -251,6 +258,7 @@ impl Recorder {
             late_modules: late_modules::Watch::default(),
             off_cpu: None,
             cpu_unmeasured: None,
+            switches_before,
             held_back: HashMap::new(),
             in_situ: Default::default(),
             go_callees,
@@ -414,12 +422,18 @@ impl Recorder {
         if self.off_cpu.is_some() || self.cpu_unmeasured.is_some() {
             return;
         }
-        match OffCpuWatch::start(self.target.pid, self.tsc_hz) {
+        let switches_before = self.switches_before.take();
+        match OffCpuWatch::start(self.target.pid, self.tsc_hz, switches_before.as_ref()) {
             Ok(watch) => {
                 self.off_cpu = Some(watch);
                 self.builder().measure_cpu();
             }
-            Err(why) => self.cpu_unmeasured = Some(why),
+            Err(unwatched) => {
+                if unwatched.too_costly {
+                    crate::terminal_text::say!("{}", unwatched.why);
+                }
+                self.cpu_unmeasured = Some(unwatched.why);
+            }
         }
     }
 

@@ -52,6 +52,9 @@ pub struct TimingOptions {
     pub keep_timed: Vec<String>,
     /// The threshold in nanoseconds, instead of the calibration's (`--min-time`).
     pub min_time_ns: Option<f64>,
+    /// Measure CPU time however often the target switches threads (`--cpu-time`; see
+    /// `off_cpu::switch_cost`).
+    pub cpu_time_always: bool,
 }
 
 /// The judge's state for one recording (see the module comment).
