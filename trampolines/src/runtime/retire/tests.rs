@@ -220,3 +220,50 @@ fn a_thread_asleep_at_the_stop_and_running_since_counts_unless_it_finished_a_slo
     // A count that cannot be read settles nothing.
     assert!(!asleep_at_the_stop(10, &world, &[(10, 0x6000, 7)], read));
 }
+
+#[test]
+fn a_thread_asleep_at_the_stop_is_judged_without_reading_where_it_is_now() {
+    const COUNT_AT: u64 = 0x5000;
+    const HOOK_CODE: u64 = 0x9000;
+    let finished_now = std::cell::Cell::new(7);
+    let read = |address: u64| (address == COUNT_AT).then(|| finished_now.get());
+    let finished = [(10, COUNT_AT, 7)];
+    let mut stopped = [];
+    let world = StoppedWorld {
+        stopped: &mut stopped,
+        asleep: &[10],
+        halted: &[],
+    };
+    let in_hook_code = |pc: u64| pc == HOOK_CODE;
+    let not_read =
+        || -> Option<u64> { panic!("the position of a thread asleep at the stop was read") };
+    assert_eq!(
+        verdict_of(10, (&world, &finished, read), not_read, in_hook_code),
+        Ok(())
+    );
+    // A slow call finished since: where it is now decides.
+    finished_now.set(8);
+    assert_eq!(
+        verdict_of(
+            10,
+            (&world, &finished, read),
+            || Some(HOOK_CODE),
+            in_hook_code
+        ),
+        Err(Obstacle::InsideHook(10))
+    );
+    assert_eq!(
+        verdict_of(10, (&world, &finished, read), || Some(0x1234), in_hook_code),
+        Ok(())
+    );
+    // Not asleep at the stop (it should have parked): where it is now decides.
+    assert_eq!(
+        verdict_of(
+            20,
+            (&world, &finished, read),
+            || Some(HOOK_CODE),
+            in_hook_code
+        ),
+        Err(Obstacle::InsideHook(20))
+    );
+}
