@@ -291,6 +291,7 @@ fn start_recording(
         // Counts an earlier recording's untimed hooks left in the threads' tables.
         crate::runtime::untimed_table::forget_all();
         recording::start();
+        crate::runtime::room_ahead::make_room_for_threads();
         let cost = calibration::calibrate()?;
         // Without it the start calibration stays in use (the profile then says
         // nothing of batches); not worth refusing the recording for.

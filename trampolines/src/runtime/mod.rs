@@ -5,7 +5,7 @@
 //! calibration of the hooks' cost (`calibration`, at the start, and `in_situ`, on the
 //! target's threads while the recording runs), counters (`counting`), taking return
 //! hooks out of live frames (`retire`, `lingering`) and the agent's own threads
-//! (`threads`); the layer's statics are `state`. It uses the patch protocol below it and is driven by `control` above.
+//! (`threads`), and room made ahead for a recording's threads (`room_ahead`); the layer's statics are `state`. It uses the patch protocol below it and is driven by `control` above.
 
 pub mod calibration;
 pub mod counting;
@@ -19,6 +19,7 @@ pub mod recording;
 pub mod retire;
 pub mod ring_memory;
 pub mod ring_segments;
+pub mod room_ahead;
 pub mod shadow;
 mod state;
 mod table_lookup;

@@ -10,6 +10,7 @@
 //! makes every hook step aside, so the agent never counts or hooks its own calls.
 
 use crate::hooks::slow_call::SavedRegisters;
+use crate::runtime::room_ahead;
 use crate::runtime::state::{MAX_REGISTERED, STATE};
 use crate::sys::agent_threads::AGENT_THREAD_PREFIX;
 use crate::sys::error::AgentError;
@@ -23,8 +24,28 @@ pub use crate::hooks::thread_layout::*;
 /// its parent or child handler.
 const FORK_HOLD: u64 = 1 << 63;
 
-/// Maps a zeroed, lazily committed region with system calls only.
+/// A zeroed, lazily committed region, made ahead (`room_ahead`) or mapped now, with
+/// system calls only.
 fn map_region() -> Option<StatePtr> {
+    let mapped = match room_ahead::take_region() {
+        Some(region) => region.cast::<libc::c_void>(),
+        None => map_own_region()?,
+    };
+    // SAFETY: a fresh, page-aligned, zeroed mapping of REGION_BYTES (its own, or one of
+    // the regions made ahead, each handed out once) that is never unmapped; `mmap`'s
+    // pointer has provenance over all of it.
+    let state = unsafe { StatePtr::from_raw(mapped.cast::<ThreadState>()) }?;
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    state.initialise(tid, crate::hooks::slow_call::current_depth_address());
+    // SAFETY: the name field holds 16 bytes, what PR_GET_NAME writes; the state is not
+    // shared yet.
+    unsafe { libc::prctl(libc::PR_GET_NAME, state.name_buffer()) };
+    Some(state)
+}
+
+/// Maps a region of the calling thread's own.
+fn map_own_region() -> Option<*mut libc::c_void> {
     // SAFETY: an anonymous private mapping with no address hint has no preconditions;
     // the result is checked against MAP_FAILED.
     let mapped = unsafe {
@@ -37,19 +58,7 @@ fn map_region() -> Option<StatePtr> {
             0,
         )
     };
-    if mapped == libc::MAP_FAILED {
-        return None;
-    }
-    // SAFETY: a fresh, page-aligned mapping of REGION_BYTES that is never unmapped;
-    // `mmap`'s pointer has provenance over all of it.
-    let state = unsafe { StatePtr::from_raw(mapped.cast::<ThreadState>()) }?;
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    state.initialise(tid, crate::hooks::slow_call::current_depth_address());
-    // SAFETY: the name field holds 16 bytes, what PR_GET_NAME writes; the state is not
-    // shared yet.
-    unsafe { libc::prctl(libc::PR_GET_NAME, state.name_buffer()) };
-    Some(state)
+    (mapped != libc::MAP_FAILED).then_some(mapped)
 }
 
 /// A fresh state region for agent code that records on its own thread (calibration);
