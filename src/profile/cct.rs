@@ -223,15 +223,16 @@ impl CctBuilder {
     /// Each function's calls, mean time and callees over every thread's tree, as of
     /// now (frames still open count up to their thread's latest event). The time is
     /// on-CPU time when the recording measures it: a call preempted on a busy machine
-    /// is not made longer by the wait.
-    pub fn function_sums(&self) -> HashMap<u32, FunctionSums> {
+    /// is not made longer by the wait. Each thread's own mean counts for a function it
+    /// called at least `min_calls` times (`per_function`).
+    pub fn function_sums(&self, min_calls: u64) -> HashMap<u32, FunctionSums> {
         let mut sums = HashMap::new();
         for thread in &self.threads {
             let totals = match self.measures_cpu {
                 true => thread.cpu_totals_now(&self.correction),
                 false => thread.totals_now(&self.correction),
             };
-            per_function::add_arena(thread.arena(), &totals, &mut sums);
+            per_function::add_arena(thread.arena(), &totals, min_calls, &mut sums);
         }
         sums
     }

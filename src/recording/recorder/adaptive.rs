@@ -7,7 +7,10 @@
 //! callees included, is under the threshold — over the recording so far, or over one
 //! judging window of at least that many calls ([`JudgeWindows`]: a call that a stop or
 //! an unseen preemption held for a second raises the mean of 50,000 calls of 2 ns to
-//! 20 µs; the windows without one show the calls' own time) — and only if every
+//! 20 µs; the windows without one show the calls' own time), or as the median of the
+//! threads' own means (a thousand threads on a busy machine: some thread is always
+//! preempted inside some call, and every window holds such a wait when the recording
+//! has no CPU time, `off_cpu::switch_cost`) — and only if every
 //! function it calls is untimed or qualifies too: a timed call below an untimed one
 //! would have no timed caller to nest under. The threshold follows from the
 //! calibration: the hooks' cost is removed from each call with an error of about its
@@ -237,14 +240,15 @@ impl Recorder {
         let (Some(builder), Some(rings)) = (self.builder.as_ref(), self.rings.as_ref()) else {
             return Vec::new();
         };
-        let sums = builder.function_sums();
+        let sums = builder.function_sums(CALLS_TO_JUDGE);
         self.adaptive.windows.close(&sums);
         let adaptive = &self.adaptive;
         let threshold_ticks = adaptive.threshold_ns * self.tsc_hz as f64 / 1e9;
         let short = |id: u32, sums: &FunctionSums| {
-            sums.mean_ticks().is_some_and(|mean| mean < threshold_ticks)
-                || (adaptive.windows.lowest_mean_ticks(id))
-                    .is_some_and(|mean| mean < threshold_ticks)
+            let under = |mean: Option<f64>| mean.is_some_and(|mean| mean < threshold_ticks);
+            under(sums.mean_ticks())
+                || under(adaptive.windows.lowest_mean_ticks(id))
+                || under(sums.median_thread_mean_ticks())
         };
         let mut candidates: HashSet<u32> = sums
             .iter()
@@ -296,7 +300,7 @@ impl Recorder {
         let sums = self
             .builder
             .as_ref()
-            .map(|b| b.function_sums())
+            .map(|b| b.function_sums(CALLS_TO_JUDGE))
             .unwrap_or_default();
         loop {
             let back: Vec<u32> = now_untimed
@@ -427,7 +431,7 @@ mod tests {
             FunctionSums {
                 calls,
                 outermost_ticks: ticks,
-                callees: HashSet::new(),
+                ..Default::default()
             },
         )])
     }
