@@ -30,6 +30,11 @@ pub struct RuntimeState {
     /// The state the agent's own threads share (its `PASSTHROUGH` flag makes every
     /// hook step aside); `None` if it could not be mapped.
     pub agent_thread_state: OnceLock<Option<StatePtr>>,
+    /// The regions made ahead (`thread_state::RegionPool`): the mapping's address (0
+    /// before; published last), how many regions it holds, how many were handed out.
+    pub pool_base: AtomicU64,
+    pub pool_regions: AtomicUsize,
+    pub pool_taken: AtomicUsize,
 
     // --- recording ---
     /// The mapped rings file (null before the first recording).
@@ -145,6 +150,9 @@ pub static STATE: RuntimeState = RuntimeState {
     registered_count: AtomicUsize::new(0),
     registering: AtomicUsize::new(0),
     agent_thread_state: OnceLock::new(),
+    pool_base: AtomicU64::new(0),
+    pool_regions: AtomicUsize::new(0),
+    pool_taken: AtomicUsize::new(0),
     rings: AtomicPtr::new(std::ptr::null_mut()),
     recording_active: AtomicU32::new(0),
     recording_generation: AtomicU64::new(0),

@@ -10,11 +10,10 @@
 //! makes every hook step aside, so the agent never counts or hooks its own calls.
 
 use crate::hooks::slow_call::SavedRegisters;
-use crate::runtime::room_ahead;
 use crate::runtime::state::{MAX_REGISTERED, STATE};
 use crate::sys::agent_threads::AGENT_THREAD_PREFIX;
 use crate::sys::error::AgentError;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::hooks::state_access::with_hooks_stepping_aside;
 pub use crate::hooks::state_access::{EntryPtr, StatePtr, current_state};
@@ -24,11 +23,11 @@ pub use crate::hooks::thread_layout::*;
 /// its parent or child handler.
 const FORK_HOLD: u64 = 1 << 63;
 
-/// A zeroed, lazily committed region, made ahead (`room_ahead`) or mapped now, with
-/// system calls only.
+/// A zeroed, lazily committed region, made ahead ([`reserve_regions`]) or mapped now,
+/// with system calls only.
 fn map_region() -> Option<StatePtr> {
-    let mapped = match room_ahead::take_region() {
-        Some(region) => region.cast::<libc::c_void>(),
+    let mapped = match RegionPool::shared().take() {
+        Some(region) => region,
         None => map_own_region()?,
     };
     // SAFETY: a fresh, page-aligned, zeroed mapping of REGION_BYTES (its own, or one of
@@ -42,6 +41,69 @@ fn map_region() -> Option<StatePtr> {
     // shared yet.
     unsafe { libc::prctl(libc::PR_GET_NAME, state.name_buffer()) };
     Some(state)
+}
+
+/// Maps `count` regions ahead in one mapping, for threads that register later (once
+/// per process; `runtime::room_ahead` says why). Runs on an agent thread.
+pub fn reserve_regions(count: usize) {
+    RegionPool::shared().reserve(count);
+}
+
+/// Regions made ahead in one mapping: its address (0 before), how many it holds, and
+/// how many were handed out.
+struct RegionPool<'a> {
+    base: &'a AtomicU64,
+    regions: &'a AtomicUsize,
+    taken: &'a AtomicUsize,
+}
+
+impl RegionPool<'static> {
+    /// The process's pool, in the runtime's state.
+    fn shared() -> RegionPool<'static> {
+        RegionPool {
+            base: &STATE.pool_base,
+            regions: &STATE.pool_regions,
+            taken: &STATE.pool_taken,
+        }
+    }
+}
+
+impl RegionPool<'_> {
+    /// Maps `count` regions in one mapping, unless it holds regions already.
+    fn reserve(&self, count: usize) {
+        if count == 0 || self.base.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        // SAFETY: an anonymous private mapping with no address hint; the result is
+        // checked against MAP_FAILED. Never unmapped, as every thread's region.
+        let mapped = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                count * REGION_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            return;
+        }
+        self.regions.store(count, Ordering::Release);
+        self.base.store(mapped as u64, Ordering::Release);
+    }
+
+    /// The next region not handed out, if one is left (no system call: the thread may
+    /// be anywhere).
+    fn take(&self) -> Option<*mut libc::c_void> {
+        let base = self.base.load(Ordering::Acquire);
+        let regions = self.regions.load(Ordering::Acquire);
+        if base == 0 || self.taken.load(Ordering::Relaxed) >= regions {
+            return None;
+        }
+        let index = self.taken.fetch_add(1, Ordering::AcqRel);
+        (index < regions).then(|| (base + (index * REGION_BYTES) as u64) as *mut libc::c_void)
+    }
 }
 
 /// Maps a region of the calling thread's own.
@@ -237,5 +299,34 @@ mod tests {
             })
             .unwrap();
         assert_eq!(starting.join().unwrap(), (true, true));
+    }
+
+    #[test]
+    fn regions_made_ahead_are_handed_out_once_each_then_none() {
+        let (base, regions, taken) = (AtomicU64::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+        let pool = RegionPool {
+            base: &base,
+            regions: &regions,
+            taken: &taken,
+        };
+        assert_eq!(pool.take(), None);
+        pool.reserve(3);
+        let handed: Vec<u64> = (0..3)
+            .map(|_| pool.take().expect("a region made ahead") as u64)
+            .collect();
+        let first = base.load(Ordering::Acquire);
+        let size = REGION_BYTES as u64;
+        assert_eq!(handed, vec![first, first + size, first + 2 * size]);
+        assert_eq!(pool.take(), None);
+        // Made once: a second reservation adds none.
+        pool.reserve(3);
+        assert_eq!(pool.take(), None);
+        // SAFETY: the region was mapped above, readable and writable, never unmapped.
+        unsafe {
+            let word = handed[2] as *mut u64;
+            assert_eq!(*word, 0, "a region made ahead is zeroed");
+            *word = 7;
+            assert_eq!(*word, 7);
+        }
     }
 }
