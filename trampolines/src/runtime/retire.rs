@@ -23,12 +23,10 @@
 //! registers (`thread_state::registration_progress`). Threads inside the unwinder's
 //! own hooks' trampolines are no obstacle (they put real addresses back, and never an
 //! exit in a retired entry's slot); their trampolines are told apart by address. Nor
-//! is a thread the stop found asleep in a system call, whether it sleeps still or has
-//! woken since (with hundreds of threads that sleep a few milliseconds, some always
-//! have by the time the pass looks): outside a slow call then, as its count of finished
-//! slow calls shows, it was outside every hook, and nothing it ran since can write an
-//! exit. So where such a thread is now is not read: with a thousand threads, reading
-//! each one's position was most of a pass's time, with the world stopped.
+//! is a thread the stop found asleep in a system call that has woken since (with
+//! hundreds of threads that sleep a few milliseconds, some always have by the time
+//! the pass looks): outside a slow call then, as its count of finished slow calls
+//! shows, it was outside every hook, and nothing it ran since can write an exit.
 //!
 //! A pass that cannot count (a thread stays inside a hook, or runs with the stop signal
 //! blocked) leaves the unwinder's hooks in; `patcher` keeps them as lingering and
@@ -175,9 +173,9 @@ fn finished_slow_calls(states: &[StatePtr]) -> Vec<(i32, u64, u64)> {
     finished
 }
 
-/// Whether thread `tid`, which did not park, cannot be inside a hook, whether it sleeps
-/// still or has run since: the stop found it asleep in a system call (not stopped at
-/// any pc), so outside every hook but a slow call's, and it finished no slow call since
+/// Whether thread `tid`, which neither parked nor sleeps in the kernel now, cannot be
+/// inside a hook: the stop found it asleep in a system call (not stopped at any pc),
+/// so outside every hook but a slow call's, and it finished no slow call since
 /// `finished` was read (before the stop) — nor is it in one (`inside_slow_call`,
 /// checked first). What it ran since cannot write an exit: every entry but the
 /// unwinder's is restored, and the frames' exits are retired. A thread that never
@@ -231,13 +229,19 @@ fn retire_pass(
         {
             return;
         }
+        let position = world
+            .stopped
+            .iter()
+            .find(|p| p.tid() == tid)
+            .map(|p| p.pc())
+            .or_else(|| tasks::user_position(tid).map(|(pc, _)| pc));
+        // Woken since the stop: with a thousand threads that wake every few
+        // milliseconds, some always have; where it was at the stop settles it.
+        if position.is_none() && asleep_at_the_stop(tid, world, finished, read_word) {
+            return;
+        }
         let in_hook_code = |pc| in_return_hook_code(pc) || crate::sys::own_code::is_agent_code(pc);
-        verdict = verdict_of(
-            tid,
-            (world, finished, read_word),
-            || tasks::user_position(tid).map(|(pc, _)| pc),
-            in_hook_code,
-        );
+        verdict = thread_verdict(tid, position, in_hook_code, || sys::thread_exists(tid));
     });
     verdict?;
     // An exit written back while the pass ran (a hook that was already past its check
@@ -246,35 +250,6 @@ fn retire_pass(
         return Err(Obstacle::Moving);
     }
     Ok(())
-}
-
-/// What thread `tid` says of a pass (see [`thread_verdict`]): parked, by its pc at the
-/// stop; asleep at the stop, by [`asleep_at_the_stop`] alone, whether it sleeps still
-/// or has woken since (with a thousand threads that wake every few milliseconds, some
-/// always have), without reading where it is now (`position_now`: with a thousand
-/// threads, those reads were most of a pass's time, and the parked threads waited
-/// through them); otherwise by `position_now`. `read_count` reads a thread's count of
-/// finished slow calls.
-fn verdict_of(
-    tid: i32,
-    (world, finished, read_count): (
-        &StoppedWorld<'_>,
-        &[(i32, u64, u64)],
-        impl Fn(u64) -> Option<u64>,
-    ),
-    position_now: impl FnOnce() -> Option<u64>,
-    in_hook_code: impl Fn(u64) -> bool,
-) -> Result<(), Obstacle> {
-    let parked_at = world
-        .stopped
-        .iter()
-        .find(|p| p.tid() == tid)
-        .map(|p| p.pc());
-    if parked_at.is_none() && asleep_at_the_stop(tid, world, finished, read_count) {
-        return Ok(());
-    }
-    let position = parked_at.or_else(position_now);
-    thread_verdict(tid, position, in_hook_code, || sys::thread_exists(tid))
 }
 
 /// Whether threads registered while a pass ran: `before` and `now` are
