@@ -12,7 +12,9 @@
 //! each thread not registered yet (`thread_state` hands them out, one atomic add
 //! each; a thread beyond them maps its own as before), and enough segments of rings.
 //! Nothing is touched: the memory is the kernel's to commit only when a thread that
-//! records writes it, as before.
+//! records writes it, as before. What is made ahead is bounded: at most
+//! [`MOST_SEGMENTS_AHEAD`] segments (each a descriptor in the target), and no regions
+//! at all when the process's address space is limited (`RLIMIT_AS`).
 
 use crate::runtime::recording;
 use crate::runtime::ring_segments;
@@ -24,6 +26,11 @@ use tendril_wire::rings::{MAX_RINGS, header};
 
 /// Regions made ahead at most (their address space only: 5 MiB each).
 const MOST_REGIONS: usize = 4096;
+/// Segments of rings made ahead at most (1,024 rings): each is a descriptor and 2 GiB
+/// of address space in the target, and a process of tens of thousands of threads,
+/// most of which never enter the roots, must not get hundreds of them. A thread that
+/// finds every ring taken adds one, as before.
+const MOST_SEGMENTS_AHEAD: usize = 4;
 /// Below this many threads, the first calls' own mappings cost little: no room is
 /// made ahead.
 const FROM_THREADS: usize = 64;
@@ -39,15 +46,34 @@ pub fn make_room_for_threads() {
     if threads < FROM_THREADS {
         return;
     }
-    let registered = STATE.registered_count.load(Ordering::Acquire);
-    thread_state::reserve_regions(threads.saturating_sub(registered).min(MOST_REGIONS));
+    if !address_space_limited() {
+        let registered = STATE.registered_count.load(Ordering::Acquire);
+        thread_state::reserve_regions(threads.saturating_sub(registered).min(MOST_REGIONS));
+    }
     add_rings_for(threads + SPARE_RINGS);
 }
 
-/// Adds segments of rings until there are `rings` in all (or no more may be added).
+/// Whether the process's address space is limited (`RLIMIT_AS`): gigabytes reserved
+/// for threads that may never record could then make its own mappings fail.
+fn address_space_limited() -> bool {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit into the struct it is given.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    !read || limit.rlim_cur != libc::RLIM_INFINITY
+}
+
+/// Adds segments of rings until there are `rings` in all (or [`MOST_SEGMENTS_AHEAD`]
+/// were added, or no more may be).
 fn add_rings_for(rings: usize) {
+    let most = ring_segments::segment_count() + MOST_SEGMENTS_AHEAD;
     while ring_segments::ring_count() < rings.min(MAX_RINGS) {
         let seen = ring_segments::segment_count();
+        if seen >= most {
+            return;
+        }
         let publish = |count| recording::set_header(header::SEGMENTS, count);
         if !ring_segments::add_segment(seen, publish) {
             return;
