@@ -38,7 +38,8 @@ impl SwitchCount {
         let per_thread = tids
             .into_iter()
             .filter_map(|tid| {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status"));
+                let status =
+                    crate::process::read_proc_text(format!("/proc/{pid}/task/{tid}/status"));
                 Some((tid, switches_in_status(&status.ok()?)?))
             })
             .collect();
@@ -94,13 +95,12 @@ pub fn over_budget(rate: f64, per_core: bool) -> Option<String> {
 
 /// The sum of the two switch counts of a thread's `status` text.
 fn switches_in_status(status: &str) -> Option<u64> {
-    let count = |field: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|value| value.trim().parse::<u64>().ok())
+    let count = |key| {
+        crate::process::status_field(status, key)?
+            .parse::<u64>()
+            .ok()
     };
-    Some(count("voluntary_ctxt_switches:")? + count("nonvoluntary_ctxt_switches:")?)
+    Some(count("voluntary_ctxt_switches")? + count("nonvoluntary_ctxt_switches")?)
 }
 
 #[cfg(test)]
