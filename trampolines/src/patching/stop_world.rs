@@ -281,9 +281,7 @@ pub struct StopBuffers {
 impl StopBuffers {
     /// Room for the process's threads now, and as many more starting meanwhile.
     pub fn new() -> StopBuffers {
-        let mut count = 0;
-        tasks::for_each_thread(|_| count += 1);
-        let room = 2 * count + 64;
+        let room = 2 * tasks::thread_count() + 64;
         StopBuffers {
             threads: Vec::with_capacity(room),
             parked: Vec::with_capacity(room),

@@ -41,8 +41,7 @@ const SPARE_RINGS: usize = 16;
 /// process for the regions; the rings as many as the threads need each time. Runs on
 /// an agent thread.
 pub fn make_room_for_threads() {
-    let mut threads = 0;
-    tasks::for_each_thread(|_| threads += 1);
+    let threads = tasks::thread_count();
     if threads < FROM_THREADS {
         return;
     }

@@ -25,6 +25,13 @@ pub enum TaskState {
     Other,
 }
 
+/// How many threads this process has now.
+pub fn thread_count() -> usize {
+    let mut count = 0;
+    for_each_thread(|_| count += 1);
+    count
+}
+
 /// Calls `visit` with the tid of every thread of this process.
 pub fn for_each_thread(mut visit: impl FnMut(i32)) {
     let fd = crate::sys::open_read_only(c"/proc/self/task", libc::O_DIRECTORY);
