@@ -49,6 +49,9 @@ pub struct PatchingState {
     pub peek_moves: [[AtomicU64; 3]; MAX_PEEK_MOVES],
     /// How many of `peek_moves` the peek in progress uses.
     pub peek_move_count: AtomicUsize,
+    /// The check each signalled thread of the stop in progress runs on itself in the
+    /// handler (a `stop_world::SelfCheck`; 0 for none), set between stops.
+    pub self_check: AtomicUsize,
     /// One stop at a time; holds the number of the last stop.
     pub stop_lock: Mutex<u32>,
     /// The runtime's `stop_world::ParkObserver`, as an address (0: none); stored once
@@ -103,6 +106,7 @@ pub static STATE: PatchingState = PatchingState {
     peek_stop: AtomicU32::new(0),
     peek_moves: [const { [const { AtomicU64::new(0) }; 3] }; MAX_PEEK_MOVES],
     peek_move_count: AtomicUsize::new(0),
+    self_check: AtomicUsize::new(0),
     stop_lock: Mutex::new(0),
     park_observer: AtomicUsize::new(0),
     membarrier_registered: Once::new(),

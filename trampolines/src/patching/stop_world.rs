@@ -25,6 +25,12 @@
 //! reach any more, only be on (a pad whose entry is restored), each handler moves its
 //! own thread off them and returns at once, so no thread waits for the others.
 //!
+//! A peek may also carry a *self-check* (`with_every_thread_checking_itself`): each
+//! signalled thread runs it on itself in the handler, knowing where it was interrupted,
+//! and goes on. A retire pass (`runtime::retire`) has each running thread retire its
+//! own return hooks that way, instead of holding a thousand threads while one thread
+//! walks every stack.
+//!
 //! Every signal carries the number of the stop it belongs to, so a signal that arrives
 //! late never counts as a thread parked for a later stop. Nothing here allocates once
 //! the first signal is sent: a parked thread may hold the allocator's lock.
@@ -36,11 +42,13 @@ use crate::sys;
 use crate::sys::error::AgentError;
 use crate::sys::tasks::{self, TaskState};
 use crate::sys::thread_tracer::{self, TracedThreads};
+use roster::{list_other_threads, list_peeked, list_stopped, sort_by_plan};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use waiting::{all_published, plan_for, send_park, wait_for_parks};
 
 mod peek;
+mod roster;
 mod waiting;
 
 /// How long running threads may take to park, or signal-blocking ones to fall asleep:
@@ -63,6 +71,11 @@ const NO_FREE_SIGNAL: i32 = -1;
 /// it was parked: the runtime removes the pause from the frames it fell in. Called in
 /// the stop signal's handler, so it must be async-signal-safe.
 pub type ParkObserver = fn(pc: u64, ticks: u64);
+
+/// What each signalled thread of a self-checking peek runs on itself in the stop
+/// signal's handler, given the pc it was interrupted at: it must be async-signal-safe
+/// (no allocation, no lock another thread may hold while interrupted).
+pub type SelfCheck = fn(pc: u64);
 
 /// Sets the [`ParkObserver`] (the runtime's, installed once before the first stop).
 pub fn set_park_observer(observer: ParkObserver) {
@@ -133,6 +146,9 @@ pub struct StoppedWorld<'a> {
     /// Those of `asleep` that were stopped (job control, a tracer) or gone, rather than
     /// in a system call: they may be anywhere.
     pub halted: &'a [i32],
+    /// The threads that took a peek's signal and went on (sorted): a self-checking
+    /// peek's threads ran the check. Empty for a stop.
+    pub peeked: &'a [i32],
 }
 
 /// The stop signal, once installed (0 before, and when no signal was free).
@@ -217,6 +233,9 @@ fn park(info: *mut libc::siginfo_t, context: *mut libc::c_void) {
         // rewrite the bytes it was on.
         peek::move_own(context.cast());
     }
+    // Checked before it counts itself in, too: once every thread has, the stopper
+    // reads what the checks found.
+    peek::run_self_check(context.cast());
     let parked_at = sys::rdtsc();
     let slot = STATE.arrived.fetch_add(1, Ordering::AcqRel);
     if slot < MAX_PARKED {
@@ -276,6 +295,7 @@ pub struct StopBuffers {
     asleep: Vec<i32>,
     halted: Vec<i32>,
     traced: Vec<i32>,
+    peeked: Vec<i32>,
 }
 
 impl StopBuffers {
@@ -288,6 +308,7 @@ impl StopBuffers {
             asleep: Vec::with_capacity(room),
             halted: Vec::with_capacity(room),
             traced: Vec::with_capacity(room),
+            peeked: Vec::with_capacity(room),
         }
     }
 }
@@ -313,6 +334,14 @@ pub fn with_world_stopped_in<R>(
     stop_threads(buffers, None, work)
 }
 
+/// A peek's moves (each (start, end, to): a pc in `start..end` goes on at `to`) and
+/// the check each thread runs on itself.
+#[derive(Clone, Copy)]
+struct Peek<'a> {
+    moves: &'a [(u64, u64, u64)],
+    self_check: Option<SelfCheck>,
+}
+
 /// Runs `work` once every thread of the process that runs user code has *peeked*
 /// (`peek`): taken the stop signal and moved its own pc by `moves` — each (start, end,
 /// to): a pc in `start..end` goes on at `to` — then gone on at once. `work` gets only
@@ -336,13 +365,36 @@ pub fn with_every_thread_peeked_in<R>(
     moves: &[(u64, u64, u64)],
     work: impl FnOnce(StoppedWorld<'_>) -> R,
 ) -> Result<R, AgentError> {
-    stop_threads(buffers, Some(moves), work)
+    let peek = Peek {
+        moves,
+        self_check: None,
+    };
+    stop_threads(buffers, Some(peek), work)
 }
 
-/// A stop (`peek_moves` `None`) or a peek with those moves.
+/// Runs `work` once every thread of the process that runs user code has taken the stop
+/// signal, run `check` on itself in the handler (given the pc it was interrupted at)
+/// and gone on at once: a peek with no moves. `work` gets the threads held with ptrace
+/// (they block the signal, so they ran no check), the threads left asleep, and those
+/// that `peeked`. No thread is held while the others are signalled. As
+/// [`with_world_stopped`] otherwise.
+pub fn with_every_thread_checking_itself<R>(
+    check: SelfCheck,
+    work: impl FnOnce(StoppedWorld<'_>) -> R,
+) -> Result<R, AgentError> {
+    install()?;
+    thread_tracer::prepare()?;
+    let peek = Peek {
+        moves: &[],
+        self_check: Some(check),
+    };
+    stop_threads(&mut StopBuffers::new(), Some(peek), work)
+}
+
+/// A stop (`peek_spec` `None`) or a peek.
 fn stop_threads<R>(
     buffers: &mut StopBuffers,
-    peek_moves: Option<&[(u64, u64, u64)]>,
+    peek_spec: Option<Peek<'_>>,
     work: impl FnOnce(StoppedWorld<'_>) -> R,
 ) -> Result<R, AgentError> {
     let signal = match STATE.park_signal.load(Ordering::Acquire) {
@@ -366,7 +418,9 @@ fn stop_threads<R>(
         asleep,
         halted,
         traced: traced_tids,
+        peeked,
     } = buffers;
+    peeked.clear();
     parked.clear();
     asleep.clear();
     halted.clear();
@@ -379,9 +433,11 @@ fn stop_threads<R>(
     for parked in &STATE.parked_tids[..previous] {
         parked.store(0, Ordering::Release);
     }
-    // Between stops, with no handler inside: the moves are the handlers' to read once
-    // the stop's number is published.
-    let peek = peek_moves.is_some_and(peek::set_moves);
+    // Between stops, with no handler inside: the moves and the check are the handlers'
+    // to read once the stop's number is published. With more moves than a peek
+    // carries, this is a stop (whose parked threads still run the check).
+    let peek = peek_spec.is_some_and(|spec| peek::set_moves(spec.moves));
+    peek::set_self_check(peek_spec.and_then(|spec| spec.self_check));
     STATE
         .peek_stop
         .store(if peek { stop } else { 0 }, Ordering::Release);
@@ -399,7 +455,9 @@ fn stop_threads<R>(
     // A peek need not chase a thread that was asleep: it cannot reach the bytes a peek
     // is for, unless a handler of the program's own, which it may be running since it
     // woke, returns onto them (so with handlers, it looks at its stack itself).
-    let chase_woken = !peek || signal_frames::any_restorers();
+    // A peek with no moves (a self-check) has nothing for such a thread to look at.
+    let moves = peek_spec.is_some_and(|spec| !spec.moves.is_empty());
+    let chase_woken = !peek || (moves && signal_frames::any_restorers());
     let ready = wait_for_parks(threads, signal, stop, (signalled_at, deadline), chase_woken);
     let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
     sort_by_plan(threads, arrived, traced_tids, asleep, halted);
@@ -410,10 +468,14 @@ fn stop_threads<R>(
     let result = match traced {
         Ok(mut traced) => {
             list_stopped(parked, if peek { 0 } else { arrived }, traced.as_ref());
+            if peek {
+                list_peeked(peeked, arrived);
+            }
             let outcome = work(StoppedWorld {
                 stopped: parked.as_mut_slice(),
                 asleep: asleep.as_slice(),
                 halted: halted.as_slice(),
+                peeked: peeked.as_slice(),
             });
             if let Some(traced) = traced.as_mut() {
                 traced.release();
@@ -424,6 +486,7 @@ fn stop_threads<R>(
     };
     STATE.stop_in_progress.store(0, Ordering::Release);
     STATE.peek_stop.store(0, Ordering::Release);
+    peek::set_self_check(None);
     STATE.released.store(stop, Ordering::Release);
     sys::futex_wake_all(&STATE.released);
     drop(last_stop);
@@ -457,81 +520,6 @@ fn hold_the_blocking(
     thread_tracer::stop(traced_tids, left.max(BLOCKED_AFTER_SIGNAL_CHECK))
         .map(Some)
         .map_err(|e| AgentError::NotStopped(format!("{e}; nothing was patched")))
-}
-
-/// Lists every thread of the process but `me` in `threads` (by tid, so that each thread
-/// that parks is found at once: `wait_for_parks`), each to be left alone until planned;
-/// refuses when more started meanwhile than `threads` has room for.
-fn list_other_threads(threads: &mut Vec<(i32, Plan)>, me: i32) -> Result<(), AgentError> {
-    threads.clear();
-    let mut overflow = false;
-    tasks::for_each_thread(|tid| {
-        if tid == me {
-        } else if threads.len() < threads.capacity() {
-            threads.push((tid, Plan::Leave));
-        } else {
-            overflow = true;
-        }
-    });
-    if overflow {
-        return Err(AgentError::NotStopped(
-            "threads started faster than tendril could list them; nothing was patched".into(),
-        ));
-    }
-    threads.sort_unstable_by_key(|&(tid, _)| tid);
-    Ok(())
-}
-
-/// Once the signalled threads had their time to park: marks those of the `arrived`
-/// that were to be traced as parked (a thread found blocking the signal may have parked
-/// after all), and lists the threads to trace, those left asleep (halted ones too) and
-/// the halted ones.
-fn sort_by_plan(
-    threads: &mut [(i32, Plan)],
-    arrived: usize,
-    traced: &mut Vec<i32>,
-    asleep: &mut Vec<i32>,
-    halted: &mut Vec<i32>,
-) {
-    for parked in &STATE.parked_tids[..arrived] {
-        let tid = parked.load(Ordering::Acquire);
-        if let Ok(index) = threads.binary_search_by_key(&tid, |&(tid, _)| tid)
-            && threads[index].1 == Plan::Trace
-        {
-            threads[index].1 = Plan::Parked;
-        }
-    }
-    let with = |wanted: fn(Plan) -> bool| {
-        threads
-            .iter()
-            .filter(move |&&(_, plan)| wanted(plan))
-            .map(|&(tid, _)| tid)
-    };
-    traced.extend(with(|plan| plan == Plan::Trace));
-    asleep.extend(with(|plan| matches!(plan, Plan::Leave | Plan::Halted)));
-    halted.extend(with(|plan| plan == Plan::Halted));
-}
-
-/// Lists the stopped threads in `parked`: the `arrived` that parked on the signal,
-/// then those the helper traced.
-fn list_stopped(parked: &mut Vec<ParkedThread>, arrived: usize, traced: Option<&TracedThreads>) {
-    parked.extend(
-        STATE.parked_contexts[..arrived]
-            .iter()
-            .zip(&STATE.parked_tids[..arrived])
-            .map(|(context, tid)| ParkedThread {
-                held: Held::Signal(context.load(Ordering::Acquire)),
-                tid: tid.load(Ordering::Acquire),
-            }),
-    );
-    if let Some(traced) = traced {
-        parked.extend((0..traced.len()).filter_map(|index| {
-            traced.thread(index).map(|(tid, _, _)| ParkedThread {
-                tid,
-                held: Held::Ptrace(index),
-            })
-        }));
-    }
 }
 
 /// Makes every core discard prefetched instructions of this process, so that no thread

@@ -10,17 +10,26 @@
 //! hooked, they put the real return addresses back first (`shadow`). So those hooks may
 //! only come out once no frame holds an exit and none can get one again.
 //!
-//! The one idea: with every running thread parked, each live thread's shadow stack is
-//! walked from the top, and every slot that still holds its exit gets its real return
-//! address back — with a compare-and-swap, so a slot that meanwhile changed is left
-//! alone — and every entry is marked retired, so nothing puts an exit back in its slot
-//! again (`shadow` skips retired entries). A thread inside a hook could still push a
-//! new entry and write an exit afterwards, so the pass only counts if no thread was, and
+//! The one idea: each live thread's shadow stack is walked from the top, and every slot
+//! that still holds its exit gets its real return address back — with a
+//! compare-and-swap, so a slot that meanwhile changed is left alone — and every entry
+//! is marked retired, so nothing puts an exit back in its slot again (`shadow` skips
+//! retired entries). Every entry but the unwinder's is restored by then, so a thread
+//! gets no new exit unless it is inside a hook already: it could still push a new
+//! entry and write an exit afterwards, so the pass only counts if no thread was, and
 //! that is known exactly, never guessed from stack memory (a sleeping thread's stack
 //! may hold a dead hook address for ever): a thread is inside a hook while its PC is in
 //! a return hook's trampoline or in the agent's code, while its slow-call depth
 //! (`slow_call`, counted by `tendril_slow_call` itself) is not zero, or while it
-//! registers (`thread_state::registration_progress`). Threads inside the unwinder's
+//! registers (`thread_state::registration_progress`).
+//!
+//! No thread is held for the pass. Each running thread takes the stop signal and, in
+//! its handler, retires its own entries and looks at where it was interrupted
+//! (`stop_world::with_every_thread_checking_itself`), then goes on: a thread that was
+//! outside every hook then gets no exit again, whenever the others look. The threads
+//! that did not take the signal — asleep, stopped, or held with ptrace because they
+//! block it — are retired and judged by the thread that runs the pass. (Parking a
+//! thousand threads for the pass held each for up to 90 ms.) Threads inside the unwinder's
 //! own hooks' trampolines are no obstacle (they put real addresses back, and never an
 //! exit in a retired entry's slot); their trampolines are told apart by address. Nor
 //! is a thread the stop found asleep in a system call that has woken since (with
@@ -33,6 +42,7 @@
 //! `lingering` tries again in the background until they are out.
 
 use crate::hooks::slow_call;
+use crate::hooks::state_access::current_state;
 use crate::hooks::thread_layout::ShadowEntry;
 use crate::patching::stop_world::{self, StoppedWorld};
 use crate::runtime::state::{MAX_INTERNAL, STATE};
@@ -83,7 +93,11 @@ pub fn retire_all_exits(attempts: usize) -> Result<(), Obstacle> {
         let registrations = thread_state::registration_progress();
         let states = live_states();
         let finished = finished_slow_calls(&states);
-        match stop_world::with_world_stopped(|world| {
+        // Made ready before the threads check themselves: the first look at the agent's
+        // code reads the memory map (it allocates), which a signal handler must not.
+        crate::sys::own_code::is_agent_code(0);
+        STATE.self_check_obstacles.store(0, Ordering::Release);
+        match stop_world::with_every_thread_checking_itself(retire_own_entries, |world| {
             retire_pass(&states, registrations, &finished, &world)
         }) {
             Ok(Ok(())) => return Ok(()),
@@ -199,8 +213,49 @@ fn asleep_at_the_stop(
     }
 }
 
-/// One pass with the world stopped: retires every live thread's entries, and says
-/// whether every target thread was outside tendril's hooks (or which was not).
+/// In the stop signal's handler of a pass, on a target thread interrupted at `pc`:
+/// retires the thread's own entries, and notes it (`self_check_obstacles`) if it was
+/// inside a hook. Allocates nothing and takes no lock. An agent thread (its pc is in
+/// the agent's code) is noted too, and left out by [`retire_pass`].
+fn retire_own_entries(pc: u64) {
+    let state = current_state();
+    if let Some(state) = state {
+        if state.is_agent().load(Ordering::Relaxed) != 0 {
+            return;
+        }
+        retire_entries(state);
+    }
+    let inside = state.is_some_and(inside_slow_call)
+        || in_return_hook_code(pc)
+        || crate::sys::own_code::is_agent_code(pc);
+    if inside {
+        let slot = STATE.self_check_obstacles.fetch_add(1, Ordering::AcqRel);
+        if let Some(noted) = STATE.obstacle_tids.get(slot) {
+            noted.store(sys::gettid(), Ordering::Release);
+        }
+    }
+}
+
+/// Which thread the self-checks found inside a hook, if any: agent threads aside, and
+/// `Obstacle::Moving` when more were noted than there are slots for.
+fn self_check_verdict() -> Result<(), Obstacle> {
+    let noted = STATE.self_check_obstacles.load(Ordering::Acquire);
+    if noted > STATE.obstacle_tids.len() {
+        return Err(Obstacle::Moving);
+    }
+    match STATE.obstacle_tids[..noted]
+        .iter()
+        .map(|tid| tid.load(Ordering::Acquire))
+        .find(|&tid| !agent_threads::is_agent_thread(tid))
+    {
+        Some(tid) => Err(Obstacle::InsideHook(tid)),
+        None => Ok(()),
+    }
+}
+
+/// One pass, once every running thread has retired its own entries (`world.peeked`):
+/// retires the other live threads' entries, and says whether every target thread was
+/// outside tendril's hooks (or which was not).
 /// `registrations` is `thread_state::registration_progress` from before `states` was
 /// listed, `finished` is [`finished_slow_calls`] from before the stop. Allocates
 /// nothing.
@@ -210,11 +265,16 @@ fn retire_pass(
     finished: &[(i32, u64, u64)],
     world: &StoppedWorld<'_>,
 ) -> Result<(), Obstacle> {
-    for &state in states {
+    let peeked = |state: StatePtr| world.peeked.binary_search(&tid_of(state)).is_ok();
+    for &state in states.iter().filter(|&&state| !peeked(state)) {
         retire_entries(state);
     }
     registration_verdict(registrations, thread_state::registration_progress())?;
-    if let Some(&state) = states.iter().find(|&&state| inside_slow_call(state)) {
+    self_check_verdict()?;
+    if let Some(&state) = states
+        .iter()
+        .find(|&&state| !peeked(state) && inside_slow_call(state))
+    {
         return Err(Obstacle::InsideHook(tid_of(state)));
     }
     let me = sys::gettid();
@@ -224,6 +284,7 @@ fn retire_pass(
         seen += 1;
         if tid == me
             || verdict.is_err()
+            || world.peeked.binary_search(&tid).is_ok()
             || seen > MAX_THREADS
             || agent_threads::is_agent_thread(tid)
         {

@@ -18,6 +18,9 @@ use tendril_wire::rings::{MAX_FUNCTIONS, MAX_SEGMENTS};
 pub const MAX_REGISTERED: usize = 1 << 16;
 /// Most trampolines of the unwinder's hooks known.
 pub const MAX_INTERNAL: usize = 64;
+/// Most threads a retire pass's self-checks note as inside a hook (agent threads count:
+/// a few).
+pub const MAX_OBSTACLES_NOTED: usize = 64;
 
 /// The runtime layer's statics.
 pub struct RuntimeState {
@@ -98,6 +101,10 @@ pub struct RuntimeState {
     /// `retire::in_return_hook_code` (published before `internal_count` covers it).
     pub internal_trampolines: [(AtomicU64, AtomicU64); MAX_INTERNAL],
     pub internal_count: AtomicUsize,
+    /// Threads a retire pass's self-checks found inside a hook (`retire`): how many
+    /// were noted, and the first of them by tid.
+    pub self_check_obstacles: AtomicUsize,
+    pub obstacle_tids: [AtomicI32; MAX_OBSTACLES_NOTED],
     /// The background retry of lingering hooks has started.
     pub lingering_started: AtomicBool,
     /// Set when there is (maybe) something to finish; the retry waits on it otherwise.
@@ -176,6 +183,8 @@ pub static STATE: RuntimeState = RuntimeState {
     ring_memory_asked: AtomicBool::new(false),
     internal_trampolines: [const { (AtomicU64::new(0), AtomicU64::new(0)) }; MAX_INTERNAL],
     internal_count: AtomicUsize::new(0),
+    self_check_obstacles: AtomicUsize::new(0),
+    obstacle_tids: [const { AtomicI32::new(0) }; MAX_OBSTACLES_NOTED],
     lingering_started: AtomicBool::new(false),
     lingering_work: Mutex::new(false),
     lingering_work_arrived: Condvar::new(),

@@ -11,6 +11,7 @@
 //! still waits until every one has looked (threads that block the signal are held with
 //! ptrace for that moment, as in a stop).
 
+use super::SelfCheck;
 use crate::patching::signal_frames;
 use crate::patching::state::{MAX_PEEK_MOVES, STATE};
 use std::sync::atomic::Ordering;
@@ -61,4 +62,25 @@ pub(super) fn move_own(context: *mut libc::ucontext_t) {
     }
     let sp = gregs[libc::REG_RSP as usize] as u64;
     signal_frames::move_saved_pcs(sp, &resume_point);
+}
+
+/// Sets the self-check of the next stop (`None`: none). Only between stops, as
+/// [`set_moves`]; cleared again once the stop's threads are released.
+pub(super) fn set_self_check(check: Option<SelfCheck>) {
+    let check = check.map_or(0, |check| check as usize);
+    STATE.self_check.store(check, Ordering::Release);
+}
+
+/// In the stop signal's handler: runs the stop's self-check, if it has one, on this
+/// thread, interrupted at the pc its context holds (moved already, for a peek).
+pub(super) fn run_self_check(context: *mut libc::ucontext_t) {
+    let check = STATE.self_check.load(Ordering::Acquire);
+    if check == 0 {
+        return;
+    }
+    // SAFETY: only `set_self_check` stores here, always a `SelfCheck` or 0.
+    let check = unsafe { std::mem::transmute::<usize, SelfCheck>(check) };
+    // SAFETY: the kernel passes a valid ucontext to an SA_SIGINFO handler.
+    let pc = unsafe { (*context).uc_mcontext.gregs[libc::REG_RIP as usize] as u64 };
+    check(pc);
 }

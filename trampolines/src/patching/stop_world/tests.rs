@@ -100,11 +100,9 @@ impl Drop for SpinThenReturn {
     }
 }
 
-#[test]
-fn a_peek_moves_a_thread_off_the_bytes_it_names_and_parks_no_one() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    install().unwrap();
-    let code = SpinThenReturn::new();
+/// A thread that runs `code`'s loop until something moves it past: its tid, whether it
+/// returned, and its handle.
+fn spin_in(code: &SpinThenReturn) -> (i32, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
     let start = code.start();
     let (tid_sender, tid) = std::sync::mpsc::channel();
     let returned = Arc::new(AtomicBool::new(false));
@@ -119,7 +117,16 @@ fn a_peek_moves_a_thread_off_the_bytes_it_names_and_parks_no_one() {
             returned.store(true, Ordering::Release);
         })
     };
-    let spinner_tid = tid.recv().unwrap();
+    (tid.recv().unwrap(), returned, spinner)
+}
+
+#[test]
+fn a_peek_moves_a_thread_off_the_bytes_it_names_and_parks_no_one() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    install().unwrap();
+    let code = SpinThenReturn::new();
+    let start = code.start();
+    let (spinner_tid, returned, spinner) = spin_in(&code);
     // The thread may not have reached its loop by the first peek: peek until it has
     // been moved past it, each time checking that nobody was left parked.
     let mut peeks = 0;
@@ -146,5 +153,65 @@ fn a_peek_moves_a_thread_off_the_bytes_it_names_and_parks_no_one() {
         wait_until(|| returned.load(Ordering::Acquire)),
         "moved past its loop"
     );
+    spinner.join().unwrap();
+}
+
+/// Where the self-check below found the spinner's loop, and which thread it found
+/// there.
+static LOOP_AT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static FOUND_IN_LOOP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// A self-check: notes the calling thread if it was interrupted in the loop.
+fn note_if_in_loop(pc: u64) {
+    let at = LOOP_AT.load(Ordering::Acquire);
+    if (at..at + SpinThenReturn::SPIN_LEN).contains(&pc) {
+        FOUND_IN_LOOP.store(sys::gettid(), Ordering::Release);
+    }
+}
+
+#[test]
+fn a_self_check_runs_on_each_running_thread_which_goes_on_at_once() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    install().unwrap();
+    let code = SpinThenReturn::new();
+    let start = code.start();
+    LOOP_AT.store(start, Ordering::Release);
+    let (spinner_tid, returned, spinner) = spin_in(&code);
+    // The thread may not be in its loop yet at the first check.
+    let mut checks = 0;
+    while FOUND_IN_LOOP.load(Ordering::Acquire) != spinner_tid && checks < 1000 {
+        let (stopped, peeked) = with_every_thread_checking_itself(note_if_in_loop, |world| {
+            let held = world.stopped.iter().any(|t| t.tid() == spinner_tid);
+            (held, world.peeked.binary_search(&spinner_tid).is_ok())
+        })
+        .unwrap();
+        assert!(
+            !stopped,
+            "a self-check holds no thread that takes its signal"
+        );
+        assert!(
+            peeked || tasks::state(spinner_tid) == TaskState::Sleeping,
+            "a running thread is listed as peeked"
+        );
+        checks += 1;
+        wait_until(|| tasks::state(spinner_tid) == TaskState::Running);
+    }
+    assert_eq!(FOUND_IN_LOOP.load(Ordering::Acquire), spinner_tid);
+    // It went on spinning: move it past its loop to end it.
+    assert!(!returned.load(Ordering::Acquire));
+    let past = (
+        start,
+        start + SpinThenReturn::SPIN_LEN,
+        start + SpinThenReturn::SPIN_LEN,
+    );
+    for _ in 0..1000 {
+        if returned.load(Ordering::Acquire) {
+            break;
+        }
+        with_every_thread_peeked(&[past], |_| ()).unwrap();
+        wait_until(|| {
+            returned.load(Ordering::Acquire) || tasks::state(spinner_tid) == TaskState::Running
+        });
+    }
     spinner.join().unwrap();
 }

@@ -205,6 +205,7 @@ fn a_thread_asleep_at_the_stop_and_running_since_counts_unless_it_finished_a_slo
         stopped: &mut stopped,
         asleep: &[10, 20, 30, 40],
         halted: &[40],
+        peeked: &[],
     };
     // Registered, and no slow call finished since the count was read.
     assert!(asleep_at_the_stop(10, &world, &finished, read));
