@@ -18,6 +18,8 @@ pub const MAX_RESTORERS: usize = 8;
 pub const SCAN_WINDOW: usize = 64 * 1024;
 /// Most moves one peek carries (`stop_world::peek`): pads restored or retargeted at once.
 pub const MAX_PEEK_MOVES: usize = 1024;
+/// Most threads remembered as blocking the park signal (`stop_world::waiting`).
+pub const MAX_KNOWN_BLOCKERS: usize = 1024;
 /// Slots of the lock-free record of the bytes patched now.
 pub const PATCHED_NOW_CAPACITY: usize = 1 << 16;
 
@@ -52,6 +54,10 @@ pub struct PatchingState {
     /// The check each signalled thread of the stop in progress runs on itself in the
     /// handler (a `stop_world::SelfCheck`; 0 for none), set between stops.
     pub self_check: AtomicUsize,
+    /// Threads that a stop found running with the park signal blocked (by tid; a tid
+    /// reused since only costs its new thread a longer look), and how many.
+    pub known_blockers: [AtomicI32; MAX_KNOWN_BLOCKERS],
+    pub known_blocker_count: AtomicUsize,
     /// One stop at a time; holds the number of the last stop.
     pub stop_lock: Mutex<u32>,
     /// The runtime's `stop_world::ParkObserver`, as an address (0: none); stored once
@@ -107,6 +113,8 @@ pub static STATE: PatchingState = PatchingState {
     peek_moves: [const { [const { AtomicU64::new(0) }; 3] }; MAX_PEEK_MOVES],
     peek_move_count: AtomicUsize::new(0),
     self_check: AtomicUsize::new(0),
+    known_blockers: [const { AtomicI32::new(0) }; MAX_KNOWN_BLOCKERS],
+    known_blocker_count: AtomicUsize::new(0),
     stop_lock: Mutex::new(0),
     park_observer: AtomicUsize::new(0),
     membarrier_registered: Once::new(),

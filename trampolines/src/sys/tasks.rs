@@ -221,6 +221,47 @@ fn classic_signal_blocked_in_stat(stat: &[u8], signal: i32) -> bool {
     stat_number(stat, 32).is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
+/// Where a thread is, as one read of its `syscall` file tells: half the cost of its
+/// `status`, which a stop would otherwise read for each of a thousand threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whereabouts {
+    /// Running or waiting for a cpu (the kernel says "running").
+    Running,
+    /// Blocked inside a system call, its pc just after its `syscall` instruction.
+    InSystemCall,
+    /// Blocked outside one ("-1 SP PC": a page fault, a stop after an interrupt).
+    Elsewhere,
+    /// The file could not be read: the thread is gone, or the kernel has no such file.
+    Unknown,
+}
+
+/// Thread `tid`'s [`Whereabouts`].
+pub fn whereabouts(tid: i32) -> Whereabouts {
+    let mut buffer = [0u8; 256];
+    match read_task_file(tid, "syscall", &mut buffer) {
+        Some(text) => whereabouts_in(text),
+        None => Whereabouts::Unknown,
+    }
+}
+
+/// The [`Whereabouts`] a `syscall` file's text says.
+fn whereabouts_in(text: &[u8]) -> Whereabouts {
+    let first = text
+        .split(|&b| b == b' ')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    if first == b"running" {
+        Whereabouts::Running
+    } else if !first.is_empty() && first.iter().all(u8::is_ascii_digit) {
+        Whereabouts::InSystemCall
+    } else if first.first() == Some(&b'-') {
+        Whereabouts::Elsewhere
+    } else {
+        Whereabouts::Unknown
+    }
+}
+
 /// Where thread `tid` is in user space while it sleeps in the kernel: (pc, sp), from
 /// `/proc/self/task/<tid>/syscall` ("NR ARGS... SP PC", or "-1 SP PC" outside a system
 /// call). `None` for a running thread (the kernel says "running") or one that is gone.
@@ -342,8 +383,43 @@ mod tests {
         // Asleep in a futex wait: a system call, whose return address follows `syscall`.
         let (in_call_pc, _) = in_system_call(tid).expect("asleep in a system call");
         assert_eq!(in_call_pc, pc);
+        assert_eq!(whereabouts(tid), Whereabouts::InSystemCall);
         done_sender.send(()).unwrap();
         sleeper.join().unwrap();
+    }
+
+    #[test]
+    fn whereabouts_are_read_from_the_syscall_file() {
+        // A thread reading its own file is inside that read; a spinning one runs.
+        assert_eq!(whereabouts(crate::sys::gettid()), Whereabouts::InSystemCall);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (tid_sender, tid) = std::sync::mpsc::channel();
+        let spinner = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                tid_sender.send(crate::sys::gettid()).unwrap();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let tid = tid.recv().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while whereabouts(tid) != Whereabouts::Running && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(whereabouts(tid), Whereabouts::Running);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        spinner.join().unwrap();
+        assert_eq!(whereabouts(i32::MAX), Whereabouts::Unknown);
+        let futex = b"202 0x7f00 0x80 0x0 0x0 0x0 0x0 0x7ffd10 0x7f12\n";
+        assert_eq!(whereabouts_in(futex), Whereabouts::InSystemCall);
+        assert_eq!(
+            whereabouts_in(b"-1 0x7ffd10 0x5555\n"),
+            Whereabouts::Elsewhere
+        );
+        assert_eq!(whereabouts_in(b"running\n"), Whereabouts::Running);
+        assert_eq!(whereabouts_in(b""), Whereabouts::Unknown);
     }
 
     #[test]

@@ -215,3 +215,42 @@ fn a_self_check_runs_on_each_running_thread_which_goes_on_at_once() {
     }
     spinner.join().unwrap();
 }
+
+#[test]
+fn a_running_thread_that_blocks_the_signal_is_held_with_ptrace_and_remembered() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let signal = install().unwrap();
+    assert!(signal > 0, "a free real-time signal in the test process");
+    let done = Arc::new(AtomicBool::new(false));
+    let (tid_sender, tid) = std::sync::mpsc::channel();
+    let spinner = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            // SAFETY: blocks the park signal in this thread only; the mask is plain data.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, signal);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+            tid_sender.send(sys::gettid()).unwrap();
+            while !done.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let spinner_tid = tid.recv().unwrap();
+    assert!(wait_until(
+        || tasks::state(spinner_tid) == TaskState::Running
+    ));
+    // Not known yet: planned from its `syscall` file alone, it is signalled.
+    assert!(!waiting::known_blocker(spinner_tid));
+    let held =
+        with_world_stopped(|world| world.stopped.iter().any(|t| t.tid() == spinner_tid)).unwrap();
+    assert!(held, "held with ptrace once it did not park");
+    // Known now: the next stop reads its status and holds it without a signal.
+    assert!(waiting::known_blocker(spinner_tid));
+    assert_eq!(plan_for(spinner_tid, signal), Plan::Trace);
+    done.store(true, Ordering::Relaxed);
+    spinner.join().unwrap();
+}

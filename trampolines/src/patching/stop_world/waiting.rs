@@ -7,11 +7,24 @@
 //! looked at again only every few milliseconds.
 
 use super::*;
+use crate::patching::state::MAX_KNOWN_BLOCKERS;
+use crate::sys::tasks::Whereabouts;
 
 /// How one stop handles thread `tid`, given the park signal (or [`NO_FREE_SIGNAL`]).
-/// One file of the thread's is read (two for a sleeping thread that blocks the signal):
-/// with a thousand threads, each stop reads a thousand.
+/// One file of the thread's is read for most threads: with a thousand threads, each
+/// stop reads a thousand. Its `syscall` file first (half the cost of `status`): a
+/// thread asleep in a system call is left alone, and a running one is signalled
+/// unless it is known to block the signal — one that does is found by
+/// [`wait_for_parks`] when it does not park, and remembered. Any other thread is
+/// planned from its `status`.
 pub(super) fn plan_for(tid: i32, signal: i32) -> Plan {
+    if signal != NO_FREE_SIGNAL {
+        match tasks::whereabouts(tid) {
+            Whereabouts::InSystemCall => return Plan::Leave,
+            Whereabouts::Running if !known_blocker(tid) => return Plan::Park,
+            _ => {}
+        }
+    }
     let (state, blocks) = if signal == NO_FREE_SIGNAL {
         (tasks::state(tid), true)
     } else {
@@ -26,6 +39,30 @@ pub(super) fn plan_for(tid: i32, signal: i32) -> Plan {
         _ if blocks => Plan::Trace,
         _ => Plan::Park,
     }
+}
+
+/// Whether a stop found thread `tid` running with the park signal blocked before.
+pub(super) fn known_blocker(tid: i32) -> bool {
+    let count = STATE.known_blocker_count.load(Ordering::Acquire);
+    // Once the memory is full, every running thread is looked at closely.
+    count >= MAX_KNOWN_BLOCKERS
+        || STATE.known_blockers[..count]
+            .iter()
+            .any(|known| known.load(Ordering::Relaxed) == tid)
+}
+
+/// Remembers that thread `tid` ran with the park signal blocked: later stops read its
+/// `status` before they signal it, rather than queue it a signal it holds back.
+fn remember_blocker(tid: i32) {
+    if known_blocker(tid) {
+        return;
+    }
+    let slot = STATE.known_blocker_count.load(Ordering::Acquire);
+    if let Some(known) = STATE.known_blockers.get(slot) {
+        known.store(tid, Ordering::Relaxed);
+    }
+    // Only the stopper (which holds the stop lock) writes here.
+    STATE.known_blocker_count.store(slot + 1, Ordering::Release);
 }
 
 /// How often, after [`BLOCKED_AFTER_SIGNAL_CHECK`], the threads still to park are
@@ -105,6 +142,7 @@ pub(super) fn wait_for_parks(
                         pending -= 1;
                     }
                     Plan::Park if tasks::holds_back_signal(*tid, signal) => {
+                        remember_blocker(*tid);
                         *plan = Plan::Trace;
                         pending -= 1;
                     }
