@@ -29,7 +29,7 @@ use crate::hooks::pointer_checks;
 use crate::hooks::slow_call::SavedRegisters;
 use crate::patching::patcher::{self, PatchRequest};
 use crate::runtime::discoverer;
-use crate::runtime::discovery_turn::{DiscoveryTurn, Turn, turn_to_discover};
+use crate::runtime::discovery_turn::{self, DiscoveryTurn, Turn, turn_to_discover};
 use crate::runtime::recording;
 use crate::runtime::state::{DiscoveryContext, STATE};
 use crate::runtime::table_lookup::{FreshTable, read_pointer, resolve};
@@ -146,7 +146,11 @@ pub extern "C" fn discover(registers: &mut SavedRegisters) {
     }
     with_own_state(|state| {
         let started = sys::rdtsc();
-        if turn_to_discover(id) == Turn::Waited {
+        let turn = turn_to_discover(id);
+        if turn == Turn::NothingToDiscover {
+            return;
+        }
+        if turn == Turn::Waited {
             let paused = sys::rdtsc().saturating_sub(started);
             recording::add_to_header(header::PAUSE_TICKS, paused);
             recording::add_to_header(header::DISCOVERY_WAITS, 1);
@@ -450,19 +454,44 @@ fn instrument_callees(
     });
     recording::add_to_header(header::INDIRECT_CALL_SITES, indirect_sites);
     if !callees.is_empty() {
-        let refused = patch_callees(context.session, &table, &callees);
-        recording::add_to_header(header::REFUSED_CALLEES, refused.len() as u64);
-        context.refused.extend(refused);
+        let patched = patch_callees(context.session, &table, &callees);
+        recording::add_to_header(header::REFUSED_CALLEES, patched.refused.len() as u64);
+        context.refused.extend(patched.refused);
+        note_leaves(&table, &callees, &patched.ids);
     }
 }
 
+/// Notes the callees just patched (`ids`: address and id) that call nothing — no
+/// direct callee, no call through a pointer — as having nothing to discover
+/// (`discovery_turn`): their first calls go straight on. One decode each, which their
+/// discovery would have made on their first call. A function whose address is taken is
+/// left to its discovery, which notes the pointer call that reached it.
+fn note_leaves(table: &FunctionTable, callees: &[FunctionEntry], ids: &[(u64, u32)]) {
+    for callee in callees.iter().filter(|c| c.flags & FLAG_ADDRESS_TAKEN == 0) {
+        let Some(&(_, id)) = ids.iter().find(|&&(address, _)| address == callee.start) else {
+            continue;
+        };
+        let found = scan(callee, table);
+        if found.callees.is_empty() && found.indirect_sites.is_empty() {
+            discovery_turn::note_nothing_to_discover(id);
+        }
+    }
+}
+
+/// What [`patch_callees`] did: the callees refused, with the reason, and the id of each
+/// one instrumented, by address.
+pub(super) struct PatchedCallees {
+    pub refused: Vec<(u64, String)>,
+    pub ids: Vec<(u64, u32)>,
+}
+
 /// Patches `callees`, counting those instrumented; returns the ones refused, with the
-/// reason (the caller counts them once it gives them up).
+/// reason (the caller counts them once it gives them up), and the others' ids.
 pub(super) fn patch_callees(
     session: u64,
     table: &FunctionTable,
     callees: &[FunctionEntry],
-) -> Vec<(u64, String)> {
+) -> PatchedCallees {
     let requests: Vec<PatchRequest> = callees
         .iter()
         .map(|callee| PatchRequest {
@@ -473,16 +502,16 @@ pub(super) fn patch_callees(
         .collect();
     let code_ranges = neighbourhood(table, callees);
     let results = patcher::patch(session, &requests, &code_ranges);
-    let mut instrumented = 0;
     let mut refused = Vec::new();
+    let mut ids = Vec::new();
     for (callee, result) in callees.iter().zip(results) {
         match result {
-            Ok(_) => instrumented += 1,
+            Ok(id) => ids.push((callee.start, id)),
             Err(reason) => refused.push((callee.start, reason.to_string())),
         }
     }
-    recording::add_to_header(header::INSTRUMENTED, instrumented);
-    refused
+    recording::add_to_header(header::INSTRUMENTED, ids.len() as u64);
+    PatchedCallees { refused, ids }
 }
 
 /// The known functions within [`NEIGHBOURHOOD`] of the callees, themselves included.

@@ -71,5 +71,6 @@ pub fn install() {
 /// discovered ahead is marked invoked.
 fn before_patching(id: u32) {
     counting::reset_before_patching(id);
+    discovery_turn::forget_nothing_to_discover(id);
     discovery::mark_if_discovered_ahead(id);
 }

@@ -144,7 +144,7 @@ fn instrument(
     if refused_before || patcher::is_patched_by_now(context.session, callee.start, modules) {
         return target;
     }
-    let refused = discovery::patch_callees(context.session, &table, &[callee]);
+    let refused = discovery::patch_callees(context.session, &table, &[callee]).refused;
     if refused.is_empty() {
         return target;
     }
