@@ -16,8 +16,10 @@
 //!    running half-written bytes (the planner guarantees those two bytes are one
 //!    instruction's, on one cache line); with a stop, move any stopped thread that sits
 //!    between two overwritten instructions — or whose signal frame would resume there
-//!    (`signal_frames`) — to the same instruction in the trampoline's copy; threads
-//!    asleep in a system call cannot be inside, and come back through the guard;
+//!    (`signal_frames`) — to the same instruction in the trampoline's copy; a thread
+//!    left asleep in a system call cannot be inside, and comes back through the guard,
+//!    but one may have woken between its look and the guards: each is looked at again
+//!    once they are up, and one no longer in a system call is stopped and moved too;
 //! 4. write the rest of each jump, serialise, store each jump's first two bytes over
 //!    its guard, serialise, and let the threads go.
 //!
@@ -32,7 +34,7 @@
 
 use crate::code::entry_plan::PatchStyle;
 use crate::code::padding::PAD_LEN;
-use crate::patching::signal_frames;
+use crate::patching::signal_frames::{self, Frames};
 use crate::patching::sites::PendingPad;
 pub use crate::patching::sites::{MAX_ENTRY_PATCH, Pad, Site, Trampoline};
 use crate::patching::state::STATE;
@@ -157,7 +159,9 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
     // stop waited for a thousand threads, they held every thread that called a patched
     // function spinning there, taking the cores from the threads the stop waited for
     // (a batch of 716 libc functions held threads for 0.65 s). Only threads that wake
-    // from a system call meanwhile meet them now.
+    // from a system call meanwhile meet them now; those that woke before are stopped
+    // behind the guards (`with_world_stopped_behind`): one could be between two
+    // instructions that the jumps overwrite.
     let written = match (buffers.as_mut(), &peek_moves) {
         // A batch of the unwinder's entries, which a thread reaches only when it throws
         // or exits: the guards go up first, and a peek moves each thread that is inside
@@ -170,11 +174,12 @@ pub fn install(batch: &mut [Site]) -> Result<(), AgentError> {
                 write_jumps()
             })
         }
-        (Some(buffers), None) => stop_world::with_world_stopped_in(buffers, |world| {
-            put_guards();
-            move_threads(world, &|pc| resume_point_in_copy(pc, batch_view));
-            write_jumps()
-        }),
+        (Some(buffers), None) => {
+            stop_world::with_world_stopped_behind(buffers, &put_guards, |world| {
+                move_threads(world, &|pc| resume_point_in_copy(pc, batch_view));
+                write_jumps()
+            })
+        }
         (None, _) => {
             put_guards();
             write_jumps();
@@ -323,21 +328,35 @@ fn move_threads(world: StoppedWorld<'_>, resume_at: &dyn Fn(u64) -> Option<u64>)
             thread.set_pc(pc);
         }
     }
+    // A thread held with ptrace may be inside the stop signal's own handler (a late
+    // signal's), interrupted inside these bytes: its frame is looked for even in a
+    // program with no handlers of its own.
+    for thread in world
+        .stopped
+        .iter()
+        .filter(|thread| thread.held_with_ptrace())
+    {
+        signal_frames::move_saved_pcs(thread.sp(), Frames::OwnToo, resume_at);
+    }
     if !signal_frames::any_restorers() {
         return;
     }
-    for thread in world.stopped.iter() {
-        signal_frames::move_saved_pcs(thread.sp(), resume_at);
+    for thread in world
+        .stopped
+        .iter()
+        .filter(|thread| !thread.held_with_ptrace())
+    {
+        signal_frames::move_saved_pcs(thread.sp(), Frames::ProgramsOnly, resume_at);
     }
     for &tid in world.asleep {
         if let Some((_, sp)) = crate::sys::tasks::user_position(tid) {
-            signal_frames::move_saved_pcs(sp, resume_at);
+            signal_frames::move_saved_pcs(sp, Frames::ProgramsOnly, resume_at);
         }
     }
     // The stopper's own stack: it may be a target thread, in a handler of a signal that
     // interrupted it inside one of these functions.
     let own = 0u64;
-    signal_frames::move_saved_pcs(&own as *const u64 as u64, resume_at);
+    signal_frames::move_saved_pcs(&own as *const u64 as u64, Frames::ProgramsOnly, resume_at);
 }
 
 /// Where a thread at `pc` strictly inside the bytes a site of `batch` overwrites goes

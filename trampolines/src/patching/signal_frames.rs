@@ -20,7 +20,7 @@
 use crate::patching::state::{MAX_RESTORERS, SCAN_WINDOW, STATE};
 use crate::sys;
 use crate::sys::code_memory;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{MutexGuard, TryLockError};
 
 /// Nested frames followed onto other stacks.
@@ -38,15 +38,13 @@ const SAVED_SP: u64 = UCONTEXT
     + 8 * libc::REG_RSP as u64;
 
 /// Learns the restorers of the handlers installed now (each signal's `sa_restorer`),
-/// leaving out tendril's own stop signal (`own_signal`): a frame of its handler lies
-/// below the interrupted stack pointer the stop reads from the context it publishes,
-/// so it is never scanned. A program with no handlers of its own has no frame to find,
-/// and its stops scan nothing. Runs before every stop that may scan.
+/// keeping tendril's own stop signal's (`own_signal`) apart: a frame of its handler lies
+/// below the interrupted stack pointer a parked thread publishes, so it is scanned only
+/// on a thread held with ptrace, which may be inside that handler (see
+/// [`Frames::OwnToo`]). A program with no handlers of its own has no frame to find, and
+/// its stops scan only such threads. Runs before every stop that may scan.
 pub fn learn_restorers(own_signal: i32) {
     for signal in 1..=libc::SIGRTMAX() {
-        if signal == own_signal {
-            continue;
-        }
         // SAFETY: a zeroed sigaction is a valid output buffer; a null new action only
         // reads the current disposition.
         let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
@@ -55,10 +53,30 @@ pub fn learn_restorers(own_signal: i32) {
             continue;
         }
         let handled = action.sa_sigaction != libc::SIG_DFL && action.sa_sigaction != libc::SIG_IGN;
-        if handled && action.sa_flags & SA_RESTORER != 0 {
-            note_restorer(action.sa_restorer.map_or(0, |f| f as usize as u64));
+        if !handled || action.sa_flags & SA_RESTORER == 0 {
+            continue;
+        }
+        let restorer = action.sa_restorer.map_or(0, |f| f as usize as u64);
+        if signal == own_signal {
+            STATE.own_restorer.store(restorer, Ordering::Release);
+        } else {
+            note_restorer(restorer);
         }
     }
+}
+
+/// Which signal frames a scan looks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frames {
+    /// Those of the program's own handlers: on a thread parked by the stop signal, whose
+    /// published stack pointer is the interrupted one, above the stop handler's frame.
+    ProgramsOnly,
+    /// The stop signal handler's too: on a thread held with ptrace, which may be inside
+    /// that handler — it took a signal of an earlier stop that had ended (a late one)
+    /// and, with this stop's signal pending behind the handler's mask, looked like a
+    /// thread that blocks it. Its pc is in the handler; where it was interrupted, and
+    /// will resume, is in the handler's frame.
+    OwnToo,
 }
 
 fn note_restorer(restorer: u64) {
@@ -80,15 +98,23 @@ fn note_restorer(restorer: u64) {
     STATE.restorer_count.store(count + 1, Ordering::Release);
 }
 
-fn is_restorer(word: u64) -> bool {
+fn is_restorer(word: u64, frames: Frames) -> bool {
     let count = STATE
         .restorer_count
         .load(Ordering::Acquire)
         .min(MAX_RESTORERS);
+    let own = (frames == Frames::OwnToo).then(|| STATE.own_restorer.load(Ordering::Acquire));
+    is_one_of(word, &STATE.restorers[..count], own)
+}
+
+/// Whether `word` is one of the `known` restorers, or the stop handler's (`own`, when
+/// its frames are looked for too). Zero never is.
+fn is_one_of(word: u64, known: &[AtomicU64], own: Option<u64>) -> bool {
     word != 0
-        && STATE.restorers[..count]
+        && (known
             .iter()
             .any(|known| known.load(Ordering::Relaxed) == word)
+            || own == Some(word))
 }
 
 /// Whether any handler of the program's own could have left a signal frame.
@@ -96,10 +122,11 @@ pub fn any_restorers() -> bool {
     STATE.restorer_count.load(Ordering::Acquire) != 0
 }
 
-/// Moves every saved pc found in the signal frames above `sp` for which `resume_at`
-/// gives a new place; returns how many moved. Allocates nothing.
-pub fn move_saved_pcs(sp: u64, resume_at: &dyn Fn(u64) -> Option<u64>) -> usize {
-    if STATE.restorer_count.load(Ordering::Acquire) == 0 || sp == 0 {
+/// Moves every saved pc found in the signal frames (those `frames` names) above `sp` for
+/// which `resume_at` gives a new place; returns how many moved. Allocates nothing.
+pub fn move_saved_pcs(sp: u64, frames: Frames, resume_at: &dyn Fn(u64) -> Option<u64>) -> usize {
+    let own_too = frames == Frames::OwnToo && STATE.own_restorer.load(Ordering::Acquire) != 0;
+    if (STATE.restorer_count.load(Ordering::Acquire) == 0 && !own_too) || sp == 0 {
         return 0;
     }
     let mut window = scan_window();
@@ -108,8 +135,10 @@ pub fn move_saved_pcs(sp: u64, resume_at: &dyn Fn(u64) -> Option<u64>) -> usize 
     for _ in 0..MAX_STACK_HOPS {
         let Some(from) = next_stack.take() else { break };
         let words = read_stack(from & !7, &mut window[..]);
-        let frames = find_frames(from & !7, &window[..words], is_restorer);
-        for frame in frames.iter().flatten() {
+        let found = find_frames(from & !7, &window[..words], |word| {
+            is_restorer(word, frames)
+        });
+        for frame in found.iter().flatten() {
             if let Some(new_pc) = resume_at(frame.saved_pc)
                 && code_memory::write_code(frame.address + SAVED_PC, &new_pc.to_ne_bytes()).is_ok()
             {
@@ -213,7 +242,19 @@ pub fn find_frames(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::sync::atomic::AtomicBool;
+
+    #[test]
+    fn the_stop_handlers_restorer_marks_a_frame_only_when_its_frames_are_looked_for() {
+        let known = [AtomicU64::new(0x10)];
+        assert!(is_one_of(0x10, &known, None));
+        assert!(
+            !is_one_of(0x20, &known, None),
+            "a thread parked by the signal"
+        );
+        assert!(is_one_of(0x20, &known, Some(0x20)), "one held with ptrace");
+        assert!(!is_one_of(0, &known, Some(0)), "no restorer learnt yet");
+    }
 
     #[test]
     fn a_frame_is_a_restorer_word_followed_by_a_ucontext() {
@@ -290,7 +331,9 @@ mod tests {
         }
         let interrupted = SAVED_PC_SEEN.load(Ordering::SeqCst);
         let sp = HANDLER_SP.load(Ordering::SeqCst);
-        let moved = move_saved_pcs(sp, &|pc| (pc == interrupted).then_some(pc + 0x1000));
+        let moved = move_saved_pcs(sp, Frames::ProgramsOnly, &|pc| {
+            (pc == interrupted).then_some(pc + 0x1000)
+        });
         assert_eq!(moved, 1);
         LEAVE.store(true, Ordering::SeqCst);
         worker.join().unwrap();

@@ -70,6 +70,8 @@ pub struct PatchingState {
     /// The signal restorers learnt (published before `restorer_count` covers them).
     pub restorers: [AtomicU64; MAX_RESTORERS],
     pub restorer_count: AtomicUsize,
+    /// The restorer of tendril's own stop signal's handler (0 until learnt).
+    pub own_restorer: AtomicU64,
     /// The scan's buffer; scans run one at a time, from the stopper (which holds the
     /// stop lock) or a peeked thread's handler (which parks for no one), so no parked
     /// thread ever holds this one.
@@ -120,6 +122,7 @@ pub static STATE: PatchingState = PatchingState {
     membarrier_registered: Once::new(),
     restorers: [const { AtomicU64::new(0) }; MAX_RESTORERS],
     restorer_count: AtomicUsize::new(0),
+    own_restorer: AtomicU64::new(0),
     scan_window: Mutex::new([0; SCAN_WINDOW / 8]),
     pending_pads: Mutex::new(Vec::new()),
     patched_now_address: [const { AtomicU64::new(0) }; PATCHED_NOW_CAPACITY],

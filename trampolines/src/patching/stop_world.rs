@@ -45,7 +45,7 @@ use crate::sys::thread_tracer::{self, TracedThreads};
 use roster::{list_other_threads, list_peeked, list_stopped, sort_by_plan};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use waiting::{all_published, plan_for, send_park, wait_for_parks};
+use waiting::{all_published, plan_for, send_park, stop_the_woken, wait_for_parks};
 
 mod peek;
 mod roster;
@@ -112,6 +112,12 @@ impl ParkedThread {
             },
             Held::Ptrace(index) => thread_tracer::held_position(index).0,
         }
+    }
+
+    /// Whether it is held with ptrace (it blocked the stop signal) rather than parked:
+    /// its pc and stack pointer are then where it is now, which may be inside a handler.
+    pub fn held_with_ptrace(&self) -> bool {
+        matches!(self.held, Held::Ptrace(_))
     }
 
     /// The stack pointer where it was interrupted.
@@ -331,7 +337,21 @@ pub fn with_world_stopped_in<R>(
     buffers: &mut StopBuffers,
     work: impl FnOnce(StoppedWorld<'_>) -> R,
 ) -> Result<R, AgentError> {
-    stop_threads(buffers, None, work)
+    stop_threads(buffers, None, None, work)
+}
+
+/// [`with_world_stopped_in`], running `fence` as soon as every thread that ran user
+/// code is stopped: the guards of a patch, which from then on hold any thread that
+/// wakes. A thread left asleep may have woken before the fence and be anywhere, even
+/// between two instructions `work` overwrites: each is looked at again after the
+/// fence, and one no longer inside a system call is stopped too before `work` runs.
+/// If the stop fails after the fence, `work` does not run (undo the fence).
+pub fn with_world_stopped_behind<R>(
+    buffers: &mut StopBuffers,
+    fence: &dyn Fn(),
+    work: impl FnOnce(StoppedWorld<'_>) -> R,
+) -> Result<R, AgentError> {
+    stop_threads(buffers, None, Some(fence), work)
 }
 
 /// A peek's moves (each (start, end, to): a pc in `start..end` goes on at `to`) and
@@ -369,7 +389,7 @@ pub fn with_every_thread_peeked_in<R>(
         moves,
         self_check: None,
     };
-    stop_threads(buffers, Some(peek), work)
+    stop_threads(buffers, Some(peek), None, work)
 }
 
 /// Runs `work` once every thread of the process that runs user code has taken the stop
@@ -388,13 +408,14 @@ pub fn with_every_thread_checking_itself<R>(
         moves: &[],
         self_check: Some(check),
     };
-    stop_threads(&mut StopBuffers::new(), Some(peek), work)
+    stop_threads(&mut StopBuffers::new(), Some(peek), None, work)
 }
 
-/// A stop (`peek_spec` `None`) or a peek.
+/// A stop (`peek_spec` `None`), behind a `fence` if one is given, or a peek.
 fn stop_threads<R>(
     buffers: &mut StopBuffers,
     peek_spec: Option<Peek<'_>>,
+    fence: Option<&dyn Fn()>,
     work: impl FnOnce(StoppedWorld<'_>) -> R,
 ) -> Result<R, AgentError> {
     let signal = match STATE.park_signal.load(Ordering::Acquire) {
@@ -459,6 +480,13 @@ fn stop_threads<R>(
     let moves = peek_spec.is_some_and(|spec| !spec.moves.is_empty());
     let chase_woken = !peek || (moves && signal_frames::any_restorers());
     let ready = wait_for_parks(threads, signal, stop, (signalled_at, deadline), chase_woken);
+    let ready = match fence {
+        Some(fence) if ready && !peek => {
+            fence();
+            stop_the_woken(threads, signal, stop, deadline)
+        }
+        _ => ready,
+    };
     let arrived = STATE.arrived.load(Ordering::Acquire).min(MAX_PARKED);
     sort_by_plan(threads, arrived, traced_tids, asleep, halted);
     // A thread counts itself in before it publishes its context: wait for the last

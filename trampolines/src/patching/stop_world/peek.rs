@@ -12,7 +12,7 @@
 //! ptrace for that moment, as in a stop).
 
 use super::SelfCheck;
-use crate::patching::signal_frames;
+use crate::patching::signal_frames::{self, Frames};
 use crate::patching::state::{MAX_PEEK_MOVES, STATE};
 use std::sync::atomic::Ordering;
 
@@ -61,7 +61,7 @@ pub(super) fn move_own(context: *mut libc::ucontext_t) {
         gregs[libc::REG_RIP as usize] = to as i64;
     }
     let sp = gregs[libc::REG_RSP as usize] as u64;
-    signal_frames::move_saved_pcs(sp, &resume_point);
+    signal_frames::move_saved_pcs(sp, Frames::ProgramsOnly, &resume_point);
 }
 
 /// Sets the self-check of the next stop (`None`: none). Only between stops, as

@@ -254,3 +254,55 @@ fn a_running_thread_that_blocks_the_signal_is_held_with_ptrace_and_remembered() 
     done.store(true, Ordering::Relaxed);
     spinner.join().unwrap();
 }
+
+#[test]
+fn a_thread_that_wakes_before_the_fence_is_stopped_behind_it() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    install().unwrap();
+    thread_tracer::prepare().unwrap();
+    let mut pipe = [0; 2];
+    // SAFETY: `pipe` has room for the two descriptors.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    let awake = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let (tid_sender, tid) = std::sync::mpsc::channel();
+    let sleeper = {
+        let (awake, done) = (awake.clone(), done.clone());
+        std::thread::spawn(move || {
+            tid_sender.send(sys::gettid()).unwrap();
+            let mut byte = 0u8;
+            // SAFETY: reads one byte into `byte` from the pipe this test owns.
+            unsafe { libc::read(pipe[0], (&mut byte as *mut u8).cast(), 1) };
+            awake.store(true, Ordering::SeqCst);
+            while !done.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    let sleeper_tid = tid.recv().unwrap();
+    assert!(wait_until(
+        || tasks::whereabouts(sleeper_tid) == tasks::Whereabouts::InSystemCall
+    ));
+    // The fence wakes the sleeper, which the stop planned as asleep, and lets it run
+    // user code: as a thread that woke between its look and the guards would.
+    let fence = || {
+        // SAFETY: writes one byte from a local to the pipe this test owns.
+        unsafe { libc::write(pipe[1], [1u8].as_ptr().cast(), 1) };
+        assert!(wait_until(|| awake.load(Ordering::SeqCst)));
+    };
+    let stopped = with_world_stopped_behind(&mut StopBuffers::new(), &fence, |world| {
+        (
+            world.stopped.iter().any(|t| t.tid() == sleeper_tid),
+            world.asleep.contains(&sleeper_tid),
+        )
+    })
+    .unwrap();
+    assert_eq!(stopped, (true, false), "stopped behind the fence, not left");
+    done.store(true, Ordering::Relaxed);
+    sleeper.join().unwrap();
+    // SAFETY: closes the pipe's descriptors, which nothing uses any more.
+    unsafe {
+        libc::close(pipe[0]);
+        libc::close(pipe[1]);
+    }
+}

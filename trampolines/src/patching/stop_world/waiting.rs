@@ -162,6 +162,39 @@ pub(super) fn wait_for_parks(
     }
 }
 
+/// After a stop's fence (see `with_world_stopped_behind`): looks again at each thread
+/// of `threads` left asleep, and stops each that is no longer inside a system call —
+/// it woke since it was planned, and may be anywhere — waiting for it as for the
+/// others. One file is read per sleeper. False if one does not park by `deadline`.
+pub(super) fn stop_the_woken(
+    threads: &mut [(i32, Plan)],
+    signal: i32,
+    stop: u32,
+    deadline: u64,
+) -> bool {
+    let signalled_at = sys::monotonic_ns();
+    let mut any_signalled = false;
+    for (tid, plan) in threads.iter_mut() {
+        if *plan != Plan::Leave || tasks::whereabouts(*tid) == Whereabouts::InSystemCall {
+            continue;
+        }
+        *plan = match plan_for(*tid, signal) {
+            // Asleep, but not in a system call (a page fault, say): at any pc.
+            Plan::Leave if tasks::whereabouts(*tid) != Whereabouts::InSystemCall => {
+                if signal == NO_FREE_SIGNAL {
+                    Plan::Trace
+                } else {
+                    Plan::Park
+                }
+            }
+            plan => plan,
+        };
+        send_park(*tid, plan, signal, stop);
+        any_signalled |= *plan == Plan::Park;
+    }
+    !any_signalled || wait_for_parks(threads, signal, stop, (signalled_at, deadline), false)
+}
+
 /// Waits until the first `arrived` parked threads have published their contexts.
 pub(super) fn all_published(arrived: usize, deadline: u64) -> bool {
     loop {
