@@ -72,6 +72,41 @@ impl Engine {
         }
     }
 
+    /// Keeps `trampoline`, built for `key`, for reuse, and notes where it goes back to.
+    pub(super) fn note_trampoline(&mut self, key: (u64, Hook), trampoline: &Trampoline) {
+        let (address, _) = key;
+        let resume = trampoline.plan.patch_offset + trampoline.plan.overwritten_len;
+        let offsets = self.resume_offsets.entry(address).or_default();
+        if !offsets.contains(&resume) {
+            offsets.push(resume);
+        }
+        self.trampolines.insert(key, trampoline.clone());
+    }
+
+    /// Refuses a patch of the function at `address` that would overwrite its bytes
+    /// `start..end` when a trampoline built for it before goes back strictly inside them
+    /// (an earlier patch made with a pad overwrote fewer instructions): a thread still in
+    /// that trampoline — preempted there while its site was restored, which a thousand
+    /// busy threads make last seconds — would resume in the middle of the new jump.
+    fn check_no_return_inside(
+        &self,
+        address: u64,
+        start: usize,
+        end: usize,
+    ) -> Result<(), AgentError> {
+        let Some(&inside) = self.resume_offsets.get(&address).and_then(|offsets| {
+            offsets
+                .iter()
+                .find(|&&resume| resume > start && resume < end)
+        }) else {
+            return Ok(());
+        };
+        Err(AgentError::Refused(format!(
+            "an earlier patch's copy of its entry goes back to its byte {inside}, which this \
+             patch would overwrite (its padding, which that patch used, is not free now)"
+        )))
+    }
+
     /// Plans the patch of one function and builds (or reuses) its trampoline, with a pad
     /// (if it needs one) clear of the `pads_taken`.
     pub(super) fn prepare_site(
@@ -103,6 +138,7 @@ impl Engine {
         let id = self.id_for(address)?;
         let key = (address, request.kind);
         let entry_len = plan.patch_offset + plan.overwritten_len;
+        self.check_no_return_inside(address, plan.patch_offset, entry_len)?;
         // A session that follows calls through pointers wants its recording hooks in
         // front of copies that check them, once for each function.
         let checks_pointers = self.follows_pointers.contains(&owner)
@@ -139,7 +175,7 @@ impl Engine {
                     Some(trampoline) => trampoline,
                     None => self.build_trampoline(address, &code, plan, id, request.kind)?,
                 };
-                self.trampolines.insert(key, trampoline.clone());
+                self.note_trampoline(key, &trampoline);
                 trampoline
             }
         };
@@ -422,5 +458,26 @@ fn check_neighbours(
     }) {
         Some(&(from, to)) => Err(entry_plan::Refusal::BranchIntoPatch { from, to }.into()),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_patch_over_the_place_an_earlier_trampoline_goes_back_to_is_refused() {
+        let mut engine = Engine::default();
+        // An earlier patch with a pad overwrote the 3-byte first instruction only.
+        engine.resume_offsets.insert(0x1000, vec![3]);
+        let longer = engine.check_no_return_inside(0x1000, 0, 7);
+        assert!(
+            matches!(&longer, Err(AgentError::Refused(reason)) if reason.contains("byte 3")),
+            "{longer:?}"
+        );
+        // The same plan again, a shorter one, or another function: nothing in between.
+        assert!(engine.check_no_return_inside(0x1000, 0, 3).is_ok());
+        assert!(engine.check_no_return_inside(0x1000, 0, 2).is_ok());
+        assert!(engine.check_no_return_inside(0x2000, 0, 7).is_ok());
     }
 }

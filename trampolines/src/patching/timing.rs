@@ -141,7 +141,7 @@ impl Engine {
                     code_memory::write_code(word, &root_hook.to_le_bytes())
                         .map_err(|e| AgentError::io("cannot write a trampoline", e))?;
                 }
-                self.trampolines.insert(key, built.clone());
+                self.note_trampoline(key, &built);
                 built
             }
         };
