@@ -5,11 +5,11 @@
 # checking every result. Each round starts the fixture and runs `tendril count PID
 # work_b --duration 0.05` RUNS times on it; each count installs the jump with a stop and
 # restores it. Prints every count that failed and whether the fixture survived. A count
-# whose pad is not free (an earlier count's pad still in use) overwrites both
+# whose pad is not free (an earlier count's pad not restored yet) overwrites both
 # instructions; a thread preempted inside the earlier count's trampoline, which goes
 # back to the second instruction, then resumed inside the new jump and crashed the
 # fixture: 2 of 6 runs (fc1126c) and 1 of 27 (f385f4d). Now such a patch is refused
-# with its reason: 0 of 50 runs crashed it.
+# with its reason while that pad waits to be restored: 0 of 50 runs crashed it.
 #
 # Usage: [TENDRIL=path] benches/scripts/entry_race.sh [ROUNDS] [RUNS] [THREADS]
 #        (from the repository, after cargo build --release; needs gcc)

@@ -66,6 +66,10 @@ impl LibraryChurn {
 }
 
 pub fn run(options: &CountOptions) -> anyhow::Result<()> {
+    count(options).map_err(|error| counters::said_as_departure(options.pid, error))
+}
+
+fn count(options: &CountOptions) -> anyhow::Result<()> {
     let pid = options.pid;
     crate::process::inspect(pid)?;
     let symbols = ProcessSymbols::load(pid)?;

@@ -188,3 +188,62 @@ pub fn read_counters(
         other => Err(AgentConnectionError::Protocol(format!("{other:?}"))),
     }
 }
+
+/// `error`, said as what happened to process `pid` when the agent's end of the
+/// connection went away because the process ended (killed by a signal, say) while
+/// tendril was patching or restoring it; any other error as it is.
+pub fn said_as_departure(pid: i32, error: anyhow::Error) -> anyhow::Error {
+    if !matches!(
+        error.downcast_ref::<AgentConnectionError>(),
+        Some(AgentConnectionError::Io(_))
+    ) {
+        return error;
+    }
+    let departure = crate::departure::agent_departure(pid, EXIT_GRACE, || false);
+    if !departure.exited() {
+        return error;
+    }
+    anyhow::anyhow!(
+        "{} while tendril was patching or restoring it ({error})",
+        departure.headline(pid)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_connection_is_said_as_the_targets_death_when_it_died() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let lost = || -> anyhow::Error {
+            AgentConnectionError::Io(std::io::ErrorKind::UnexpectedEof.into()).into()
+        };
+        // Alive: the error stays as it is.
+        assert!(
+            said_as_departure(pid, lost())
+                .to_string()
+                .starts_with("lost the connection")
+        );
+        child.kill().unwrap();
+        // Killed, and not reaped yet: a zombie that says how it ended.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut said = said_as_departure(pid, lost()).to_string();
+        while !said.contains("SIGKILL") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            said = said_as_departure(pid, lost()).to_string();
+        }
+        assert!(
+            said.starts_with(&format!("process {pid} was killed by signal 9 (SIGKILL)")),
+            "{said}"
+        );
+        // Another error is left alone.
+        let refused = AgentConnectionError::Refused("no".into()).into();
+        assert_eq!(said_as_departure(pid, refused).to_string(), "no");
+        child.wait().unwrap();
+    }
+}

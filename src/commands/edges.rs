@@ -61,6 +61,10 @@ pub struct EdgesOptions {
 }
 
 pub fn run(options: &EdgesOptions) -> anyhow::Result<()> {
+    edges(options).map_err(|error| counters::said_as_departure(options.pid, error))
+}
+
+fn edges(options: &EdgesOptions) -> anyhow::Result<()> {
     let pid = options.pid;
     // Checked before the target is touched, as `record` does.
     let output = ProfileOutput::open(options.output.as_deref())?;

@@ -488,6 +488,17 @@ pub fn restore(sites: &[Site]) {
     crate::sys::page_copies::give_back_unchanged();
 }
 
+/// Whether a pad that leads to `hook` still waits to be restored (its restoring peek
+/// has not completed).
+pub fn pad_pending_for(hook: u64) -> bool {
+    STATE
+        .pending_pads
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|pending| pending.hook == hook)
+}
+
 /// Where a thread at `pc` on one of `pads` goes on: the trampoline the pad led to.
 fn resume_point_off_pad(pc: u64, pads: &[PendingPad]) -> Option<u64> {
     pads.iter()

@@ -75,7 +75,10 @@ impl Engine {
     /// Keeps `trampoline`, built for `key`, for reuse, and notes where it goes back to.
     pub(super) fn note_trampoline(&mut self, key: (u64, Hook), trampoline: &Trampoline) {
         let (address, _) = key;
-        let resume = trampoline.plan.patch_offset + trampoline.plan.overwritten_len;
+        let resume = (
+            trampoline.plan.patch_offset + trampoline.plan.overwritten_len,
+            trampoline.hook,
+        );
         let offsets = self.resume_offsets.entry(address).or_default();
         if !offsets.contains(&resume) {
             offsets.push(resume);
@@ -85,25 +88,26 @@ impl Engine {
 
     /// Refuses a patch of the function at `address` that would overwrite its bytes
     /// `start..end` when a trampoline built for it before goes back strictly inside them
-    /// (an earlier patch made with a pad overwrote fewer instructions): a thread still in
-    /// that trampoline — preempted there while its site was restored, which a thousand
-    /// busy threads make last seconds — would resume in the middle of the new jump.
+    /// (an earlier patch made with a pad overwrote fewer instructions) and that earlier
+    /// patch's pad is not restored yet (`still_led_to`: its restoring peek did not
+    /// complete, as among a thousand busy threads): a thread on the pad, or preempted
+    /// in the trampoline, would resume in the middle of the new jump.
     fn check_no_return_inside(
         &self,
         address: u64,
-        start: usize,
-        end: usize,
+        (start, end): (usize, usize),
+        still_led_to: impl Fn(u64) -> bool,
     ) -> Result<(), AgentError> {
-        let Some(&inside) = self.resume_offsets.get(&address).and_then(|offsets| {
+        let Some(&(inside, _)) = self.resume_offsets.get(&address).and_then(|offsets| {
             offsets
                 .iter()
-                .find(|&&resume| resume > start && resume < end)
+                .find(|&&(resume, hook)| resume > start && resume < end && still_led_to(hook))
         }) else {
             return Ok(());
         };
         Err(AgentError::Refused(format!(
             "an earlier patch's copy of its entry goes back to its byte {inside}, which this \
-             patch would overwrite (its padding, which that patch used, is not free now)"
+             patch would overwrite, and that patch's pad is not restored yet; try again later"
         )))
     }
 
@@ -138,7 +142,11 @@ impl Engine {
         let id = self.id_for(address)?;
         let key = (address, request.kind);
         let entry_len = plan.patch_offset + plan.overwritten_len;
-        self.check_no_return_inside(address, plan.patch_offset, entry_len)?;
+        self.check_no_return_inside(
+            address,
+            (plan.patch_offset, entry_len),
+            patch_protocol::pad_pending_for,
+        )?;
         // A session that follows calls through pointers wants its recording hooks in
         // front of copies that check them, once for each function.
         let checks_pointers = self.follows_pointers.contains(&owner)
@@ -466,18 +474,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_patch_over_the_place_an_earlier_trampoline_goes_back_to_is_refused() {
+    fn a_patch_over_the_place_an_earlier_trampoline_goes_back_to_is_refused_while_its_pad_is_pending()
+     {
         let mut engine = Engine::default();
-        // An earlier patch with a pad overwrote the 3-byte first instruction only.
-        engine.resume_offsets.insert(0x1000, vec![3]);
-        let longer = engine.check_no_return_inside(0x1000, 0, 7);
+        // An earlier patch with a pad overwrote the 3-byte first instruction only; its
+        // trampoline's hook is at 0x9000.
+        engine.resume_offsets.insert(0x1000, vec![(3, 0x9000)]);
+        let pending = |hook: u64| hook == 0x9000;
+        let longer = engine.check_no_return_inside(0x1000, (0, 7), pending);
         assert!(
             matches!(&longer, Err(AgentError::Refused(reason)) if reason.contains("byte 3")),
             "{longer:?}"
         );
+        // Its pad restored: nothing leads there any more.
+        assert!(
+            engine
+                .check_no_return_inside(0x1000, (0, 7), |_| false)
+                .is_ok()
+        );
         // The same plan again, a shorter one, or another function: nothing in between.
-        assert!(engine.check_no_return_inside(0x1000, 0, 3).is_ok());
-        assert!(engine.check_no_return_inside(0x1000, 0, 2).is_ok());
-        assert!(engine.check_no_return_inside(0x2000, 0, 7).is_ok());
+        assert!(
+            engine
+                .check_no_return_inside(0x1000, (0, 3), pending)
+                .is_ok()
+        );
+        assert!(
+            engine
+                .check_no_return_inside(0x1000, (0, 2), pending)
+                .is_ok()
+        );
+        assert!(
+            engine
+                .check_no_return_inside(0x2000, (0, 7), pending)
+                .is_ok()
+        );
     }
 }

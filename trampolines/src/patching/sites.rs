@@ -75,11 +75,11 @@ pub struct Engine {
     /// Function address → its patch.
     pub(in crate::patching) sites: HashMap<u64, Site>,
     pub(in crate::patching) trampolines: HashMap<(u64, Hook), Trampoline>,
-    /// Function address → where in it (offset) each trampoline ever built for it goes
-    /// back to after its copy of the entry's instructions. Trampolines are never freed,
-    /// and a thread preempted inside one long enough returns there even after its site
-    /// was restored and a new one installed.
-    pub(in crate::patching) resume_offsets: HashMap<u64, Vec<usize>>,
+    /// Function address → (where in it each trampoline ever built for it goes back to
+    /// after its copy of the entry's instructions, that trampoline's hook). Trampolines
+    /// are never freed: a thread on a pad not yet restored goes through one, back into
+    /// the function, even after its site was restored and a new one installed.
+    pub(in crate::patching) resume_offsets: HashMap<u64, Vec<(usize, u64)>>,
     /// Address of every entry jump and pad written → the bytes it replaced.
     pub(in crate::patching) originals: BTreeMap<u64, Vec<u8>>,
     /// Function address → the counting copy put behind its recording hook, while the
