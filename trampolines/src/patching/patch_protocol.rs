@@ -330,23 +330,17 @@ fn move_threads(world: StoppedWorld<'_>, resume_at: &dyn Fn(u64) -> Option<u64>)
     }
     // A thread held with ptrace may be inside the stop signal's own handler (a late
     // signal's), interrupted inside these bytes: its frame is looked for even in a
-    // program with no handlers of its own.
-    for thread in world
-        .stopped
-        .iter()
-        .filter(|thread| thread.held_with_ptrace())
-    {
-        signal_frames::move_saved_pcs(thread.sp(), Frames::OwnToo, resume_at);
+    // program with no handlers of its own (`move_saved_pcs` scans nothing else then).
+    for thread in world.stopped.iter() {
+        let frames = if thread.held_with_ptrace() {
+            Frames::OwnToo
+        } else {
+            Frames::ProgramsOnly
+        };
+        signal_frames::move_saved_pcs(thread.sp(), frames, resume_at);
     }
     if !signal_frames::any_restorers() {
         return;
-    }
-    for thread in world
-        .stopped
-        .iter()
-        .filter(|thread| !thread.held_with_ptrace())
-    {
-        signal_frames::move_saved_pcs(thread.sp(), Frames::ProgramsOnly, resume_at);
     }
     for &tid in world.asleep {
         if let Some((_, sp)) = crate::sys::tasks::user_position(tid) {
